@@ -1,0 +1,41 @@
+"""What every chapter needs: the model named by ``LOOPED_KV_MODEL`` on the best device, and text I/O."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from looped_kv.loading import load
+from looped_kv.model import LoopedLM
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def chapter_model(default: str = "tiny") -> LoopedLM:
+    """The chapter's model: ``$LOOPED_KV_MODEL`` (default the shipped tiny model) on CUDA when available.
+
+    bfloat16 on a GPU and float32 on a CPU unless ``$LOOPED_KV_DTYPE`` names another dtype.
+    """
+    source = os.environ.get("LOOPED_KV_MODEL", default)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype_name = os.environ.get("LOOPED_KV_DTYPE", "bfloat16" if device == "cuda" else "float32")
+    if dtype_name not in DTYPES:
+        raise ValueError(f"LOOPED_KV_DTYPE must be one of {tuple(DTYPES)}, got {dtype_name!r}")
+    return load(source, dtype=DTYPES[dtype_name], device=device)
+
+
+def is_tiny(model: LoopedLM) -> bool:
+    return getattr(model, "source", "") == "tiny"
+
+
+def encode(model: LoopedLM, text: str | list[str]) -> Tensor:
+    """Token ids (1, n) of one text, or a list of (1, n) tensors for a list of texts."""
+    if isinstance(text, list):
+        return [encode(model, t) for t in text]
+    return model.tokenizer(text, return_tensors="pt").input_ids.to(model.device)
+
+
+def decode(model: LoopedLM, ids: Tensor) -> str:
+    return model.tokenizer.decode(ids.reshape(-1).tolist())

@@ -1,0 +1,112 @@
+"""Measurements on decoding trajectories: replay through cache policies, block dependence, draft agreement.
+
+* :func:`policy_logits` replays a trajectory (prompt plus generated tokens) through a cache
+  policy exactly as sequential decoding would read it, and returns the logits of every
+  generated position (RIPE Section 2, "Generation" mode).
+* :func:`block_dependence` compares verification targets of one batched pass with sequential
+  decoding at identical contexts (RIPE Section 5.2).
+* :func:`draft_agreement` follows the full-depth target trajectory and asks how often a
+  d-loop draft with given prefix reads predicts the target's token (DAS Table 6, Figure 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from looped_kv.cache import BlockBuffer, BlockPass
+from looped_kv.decode import greedy, new_cache, prefill, run_block, step
+from looped_kv.model import LoopedLM
+from looped_kv.policy import CachePolicy, make_policy, make_prefix_reads
+
+
+@torch.no_grad()
+def policy_logits(model: LoopedLM, tokens: Tensor, prompt_length: int, policy: CachePolicy) -> Tensor:
+    """Teacher-forced sequential replay of ``tokens`` (1, n) under a cache policy.
+
+    The prompt is prefilled in one pass, then every later token is decoded one at a time, so
+    each reads the prefix exactly as sequential decoding under ``policy`` does. Returns the
+    logits predicting tokens ``prompt_length .. n-1`` (shape (n - prompt_length, V)).
+    """
+    n = tokens.shape[1]
+    if not 1 <= prompt_length < n:
+        raise ValueError(f"prompt_length must be in [1, {n - 1}], got {prompt_length}")
+    cache = new_cache(model, policy, 1, n)
+    out = [prefill(model, cache, tokens[:, :prompt_length], policy.num_loops)[0, -1:]]
+    for t in range(prompt_length, n - 1):
+        out.append(step(model, cache, tokens[:, t:t + 1], policy.num_loops)[0])
+    return torch.cat(out).double()
+
+
+def kl(reference: Tensor, arm: Tensor) -> Tensor:
+    """KL(reference || arm) per row of logits, in float64."""
+    log_p, log_q = reference.double().log_softmax(-1), arm.double().log_softmax(-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+@torch.no_grad()
+def block_dependence(model: LoopedLM, tokens: Tensor, prompt_length: int, policy: CachePolicy,
+                     block: int) -> Tensor:
+    """KL between batched and sequential verification logits at identical contexts (RIPE Section 5.2).
+
+    The trajectory after the prompt is cut into verification blocks of ``block + 1`` tokens. For
+    each block, the cache holds the exact sequential prefix; the block's logits are computed once
+    by one batched pass and once token by token. Returns KL(sequential || batched) per position.
+    """
+    n, R = tokens.shape[1], policy.num_loops
+    cache = new_cache(model, policy, 1, n)
+    prefill(model, cache, tokens[:, :prompt_length], R)
+    buffer = BlockBuffer(model.config, R, batch=1, capacity=block + 1, dtype=model.dtype, device=model.device)
+    divergences = []
+    for start in range(prompt_length, n - block, block + 1):
+        router = BlockPass(cache, range(start, start + block + 1), buffer=buffer, store="buffer")
+        batched, _ = run_block(model, tokens[:, start:start + block + 1], router, R)
+        sequential = torch.cat([step(model, cache, tokens[:, t:t + 1], R) for t in range(start, start + block + 1)],
+                               dim=1)
+        divergences.append(kl(sequential[0], batched[0]))
+    return torch.cat(divergences) if divergences else torch.empty(0, dtype=torch.float64)
+
+
+@torch.no_grad()
+def draft_agreement(model: LoopedLM, tokens: Tensor, prompt_length: int, draft_loops: Sequence[int],
+                    reads: Iterable[str | tuple[int, int]], policy: CachePolicy | None = None) -> dict:
+    """Draft-target token agreement along a target trajectory (DAS Table 6 and Figure 4).
+
+    At every position after the prompt, the cache holds the target's planes of the prefix; a
+    d-loop draft of the pending token reads them per ``reads`` and its argmax is compared with
+    the full-depth target's. Returns {(d, read): agreement in [0, 1]} and the counts under "n".
+    """
+    R = model.config.mean_recurrence if policy is None else policy.num_loops
+    policy = policy or make_policy("full", R)
+    reads = list(reads)
+    read_policies = {spec: make_prefix_reads(spec, R) for spec in reads}
+    for d in draft_loops:
+        if not 1 <= d <= R:
+            raise ValueError(f"draft_loops must be in [1, {R}], got {d}")
+    n = tokens.shape[1]
+    cache = new_cache(model, policy, 1, n)
+    prefill(model, cache, tokens[:, :prompt_length], R)
+    hits = {(d, spec): 0 for d in draft_loops for spec in reads}
+    for t in range(prompt_length, n - 1):
+        token = tokens[:, t:t + 1]
+        for d in draft_loops:
+            for spec, read in read_policies.items():
+                router = BlockPass(cache, range(t, t + 1), reads=read, store=None)
+                draft, _ = run_block(model, token, router, d)
+                hits[(d, spec)] += int(draft[0, -1].argmax() == tokens[0, t + 1])
+        step(model, cache, token, R)
+    total = n - 1 - prompt_length
+    return {key: value / total for key, value in hits.items()} | {"n": total}
+
+
+def target_trajectories(model: LoopedLM, prompts: Sequence[Tensor], max_new_tokens: int,
+                        policy: CachePolicy | None = None, progress: bool = True) -> list[Tensor]:
+    """Greedy full-depth trajectories (prompt + generated tokens) under a cache policy (default full)."""
+    policy = policy or make_policy("full", model.config.mean_recurrence)
+    return [greedy(model, ids, max_new_tokens, policy=policy).tokens
+            for ids in tqdm(prompts, desc="target trajectories", disable=not progress, leave=False)]
+
+

@@ -1,0 +1,86 @@
+"""KV memory of looped models: RIPE Eq. (3) and Eq. (10), and any cache policy's bytes.
+
+With b = 2 H_kv d_h x (bytes per element) bytes per layer per token (keys and values),
+an L-token sequence needs
+
+    M_full(L) = b L (n_pre + n_coda + R n_core)                        (Eq. 3)
+    M_deep(L) = b L (n_pre + n_coda + n_core)                          (Eq. 3)
+    M_RIPE(L) = M_deep(L) + b n_core (R - 1) min(W, L)                 (Eq. 10)
+
+and in general b L (n_pre + n_coda + |kept| n_core) + b n_core |extra| (min(W, L) + min(sinks, L)).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from looped_kv.config import LoopedConfig
+from looped_kv.policy import CachePolicy, make_policy
+
+BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
+
+
+def element_bytes(dtype: str | torch.dtype | int) -> int:
+    if isinstance(dtype, int):
+        return dtype
+    if isinstance(dtype, torch.dtype):
+        return torch.empty((), dtype=dtype).element_size()
+    if dtype not in BYTES:
+        raise ValueError(f"dtype must be one of {tuple(BYTES)} or a torch dtype, got {dtype!r}")
+    return BYTES[dtype]
+
+
+def layer_token_bytes(config: LoopedConfig, dtype: str | torch.dtype | int = "bf16") -> int:
+    """b: bytes of one layer's key and value for one token."""
+    return 2 * config.n_kv_heads * config.head_dim * element_bytes(dtype)
+
+
+def m_full(config: LoopedConfig, length: int, num_loops: int = 32, dtype: str | torch.dtype | int = "bf16") -> int:
+    """Eq. (3), full cache."""
+    return layer_token_bytes(config, dtype) * length * (config.n_prelude + config.n_coda + num_loops * config.n_core)
+
+
+def m_deep(config: LoopedConfig, length: int, dtype: str | torch.dtype | int = "bf16") -> int:
+    """Eq. (3), deepest-plane cache."""
+    return layer_token_bytes(config, dtype) * length * (config.n_prelude + config.n_coda + config.n_core)
+
+
+def m_ripe(config: LoopedConfig, length: int, window: int, num_loops: int = 32,
+           dtype: str | torch.dtype | int = "bf16") -> int:
+    """Eq. (10), RIPE(W)."""
+    b = layer_token_bytes(config, dtype)
+    return m_deep(config, length, dtype) + b * config.n_core * (num_loops - 1) * min(window, length)
+
+
+def policy_bytes(config: LoopedConfig, policy: CachePolicy, length: int,
+                 dtype: str | torch.dtype | int = "bf16") -> int:
+    """Bytes any cache policy stores for an L-token sequence."""
+    b = layer_token_bytes(config, dtype)
+    per_token = config.n_prelude + config.n_coda + len(policy.kept) * config.n_core
+    full_depth = min(policy.window, length) + min(policy.sinks, length) if policy.extra else 0
+    return b * (length * per_token + config.n_core * len(policy.extra) * full_depth)
+
+
+def per_token_kb(config: LoopedConfig, cache: str = "full", num_loops: int = 32, dtype: str = "bf16",
+                 **params: int) -> float:
+    """KV kilobytes (10^3 bytes) per token of a named policy, ignoring any window."""
+    return policy_bytes(config, make_policy(cache, num_loops, **params), 1, dtype) / 1e3
+
+
+def memory_table(configs: dict[str, LoopedConfig], length: int = 1024, num_loops: int = 32,
+                 dtype: str = "bf16") -> list[dict]:
+    """RIPE Table 2: MB (10^6 bytes) per sequence and fraction of the full cache, from the configs alone."""
+    rows = [("full", {}), ("deepest plane", {"cache": "deepest"}), ("two planes", {"cache": "k-deepest", "k": 2}),
+            ("RIPE, W = 16", {"cache": "ripe", "window": 16}), ("RIPE, W = 64", {"cache": "ripe", "window": 64}),
+            ("RIPE, W = 256", {"cache": "ripe", "window": 256})]
+    table = []
+    for label, spec in rows:
+        row: dict = {"cache": label}
+        params = {k: v for k, v in spec.items() if k != "cache"}
+        policy = make_policy(spec.get("cache", "full"), num_loops, **params)
+        for model, config in configs.items():
+            mb = policy_bytes(config, policy, length, dtype) / 1e6
+            row[f"{model} MB"] = mb
+            row[f"{model} frac."] = mb / (m_full(config, length, num_loops, dtype) / 1e6)
+        table.append(row)
+    return table

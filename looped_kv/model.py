@@ -1,0 +1,244 @@
+"""One looped-model implementation for Huginn-0125 and the Raven retrofits.
+
+The pieces the papers talk about are methods: :meth:`LoopedLM.embed` (embedding and
+prelude P), :meth:`LoopedLM.loop` (one loop of the core B, writing plane r),
+:meth:`LoopedLM.readout` (coda C and head), and :meth:`LoopedLM.initial_state`.
+Numerics follow the public reference code: RMSNorm and the Huginn rotary step run in
+float32 whatever the model dtype, so that float64 runs agree with the reference outputs
+to float64 rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from looped_kv.attention import CausalRouter, Router, Site, Stage
+from looped_kv.config import LoopedConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding: adjacent pairs (Huginn) or rotate-half with Llama-3 scaling (Raven)."""
+
+    def __init__(self, config: LoopedConfig) -> None:
+        super().__init__()
+        self.interleaved = config.family == "huginn"
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        if config.rope_scaling and config.rope_scaling.get("rope_type", config.rope_scaling.get("type")) == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, config.rope_scaling)
+        angles = torch.outer(torch.arange(config.block_size, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate ``x`` (B, n, H, D) at absolute ``positions`` ((n,) or (B, n))."""
+        cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
+        if self.interleaved:  # computed in float32, as the reference does
+            pairs = x.float().unflatten(-1, (-1, 2))
+            a, b = pairs[..., 0], pairs[..., 1]
+            return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2).type_as(x)
+        cos, sin = torch.cat([cos, cos], -1).to(x.dtype), torch.cat([sin, sin], -1).to(x.dtype)
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LoopedConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.chunks = [config.n_embd, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim]
+        self.Wqkv = nn.Linear(config.n_embd, sum(self.chunks), bias=False)
+        if config.qk_bias:
+            self.qk_bias = nn.Parameter(torch.zeros(2, 1, self.n_heads, self.head_dim))
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, site: Site) -> Tensor:
+        B, n, _ = x.shape
+        q, k, v = self.Wqkv(x).split(self.chunks, dim=-1)
+        q = q.view(B, n, self.n_heads, self.head_dim)
+        k = k.view(B, n, self.n_kv_heads, self.head_dim)
+        v = v.view(B, n, self.n_kv_heads, self.head_dim)
+        if hasattr(self, "qk_bias"):
+            q, k = q + self.qk_bias[0], k + self.qk_bias[1]
+        q, k = rotary(q, positions), rotary(k, positions)
+        y = router.attend(site, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.proj(y.transpose(1, 2).reshape(B, n, -1))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, config: LoopedConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 2 * config.intermediate_size, bias=False)
+        self.proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.fc(x).chunk(2, dim=-1)
+        return self.proj(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """Sandwich block (Huginn) or pre-norm block (Raven)."""
+
+    def __init__(self, config: LoopedConfig, stage: Stage, layer: int) -> None:
+        super().__init__()
+        self.stage, self.layer, self.sandwich = stage, layer, config.sandwich
+        self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = Attention(config)
+        self.norm_2 = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = GatedMLP(config)
+        if self.sandwich:
+            self.norm_3 = RMSNorm(config.n_embd, config.norm_eps)
+            self.norm_4 = RMSNorm(config.n_embd, config.norm_eps)
+
+    def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, loop: int = 0) -> Tensor:
+        site = Site(self.stage, self.layer, loop)
+        if self.sandwich:
+            x = self.norm_2(x + self.attn(self.norm_1(x), rotary, positions, router, site))
+            return self.norm_4(x + self.mlp(self.norm_3(x)))
+        x = x + self.attn(self.norm_1(x), rotary, positions, router, site)
+        return x + self.mlp(self.norm_2(x))
+
+
+class LoopedLM(nn.Module):
+    """Prelude P, core B run R times on a state s (RIPE Eq. 1), coda C and head (Eq. 2)."""
+
+    def __init__(self, config: LoopedConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            prelude=nn.ModuleList(Block(config, "prelude", i) for i in range(config.n_prelude)),
+            adapter=nn.Linear(2 * config.n_embd, config.n_embd, bias=False),
+            core_block=nn.ModuleList(Block(config, "core", i) for i in range(config.n_core)),
+            coda=nn.ModuleList(Block(config, "coda", i) for i in range(config.n_coda)),
+            ln_f=RMSNorm(config.n_embd, config.norm_eps),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+        self.rotary = Rotary(config)
+        self.state_seed = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transformer.wte.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wte.weight.device
+
+    # -- the pieces ------------------------------------------------------------------------------
+    def embed(self, input_ids: Tensor, positions: Tensor, router: Router) -> Tensor:
+        """Embedding (times ``embed_scale``) and the prelude: e = P(x)."""
+        x = self.transformer.wte(input_ids)
+        if self.config.embed_scale != 1:
+            x = x * self.config.embed_scale
+        for block in self.transformer.prelude:
+            x = block(x, self.rotary, positions, router)
+        return x
+
+    def loop(self, state: Tensor, embedded: Tensor, positions: Tensor, router: Router, r: int) -> Tensor:
+        """Loop r of the core: s(r) = B(adapter([s(r-1), e])); its attention calls write plane r."""
+        x = self.transformer.adapter(torch.cat([state, embedded], dim=-1))
+        for block in self.transformer.core_block:
+            x = block(x, self.rotary, positions, router, loop=r)
+        return x
+
+    def readout(self, state: Tensor, positions: Tensor, router: Router) -> Tensor:
+        """Coda and head: logits z = C(s(R))."""
+        x = self.transformer.ln_f(state) if self.config.norm_after_recurrence else state
+        for block in self.transformer.coda:
+            x = block(x, self.rotary, positions, router)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def initial_state(self, positions: Tensor, batch: int = 1) -> Tensor:
+        """The checkpoint's random state init, drawn from ``state_seed`` and each absolute position.
+
+        A truncated normal (std ``state_std``, cut at 3 std, times ``embed_scale``) as in the
+        reference, but deterministic per position, so that every decoder computing position t
+        sees the state that sequential decoding sees.
+        """
+        cfg = self.config
+        flat = positions.reshape(-1).tolist()
+        rows = torch.stack([_state_chunk(self.state_seed, p // _CHUNK, cfg.n_embd, cfg.state_std,
+                                         cfg.embed_scale)[p % _CHUNK] for p in flat])
+        state = rows.view(*positions.shape, cfg.n_embd).to(self.device, self.dtype)
+        return state.expand(batch, -1, -1) if positions.dim() == 1 else state
+
+    # -- whole forward ---------------------------------------------------------------------------
+    def forward(self, input_ids: Tensor, num_loops: int | None = None, initial_state: Tensor | str | None = None,
+                *, positions: Tensor | None = None, router: Router | None = None, first_loop: int = 1,
+                return_state: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits for every position after ``num_loops`` loops (default: the config's mean recurrence).
+
+        ``initial_state`` is a tensor (B, n, n_embd), ``"zeros"``, or None for the deterministic draw.
+        With ``return_state`` also returns the final recurrent state s(R) (before any norm).
+        ``first_loop`` numbers the loops (and so the planes they write) from a later start, for a
+        state that has already been refined (DAS-Wave's carried states).
+        """
+        num_loops = self.config.mean_recurrence if num_loops is None else num_loops
+        if num_loops < 1:
+            raise ValueError(f"num_loops must be >= 1, got {num_loops}")
+        B, n = input_ids.shape
+        if positions is None:
+            positions = torch.arange(n, device=input_ids.device)
+        if int(positions.max()) >= self.config.block_size:
+            raise ValueError(f"positions reach {int(positions.max())}, beyond the model's context "
+                             f"(block_size {self.config.block_size})")
+        router = CausalRouter() if router is None else router
+        embedded = self.embed(input_ids, positions, router)
+        state = self.resolve_state(initial_state, positions, B)
+        for r in range(first_loop, first_loop + num_loops):
+            state = self.loop(state, embedded, positions, router, r)
+        logits = self.readout(state, positions, router)
+        return (logits, state) if return_state else logits
+
+    def resolve_state(self, initial_state: Tensor | str | None, positions: Tensor, batch: int) -> Tensor:
+        if initial_state is None:
+            return self.initial_state(positions, batch)
+        if isinstance(initial_state, str):
+            if initial_state != "zeros":
+                raise ValueError(f"initial_state must be a tensor, 'zeros' or None, got {initial_state!r}")
+            return torch.zeros(batch, positions.shape[-1], self.config.n_embd, device=self.device, dtype=self.dtype)
+        return initial_state.to(self.device, self.dtype)
+
+
+_CHUNK = 64
+
+
+@lru_cache(maxsize=4096)
+def _state_chunk(seed: int, chunk: int, dim: int, std: float, scale: float) -> Tensor:
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + chunk) % (2**63))
+    x = torch.empty(_CHUNK, dim)
+    if std > 0:
+        nn.init.trunc_normal_(x, std=std, a=-3 * std, b=3 * std, generator=generator)
+        return x * scale if scale != 1 else x
+    return x.zero_()

@@ -1,0 +1,432 @@
+"""Acceptance, cost, memory and throughput models of self-speculative decoding (RIPE Sections 3.3-3.5).
+
+All functions are pure and work on numbers or numpy arrays:
+
+* acceptance: tau(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha)          (Eq. 7)
+  and the rejection model 1 - alpha_d = k rho_a^d                              (Sec. 3.3, Table 9)
+* cost: S(d, gamma) = tau c(R) / (eta (gamma c(d) + c(R))),
+  c(r) = n_pre + r n_core + n_coda                                              (Eq. 8)
+* peak memory: cache per sequence x B + o0 + o1 B, and the largest batch B_max  (Sec. 3.5)
+* throughput: T(B) = B / (a + b B), T_inf = 1/b, B_1/2 = a/b                     (Sec. 3.5, Table 8)
+
+What the paper's printed inputs reproduce (``tests/test_perf.py`` checks every statement below;
+"within rounding" means that some inputs inside the printed inputs' rounding intervals give every
+printed output, while the printed values themselves do not):
+
+* Sec. 3.3 / Table 1: Eq. 7 with Table 9's alphas matches its simulated tau within 2.6% (exact) and the
+  held-out batch-8 tau (3.34 / 4.47 and 3.61 / 4.53) within 6% (largest error 6.0%, full cache vs 3.61).
+* Table 9, tau model from alpha_d with gamma = 4: exact for the three deepest-plane rows (3.36, 4.33,
+  4.84); the three full-cache rows only within rounding (the printed alphas give 2.47, 3.39, 4.36
+  against printed 2.46, 3.40, 4.37). The rejection fit k, rho_a (log-linear least squares of
+  1 - alpha_d on d) is exact for the deepest plane (0.42, 0.66) and for the full cache's rho_a (0.76);
+  the full cache's k = 0.62 only within rounding (0.61 from the printed alphas).
+* Figure 5b (eta = 1.07): the statements "at d = 4 the full cache peaks at gamma = 5 (1.98x), while the
+  deepest plane still rises at gamma = 8 (2.87x)" are exact from the *measured* alpha_4 of Table 9
+  (0.805, 0.928). The rejection model k rho_a^d gives alpha_4 = 0.793 and 0.920 and hence 1.93x and
+  2.79x (same peak positions), so the figure was drawn from the measured alphas. ``speedup_curves``
+  therefore takes the alphas explicitly and ``figure_5b_alphas`` names their source.
+* Eq. 8 at d = gamma = 4 (c(R) = 132, c(4) = 20 on Huginn): "eta = 1 and the measured block counts give
+  2.24x and 2.80x", "eta = 1.07 gives 2.08x and 2.61x". The per-problem block counts and timings are not
+  published. Inverting Eq. 8, the printed speed-ups need tau in [3.590, 3.606) (full cache) and
+  [4.489, 4.505) (deepest plane), and all four printed values hold together only for a fitted eta in
+  [1.072, 1.075) (printed 1.07): at exactly eta = 1.07 those taus give 2.09x, not 2.08x. None of the
+  printed tokens-per-verification reproduces the eta = 1 values: 3.34 / 4.47 (24 problems) give 2.08x /
+  2.78x, 3.61 / 4.53 (12 problems) give 2.25x / 2.82x; 3.61 reaches 2.24x only at the bottom of its
+  rounding interval (tau <= 3.6056) and 4.53 cannot reach 2.80x. The "measured block counts" are thus
+  an aggregate we cannot rebuild (for instance emitted tokens per block after the stopping rule, or a
+  per-problem rather than pooled mean); only the existence of consistent taus and eta is checked.
+* Section 3.5 memory (808-token sequences, 95 GB budget, GB = 10^9 bytes, cache from Eq. 3 via
+  ``looped_kv.memory``: 2.2526 GB per sequence full, 0.1365 GB with one plane): the printed
+  o0 = 7.2, o1 = 0.18 give B_max = 36 exactly, but o1 = 0.15 gives B_max = 306 (printed 302) and
+  B = 38 needs 99.64 GB (printed 99.4). The printed fits are rounded: with one o0 for both caches,
+  o0 in [7.150, 7.202], o1 (full) in [0.1750, 0.1764] and o1 (one plane) in (0.1531, 0.1544] give
+  36, 302 and 99.4 GB simultaneously, and these round to 7.2, 0.18 and 0.15. The full cache's
+  "2.25 GB per sequence" is exact.
+* Fixed-memory throughput (Sec. 3.5, 5.3, batch 6): 365/218 = 1.67x is exact; 487/365 = 1.33x and
+  487/218 = 2.23x give the printed 1.34x and 2.24x only within the cells' rounding (the printed total
+  is the product 1.67 x 1.34). The 1.63x cache-only factor compares two cells that are not printed
+  (WaveFront's scheduler at B = 32 with and without sharing); the Table 8 curves give 1.62x.
+* Table 8: the throughput cells printed in the text (218 and 365/487 tokens/s in batch 6, 253 and 572
+  in batch 8) lie within each series' printed largest residual of its printed T_inf and B_1/2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from looped_kv.config import LoopedConfig
+
+#: RIPE Table 9 (batch-3 simulation, Huginn, gamma = 4): mean conditional acceptance alpha_d by cache and depth.
+TABLE9_ALPHA: dict[str, dict[int, float]] = {
+    "full": {2: 0.637, 4: 0.805, 8: 0.932},
+    "deepest": {2: 0.800, 4: 0.928, 8: 0.984},
+}
+#: RIPE Table 9 caption: the rejection fit 1 - alpha_d = k rho_a^d, as (k, rho_a) by cache.
+TABLE9_REJECTION: dict[str, tuple[float, float]] = {"full": (0.62, 0.76), "deepest": (0.42, 0.66)}
+
+Passes = LoopedConfig | tuple[int, int, int]
+
+
+# -- small helpers ---------------------------------------------------------------------------------
+
+
+def _vector(name: str, values: ArrayLike, *, positive: bool = False, nonnegative: bool = False,
+            min_size: int = 1) -> np.ndarray:
+    """A finite 1-d float array, or a ValueError naming ``name``."""
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-d sequence of numbers, got shape {arr.shape}")
+    if arr.size < min_size:
+        raise ValueError(f"{name} must hold at least {min_size} values, got {arr.size}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite")
+    if positive and np.any(arr <= 0):
+        raise ValueError(f"{name} must be > 0, got min {arr.min()}")
+    if nonnegative and np.any(arr < 0):
+        raise ValueError(f"{name} must be >= 0, got min {arr.min()}")
+    return arr
+
+
+def _same_length(**arrays: np.ndarray) -> None:
+    lengths = {name: len(a) for name, a in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"{' and '.join(lengths)} must have the same length, got {lengths}")
+
+
+def _scalar_or_array(x: np.ndarray) -> float | np.ndarray:
+    return float(x) if np.ndim(x) == 0 else x
+
+
+def _check_integer_array(name: str, values: ArrayLike, low: int) -> np.ndarray:
+    arr = np.asarray(values)
+    if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)) or np.any(arr < low):
+        raise ValueError(f"{name} must be integers >= {low}, got {values!r}")
+    return arr.astype(float)
+
+
+def printed_interval(printed: float, decimals: int) -> tuple[float, float]:
+    """The interval [printed - h, printed + h] of values that print as ``printed`` at ``decimals`` places."""
+    if decimals < 0:
+        raise ValueError(f"decimals must be >= 0, got {decimals}")
+    half = 0.5 * 10.0 ** -decimals
+    return printed - half, printed + half
+
+
+def rounds_to(value: ArrayLike, printed: float, decimals: int) -> bool | np.ndarray:
+    """Whether ``value`` prints as ``printed`` at ``decimals`` places (either rounding of an exact half)."""
+    low, high = printed_interval(printed, decimals)
+    slack = 1e-12 * max(1.0, abs(printed))
+    ok = (np.asarray(value) >= low - slack) & (np.asarray(value) <= high + slack)
+    return bool(ok) if np.ndim(ok) == 0 else ok
+
+
+# -- acceptance (Eq. 7, Table 9) ---------------------------------------------------------------------
+
+
+def acceptance_tau(alpha: ArrayLike, gamma: ArrayLike) -> float | np.ndarray:
+    """Tokens per verification tau = (1 - alpha^(gamma+1)) / (1 - alpha) (RIPE Eq. 7); gamma + 1 at alpha = 1."""
+    a = np.asarray(alpha, dtype=float)
+    if not np.all(np.isfinite(a)) or np.any((a < 0) | (a > 1)):
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+    g = _check_integer_array("gamma", gamma, 0)
+    a, g = np.broadcast_arrays(a, g)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # -expm1((gamma+1) log alpha) is 1 - alpha^(gamma+1) without cancellation near alpha = 1.
+        tau = -np.expm1((g + 1) * np.log(a)) / (1 - a)
+    return _scalar_or_array(np.where(a == 1, g + 1, tau))
+
+
+def rejection_model(d: ArrayLike, k: float, rho_a: float) -> float | np.ndarray:
+    """Acceptance alpha_d = 1 - k rho_a^d of the rejection model (RIPE Sec. 3.3, Table 9 caption)."""
+    if not (math.isfinite(k) and k >= 0):
+        raise ValueError(f"k must be a finite number >= 0, got {k}")
+    if not 0 < rho_a <= 1:
+        raise ValueError(f"rho_a must lie in (0, 1], got {rho_a}")
+    depth = np.asarray(d, dtype=float)
+    if not np.all(np.isfinite(depth)) or np.any(depth < 0):
+        raise ValueError(f"d must be >= 0, got {d!r}")
+    alpha = 1 - k * rho_a ** depth
+    if np.any(alpha < 0):
+        raise ValueError(f"k rho_a^d must be <= 1 for every d (an acceptance probability), got k = {k}")
+    return _scalar_or_array(alpha)
+
+
+@dataclass(frozen=True)
+class RejectionFit:
+    """1 - alpha_d = k rho_a^d fitted by least squares on log(1 - alpha_d)."""
+
+    k: float
+    rho_a: float
+
+
+def fit_rejection(d: ArrayLike, alpha: ArrayLike) -> RejectionFit:
+    """Fit k and rho_a of the rejection model to acceptances alpha_d at depths d (RIPE Table 9 caption)."""
+    depth = _vector("d", d, min_size=2)
+    acc = _vector("alpha", alpha, min_size=2)
+    _same_length(d=depth, alpha=acc)
+    if np.any((acc < 0) | (acc >= 1)):
+        raise ValueError("alpha must lie in [0, 1) (log(1 - alpha) is fitted)")
+    if np.unique(depth).size < 2:
+        raise ValueError("d must hold at least 2 distinct depths")
+    slope, intercept = np.polyfit(depth, np.log1p(-acc), 1)
+    return RejectionFit(k=float(np.exp(intercept)), rho_a=float(np.exp(slope)))
+
+
+# -- cost and speed-up (Eq. 8, Figure 5b) ------------------------------------------------------------
+
+
+def layer_passes(model: Passes, num_loops: ArrayLike) -> np.ndarray:
+    """c(r) = n_pre + r n_core + n_coda for a config or an (n_pre, n_core, n_coda) triple (RIPE Eq. 8)."""
+    return _passes(model, num_loops, "num_loops")
+
+
+def _passes(model: Passes, loops: ArrayLike, name: str) -> np.ndarray:
+    if isinstance(model, LoopedConfig):
+        n_pre, n_core, n_coda = model.n_prelude, model.n_core, model.n_coda
+    elif (isinstance(model, tuple) and len(model) == 3 and all(isinstance(v, int) for v in model)
+          and min(model) >= 0 and model[1] >= 1):
+        n_pre, n_core, n_coda = model
+    else:
+        raise ValueError(f"model must be a LoopedConfig or an (n_pre, n_core, n_coda) tuple of ints "
+                         f"with n_core >= 1, got {model!r}")
+    r = _check_integer_array(name, loops, 0)
+    return n_pre + r * n_core + n_coda
+
+
+def speedup(tau: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: float = 1.0,
+            num_loops: int = 32) -> float | np.ndarray:
+    """Eq. (8): S = tau c(R) / (eta (gamma c(d) + c(R))), speed-up over sequential decoding."""
+    t = np.asarray(tau, dtype=float)
+    if not np.all(np.isfinite(t)) or np.any(t < 1):
+        raise ValueError(f"tau must be >= 1 (tokens per verification), got {tau!r}")
+    if not (math.isfinite(eta) and eta > 0):
+        raise ValueError(f"eta must be > 0, got {eta}")
+    if num_loops < 1:
+        raise ValueError(f"num_loops must be >= 1, got {num_loops}")
+    g = _check_integer_array("gamma", gamma, 1)
+    c_full = _passes(model, num_loops, "num_loops")
+    block = g * _passes(model, d, "d") + c_full
+    return _scalar_or_array(t * c_full / (eta * block))
+
+
+def tau_for_speedup(speedup_value: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: float = 1.0,
+                    num_loops: int = 32) -> float | np.ndarray:
+    """Eq. (8) solved for tau: the tokens per verification that give speed-up ``speedup_value``."""
+    s = np.asarray(speedup_value, dtype=float)
+    if not np.all(np.isfinite(s)) or np.any(s <= 0):
+        raise ValueError(f"speedup_value must be > 0, got {speedup_value!r}")
+    return _scalar_or_array(s / np.asarray(speedup(1.0, d, gamma, model, eta, num_loops)))
+
+
+@dataclass(frozen=True)
+class EtaFit:
+    """One overhead factor eta of Eq. (8) fitted to per-prompt speed-ups."""
+
+    eta: float
+    relative_errors: np.ndarray  # (model - measured) / measured, per prompt
+
+    @property
+    def max_relative_error(self) -> float:
+        return float(np.max(np.abs(self.relative_errors)))
+
+
+def fit_eta(speedups: ArrayLike, taus: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes,
+            num_loops: int = 32, relative: bool = False) -> EtaFit:
+    """Least-squares eta of Eq. (8) over per-prompt (measured speed-up, tau) pairs (RIPE Sec. 3.4).
+
+    ``d`` and ``gamma`` are scalars or per-prompt arrays. With ``relative=False`` the squared errors of
+    the speed-ups are minimised, with ``relative=True`` those of model / measured - 1; both have closed forms.
+    """
+    s = _vector("speedups", speedups, positive=True)
+    t = _vector("taus", taus, min_size=1)
+    _same_length(speedups=s, taus=t)
+    for name, v in (("d", d), ("gamma", gamma)):
+        if np.ndim(v) > 1 or np.size(v) not in (1, s.size):
+            raise ValueError(f"{name} must be a scalar or have the length of speedups ({s.size}), got {v!r}")
+    x = np.asarray(speedup(t, d, gamma, model, 1.0, num_loops), dtype=float)  # eta = 1 model
+    if relative:
+        q = x / s  # model / measured = q / eta
+        eta = float(np.sum(q**2) / np.sum(q))
+    else:
+        eta = float(np.sum(x**2) / np.sum(x * s))
+    return EtaFit(eta=eta, relative_errors=x / eta / s - 1)
+
+
+def figure_5b_alphas(source: Literal["table9", "rejection"]) -> dict[str, dict[int, float]]:
+    """alpha_d by cache for Figure 5b: Table 9's measured means or the rejection model k rho_a^d of its caption."""
+    if source == "table9":
+        return {cache: dict(alphas) for cache, alphas in TABLE9_ALPHA.items()}
+    if source == "rejection":
+        return {cache: {d: float(rejection_model(d, *TABLE9_REJECTION[cache])) for d in alphas}
+                for cache, alphas in TABLE9_ALPHA.items()}
+    raise ValueError(f"source must be 'table9' or 'rejection', got {source!r}")
+
+
+def speedup_curves(alpha_by_depth: Mapping[int, float], model: Passes, gammas: Iterable[int] = range(1, 9),
+                   eta: float = 1.07, num_loops: int = 32) -> dict[int, np.ndarray]:
+    """Figure 5b: Eq. (8) with tau = Eq. (7) over block lengths ``gammas``, one curve per draft depth d."""
+    if not alpha_by_depth:
+        raise ValueError("alpha_by_depth must map at least one draft depth to an acceptance")
+    g = _check_integer_array("gammas", list(gammas), 1)
+    if g.size == 0:
+        raise ValueError("gammas must hold at least one block length")
+    return {d: np.asarray(speedup(acceptance_tau(alpha, g), d, g, model, eta, num_loops))
+            for d, alpha in alpha_by_depth.items()}
+
+
+# -- peak memory (Section 3.5) ------------------------------------------------------------------------
+
+
+def peak_memory(batch_size: ArrayLike, cache_per_seq: float, o0: float, o1: float) -> float | np.ndarray:
+    """Peak memory cache_per_seq B + o0 + o1 B (RIPE Sec. 3.5, Figure 3), in the units of the arguments."""
+    b = np.asarray(batch_size, dtype=float)
+    if not np.all(np.isfinite(b)) or np.any(b < 0):
+        raise ValueError(f"batch_size must be >= 0, got {batch_size!r}")
+    if cache_per_seq < 0:
+        raise ValueError(f"cache_per_seq must be >= 0, got {cache_per_seq}")
+    return _scalar_or_array(cache_per_seq * b + o0 + o1 * b)
+
+
+@dataclass(frozen=True)
+class PeakMemoryFit:
+    """Fixed overhead o0 and per-sequence overhead o1 of the peak-memory model."""
+
+    o0: float
+    o1: float
+    cache_per_seq: float
+
+    def predict(self, batch_size: ArrayLike) -> float | np.ndarray:
+        return peak_memory(batch_size, self.cache_per_seq, self.o0, self.o1)
+
+    def relative_errors(self, batch_sizes: ArrayLike, peaks: ArrayLike) -> np.ndarray:
+        """(model - measured) / measured on (possibly held-out) cells."""
+        b = _vector("batch_sizes", batch_sizes, nonnegative=True)
+        p = _vector("peaks", peaks, positive=True)
+        _same_length(batch_sizes=b, peaks=p)
+        return np.asarray(self.predict(b)) / p - 1
+
+    def max_relative_error(self, batch_sizes: ArrayLike, peaks: ArrayLike) -> float:
+        return float(np.max(np.abs(self.relative_errors(batch_sizes, peaks))))
+
+
+def fit_peak_memory(batch_sizes: ArrayLike, peaks: ArrayLike, cache_per_seq: float) -> PeakMemoryFit:
+    """Least-squares o0, o1 of peak(B) = cache_per_seq B + o0 + o1 B (RIPE Sec. 3.5, fitted on batch 6)."""
+    b = _vector("batch_sizes", batch_sizes, nonnegative=True, min_size=2)
+    p = _vector("peaks", peaks, positive=True, min_size=2)
+    _same_length(batch_sizes=b, peaks=p)
+    if np.unique(b).size < 2:
+        raise ValueError("batch_sizes must hold at least 2 distinct batch sizes")
+    if not (math.isfinite(cache_per_seq) and cache_per_seq >= 0):
+        raise ValueError(f"cache_per_seq must be >= 0, got {cache_per_seq}")
+    o1, o0 = np.polyfit(b, p - cache_per_seq * b, 1)
+    return PeakMemoryFit(o0=float(o0), o1=float(o1), cache_per_seq=float(cache_per_seq))
+
+
+def b_max(budget: float, o0: float, o1: float, cache_per_seq: float) -> int:
+    """Largest integer B with cache_per_seq B + o0 + o1 B <= budget (0 if even B = 1 does not fit)."""
+    per_seq = cache_per_seq + o1
+    if not (math.isfinite(per_seq) and per_seq > 0):
+        raise ValueError(f"cache_per_seq + o1 must be > 0, got {per_seq}")
+    if not all(math.isfinite(v) for v in (budget, o0)):
+        raise ValueError("budget and o0 must be finite")
+    b = max(0, math.floor((budget - o0) / per_seq))
+    while b > 0 and peak_memory(b, cache_per_seq, o0, o1) > budget:  # guard the floor against rounding
+        b -= 1
+    while peak_memory(b + 1, cache_per_seq, o0, o1) <= budget:
+        b += 1
+    return b
+
+
+# -- throughput (Section 3.5, Table 8) ----------------------------------------------------------------
+
+
+def throughput(batch_size: ArrayLike, a: float, b: float) -> float | np.ndarray:
+    """T(B) = B / (a + b B): a fixed per-step time a plus a per-sequence time b (RIPE Sec. 3.5)."""
+    bs = np.asarray(batch_size, dtype=float)
+    if not np.all(np.isfinite(bs)) or np.any(bs <= 0):
+        raise ValueError(f"batch_size must be > 0, got {batch_size!r}")
+    if a < 0 or b <= 0:
+        raise ValueError(f"a must be >= 0 and b > 0, got a = {a}, b = {b}")
+    return _scalar_or_array(bs / (a + b * bs))
+
+
+@dataclass(frozen=True)
+class ThroughputFit:
+    """T(B) = B / (a + b B) with Table 8's summaries T_inf = 1/b and B_1/2 = a/b."""
+
+    a: float
+    b: float
+    max_relative_residual: float  # max |T_model / T - 1| over the fitted cells
+
+    @property
+    def t_inf(self) -> float:
+        return 1 / self.b
+
+    @property
+    def b_half(self) -> float:
+        return self.a / self.b
+
+    def predict(self, batch_size: ArrayLike) -> float | np.ndarray:
+        return throughput(batch_size, self.a, self.b)
+
+
+def fit_throughput(batch_sizes: ArrayLike, tokens_per_s: ArrayLike) -> ThroughputFit:
+    """Fit T(B) = B / (a + b B) (RIPE Table 8).
+
+    The step time B / T = a + b B is linear; it is fitted by least squares on relative errors
+    (weights 1 / (B/T)), i.e. minimising sum (T / T_model - 1)^2, which treats every cell alike
+    whatever its throughput.
+    """
+    bs = _vector("batch_sizes", batch_sizes, positive=True, min_size=2)
+    t = _vector("tokens_per_s", tokens_per_s, positive=True, min_size=2)
+    _same_length(batch_sizes=bs, tokens_per_s=t)
+    if np.unique(bs).size < 2:
+        raise ValueError("batch_sizes must hold at least 2 distinct batch sizes")
+    y = bs / t
+    design = np.column_stack([np.ones_like(bs), bs]) / y[:, None]
+    (a, b), *_ = np.linalg.lstsq(design, np.ones_like(bs), rcond=None)
+    if b <= 0 or a < 0:
+        raise ValueError(f"tokens_per_s does not follow B / (a + b B) with a >= 0, b > 0 (fit a = {a}, b = {b})")
+    residual = np.max(np.abs(bs / (a + b * bs) / t - 1))
+    return ThroughputFit(a=float(a), b=float(b), max_relative_residual=float(residual))
+
+
+@dataclass(frozen=True)
+class FixedMemoryFactors:
+    """The fixed-memory gain of sharing, split as in RIPE Sec. 3.5 / 5.3."""
+
+    same_batch: float  # shared at the full cache's best batch / best full-cache configuration (1.67x)
+    batch: float  # shared at the batch memory allows / shared at the full cache's best batch (1.34x)
+    total: float  # shared at its batch / best full-cache configuration (2.24x) = same_batch * batch
+    cache_only: float | None  # same scheduler and acceptance, same batch: shared / full (1.63x)
+
+
+def fixed_memory_factors(best_full: float, shared_same_batch: float, shared_at_bmax: float,
+                         full_same_scheduler: float | None = None) -> FixedMemoryFactors:
+    """Split the fixed-memory throughput gain of one shared plane into a same-batch and a batch factor.
+
+    Arguments are measured throughputs (tokens/s): the best full-cache configuration at its largest
+    batch, the shared-plane configuration at that batch, the shared-plane configuration at the batch its
+    memory allows, and optionally the full cache with the shared configuration's scheduler and
+    acceptance at the same batch (for the cache-only factor).
+    """
+    values = {"best_full": best_full, "shared_same_batch": shared_same_batch, "shared_at_bmax": shared_at_bmax}
+    if full_same_scheduler is not None:
+        values["full_same_scheduler"] = full_same_scheduler
+    for name, v in values.items():
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a throughput > 0, got {v}")
+    return FixedMemoryFactors(
+        same_batch=shared_same_batch / best_full,
+        batch=shared_at_bmax / shared_same_batch,
+        total=shared_at_bmax / best_full,
+        cache_only=None if full_same_scheduler is None else shared_same_batch / full_same_scheduler,
+    )

@@ -1,0 +1,142 @@
+"""Plane caches: exact byte accounting (RIPE Eq. 3 and 10) and decoding equal to the no-cache forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_model
+
+from looped_kv import huginn_0125, m_deep, m_full, m_ripe, make_policy, memory_table, policy_bytes, raven_llama
+from looped_kv.decode import greedy, new_cache, prefill
+from looped_kv.memory import layer_token_bytes, per_token_kb
+from looped_kv.policy import make_prefix_reads
+
+FAMILIES = ["huginn", "raven"]
+
+
+def test_per_token_memory_of_the_papers():
+    """Eq. (3): 2,788 vs 169 KB per token on Huginn-0125, 410 vs 28.7 KB on Raven-Llama (bf16)."""
+    assert round(per_token_kb(huginn_0125(), "full")) == 2788
+    assert round(per_token_kb(huginn_0125(), "deepest")) == 169
+    assert round(per_token_kb(raven_llama(), "full")) == 410
+    assert round(per_token_kb(raven_llama(), "deepest"), 1) == 28.7
+
+
+def test_table_2_reproduced_from_configs():
+    """RIPE Table 2 (L = 1024, MB = 10^6 bytes) to its printed precision."""
+    printed = {  # cache: (Huginn MB, frac %, Raven MB, frac %)
+        "full": (2855, 100.0, 419, 100.0), "deepest plane": (173, 6.1, 29, 7.0), "two planes": (260, 9.1, 42, 10.0),
+        "RIPE, W = 16": (215, 7.5, 35, 8.5), "RIPE, W = 64": (341, 11.9, 54, 12.8),
+        "RIPE, W = 256": (843, 29.5, 127, 30.2)}
+    for row in memory_table({"Huginn": huginn_0125(), "Raven": raven_llama()}, length=1024):
+        h_mb, h_frac, r_mb, r_frac = printed[row["cache"]]
+        assert round(row["Huginn MB"]) == h_mb and round(100 * row["Huginn frac."], 1) == h_frac
+        assert round(row["Raven MB"]) == r_mb and round(100 * row["Raven frac."], 1) == r_frac
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cache_bytes_equal_the_memory_equations(family, dtype):
+    model = random_model(family).to(dtype)
+    cfg, R, L = model.config, 5, 23
+    for name, params, equation in [("full", {}, m_full(cfg, L, R, dtype)), ("deepest", {}, m_deep(cfg, L, dtype)),
+                                   ("ripe", {"window": 4}, m_ripe(cfg, L, 4, R, dtype)),
+                                   ("ripe", {"window": 40}, m_ripe(cfg, L, 40, R, dtype))]:
+        policy = make_policy(name, R, **params)
+        cache = new_cache(model, policy, batch=1, capacity=L)
+        assert cache.allocated_bytes == policy_bytes(cfg, policy, L, dtype)
+        prefill(model, cache, torch.randint(0, cfg.vocab_size, (1, L)), R)
+        assert cache.nbytes == equation
+
+
+class BruteForce:
+    """Token-by-token decoding with per-position Python lists: the cache semantics spelled out slowly.
+
+    Each earlier position is read at plane r (``keep_every_plane``) or at plane R only.
+    """
+
+    def __init__(self, num_loops: int, keep_every_plane: bool) -> None:
+        self.R, self.every, self.past = num_loops, keep_every_plane, {}
+
+    def attend(self, site, q, k, v):
+        key = (site.stage, site.layer, site.loop if self.every else 0)
+        past = self.past.setdefault(key, [])
+        keys = torch.cat([pk for pk, _ in past] + [k], dim=2)
+        values = torch.cat([pv for _, pv in past] + [v], dim=2)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, keys.repeat_interleave(q.shape[1] // k.shape[1], 1), values.repeat_interleave(q.shape[1] // k.shape[1], 1))
+        if site.stage != "core" or self.every or site.loop == self.R:
+            past.append((k, v))
+        return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("cache", ["full", "deepest"])
+def test_greedy_with_cache_equals_brute_force(family, cache):
+    """Greedy decoding with a preallocated cache equals token-by-token brute force (float64)."""
+    model = random_model(family, seed=1)
+    R = 4
+    prompt = torch.randint(0, model.config.vocab_size, (1, 1), generator=torch.Generator().manual_seed(0))
+    out = greedy(model, prompt, 10, policy=make_policy(cache, R))
+    slow = BruteForce(R, keep_every_plane=cache == "full")
+    token, emitted = prompt, []
+    for t in range(10):
+        token = model(token, R, positions=torch.tensor([t]), router=slow)[:, -1:].argmax(-1)
+        emitted.append(token)
+    assert torch.equal(torch.cat(emitted, 1), out.new_tokens)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_full_cache_equals_no_cache_forward(family):
+    """With the full cache, each greedy token is the argmax of one no-cache forward over the sequence so far."""
+    model = random_model(family, seed=1)
+    prompt = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    out = greedy(model, prompt, 8, policy=make_policy("full", 4))
+    logits = model(out.tokens[:, :-1], num_loops=4)
+    assert torch.equal(logits[:, 6:].argmax(-1), out.new_tokens)
+
+
+def test_full_cache_logits_equal_forward_float64():
+    model = random_model("raven", seed=2)
+    R = 3
+    ids = torch.randint(0, model.config.vocab_size, (1, 12))
+    cache = new_cache(model, make_policy("full", R), batch=1, capacity=12)
+    logits = [prefill(model, cache, ids[:, :5], R)]
+    from looped_kv.decode import step
+    for t in range(5, 12):
+        logits.append(step(model, cache, ids[:, t:t + 1], R))
+    reference = model(ids, num_loops=R)
+    assert torch.allclose(torch.cat(logits, dim=1), reference, rtol=0, atol=1e-12)
+
+
+def test_policy_planes():
+    R = 8
+    assert [make_policy("full", R).read(r, 10, 0) for r in range(1, R + 1)] == list(range(1, R + 1))
+    assert {make_policy("deepest", R).read(r, 10, 0) for r in range(1, R + 1)} == {R}
+    two = make_policy("k-deepest", R, k=2)  # compress-s(2 n_core): same parity as R reads R, else R - 1
+    assert [two.read(r, 10, 0) for r in range(1, R + 1)] == [7, 8, 7, 8, 7, 8, 7, 8]
+    share = make_policy("share", R, k=4)
+    assert [share.read(r, 10, 0) for r in range(1, R + 1)] == [4, 4, 4, 4, 8, 8, 8, 8]
+    first = make_policy("first", R, k=3)
+    assert [first.read(r, 10, 0) for r in range(1, R + 1)] == [1, 2, 3, 3, 3, 3, 3, 3]
+    ripe = make_policy("ripe", R, window=2)  # Eq. (9)
+    assert ripe.read(3, 10, 8) == 3 and ripe.read(3, 10, 7) == R
+    sinks = make_policy("sinks", R, sinks=2)
+    assert sinks.read(3, 10, 1) == 3 and sinks.read(3, 10, 2) == R
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: make_policy("compress", 8), "cache must be one of"),
+    (lambda: make_policy("ripe", 8), "needs window"),
+    (lambda: make_policy("ripe", 8, window=-1), "window must be in"),
+    (lambda: make_policy("k-deepest", 8, k=9), "k must be in"),
+    (lambda: make_prefix_reads("deep-q", 8), "prefix_reads must be one of"),
+    (lambda: make_prefix_reads((0, 8), 8), "kappa must be in"),
+])
+def test_bad_policy_parameters(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_layer_token_bytes():
+    assert layer_token_bytes(huginn_0125(), "bf16") == 2 * 55 * 96 * 2

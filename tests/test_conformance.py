@@ -1,0 +1,111 @@
+"""The runtime equals the public reference implementations on checkpoints in their exact format.
+
+Both fixtures were run by the reference code in float64. Huginn's reference casts its logits to
+float32 (``lm_head(x).float()``), so its logits are compared after the same cast; everything else
+agrees to float64 rounding (in fact bitwise).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from looped_kv import CausalRouter, Site, make_policy
+from looped_kv.cache import BlockPass
+from looped_kv.decode import new_cache, run_block
+
+
+def as_reference(model, logits: torch.Tensor) -> torch.Tensor:
+    return logits.float().double() if model.config.family == "huginn" else logits
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    scale = expected.abs().max()
+    assert ((actual - expected).abs().max() / scale).item() < 1e-12
+
+
+@pytest.mark.parametrize("loops", [1, 3, 6])
+def test_full_forward_logits(fixture_model, loops):
+    model, ref = fixture_model
+    logits = model(ref["input_ids"], num_loops=loops, initial_state=ref["input_states"])
+    close(as_reference(model, logits), ref[f"logits_steps{loops}"])
+
+
+@pytest.mark.parametrize("loops", [1, 3, 6])
+def test_final_latents(fixture_model, loops):
+    model, ref = fixture_model
+    if f"latents_steps{loops}" not in ref:
+        pytest.skip("the Raven reference does not export latents")
+    _, state = model(ref["input_ids"], num_loops=loops, initial_state=ref["input_states"], return_state=True)
+    close(model.transformer.ln_f(state), ref[f"latents_steps{loops}"])
+
+
+def reference_step(model, s: int) -> Site:
+    """The reference's attention-call counter s as a Site: prelude 0.., core n_pre + n_core r + l, coda -1, -2, ..."""
+    cfg = model.config
+    if s < 0:
+        return Site("coda", -s - 1)
+    if s < cfg.n_prelude:
+        return Site("prelude", s)
+    loop, layer = divmod(s - cfg.n_prelude, cfg.n_core)
+    return Site("core", layer, loop + 1)
+
+
+def prefill_then_decode(model, ref, cache_name: str):
+    """Prefill 8 tokens with a cache, then decode tokens 8..11 one at a time, 6 loops each."""
+    ids, states = ref["input_ids"], ref["input_states"]
+    cache = new_cache(model, make_policy(cache_name, 6), batch=2, capacity=12)
+    logits, _ = run_block(model, ids[:, :8], BlockPass(cache, range(0, 8)), 6, states[:, :8])
+    cache.length = 8
+    steps = []
+    for p in range(8, 12):
+        step_logits, _ = run_block(model, ids[:, p:p + 1], BlockPass(cache, range(p, p + 1)), 6, states[:, p:p + 1])
+        cache.length += 1
+        steps.append(step_logits)
+    return cache, logits, steps
+
+
+def test_prefill_and_decode_with_full_cache(fixture_model):
+    model, ref = fixture_model
+    _, logits, steps = prefill_then_decode(model, ref, "full")
+    close(as_reference(model, logits), ref["prefill_logits"])
+    for p, step_logits in zip(range(8, 12), steps, strict=True):
+        close(as_reference(model, step_logits), ref[f"decode_logits_pos{p}"])
+        close(as_reference(model, step_logits), ref["logits_steps6"][:, p:p + 1])
+
+
+def test_every_cached_plane(fixture_model):
+    model, ref = fixture_model
+    cfg = model.config
+    cache, _, _ = prefill_then_decode(model, ref, "full")
+    steps = [s for s in range(-cfg.n_coda, cfg.n_prelude + 6 * cfg.n_core)]
+    assert len(steps) == cfg.layer_passes(6)
+    for s in steps:
+        site = reference_step(model, s)
+        for which, name in enumerate(("keys", "values")):
+            if site.stage == "core":
+                stored = cache.fetch(which, site.layer, site.loop, 0, 12)
+            else:
+                stored = cache.edge[which][cache.edge_index(site)]
+            close(stored, ref[f"{name}_step{s}"])
+
+
+def test_compress_s4_is_the_deepest_plane_cache(fixture_model):
+    model, ref = fixture_model
+    if "compress_s4_prefill_logits" not in ref:
+        pytest.skip("the compress run exists for Huginn only")
+    _, logits, steps = prefill_then_decode(model, ref, "deepest")
+    close(as_reference(model, logits), ref["compress_s4_prefill_logits"])
+    for p, step_logits in zip(range(8, 12), steps, strict=True):
+        close(as_reference(model, step_logits), ref[f"compress_s4_decode_logits_pos{p}"])
+
+
+def test_recorded_keys_match_reference(fixture_model):
+    """The plain forward's recorded keys/values are the cache entries of the reference run."""
+    model, ref = fixture_model
+    record: dict = {}
+    model(ref["input_ids"], num_loops=6, initial_state=ref["input_states"], router=CausalRouter(record))
+    for s in (0, model.config.n_prelude, model.config.n_prelude + 5 * model.config.n_core + 1, -1):
+        k, v = record[reference_step(model, s)]
+        close(k, ref[f"keys_step{s}"])
+        close(v, ref[f"values_step{s}"])

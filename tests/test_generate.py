@@ -1,0 +1,47 @@
+"""The generation entry point and its input checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_model
+
+import looped_kv
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model("huginn", seed=3, block_size=40)
+
+
+def test_generate_reports_statistics(model):
+    ids = torch.randint(0, model.config.vocab_size, (1, 5))
+    out = looped_kv.generate(model, ids, max_new_tokens=6, cache="deepest", num_loops=3)
+    assert out.num_new == 6 and out.tokens.shape == (1, 11)
+    stats = out.stats()
+    assert stats["tokens_per_s"] > 0 and stats["wall_time_s"] > 0
+    assert torch.equal(out.tokens[:, :5], ids)
+
+
+def test_generate_full_and_deepest_agree_with_their_policies(model):
+    ids = torch.randint(0, model.config.vocab_size, (1, 5))
+    full = looped_kv.generate(model, ids, max_new_tokens=6, cache="full", num_loops=3)
+    reference = model(full.tokens[:, :-1], num_loops=3)[:, 4:].argmax(-1)
+    assert torch.equal(reference, full.new_tokens)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"method": "beam"}, "method must be one of"),
+    ({"cache": "lru"}, "cache must be one of"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+    ({"max_new_tokens": 36}, "exceeds the model's context"),
+])
+def test_bad_arguments_fail_before_work(model, kwargs, message):
+    ids = torch.randint(0, model.config.vocab_size, (1, 5))
+    with pytest.raises(ValueError, match=message):
+        looped_kv.generate(model, ids, **{"max_new_tokens": 4, **kwargs})
+
+
+def test_prompt_longer_than_context(model):
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        looped_kv.generate(model, torch.zeros(1, 41, dtype=torch.long), max_new_tokens=1)

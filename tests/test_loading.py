@@ -1,0 +1,91 @@
+"""Loading checkpoints in the public format: folders, shards, any config of either family, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import FIXTURES, random_model
+from safetensors.torch import load_file, save_file
+
+from looped_kv import LoopedConfig, load, make_policy
+from looped_kv.decode import greedy
+
+
+def save_checkpoint(model, folder, shards: int = 1) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(model.config.to_hf_dict()))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()
+             if not (k == "lm_head.weight" and model.config.tie_embeddings)}
+    keys = sorted(state)
+    if shards == 1:
+        save_file(state, folder / "model.safetensors")
+        return
+    weight_map = {}
+    for i in range(shards):
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: state[k] for k in keys[i::shards]}
+        save_file(part, folder / name)
+        weight_map.update({k: name for k in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("family, overrides", [
+    ("huginn", {}),
+    ("huginn", {"n_heads": 8, "n_kv_heads": 8, "n_prelude": 2, "n_core": 3, "n_coda": 2, "rope_base": 50000.0}),
+    ("raven", {}),
+    ("raven", {"n_heads": 8, "n_kv_heads": 2, "n_prelude": 3, "n_core": 1, "n_coda": 3, "tie_embeddings": True}),
+    ("raven", {"n_heads": 4, "n_kv_heads": 4, "rope_scaling": None}),
+])
+@pytest.mark.parametrize("shards", [1, 3])
+def test_round_trip_any_config(tmp_path, family, overrides, shards):
+    model = random_model(family, **overrides)
+    save_checkpoint(model, tmp_path / "ckpt", shards)
+    loaded = load(tmp_path / "ckpt", dtype=torch.float64)
+    assert loaded.config == model.config
+    ids = torch.randint(0, model.config.vocab_size, (2, 9))
+    assert torch.allclose(loaded(ids, num_loops=3), model(ids, num_loops=3), rtol=0, atol=1e-12)
+    out = greedy(loaded, ids, 5, policy=make_policy("full", 3))
+    assert torch.equal(model(out.tokens[:, :-1], num_loops=3)[:, 8:].argmax(-1), out.new_tokens)
+
+
+def test_config_family_detection():
+    for name, family in (("huginn-tiny", "huginn"), ("raven-llama-tiny", "raven")):
+        assert LoopedConfig.from_file(FIXTURES / name / "config.json").family == family
+
+
+def test_mismatched_tensor_names_both_shapes(tmp_path):
+    folder = tmp_path / "bad"
+    shutil.copytree(FIXTURES / "huginn-tiny", folder)
+    state = load_file(folder / "model.safetensors")
+    state["transformer.core_block.1.attn.proj.weight"] = torch.zeros(64, 32)
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"transformer.core_block.1.attn.proj.weight.*\(64, 32\).*\(64, 64\)"):
+        load(folder)
+
+
+def test_config_layer_count_mismatch(tmp_path):
+    folder = tmp_path / "bad"
+    shutil.copytree(FIXTURES / "raven-llama-tiny", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["n_layers_in_recurrent_block"] = 7
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"missing tensor 'transformer.core_block.6"):
+        load(folder)
+
+
+def test_unknown_source(tmp_path):
+    (tmp_path / "weights.bin").write_text("x")
+    with pytest.raises(ValueError, match="source must be"):
+        load(tmp_path / "weights.bin")
+
+
+def test_tiny_model_loads_offline():
+    model = load("tiny")
+    cfg = model.config
+    assert cfg.family == "huginn" and cfg.mean_recurrence == 32
+    assert model.tokenizer is not None
+    ids = model.tokenizer("Question: Ava has 3 apples.", return_tensors="pt").input_ids
+    assert model(ids, num_loops=2).shape == (1, ids.shape[1], cfg.vocab_size)

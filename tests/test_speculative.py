@@ -1,0 +1,136 @@
+"""Greedy target preservation and RIPE Proposition 1, in float64.
+
+Every speculative decoder must emit exactly the tokens of greedy full-depth decoding under the same
+cache policy. The trained tiny model (in float64) accepts long runs of drafts, so these tests exercise
+the accept/commit paths; random-weight models exercise the rejection paths and both families.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_model
+
+import looped_kv
+from looped_kv import data
+from looped_kv.cache import BlockBuffer, BlockPass
+from looped_kv.decode import new_cache, prefill, run_block, step
+from looped_kv.policy import make_policy
+from looped_kv.speculative import acceptance_by_position, lookup_drafts
+
+
+@pytest.fixture(scope="module")
+def tiny64():
+    return looped_kv.load("tiny", dtype=torch.float64)
+
+
+def tiny_prompts(model, n: int, workload: str) -> list[torch.Tensor]:
+    return [model.tokenizer(p, return_tensors="pt").input_ids for p in data.prompts(workload, n, split="dev")]
+
+
+CONFIGS = [
+    dict(method="self-spec", draft_loops=2, block=4),
+    dict(method="self-spec", draft_loops=4, block=3, prefix_reads="deep-v"),
+    dict(method="self-spec", draft_loops=1, block=5, prefix_reads=(3, 16)),
+    dict(method="mature-spec", draft_loops=4, block=6),
+    dict(method="pld", block=5),
+    dict(method="das-wave", block=8, rounds=6, initial_width=2, updates=2),
+    dict(method="das-wave", block=6, rounds=4, initial_width=1, updates=1, carry=False, prefix_reads="aligned"),
+]
+
+
+@pytest.mark.parametrize("workload", ["problems", "code"])
+@pytest.mark.parametrize("cache", [{"cache": "full"}, {"cache": "ripe", "window": 8}])
+def test_tiny_model_speculation_is_greedy(tiny64, workload, cache):
+    for ids in tiny_prompts(tiny64, 2, workload):
+        reference = looped_kv.generate(tiny64, ids, max_new_tokens=24, method="ar", num_loops=16, **cache)
+        for config in CONFIGS:
+            out = looped_kv.generate(tiny64, ids, max_new_tokens=24, num_loops=16, **cache, **config)
+            assert torch.equal(out.tokens, reference.tokens), (config, cache)
+            assert out.verifications >= 1
+
+
+@pytest.mark.parametrize("family", ["huginn", "raven"])
+def test_random_models_speculation_is_greedy(family):
+    model = random_model(family, seed=7)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        ids = torch.randint(0, model.config.vocab_size, (1, 5), generator=generator)
+        reference = looped_kv.generate(model, ids, max_new_tokens=15, method="ar", num_loops=5)
+        for config in CONFIGS:
+            out = looped_kv.generate(model, ids, max_new_tokens=15, num_loops=5, **config)
+            assert torch.equal(out.tokens, reference.tokens), config
+
+
+def cache_state(cache):
+    return [t.clone() for t in (*cache.edge, *cache.core, *cache.ring)]
+
+
+@pytest.mark.parametrize("family", ["huginn", "raven"])
+@pytest.mark.parametrize("window, block", [(4, 4), (6, 3), (0, 3)])
+def test_proposition_1(family, window, block):
+    """RIPE Proposition 1: with W >= gamma, one batched pass over gamma + 1 tokens gives the logits and the
+    cached planes of decoding them one at a time; with W = 0 (deepest plane) they differ."""
+    model = random_model(family, seed=11)
+    R, generator = 5, torch.Generator().manual_seed(2)
+    policy = make_policy("ripe", R, window=window)
+    for start in (3, 7, 12):
+        ids = torch.randint(0, model.config.vocab_size, (1, start + block + 1), generator=generator)
+        sequential, batched = (new_cache(model, policy, 1, ids.shape[1]) for _ in range(2))
+        for cache in (sequential, batched):
+            prefill(model, cache, ids[:, :start], R)
+        logits_seq = torch.cat([step(model, sequential, ids[:, t:t + 1], R) for t in range(start, ids.shape[1])], 1)
+        buffer = BlockBuffer(model.config, R, batch=1, capacity=block + 1, dtype=model.dtype)
+        router = BlockPass(batched, range(start, start + block + 1), buffer=buffer, store="buffer")
+        logits_batch, _ = run_block(model, ids[:, start:], router, R)
+        batched.commit(buffer, block + 1)
+        same_logits = torch.allclose(logits_batch, logits_seq, rtol=0, atol=1e-12)
+        same_planes = all(torch.allclose(a, b, rtol=0, atol=1e-12)
+                          for a, b in zip(cache_state(batched), cache_state(sequential), strict=True))
+        if window >= block:
+            assert same_logits and same_planes
+        else:
+            assert not same_logits and not same_planes
+
+
+def test_exactness_needs_a_window_covering_the_block():
+    model = random_model("huginn")
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="W = 2 < block gamma = 4"):
+        looped_kv.generate(model, ids, max_new_tokens=4, method="self-spec", cache="ripe", window=2, block=4,
+                           num_loops=5)
+    with pytest.raises(ValueError, match="W = 0 < block gamma"):
+        looped_kv.generate(model, ids, max_new_tokens=4, method="mature-spec", cache="deepest", num_loops=5)
+    out = looped_kv.generate(model, ids, max_new_tokens=4, method="mature-spec", cache="deepest", num_loops=5,
+                             exact=False)
+    assert out.num_new == 4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"method": "self-spec", "draft_loops": 5}, r"draft_loops must be in \[1, 4\]"),
+    ({"method": "self-spec", "draft_loops": 0}, r"draft_loops must be in \[1, 4\]"),
+    ({"method": "self-spec", "block": 0}, "block .gamma. must be >= 1"),
+    ({"method": "self-spec", "prefix_reads": "shallow"}, "prefix_reads must be one of"),
+    ({"method": "self-spec", "prefix_reads": (2, 6)}, "nu must be in"),
+    ({"method": "das-wave", "block": 1, "initial_width": 2}, "block .gamma. must be >= initial_width"),
+    ({"method": "das-wave", "rounds": 0}, r"rounds \(J\) must be >= 1"),
+    ({"method": "das-wave", "updates": 0}, r"updates \(k, recurrent updates per round\) must be >= 1"),
+    ({"method": "pld", "ngram": 0}, "ngram must be >= 1"),
+])
+def test_bad_speculation_parameters(kwargs, message):
+    model = random_model("huginn")
+    with pytest.raises(ValueError, match=message):
+        looped_kv.generate(model, torch.zeros(1, 4, dtype=torch.long), max_new_tokens=4, num_loops=5, **kwargs)
+
+
+def test_batch_of_several_is_refused():
+    model = random_model("huginn")
+    with pytest.raises(ValueError, match="batch 1"):
+        looped_kv.generate(model, torch.zeros(2, 4, dtype=torch.long), max_new_tokens=4, method="self-spec",
+                           num_loops=5)
+
+
+def test_acceptance_by_position_and_lookup():
+    assert acceptance_by_position([0, 2, 2, 1], 2) == [3 / 4, 2 / 3]
+    assert lookup_drafts([5, 6, 7, 8, 5, 6], block=3, ngram=2) == [7, 8, 5]
+    assert lookup_drafts([1, 2, 3], block=3, ngram=2) == []
