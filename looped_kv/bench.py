@@ -40,7 +40,8 @@ DEFAULT_METHODS: dict[str, dict] = {
 
 
 def encode_prompts(model: LoopedLM, workload: str, n: int, split: str) -> list[Tensor]:
-    return [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device) for p in data.prompts(workload, n, split)]
+    texts = data.prompts(workload, n, split)
+    return [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device) for p in texts]
 
 
 def progress_of(out: Generation) -> float:

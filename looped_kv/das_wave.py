@@ -32,6 +32,8 @@ from looped_kv.model import LoopedLM
 from looped_kv.policy import CachePolicy, PrefixReads
 from looped_kv.speculative import accept, check_speculation, verify
 
+DEEP_KV = PrefixReads("deep", "deep")
+
 
 def check_wave(block: int, rounds: int, initial_width: int, updates: int) -> None:
     if initial_width < 1:
@@ -67,7 +69,7 @@ def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, ro
 @torch.no_grad()
 def das_wave(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, policy: CachePolicy, block: int = 32,
              rounds: int = 24, initial_width: int = 2, updates: int = 2, carry: bool = True,
-             reads: PrefixReads = PrefixReads("deep", "deep"), exact: bool = True,
+             reads: PrefixReads = DEEP_KV, exact: bool = True,
              progress: bool = False) -> Generation:
     """DAS-Wave decoding; defaults are the paper's Huginn configuration (gamma 32, J 24, W_init 2, k 2)."""
     check_wave(block, rounds, initial_width, updates)

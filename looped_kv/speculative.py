@@ -121,7 +121,7 @@ def prompt_lookup(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, po
     cache = new_cache(model, policy, 1, prompt.shape[1] + max_new_tokens + block + 1)
     buffer = BlockBuffer(model.config, R, batch=1, capacity=block + 1, dtype=model.dtype, device=model.device)
     pending = prefill(model, cache, prompt, R)[:, -1:].argmax(-1)
-    context = prompt[0].tolist() + [int(pending)]
+    context = [*prompt[0].tolist(), int(pending)]
     emitted, accepted, drafted = [pending], [], []
     bar = tqdm(total=max_new_tokens, disable=not progress, desc="prompt lookup", leave=False)
     while sum(t.shape[1] for t in emitted) < max_new_tokens:
@@ -131,7 +131,7 @@ def prompt_lookup(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, po
         cache.commit(buffer, k + 1)
         pending = targets[:, k:k + 1]
         emitted += [drafts[:, :k], pending]
-        context += drafts[0, :k].tolist() + [int(pending)]
+        context += [*drafts[0, :k].tolist(), int(pending)]
         accepted.append(k)
         drafted.append(drafts.shape[1])
         bar.update(k + 1)

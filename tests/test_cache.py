@@ -63,8 +63,9 @@ class BruteForce:
         past = self.past.setdefault(key, [])
         keys = torch.cat([pk for pk, _ in past] + [k], dim=2)
         values = torch.cat([pv for _, pv in past] + [v], dim=2)
+        groups = q.shape[1] // k.shape[1]
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, keys.repeat_interleave(q.shape[1] // k.shape[1], 1), values.repeat_interleave(q.shape[1] // k.shape[1], 1))
+            q, keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1))
         if site.stage != "core" or self.every or site.loop == self.R:
             past.append((k, v))
         return out
