@@ -47,8 +47,11 @@ def check_wave(block: int, rounds: int, initial_width: int, updates: int) -> Non
 
 
 def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, rounds: int, initial_width: int,
-           updates: int, carry: bool, reads: PrefixReads) -> Tensor:
-    """Carried parallel refinement (DAS Eq. 5-6); returns the proposals y_1..y_w (1, w)."""
+           updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
+    """Carried parallel refinement (DAS Eq. 5-6); returns the proposals y_1..y_w (1, w).
+
+    With ``trace``, each round's guesses after its readout (1, W_j) are appended to it.
+    """
     L = cache.length
     guesses = anchor.expand(1, block + 1).clone()  # guesses[i] conditions position L + i
     states: Tensor | None = None
@@ -63,6 +66,8 @@ def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, ro
         logits, states = model(guesses[:, :width], updates, fresh, positions=positions, router=router,
                                first_loop=first_loop, return_state=True)
         guesses[:, 1:width + 1] = logits.argmax(-1)  # shifted readout
+        if trace is not None:
+            trace.append(guesses[:, 1:width + 1].clone())
     return guesses[:, 1:width + 1]
 
 

@@ -1,0 +1,417 @@
+"""Plane measurements over a set of texts: what chapters 2 ("Planes ripen") and 3 ("Prefix KV matters late") run.
+
+The single-replay measurements live in :mod:`looped_kv.replay` and the fits in :mod:`looped_kv.fits`; this
+module runs them over many texts and collects the results the chapters tabulate:
+
+* :func:`ripening_curves`: Delta_r of keys and values (RIPE Sec. 3.2) and the Q/K/V maturity of DAS Sec. 3.1,
+  replayed in chunks of texts; :func:`ripening_summary` adds the Table 7 fits (Eq. 5 and Remark 1).
+* :func:`arm_grid`: the plane substitution arms of RIPE Sec. 3.1 (regions x planes), one row per (arm, text)
+  with the KL at the first decoded position and ||delta||, ready for ``fits.sensitivity_regression``;
+  :func:`precision_floor` gives the KL resolution of the replay's dtype.
+* :func:`first_position_agreement`: RIPE Table 3, the first-decoded-position top-1 agreement of equal-storage
+  cache policies with the full cache, through real :class:`~looped_kv.cache.PlaneCache` objects.
+* :func:`eq6_check`: the deepest-plane prediction of Eq. (6) against the deepest-plane arm's measured KL.
+
+Texts are token windows of one common length (``text_batch``), so that a batch is one tensor and every text
+has the same first decoded position.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from looped_kv.attention import Site
+from looped_kv.cache import PlaneCache
+from looped_kv.decode import new_cache, prefill, step
+from looped_kv.fits import (
+    FloorFit,
+    GeometricFit,
+    Ripeness,
+    SensitivityFit,
+    deep_loop_delta,
+    deep_loop_range,
+    deep_perturbation_size,
+    fit_floor,
+    fit_geometric,
+    ripeness,
+)
+from looped_kv.memory import policy_bytes
+from looped_kv.model import LoopedLM
+from looped_kv.policy import CachePolicy, make_policy
+from looped_kv.replay import (
+    Replay,
+    deepest_plane_arm,
+    kl_per_position,
+    maturity,
+    paper_region,
+    perturbation_size,
+    replay,
+    ripening,
+    substitute,
+)
+
+PAPER_PLANES = (1, 4, 8, 16, 24, 32)  # planes substituted in RIPE Sec. 3.1, of R = 32
+# RIPE Table 3: (row label, policy name, k of R = 32); k of share/first scales with R
+TABLE3_POLICIES = (("deepest plane", "deepest", None), ("two deepest planes", "k-deepest", 2),
+                   ("share every 8 loops", "share", 8), ("first 4 loops", "first", 4),
+                   ("share every 4 loops", "share", 4), ("first 8 loops", "first", 8))
+
+
+def _check_ids(ids: Tensor) -> None:
+    if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 2:
+        raise ValueError(f"ids must be (texts, length) with length >= 2, got shape {tuple(ids.shape)}")
+
+
+def text_batch(model: LoopedLM, texts: Sequence[str], length: int) -> Tensor:
+    """Token windows (B, ``length``): each text's first ``length`` tokens; texts shorter than that are skipped."""
+    if length < 2:
+        raise ValueError(f"length must be >= 2, got {length}")
+    if model.tokenizer is None:
+        raise ValueError("the model has no tokenizer (model.tokenizer is None)")
+    rows = [model.tokenizer(t, return_tensors="pt").input_ids[0] for t in texts]
+    kept = [r[:length] for r in rows if r.numel() >= length]
+    if not kept:
+        longest = max((r.numel() for r in rows), default=0)
+        raise ValueError(f"no text has {length} tokens (longest {longest}); use shorter windows or longer texts")
+    return torch.stack(kept).to(model.device)
+
+
+def _chunks(ids: Tensor, chunk: int) -> list[Tensor]:
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    return list(ids.split(chunk, dim=0))
+
+
+# -- ripening and maturity (RIPE Sec. 3.2, DAS Sec. 3.1) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class RipeningCurves:
+    """Per-loop curves of one replay precision: ``delta[kind][r - 1]`` = Delta_r, ``maturity[kind][r - 1]`` the
+    mean cosine to plane R; loops 1..R, averaged over core layers and texts."""
+
+    num_loops: int
+    delta: dict[str, np.ndarray]
+    maturity: dict[str, np.ndarray]
+    dtype: torch.dtype
+    texts: int
+
+    @property
+    def loops(self) -> np.ndarray:
+        return np.arange(1, self.num_loops + 1)
+
+
+@torch.no_grad()
+def ripening_curves(model: LoopedLM, ids: Tensor, num_loops: int, *, decoded: int,
+                    softmax_dtype: torch.dtype = torch.float32, maturity_kinds: Iterable[str] = ("q", "k", "v"),
+                    chunk: int = 8, progress: bool = False) -> RipeningCurves:
+    """Delta_r (RIPE Sec. 3.2) of keys and values and the maturity (DAS Fig. 2 top) over texts ``ids`` (B, n).
+
+    The texts are replayed ``chunk`` at a time in the model's dtype (softmax in ``softmax_dtype``), so memory
+    stays at one chunk's planes. Chunk results are weighted by their number of texts, which gives exactly the
+    average over all layers and texts of :func:`looped_kv.replay.ripening` and :func:`~looped_kv.replay.maturity`.
+    """
+    _check_ids(ids)
+    maturity_kinds = tuple(maturity_kinds)
+    record = tuple(X for X in ("q", "k", "v") if X in ("k", "v") or X in maturity_kinds)
+    sums = {("delta", X): 0.0 for X in ("k", "v")} | {("maturity", X): 0.0 for X in maturity_kinds}
+    for part in tqdm(_chunks(ids, chunk), desc=f"replay {model.dtype}".replace("torch.", ""), disable=not progress,
+                     leave=False):
+        ref = replay(model, part, num_loops, softmax_dtype=softmax_dtype, record=record, decoded=decoded)
+        weight = part.shape[0]
+        for X, d in ripening(ref).items():
+            sums["delta", X] = sums["delta", X] + weight * d.cpu().numpy()
+        if maturity_kinds:
+            for X, m in maturity(ref, kinds=maturity_kinds).items():
+                sums["maturity", X] = sums["maturity", X] + weight * m.cpu().numpy()
+        del ref
+    B = ids.shape[0]
+    return RipeningCurves(num_loops=num_loops, delta={X: sums["delta", X] / B for X in ("k", "v")},
+                          maturity={X: sums["maturity", X] / B for X in maturity_kinds}, dtype=model.dtype, texts=B)
+
+
+@dataclass(frozen=True)
+class RipeningFit:
+    """One column entry of RIPE Table 7 for one kind (keys or values)."""
+
+    kind: str
+    geometric: GeometricFit  # c rho^r on fp32, loops 8..R-1
+    floor: FloorFit  # Delta_inf of Eq. (5) on bf16, rho and c fixed
+    deep_bf16: float  # mean Delta over the deep loops 25..31 (scaled), bf16
+    deep_fp32: float
+    ripeness: Ripeness  # Remark 1: deep-loop bf16 Delta against the floor
+
+
+def ripening_summary(fp32: RipeningCurves, bf16: RipeningCurves,
+                     loop_range: tuple[int, int] | None = None) -> dict[str, RipeningFit]:
+    """Table 7 fits for keys and values: geometric fit to fp32 (default loops 8..R-1), the bf16 floor of Eq. (5)
+    with rho and c fixed, deep-loop Delta in both precisions and the ripeness label of Remark 1."""
+    R = fp32.num_loops
+    if bf16.num_loops != R:
+        raise ValueError(f"fp32 and bf16 curves must have the same R, got {R} and {bf16.num_loops}")
+    loops = fp32.loops
+    out = {}
+    for X in ("k", "v"):
+        geo = fit_geometric(loops, fp32.delta[X], R, loop_range)
+        floor = fit_floor(loops, bf16.delta[X], geo.rho, geo.c, R, loop_range)
+        deep_bf16 = deep_loop_delta(loops, bf16.delta[X], R)
+        out[X] = RipeningFit(kind=X, geometric=geo, floor=floor, deep_bf16=deep_bf16,
+                             deep_fp32=deep_loop_delta(loops, fp32.delta[X], R),
+                             ripeness=ripeness(deep_bf16, floor.delta_inf))
+    return out
+
+
+def table7_column(fits: Mapping[str, RipeningFit]) -> dict[str, str]:
+    """The rows of RIPE Table 7 for one model, formatted "keys (values)" as the paper prints them."""
+
+    def pair(fmt: str, get) -> str:
+        return f"{fmt.format(get(fits['k']))} ({fmt.format(get(fits['v']))})"
+
+    return {"rho": pair("{:.2f}", lambda f: f.geometric.rho),
+            "half-life (loops)": pair("{:.1f}", lambda f: f.geometric.half_life),
+            "Delta_inf (bf16)": pair("{:.2g}", lambda f: f.floor.delta_inf),
+            "deep-loop Delta, bf16": pair("{:.2g}", lambda f: f.deep_bf16),
+            "deep-loop Delta, fp32": pair("{:.2g}", lambda f: f.deep_fp32),
+            "max |log residual|, fp32": pair("{:.2f}", lambda f: f.geometric.max_abs_log_residual),
+            "ripeness (Remark 1)": pair("{}", lambda f: f.ripeness.label)}
+
+
+# -- plane substitution arms (RIPE Sec. 3.1) ------------------------------------------------------
+
+
+def paper_planes(num_loops: int) -> tuple[int, ...]:
+    """The substituted planes {1, 4, 8, 16, 24, 32} of RIPE Sec. 3.1 scaled to R: round(p R / 32) in 1..R."""
+    if num_loops < 1:
+        raise ValueError(f"num_loops must be >= 1, got {num_loops}")
+    return tuple(sorted({min(max(round(p * num_loops / 32), 1), num_loops) for p in PAPER_PLANES}))
+
+
+@dataclass
+class ArmGrid:
+    """Arms of RIPE Sec. 3.1 over texts: ``rows`` has one row per (arm, text) with columns text, region, deep,
+    plane, kl (KL(reference || arm) at the first decoded position, float64) and size (||delta||)."""
+
+    reference: Replay
+    rows: pd.DataFrame
+
+    def medians(self) -> pd.DataFrame:
+        """Arm medians over texts of size and KL (the points of RIPE Fig. 2a-b)."""
+        return (self.rows.groupby(["region", "deep", "plane"], as_index=False)[["size", "kl"]].median()
+                .sort_values(["deep", "plane"]).reset_index(drop=True))
+
+
+@torch.no_grad()
+def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[int] | None = None,
+             regions: Mapping[str, Iterable[int]] | None = None, decoded: int = 1,
+             softmax_dtype: torch.dtype = torch.float32, kinds: Iterable[str] = ("k", "v"),
+             progress: bool = True) -> ArmGrid:
+    """Replay texts ``ids`` (B, n) once and run every (region, plane) arm (RIPE Sec. 3.1, Fig. 2a-b).
+
+    ``regions`` defaults to the paper's shallow (loops 2-9) and deep (25-32) regions scaled to R, ``planes``
+    to :func:`paper_planes`. An arm's KL is taken at the first decoded position ``n - decoded``.
+    """
+    _check_ids(ids)
+    regions = ({name: paper_region(name, num_loops) for name in ("shallow", "deep")} if regions is None
+               else {name: tuple(loops) for name, loops in regions.items()})
+    if set(regions) != {"shallow", "deep"}:
+        raise ValueError(f"regions must name 'shallow' and 'deep', got {sorted(regions)}")
+    planes = paper_planes(num_loops) if planes is None else tuple(planes)
+    kinds = tuple(kinds)
+    ref = replay(model, ids, num_loops, softmax_dtype=softmax_dtype, record=kinds, decoded=decoded)
+    t = ref.first_decoded
+    records = []
+    arms = [(name, p) for name in ("shallow", "deep") for p in planes]
+    for name, p in tqdm(arms, desc="arms", disable=not progress, leave=False):
+        logits = substitute(model, ref, p, regions[name], kinds=kinds)
+        kl = kl_per_position(ref.logits[:, t], logits[:, t]).cpu().numpy()
+        size = perturbation_size(ref, p, regions[name], kinds=kinds).cpu().numpy()
+        records += [{"text": i, "region": name, "deep": int(name == "deep"), "plane": p, "kl": float(kl[i]),
+                     "size": float(size[i])} for i in range(ids.shape[0])]
+    return ArmGrid(ref, pd.DataFrame.from_records(records))
+
+
+@torch.no_grad()
+def precision_floor(model: LoopedLM, reference: Replay, *, exact_dtype: torch.dtype = torch.float64) -> np.ndarray:
+    """Per-text KL(exact || reference) at the first decoded position: the KL the reference's own rounding causes.
+
+    The same texts are replayed in a copy of the model in ``exact_dtype`` (float64 softmax). A KL below this
+    resolution cannot be told from rounding: such rows sit "at the floor" of the sensitivity regression.
+    """
+    exact = _copy_in(model, exact_dtype)
+    ids, t = reference.input_ids, reference.first_decoded
+    logits = replay(exact, ids, reference.num_loops, softmax_dtype=torch.float64, record=(),
+                    decoded=reference.decoded).logits
+    return kl_per_position(logits[:, t], reference.logits[:, t]).cpu().numpy()
+
+
+def _copy_in(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
+    import copy
+
+    twin = copy.deepcopy(model).to(dtype)
+    twin.tokenizer, twin.source = getattr(model, "tokenizer", None), getattr(model, "source", None)
+    return twin
+
+
+def in_dtype(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
+    """A copy of ``model`` cast to ``dtype`` (e.g. the bf16 model of the bf16 replay), tokenizer kept."""
+    return model if model.dtype == dtype else _copy_in(model, dtype)
+
+
+def regression_rows(grid: ArmGrid, floor: float) -> pd.DataFrame:
+    """Rows for ``fits.sensitivity_regression``: KLs at or below ``floor`` are set to the floor (they stay in the fit,
+    as the paper's rows at the KL floor do) and flagged in column ``at_floor``."""
+    if not (math.isfinite(floor) and floor > 0):
+        raise ValueError(f"floor must be > 0 (log KL is fitted), got {floor}")
+    rows = grid.rows.copy()
+    rows["at_floor"] = rows["kl"] <= floor
+    rows["kl"] = rows["kl"].clip(lower=floor)
+    return rows
+
+
+# -- equal-storage caches (RIPE Table 3) ----------------------------------------------------------
+
+
+def table3_policies(num_loops: int) -> dict[str, CachePolicy]:
+    """RIPE Table 3's equal-storage caches for R loops (the k of share/first scaled as round(k R / 32), >= 1)."""
+    out = {}
+    for label, name, k in TABLE3_POLICIES:
+        if k is not None and name != "k-deepest":
+            k = min(max(round(k * num_loops / 32), 1), num_loops)
+        elif k is not None:
+            k = min(k, num_loops)
+        out[label] = make_policy(name, num_loops, k=k)
+    return out
+
+
+def restrict(full: PlaneCache, policy: CachePolicy) -> PlaneCache:
+    """A cache under ``policy`` holding what a prefill under that policy would have stored, copied from a prefilled
+    full cache (a prefill reads nothing from its cache, so every policy's prefill computes the same planes)."""
+    if full.policy.kept != tuple(range(1, full.policy.num_loops + 1)):
+        raise ValueError(f"restrict needs a full cache, got policy {full.policy.name}")
+    if policy.num_loops != full.policy.num_loops:
+        raise ValueError(f"policy has R = {policy.num_loops}, the cache R = {full.policy.num_loops}")
+    like = full.core[0]
+    cfg, L = full.config, full.length
+    cache = PlaneCache(cfg, policy, batch=like.shape[2], capacity=full.capacity, dtype=like.dtype,
+                       device=like.device)
+    positions = range(0, L)
+    for stage, n_layers in (("prelude", cfg.n_prelude), ("coda", cfg.n_coda)):
+        for layer in range(n_layers):
+            i = full.edge_index(Site(stage, layer))
+            cache.write(Site(stage, layer), positions, full.edge[0][i, :, :, :L], full.edge[1][i, :, :, :L])
+    for layer in range(cfg.n_core):
+        for p in range(1, policy.num_loops + 1):
+            site = Site("core", layer, p)
+            cache.write(site, positions, full.fetch(0, layer, p, 0, L), full.fetch(1, layer, p, 0, L))
+    cache.length = L
+    return cache
+
+
+@dataclass
+class Agreement:
+    """First-decoded-position comparison of cache policies with the full cache (RIPE Table 3)."""
+
+    table: pd.DataFrame  # one row per policy: planes, bytes, formula bytes, agreement, KL mean/median
+    matches: dict[str, np.ndarray]  # per policy, per text: top-1 equal to the full cache's
+    kl: dict[str, np.ndarray]  # per policy, per text: KL(full || policy) at the first decoded position
+    full_logits: Tensor  # (B, vocab) logits of the full cache at the first decoded position
+
+
+@torch.no_grad()
+def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str, CachePolicy], *,
+                             first: int | None = None, prefill_once: bool = True,
+                             progress: bool = False) -> Agreement:
+    """Top-1 agreement with the full cache at the first decoded position ``first`` (default the last) (Table 3).
+
+    For each policy the prefix ``ids[:, :first]`` is prefilled into a :class:`PlaneCache` under the policy and
+    the token at ``first`` is then *stepped*: its reads of the cached prefix follow the policy. (In one pass
+    over prefix and token the token would read the in-block prefix at its own loop and the policy would not
+    apply.) With ``prefill_once`` the prefix is prefilled once into a full cache and :func:`restrict`-ed to each
+    policy, which stores bit for bit what a prefill under the policy stores; otherwise each policy prefills.
+    The table reports each cache's bytes after the step and the formula's (``memory.policy_bytes``).
+    """
+    _check_ids(ids)
+    B, n = ids.shape
+    first = n - 1 if first is None else first
+    if not 1 <= first < n:
+        raise ValueError(f"first must be in 1..{n - 1}, got {first}")
+    R = {p.num_loops for p in policies.values()}
+    if len(R) != 1:
+        raise ValueError(f"all policies must share one R, got {sorted(R)}")
+    R = R.pop()
+    prefix, token = ids[:, :first], ids[:, first:first + 1]
+    full = new_cache(model, make_policy("full", R), B, first + 1)
+    prefill(model, full, prefix, R)
+    base = step(model, restrict(full, full.policy), token, R)[:, -1]
+    rows, matches, kls = [], {}, {}
+    for label, policy in tqdm(policies.items(), desc="policies", disable=not progress, leave=False):
+        if prefill_once:
+            cache = restrict(full, policy)
+        else:
+            cache = new_cache(model, policy, B, first + 1)
+            prefill(model, cache, prefix, R)
+        logits = step(model, cache, token, R)[:, -1]
+        matches[label] = (logits.argmax(-1) == base.argmax(-1)).cpu().numpy()
+        kls[label] = kl_per_position(base, logits).cpu().numpy()
+        rows.append({"cache": label, "policy": policy.name, "planes": len(policy.kept), "bytes": cache.nbytes,
+                     "formula bytes": policy_bytes(model.config, policy, first + 1, model.dtype),
+                     "agreement": float(matches[label].mean()), "KL mean": float(kls[label].mean()),
+                     "KL median": float(np.median(kls[label]))})
+    return Agreement(pd.DataFrame(rows).set_index("cache"), matches, kls, base)
+
+
+# -- Eq. (6) ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Eq6Check:
+    """RIPE Eq. (6): KL_deep ~ e^(a+b) S^g against the deepest-plane arm's measured KL (first decoded position)."""
+
+    from_curve: float  # S from the ripening curve Delta_r (keys and values), deep loops
+    from_size: float  # median over texts of e^(a+b) ||delta||^g, ||delta|| measured over the deep loops
+    measured_median: float  # deepest-plane arm (every loop r < R reads plane R)
+    measured_mean: float
+    shallow_only_median: float  # plane R substituted in the shallow region alone
+    S_curve: float
+    S_measured: np.ndarray  # per text
+    measured: np.ndarray  # per text
+
+    @property
+    def factor(self) -> float:
+        """How far the curve's prediction is from the measured median, as a factor >= 1."""
+        ratio = self.from_curve / self.measured_median
+        return max(ratio, 1 / ratio)
+
+
+@torch.no_grad()
+def eq6_check(model: LoopedLM, reference: Replay, fit: SensitivityFit, grid: ArmGrid | None = None) -> Eq6Check:
+    """Predict the deepest-plane cache's KL at the first decoded position with Eq. (6) and measure it.
+
+    The curve's S uses Delta_r of this reference (``replay.ripening``) over the deep loops 25..31 (scaled);
+    the measured S is each text's ||delta|| of plane R over the same loops. The measurement is the arm of
+    :func:`looped_kv.replay.deepest_plane_arm`, which the fit did not use. With ``grid``, the shallow region's
+    plane-R arm gives the cost of substituting plane R in the shallow loops alone.
+    """
+    R, t = reference.num_loops, reference.first_decoded
+    deep = list(deep_loop_range(R))
+    delta = ripening(reference)
+    n_core = reference.plane("k", R).shape[0]
+    S_curve = deep_perturbation_size(n_core, delta["k"].cpu().numpy(), delta["v"].cpu().numpy(), deep)
+    S_measured = perturbation_size(reference, R, deep).cpu().numpy()
+    scale = math.exp(fit.a + fit.b)
+    measured = kl_per_position(reference.logits[:, t], deepest_plane_arm(model, reference)[:, t]).cpu().numpy()
+    shallow = float("nan")
+    if grid is not None:
+        rows = grid.rows[(grid.rows.region == "shallow") & (grid.rows.plane == R)]
+        shallow = float(rows.kl.median()) if len(rows) else float("nan")
+    return Eq6Check(from_curve=scale * S_curve**fit.g, from_size=float(np.median(scale * S_measured**fit.g)),
+                    measured_median=float(np.median(measured)), measured_mean=float(measured.mean()),
+                    shallow_only_median=shallow, S_curve=S_curve, S_measured=S_measured, measured=measured)
