@@ -110,12 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=8, help="evaluation prompts per workload (default: 8)")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
     ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(DEFAULT_METHODS))
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1, see looped_kv.book)")
     args = ap.parse_args(argv)
     if args.prompts < 1:
         ap.error(f"--prompts must be >= 1, got {args.prompts}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     model = load(args.model, device="cuda" if torch.cuda.is_available() else None)
     methods = {name: DEFAULT_METHODS[name] for name in args.methods}
     pd.set_option("display.width", 160)

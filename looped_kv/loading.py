@@ -87,8 +87,12 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | None = None,
 
 def load_tokenizer(folder: Path):
     """The folder's tokenizer through ``transformers``, or None when it has none."""
-    if not (folder / "tokenizer.json").exists() and not (folder / "tokenizer_config.json").exists():
-        return None
-    from transformers import AutoTokenizer
+    if (folder / "tokenizer.json").exists():
+        from transformers import PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(str(folder))
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    if (folder / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(folder))
+    return None

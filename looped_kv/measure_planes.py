@@ -18,6 +18,7 @@ has the same first decoded position.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -253,10 +254,14 @@ def precision_floor(model: LoopedLM, reference: Replay, *, exact_dtype: torch.dt
 
 
 def _copy_in(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
-    import copy
-
-    twin = copy.deepcopy(model).to(dtype)
-    twin.tokenizer, twin.source = getattr(model, "tokenizer", None), getattr(model, "source", None)
+    """A deep copy of the weights in ``dtype``; the tokenizer is shared, not copied."""
+    tokenizer = getattr(model, "tokenizer", None)
+    model.tokenizer = None
+    try:
+        twin = copy.deepcopy(model).to(dtype)
+    finally:
+        model.tokenizer = tokenizer
+    twin.tokenizer, twin.source = tokenizer, getattr(model, "source", None)
     return twin
 
 
@@ -336,7 +341,12 @@ def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str
     over prefix and token the token would read the in-block prefix at its own loop and the policy would not
     apply.) With ``prefill_once`` the prefix is prefilled once into a full cache and :func:`restrict`-ed to each
     policy, which stores bit for bit what a prefill under the policy stores; otherwise each policy prefills.
-    The table reports each cache's bytes after the step and the formula's (``memory.policy_bytes``).
+    The table reports each cache's bytes after the step (all B texts) and the formula's (B x
+    ``memory.policy_bytes`` at first + 1 positions).
+
+    The step reads the prefix's coda keys/values as the prefill stored them; the replay arms of RIPE Sec. 3.1
+    (:func:`looped_kv.replay.substitute`) let the coda read the arm's own prefix, perturbed by the substitution,
+    so the two agree in the core's reads but not exactly in their logits.
     """
     _check_ids(ids)
     B, n = ids.shape
@@ -362,7 +372,7 @@ def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str
         matches[label] = (logits.argmax(-1) == base.argmax(-1)).cpu().numpy()
         kls[label] = kl_per_position(base, logits).cpu().numpy()
         rows.append({"cache": label, "policy": policy.name, "planes": len(policy.kept), "bytes": cache.nbytes,
-                     "formula bytes": policy_bytes(model.config, policy, first + 1, model.dtype),
+                     "formula bytes": B * policy_bytes(model.config, policy, first + 1, model.dtype),
                      "agreement": float(matches[label].mean()), "KL mean": float(kls[label].mean()),
                      "KL median": float(np.median(kls[label]))})
     return Agreement(pd.DataFrame(rows).set_index("cache"), matches, kls, base)

@@ -11,7 +11,7 @@ from looped_kv import LoopedConfig, LoopedLM, load
 FIXTURES = Path(__file__).parent / "fixtures"
 FAMILY_FIXTURES = {"huginn": "huginn-tiny", "raven": "raven-llama-tiny"}
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", params=sorted(FAMILY_FIXTURES))

@@ -1,0 +1,335 @@
+"""The ``looped-kv`` command: generate, bench, memory and pre-registered batches.
+
+    looped-kv generate --method mature-spec --cache ripe --window 16 "Question: ... Answer:"
+    looped-kv bench --workloads problems --prompts 4
+    looped-kv memory --model huginn-0125 --context 1024 4096
+    looped-kv batch freeze regions                     # the shipped example, or a spec file
+    looped-kv batch run regions.frozen.json --out runs/regions
+    looped-kv batch verify runs/regions
+    looped-kv batch ledger runs/regions runs/windows
+
+Errors are one line on stderr (``looped-kv: error: ...``) and exit status 2 (3 when a self-test fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import pandas as pd
+import torch
+
+from looped_kv import batches, data
+from looped_kv.bench import DEFAULT_METHODS, encode_prompts, run_paired, summarize
+from looped_kv.book import DTYPES
+from looped_kv.config import LoopedConfig, huginn_0125, raven_llama
+from looped_kv.decode import METHODS, generate
+from looped_kv.loading import TINY_DIR, load
+from looped_kv.memory import BYTES, element_bytes, policy_bytes
+from looped_kv.model import LoopedLM
+from looped_kv.policy import CACHE_POLICIES, PREFIX_READS, make_policy
+from looped_kv.selftest import SelfTestFailure
+
+PROG = "looped-kv"
+NAMED_CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _device(name: str | None) -> str:
+    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _load(args: argparse.Namespace) -> LoopedLM:
+    device = _device(args.device)
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    return load(args.model, dtype=DTYPES[dtype], device=device)
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="'tiny' (shipped), a checkpoint folder or a hub id such as "
+                                                  "tomg-group-umd/huginn-0125 (default: tiny)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="weights dtype (default: bfloat16 on CUDA, else float32)")
+    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+# -- generate -------------------------------------------------------------------------------------------------------
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not text:
+        raise ValueError("prompt must be non-empty text (or '-' to read it from stdin)")
+    model = _load(args)
+    if model.tokenizer is None:
+        raise ValueError(f"model {args.model!r} has no tokenizer; generate needs one for text in and out")
+    ids = model.tokenizer(text, return_tensors="pt").input_ids.to(model.device)
+    options = {key: getattr(args, key) for key in ("num_loops", "window", "k", "sinks", "block", "prefix_reads")
+               if getattr(args, key) is not None}
+    out = generate(model, ids, max_new_tokens=args.max_new_tokens, method=args.method, cache=args.cache,
+                   draft_loops=args.draft_loops, exact=not args.inexact, ngram=args.ngram, rounds=args.rounds,
+                   initial_width=args.initial_width, updates=args.updates, carry=not args.no_carry,
+                   progress=args.progress, **options)
+    completion = model.tokenizer.decode(out.new_tokens[0].tolist())
+    stats = {"method": args.method, "cache": out.extra.get("policy", args.cache), **out.stats()}
+    if args.json:
+        print(json.dumps({"prompt": text, "completion": completion, "stats": stats}))
+    else:
+        print(completion)
+        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()),
+              file=sys.stderr)
+    return 0
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text with any decoder and cache; prints the completion and "
+                                        "statistics", description=generate.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompt", help="prompt text, or '-' to read it from stdin")
+    _model_options(p)
+    p.add_argument("--method", default="ar", choices=METHODS, help="decoder (default: ar, greedy decoding)")
+    p.add_argument("--cache", default="full", choices=CACHE_POLICIES, help="verifier's cache policy (default: full)")
+    p.add_argument("--window", type=int, help="RIPE window W (cache ripe or sinks)")
+    p.add_argument("--k", type=int, help="planes for k-deepest / share / first")
+    p.add_argument("--sinks", type=int, help="full-depth start positions (cache sinks, or ripe)")
+    p.add_argument("--num-loops", type=int, help="R (default: the model's mean recurrence)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
+    p.add_argument("--draft-loops", type=int, default=4, help="d, loops per draft (self-spec, mature-spec; "
+                                                              "default: 4)")
+    p.add_argument("--block", type=int, help="gamma, drafts per verification (default: 4; das-wave 32)")
+    p.add_argument("--prefix-reads", choices=PREFIX_READS, help="drafts' prefix reads (self-spec default aligned; "
+                                                                "das-wave default deep-kv)")
+    p.add_argument("--inexact", action="store_true", help="allow block-dependent verification (cache with W < "
+                                                          "gamma; RIPE Proposition 1)")
+    p.add_argument("--ngram", type=int, default=3, help="n-gram length of prompt lookup (pld; default: 3)")
+    p.add_argument("--rounds", type=int, default=24, help="J, refinement rounds (das-wave; default: 24)")
+    p.add_argument("--initial-width", type=int, default=2, help="W_init (das-wave; default: 2)")
+    p.add_argument("--updates", type=int, default=2, help="k, updates per round (das-wave; default: 2)")
+    p.add_argument("--no-carry", action="store_true", help="do not carry refined states (das-wave)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (prompt, completion, stats)")
+    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    p.set_defaults(func=cmd_generate)
+
+
+# -- bench ----------------------------------------------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.prompts < 1 or args.max_new_tokens < 1:
+        raise ValueError(f"--prompts and --max-new-tokens must be >= 1, got {args.prompts} and "
+                         f"{args.max_new_tokens}")
+    model = _load(args)
+    methods = {name: DEFAULT_METHODS[name] for name in args.methods}
+    pd.set_option("display.width", 160)
+    for workload in args.workloads:
+        prompts = encode_prompts(model, workload, args.prompts, "eval")
+        table = summarize(run_paired(model, prompts, methods, args.max_new_tokens, progress=not args.quiet))
+        print(f"\n{workload}: {len(prompts)} evaluation prompts, {args.max_new_tokens} new tokens each, "
+              f"model {args.model} on {model.device}")
+        print(table.to_string(float_format=lambda x: f"{x:.2f}"))
+    return 0
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="speed-ups of every decoder over paired greedy decoding (chapters 5-7)",
+                       description="Each evaluation prompt is decoded greedily and by every method in the same "
+                                   "process; the speed-up is DAS Eq. (8), the mean over prompts of the tokens/s "
+                                   "ratio to the paired greedy run, with a paired bootstrap interval, and A, G and "
+                                   "tau (DAS Eq. 9-10).")
+    _model_options(p)
+    p.add_argument("--workloads", nargs="+", default=list(data.WORKLOADS), choices=data.WORKLOADS,
+                   help="prompt workloads (default: all)")
+    p.add_argument("--prompts", type=int, default=8, help="evaluation prompts per workload (default: 8)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(DEFAULT_METHODS),
+                   help="decoders (default: all, with the configurations of looped_kv.bench.DEFAULT_METHODS)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_bench)
+
+
+# -- memory ---------------------------------------------------------------------------------------------------------
+
+
+def model_config(model: str) -> LoopedConfig:
+    """A named architecture (huginn-0125, raven-llama), 'tiny', a folder or config.json, or a hub id's config.json."""
+    if model in NAMED_CONFIGS:
+        return NAMED_CONFIGS[model]()
+    path = TINY_DIR if model == "tiny" else Path(model).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return LoopedConfig.from_file(path)
+    if model == "tiny":
+        raise FileNotFoundError(f"no config.json at {path} (the tiny model is not trained yet)")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return LoopedConfig.from_file(hf_hub_download(repo_id=model, filename="config.json"))
+    except Exception as error:  # offline, unknown id, ...: one clear line instead of a traceback
+        raise ValueError(f"--model {model!r} is not one of {tuple(NAMED_CONFIGS)}, 'tiny', a folder or config.json, "
+                         f"and its hub config.json could not be fetched ({type(error).__name__})") from None
+
+
+def parameter_count(config: LoopedConfig) -> int:
+    """Parameters of the architecture (tied embeddings counted once), without allocating them."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in LoopedLM(config).parameters())
+
+
+def memory_rows(config: LoopedConfig, contexts: list[int], num_loops: int, dtype: str, windows: list[int],
+                batch_size: int) -> pd.DataFrame:
+    """Weights and KV cache (RIPE Eq. 3 and 10) in GB (10^9 bytes) for ``batch_size`` sequences per context."""
+    policies = [("full cache", make_policy("full", num_loops)), ("deepest plane", make_policy("deepest", num_loops)),
+                *((f"RIPE, W = {w}", make_policy("ripe", num_loops, window=w)) for w in windows)]
+    weights = parameter_count(config) * element_bytes(dtype) / 1e9
+    rows = []
+    for name, policy in policies:
+        row = {"cache": name}
+        for L in contexts:
+            cache = batch_size * policy_bytes(config, policy, L, dtype) / 1e9
+            row[f"KV GB, L = {L}"] = cache
+            row[f"total GB, L = {L}"] = weights + cache
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("cache")
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    if any(L < 1 for L in args.context) or args.batch_size < 1 or any(w < 0 for w in args.windows):
+        raise ValueError("--context and --batch-size must be >= 1 and --windows >= 0")
+    config = model_config(args.model)
+    R = args.num_loops or config.mean_recurrence
+    params = parameter_count(config)
+    table = memory_rows(config, args.context, R, args.dtype, args.windows, args.batch_size)
+    print(f"{args.model}: {params / 1e9:.3f}B parameters, weights {params * element_bytes(args.dtype) / 1e9:.2f} GB "
+          f"in {args.dtype}; R = {R}, {config.n_prelude}/{config.n_core}/{config.n_coda} layers, "
+          f"{config.n_kv_heads} KV heads of width {config.head_dim}; {args.batch_size} sequence(s)")
+    print(table.to_string(float_format=lambda x: f"{x:.3f}"))
+    print("Activations and the allocator's overhead come on top (RIPE Sec. 3.5 measures o0 + o1 B on a GH200).")
+    return 0
+
+
+def _add_memory(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("memory", help="weights and KV-cache memory of a checkpoint or config at a context length",
+                       description="Memory from the package's model (RIPE Eq. 3 and Eq. 10, looped_kv.memory): the "
+                                   "weights, and the KV cache of the full cache, the deepest plane and RIPE windows, "
+                                   "for each context length.")
+    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(NAMED_CONFIGS)}, 'tiny', a checkpoint "
+                                                          f"folder, a config.json or a hub id (default: huginn-0125)")
+    p.add_argument("--context", type=int, nargs="+", default=[1024], help="context lengths L (default: 1024)")
+    p.add_argument("--dtype", default="bf16", choices=tuple(BYTES), help="storage dtype (default: bf16)")
+    p.add_argument("--num-loops", type=int, help="R (default: the config's mean recurrence)")
+    p.add_argument("--windows", type=int, nargs="*", default=[16, 64, 256], help="RIPE windows W "
+                                                                                 "(default: 16 64 256)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences held at once (default: 1)")
+    p.set_defaults(func=cmd_memory)
+
+
+# -- batch ----------------------------------------------------------------------------------------------------------
+
+
+def cmd_freeze(args: argparse.Namespace) -> int:
+    path = batches.freeze(args.spec, args.out, force=args.force)
+    table = batches.read_table(path)
+    groups = pd.Series([k.split("/")[0] for k in table["files"]]).value_counts()
+    counts = ", ".join(f"{n} {group}" for group, n in groups.items())
+    print(f"froze batch {table['batch']}: {len(table['files'])} files ({counts}) -> {path}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    decisions = batches.run_batch(args.table, args.out, progress=not args.quiet, threads=args.threads,
+                                  device=args.device)
+    if decisions is None:  # a torchrun rank other than 0
+        return 0
+    for name, rule in decisions["rules"].items():
+        print(f"rule {name}: {rule['label']} ({rule['detail']})")
+    print(batches.ledger([args.out]))
+    print(f"archive: {args.out} (check it with `{PROG} batch verify {args.out}`)")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    failed = 0
+    for archive in args.archives:
+        problems = batches.verify(archive)
+        print(f"{archive}: {'ok' if not problems else 'FAILED: ' + '; '.join(problems)}")
+        failed += bool(problems)
+    return 1 if failed else 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    print(batches.ledger(args.archives))
+    return 0
+
+
+def _add_batch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("batch", help="pre-registered batches: freeze, run, verify, ledger (RIPE Sec. 5, App. A-B)",
+                       description=batches.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    steps = p.add_subparsers(dest="step", required=True, metavar="{freeze,run,verify,ledger}")
+    f = steps.add_parser("freeze", help="validate a spec and write its SHA-256 file table",
+                         description="Validate a batch spec and write its file table: the SHA-256 of the spec, its "
+                                     "prompt files, the package's source files and the local model files. `batch "
+                                     "run` refuses to run once any of them changes.")
+    f.add_argument("spec", help=f"a spec file, or a shipped example: {', '.join(batches.example_names())}")
+    f.add_argument("-o", "--out", help="table to write (default: <spec name>.frozen.json here)")
+    f.add_argument("--force", action="store_true", help="overwrite an existing table (changes the pre-registration)")
+    f.set_defaults(func=cmd_freeze)
+    r = steps.add_parser("run", help="check the table, run the self-tests and every arm, write the archive",
+                         description="Check the frozen file table, run the self-tests, run every arm (cuDNN "
+                                     "attention disabled, RIPE Sec. 5.5), write per-position records, a summary, "
+                                     "the labels and a checksum manifest into OUT. Under torchrun the prompts are "
+                                     "sharded across processes: torchrun --nproc-per-node N -m looped_kv.cli "
+                                     "batch run TABLE --out OUT.")
+    r.add_argument("table", help="file table written by `batch freeze`")
+    r.add_argument("--out", required=True, help="archive folder to create (must not exist, or be empty)")
+    r.add_argument("--device", help="torch device (default: this process's GPU when CUDA is available, else cpu)")
+    r.add_argument("--threads", type=int, help="torch CPU threads per process (default: torch's choice)")
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.set_defaults(func=cmd_run)
+    v = steps.add_parser("verify", help="re-check archives: checksums, frozen spec, labels recomputed from records",
+                         description="Re-check archives: every checksum of MANIFEST.sha256, no unlisted file, the "
+                                     "archived spec and prompts equal to the frozen ones, and the summary and "
+                                     "labels recomputed from the records. Exit status 1 if any archive fails.")
+    v.add_argument("archives", nargs="+", help="archive folders")
+    v.set_defaults(func=cmd_verify)
+    led = steps.add_parser("ledger", help="print the prediction ledger of archives (RIPE Appendix B layout)",
+                           description="Print every prediction of the given (verified) archives with its outcome, "
+                                       "held or failed, in the layout of RIPE Appendix B, Table 6.")
+    led.add_argument("archives", nargs="+", help="archive folders")
+    led.set_defaults(func=cmd_ledger)
+
+
+def parser() -> Parser:
+    ap = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,bench,memory,batch}", parser_class=Parser)
+    _add_generate(sub)
+    _add_bench(sub)
+    _add_memory(sub)
+    _add_batch(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if getattr(args, "threads", None) is not None and args.command != "batch":
+            if args.threads < 1:
+                raise ValueError(f"--threads must be >= 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        return args.func(args)
+    except (ValueError, OSError, SelfTestFailure) as error:  # OSError: missing files, unreachable hub, full disk
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 3 if isinstance(error, SelfTestFailure) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Memory and cost of a full-size looped model with random weights: one prepared run for a GPU.
+
+Allocation and timing do not depend on the weights, so a model built from a published config with
+random bf16 weights measures the real thing (RIPE Sections 3.4-3.5):
+
+* cache bytes and peak reserved memory of batched greedy decoding at a few batch sizes, against the
+  memory model cache(B) + o0 + o1 B fitted on the smallest two (Figure 3);
+* the time of one forward of d loops and of R loops at batch 1, against Eq. (8)'s cost assumption
+  c(d) = n_pre + d n_core + n_coda.
+
+    python -m looped_kv.gpu_check --config huginn-0125 --out gpu_check.json      # on a GPU
+    python -m looped_kv.gpu_check --config tiny --device cpu --batch-sizes 1 2 3  # anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import date
+
+import torch
+
+from looped_kv import batched
+from looped_kv.bench_memory import check_memory_model
+from looped_kv.config import LoopedConfig, huginn_0125, raven_llama
+from looped_kv.loading import TINY_DIR
+from looped_kv.model import LoopedLM
+
+CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama,
+           "tiny": lambda: LoopedConfig.from_file(TINY_DIR / "config.json")}
+
+
+def random_model(config: LoopedConfig, device: str, dtype: torch.dtype) -> LoopedLM:
+    with torch.device(device):
+        model = LoopedLM(config).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    return model
+
+
+def time_forward(model: LoopedLM, loops: int, tokens: int, repeats: int) -> float:
+    """Median seconds of one forward of ``tokens`` tokens through ``loops`` loops at batch 1."""
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), device=model.device)
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            model(ids, num_loops=loops)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="huginn-0125", choices=sorted(CONFIGS))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--draft-loops", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None, help="write the figures as JSON to this file")
+    args = ap.parse_args(argv)
+    if len(args.batch_sizes) < 3:
+        ap.error("--batch-sizes needs at least 3 sizes (2 to fit the memory model, 1 or more held out)")
+    config = CONFIGS[args.config]()
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    model = random_model(config, args.device, dtype)
+    R = config.mean_recurrence
+    prompts = [torch.randint(0, config.vocab_size, (1, args.prompt_tokens), device=args.device)
+               for _ in range(max(args.batch_sizes))]
+    result: dict = {"date": date.today().isoformat(), "config": args.config, "device": args.device,
+                    "card": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                    "weights": "random (allocation and timing do not depend on them)", "dtype": str(dtype)}
+    for cache in ("full", "deepest"):
+        cells = batched.memory_cells(model, prompts, args.batch_sizes, "greedy", cache,
+                                     max_new_tokens=args.new_tokens)
+        check = check_memory_model(cells, fit_on=args.batch_sizes[:2], budget=float(cells[-1].peak_bytes))
+        result[f"memory {cache}"] = {"cells": [vars(c) for c in cells], "o0": check.fit.o0, "o1": check.fit.o1,
+                                     "cache_per_seq": check.fit.cache_per_seq,
+                                     "max_held_out_error": check.max_held_out_error}
+    full = time_forward(model, R, 1, args.repeats)
+    result["forward seconds"] = {R: full}
+    result["cost check"] = []
+    for d in args.draft_loops:
+        seconds = time_forward(model, d, 1, args.repeats)
+        result["forward seconds"][d] = seconds
+        result["cost check"].append({"d": d, "measured c(d)/c(R)": seconds / full,
+                                     "Eq. 8 c(d)/c(R)": config.layer_passes(d) / config.layer_passes(R)})
+    text = json.dumps(result, indent=1, default=float)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The looped-kv command: complete --help on each command, one-line errors, and each command on a small model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+from test_batches import model_source, small_spec  # noqa: F401  (model_source is a fixture)
+
+from looped_kv import batches
+from looped_kv.cli import main
+from looped_kv.config import huginn_0125
+from looped_kv.memory import m_full, m_ripe
+
+torch.set_num_threads(1)  # small models: more threads only add contention
+HELP = {
+    (): ["generate", "bench", "memory", "batch"],
+    ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--block", "--prefix-reads", "--inexact",
+                    "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
+    ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--model", "--quiet"],
+    ("memory",): ["--model", "--context", "--dtype", "--num-loops", "--windows", "--batch-size"],
+    ("batch",): ["freeze", "run", "verify", "ledger"],
+    ("batch", "freeze"): ["spec", "--out", "--force", "regions", "windows"],
+    ("batch", "run"): ["table", "--out", "--device", "--threads", "--quiet", "torchrun"],
+    ("batch", "verify"): ["archives", "MANIFEST.sha256"],
+    ("batch", "ledger"): ["archives", "Appendix B"],
+}
+
+
+@pytest.mark.parametrize("command", list(HELP), ids=lambda c: " ".join(c) or "looped-kv")
+def test_help_is_complete(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for word in HELP[command]:
+        assert word in out, (command, word)
+
+
+def test_console_script_is_installed():
+    result = subprocess.run(["looped-kv", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "usage: looped-kv" in result.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["memory", "--context", "0"], "--context and --batch-size must be >= 1"),
+    (["memory", "--model", "tiny", "--dtype", "int3"], "argument --dtype: invalid choice"),
+    (["generate", "--method", "beam", "hi"], "argument --method: invalid choice"),
+    (["batch", "freeze", "no-such-spec"], "no spec file 'no-such-spec'; shipped examples: ['regions', 'windows']"),
+    (["batch", "run", "missing.frozen.json", "--out", "x"], "no file table missing.frozen.json"),
+    (["batch", "verify", "."], "is not a batch archive"),
+    (["batch"], "the following arguments are required"),
+])
+def test_errors_are_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code != 0 and message in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("looped-kv")
+
+
+def test_memory_prints_the_memory_model(capsys):
+    assert main(["memory", "--model", "huginn-0125", "--context", "1024", "--windows", "64"]) == 0
+    out = capsys.readouterr().out
+    config = huginn_0125()
+    assert f"{m_full(config, 1024) / 1e9:.3f}" in out and f"{m_ripe(config, 1024, 64) / 1e9:.3f}" in out
+    assert "3.565B parameters" in out
+
+
+def test_generate_text_in_text_out(model_source, capsys):  # noqa: F811
+    prompt = "Question: Ava has 3 apples. She buys 2 bags with 4 apples in each bag. How many apples?\nAnswer:"
+    assert main(["generate", "--model", model_source, "--method", "self-spec", "--cache", "ripe", "--window", "4",
+                 "--block", "4", "--max-new-tokens", "8", "--json", prompt]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt"] == prompt and out["stats"]["new_tokens"] == 8 and out["stats"]["cache"] == "ripe(4)"
+    assert main(["generate", "--model", model_source, "--max-new-tokens", "4", prompt]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() and "tokens_per_s=" in captured.err
+    assert main(["generate", "--model", model_source, "--method", "self-spec", "--cache", "ripe", "--window", "2",
+                 "--block", "4", prompt]) == 2
+    assert "RIPE Proposition 1" in capsys.readouterr().err
+
+
+def test_bench_prints_a_table(model_source, capsys):  # noqa: F811
+    assert main(["bench", "--model", model_source, "--workloads", "problems", "--prompts", "2", "--max-new-tokens",
+                 "4", "--methods", "greedy", "self-spec", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "speed-up" in out and "self-spec" in out and "2/2" in out
+
+
+def test_batch_commands_end_to_end(model_source, tmp_path, capsys):  # noqa: F811
+    spec = small_spec(tmp_path / "spec", model_source)
+    table = tmp_path / "small.frozen.json"
+    assert main(["batch", "freeze", str(spec), "-o", str(table)]) == 0
+    assert "froze batch t" in capsys.readouterr().out
+    assert main(["batch", "freeze", str(spec), "-o", str(table)]) == 2  # no silent re-freeze
+    assert main(["batch", "run", str(table), "--out", str(tmp_path / "a"), "--quiet", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "rule regions:" in out and "2 predictions:" in out
+    assert main(["batch", "verify", str(tmp_path / "a")]) == 0
+    (tmp_path / "a" / "summary.json").write_text("{}")
+    assert main(["batch", "verify", str(tmp_path / "a")]) == 1
+    assert "FAILED: checksum mismatch: summary.json" in capsys.readouterr().out
+    assert main(["batch", "ledger", str(tmp_path / "a")]) == 2
+    assert batches.verify(tmp_path / "a")

@@ -1,0 +1,351 @@
+"""Measurements on trajectories (looped_kv.measure) and the Chapter 4 helpers (looped_kv.ripe_measure).
+
+Random float64 models of both families: exact-arithmetic facts (Proposition 1, full-cache replay equal to
+the cache-free forward, d = R drafts equal to the target) hold to rounding, and block-dependent caches
+are measurably different.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import random_model
+
+from looped_kv import huginn_0125, make_policy
+from looped_kv.decode import greedy
+from looped_kv.fits import BootstrapCI
+from looped_kv.measure import block_dependence, draft_agreement, kl, policy_logits, target_trajectories
+from looped_kv.ripe_measure import (
+    EXCEEDS_NUMERICS,
+    INDISTINGUISHABLE_NUMERICS,
+    PAPER_TABLE_2,
+    PAPER_TABLE_4,
+    batched_vs_sequential,
+    block_dependence_by_prompt,
+    block_dependence_ratio,
+    extra_over_deepest,
+    numerics_label,
+    read_map,
+    replay_records,
+    scale_windows,
+    survival,
+    tail_counts_by_prompt,
+    tail_summary,
+    top_share,
+    with_dtype,
+)
+
+FAMILIES = ["huginn", "raven"]
+R = 6  # the random models' mean recurrence
+
+
+def trajectory(model, prompt_length: int = 9, new: int = 12, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_length), generator=generator)
+    return greedy(model, ids, new, policy=make_policy("full", R)).tokens
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model_and_tokens(request):
+    model = random_model(request.param, seed=3)
+    return model, trajectory(model)
+
+
+# -- measure.policy_logits and kl ------------------------------------------------------------------
+
+
+def test_full_policy_replay_equals_the_cache_free_forward(model_and_tokens):
+    model, tokens = model_and_tokens
+    p = 9
+    replay = policy_logits(model, tokens, p, make_policy("full", R))
+    with torch.no_grad():
+        forward = model(tokens, num_loops=R)[0, p - 1:-1]
+    assert replay.shape == (tokens.shape[1] - p, model.config.vocab_size)
+    assert replay.dtype == torch.float64
+    torch.testing.assert_close(replay, forward, rtol=0, atol=1e-10)
+    # the trajectory is greedy under the full cache: its replay predicts every generated token
+    assert torch.equal(replay.argmax(-1), tokens[0, p:])
+
+
+def test_replay_under_a_lossy_policy_differs(model_and_tokens):
+    model, tokens = model_and_tokens
+    full = policy_logits(model, tokens, 9, make_policy("full", R))
+    deepest = policy_logits(model, tokens, 9, make_policy("deepest", R))
+    wide = policy_logits(model, tokens, 9, make_policy("ripe", R, window=tokens.shape[1]))
+    assert torch.allclose(full[0], deepest[0], rtol=0, atol=1e-12)  # the first position reads only the prompt
+    assert (full[1:] - deepest[1:]).abs().max() > 1e-6  # later positions read the prompt's deepest plane
+    torch.testing.assert_close(wide, full, rtol=0, atol=1e-10)  # a window over everything is the full cache
+
+
+def test_kl_is_zero_for_equal_logits_and_matches_its_definition():
+    generator = torch.Generator().manual_seed(0)
+    p_logits, q_logits = torch.randn(5, 11, generator=generator), torch.randn(5, 11, generator=generator)
+    assert torch.all(kl(p_logits, p_logits).abs() < 1e-15)
+    p, q = p_logits.double().softmax(-1), q_logits.double().softmax(-1)
+    torch.testing.assert_close(kl(p_logits, q_logits), (p * (p / q).log()).sum(-1))
+    assert torch.all(kl(p_logits, q_logits) > 0)
+    assert kl(p_logits, q_logits).dtype == torch.float64
+
+
+# -- measure.block_dependence ----------------------------------------------------------------------
+
+
+# measure.kl computes sum p (log p - log q) from two log-softmaxes: for logits equal up to float64 rounding
+# (~1e-14) that has a rounding floor near 1e-16, of either sign, while the true KL is ~1e-28. The floor is
+# what the first test allows; the second states the < 1e-20 an accurate kl gives (see the chapter's report).
+KL_ROUNDING_FLOOR = 1e-14
+
+
+def test_block_dependence_vanishes_for_block_independent_caches(model_and_tokens):
+    model, tokens = model_and_tokens
+    block = 3
+    for policy in (make_policy("full", R), make_policy("ripe", R, window=block),
+                   make_policy("ripe", R, window=block + 3)):
+        divergence = block_dependence(model, tokens, 9, policy, block)
+        assert divergence.numel() == (tokens.shape[1] - 9) // (block + 1) * (block + 1)
+        assert divergence.abs().max() < KL_ROUNDING_FLOOR, policy.name
+
+
+@pytest.mark.xfail(strict=True, reason="measure.kl has a float64 rounding floor of ~1e-16 (reported fix: "
+                                       "log1p/expm1 form of the log-partition difference)")
+def test_block_dependence_is_below_1e_20_for_block_independent_caches(model_and_tokens):
+    model, tokens = model_and_tokens
+    for policy in (make_policy("full", R), make_policy("ripe", R, window=4)):
+        assert block_dependence(model, tokens, 9, policy, 4).abs().max() < 1e-20, policy.name
+
+
+def test_block_dependence_is_clearly_positive_for_the_deepest_plane(model_and_tokens):
+    model, tokens = model_and_tokens
+    block = 3
+    for policy in (make_policy("deepest", R), make_policy("ripe", R, window=block - 1)):
+        divergence = block_dependence(model, tokens, 9, policy, block)
+        assert divergence.max() > 1e-8, policy.name
+        # the first token of each block reads only the cache: nothing of the block to differ on
+        assert divergence.view(-1, block + 1)[:, 0].abs().max() < KL_ROUNDING_FLOOR
+
+
+def test_block_dependence_of_a_trajectory_too_short_for_a_block_is_empty(model_and_tokens):
+    model, tokens = model_and_tokens
+    assert block_dependence(model, tokens[:, :12], 9, make_policy("deepest", R), 4).numel() == 0
+
+
+# -- measure.draft_agreement and target_trajectories -----------------------------------------------
+
+
+def test_full_depth_aligned_drafts_agree_with_the_target_everywhere(model_and_tokens):
+    model, tokens = model_and_tokens
+    result = draft_agreement(model, tokens, 9, draft_loops=[R, 1], reads=["aligned", "deep-kv"])
+    assert result[(R, "aligned")] == 1.0
+    assert result["n"] == tokens.shape[1] - 1 - 9
+    assert all(0 <= v <= 1 for k, v in result.items() if k != "n")
+    assert result[(1, "aligned")] < 1.0  # one loop of a random model is not the target
+
+
+def test_target_trajectories_are_greedy_full_cache_runs():
+    model = random_model("huginn", seed=5)
+    prompts = [torch.randint(0, 50, (1, n), generator=torch.Generator().manual_seed(n)) for n in (4, 7)]
+    out = target_trajectories(model, prompts, 6, progress=False)
+    for ids, tokens in zip(prompts, out, strict=True):
+        assert torch.equal(tokens, greedy(model, ids, 6, policy=make_policy("full", R)).tokens)
+
+
+# -- bad arguments ---------------------------------------------------------------------------------
+
+
+def test_bad_measurement_arguments_raise(model_and_tokens):
+    model, tokens = model_and_tokens
+    full = make_policy("full", R)
+    for p in (0, tokens.shape[1]):
+        with pytest.raises(ValueError, match="prompt_length must be in"):
+            policy_logits(model, tokens, p, full)
+    for d in (0, R + 1):
+        with pytest.raises(ValueError, match="draft_loops must be in"):
+            draft_agreement(model, tokens, 9, draft_loops=[d], reads=["aligned"])
+    with pytest.raises(ValueError, match="prefix_reads must be one of"):
+        draft_agreement(model, tokens, 9, draft_loops=[2], reads=["shallow"])
+    with pytest.raises(ValueError, match="capacity"):  # longer than the model's context
+        policy_logits(model, torch.zeros(1, model.config.block_size + 1, dtype=torch.long), 3, full)
+
+
+@pytest.mark.xfail(strict=True,
+                   reason="measure.block_dependence and draft_agreement do not validate block / prompt_length "
+                          "(reported; see the report of Chapter 4)")
+def test_block_dependence_and_draft_agreement_validate_their_arguments(model_and_tokens):
+    model, tokens = model_and_tokens
+    deepest = make_policy("deepest", R)
+    for kwargs in ({"prompt_length": 9, "block": 0}, {"prompt_length": 0, "block": 2},
+                   {"prompt_length": tokens.shape[1], "block": 2}):
+        with pytest.raises(ValueError):
+            block_dependence(model, tokens, policy=deepest, **kwargs)
+    with pytest.raises(ValueError):
+        draft_agreement(model, tokens, tokens.shape[1] - 1, draft_loops=[2], reads=["aligned"])
+
+
+# -- ripe_measure: the policy map, windows and memory -----------------------------------------------
+
+
+def test_read_map_is_equation_9():
+    t, W = 12, 3
+    assert read_map(make_policy("full", R), t).tolist() == [[r] * t for r in range(1, R + 1)]
+    assert (read_map(make_policy("deepest", R), t) == R).all()
+    ripe = read_map(make_policy("ripe", R, window=W), t)
+    assert ripe.shape == (R, t)
+    for r in range(1, R + 1):
+        assert ripe[r - 1].tolist() == [r if t - j <= W else R for j in range(t)]
+    sinks = read_map(make_policy("sinks", R, sinks=2), t)
+    assert (sinks[:, :2] == np.arange(1, R + 1)[:, None]).all() and (sinks[:, 2:] == R).all()
+    with pytest.raises(ValueError, match="query must be >= 1"):
+        read_map(make_policy("full", R), 0)
+
+
+def test_scale_windows():
+    assert scale_windows((16, 64, 256), 1000) == ((16, 64, 256), 1)
+    assert scale_windows((16, 64, 256), 256) == ((8, 32, 128), 2)
+    assert scale_windows((16, 64, 256), 100) == ((4, 16, 64), 4)
+    assert scale_windows((16, 64, 256), 2) == ((1, 1, 1), 256)
+    for bad in ([], [0, 4]):
+        with pytest.raises(ValueError, match="windows must be"):
+            scale_windows(bad, 100)
+    with pytest.raises(ValueError, match="shortest_length"):
+        scale_windows((16,), 1)
+
+
+def test_extra_memory_reproduces_table_4():
+    """Table 4's "Extra MB" column (Huginn-0125, L = 1024, bf16) from the memory equations."""
+    cfg = huginn_0125()
+    policies = {"deepest plane (W = 0)": make_policy("deepest", 32),
+                **{f"RIPE, W = {w}": make_policy("ripe", 32, window=w) for w in (16, 64, 256)},
+                "+ 4 sinks": make_policy("sinks", 32, sinks=4), "two planes (s8)": make_policy("k-deepest", 32, k=2)}
+    for label, policy in policies.items():
+        assert round(extra_over_deepest(cfg, policy, 1024) / 1e6) == PAPER_TABLE_4[label][3], label
+    assert set(PAPER_TABLE_2) >= {"full", "deepest plane", "RIPE, W = 64"}
+
+
+# -- ripe_measure: Proposition 1 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_vs_sequential_is_proposition_1(family):
+    model = random_model(family, seed=11)
+    tokens = torch.randint(0, 50, (1, 15), generator=torch.Generator().manual_seed(4))
+    for policy in (make_policy("full", R), make_policy("ripe", R, window=4), make_policy("ripe", R, window=9)):
+        same = batched_vs_sequential(model, tokens, 10, policy)  # a block of gamma + 1 = 5 tokens
+        assert same.logits < 1e-12 and same.planes < 1e-12 and same.targets_equal, policy.name
+    for policy in (make_policy("deepest", R), make_policy("ripe", R, window=3)):
+        differ = batched_vs_sequential(model, tokens, 10, policy)
+        assert differ.logits > 1e-8 and differ.planes > 1e-8, policy.name
+    with pytest.raises(ValueError, match="start must be in"):
+        batched_vs_sequential(model, tokens, 15, make_policy("full", R))
+
+
+# -- ripe_measure: Table 4, Figure 4 and Section 5.2 -------------------------------------------------
+
+
+def test_replay_records(model_and_tokens):
+    model, tokens = model_and_tokens
+    other = trajectory(model, prompt_length=6, new=10, seed=1)
+    full = make_policy("full", R)
+    arms = {"same": (model, full), "deepest": (model, make_policy("deepest", R)),
+            "float32": (copy.deepcopy(model).float(), full)}
+    records = replay_records([tokens, other], [9, 6], (model, full), arms)
+    assert list(pd.unique(records["arm"])) == ["same", "deepest", "float32"]
+    assert len(records) == 3 * ((tokens.shape[1] - 9) + (other.shape[1] - 6))
+    same = records[records["arm"] == "same"]
+    assert (same["kl"] == 0).all() and not same["flip"].any()
+    assert records.loc[records["arm"] == "deepest", "kl"].max() > 1e-6
+    low = records.loc[records["arm"] == "float32", "kl"]
+    assert 0 < low.max() < 1e-3 * records.loc[records["arm"] == "deepest", "kl"].max()  # a precision change
+    assert (records["kl"] >= 0).all() and records["margin"].between(0, 1).all()
+    assert records.groupby("arm")["position"].min().eq(0).all()
+    with pytest.raises(ValueError, match="equal length"):
+        replay_records([tokens], [9, 6], (model, full), arms)
+    with pytest.raises(ValueError, match="at least one"):
+        replay_records([tokens], [9], (model, full), {})
+    with pytest.raises(ValueError, match=r"prompt_lengths\[0\] must be in"):
+        replay_records([tokens], [0], (model, full), arms)
+
+
+def synthetic_records() -> pd.DataFrame:
+    return pd.DataFrame({"prompt": [0, 0, 1, 1, 0, 0, 1, 1], "position": [0, 1] * 4,
+                         "arm": ["a"] * 4 + ["b"] * 4, "kl": [0.5, 0.01, 0.2, 0.0, 0.0, 0.0, 0.05, 0.11],
+                         "flip": [True, False, True, False, False, False, False, True]})
+
+
+def test_tail_summary_and_counts():
+    summary = tail_summary(synthetic_records(), threshold=0.1)
+    assert list(summary.index) == ["a", "b"]
+    assert summary.loc["a", "tail"] == 2 and summary.loc["b", "tail"] == 1
+    assert summary.loc["a", "max KL"] == 0.5 and summary.loc["b", "max KL"] == 0.11
+    assert summary.loc["a", "flips"] == 2 and summary.loc["b", "flips"] == 1
+    assert summary.loc["a", "tail prompts"] == 2 and summary.loc["b", "positions"] == 4
+    assert summary.loc["a", "top 1% share"] == pytest.approx(0.5 / 0.71)
+    assert tail_counts_by_prompt(synthetic_records(), "a", [0, 1, 2]).tolist() == [1, 1, 0]
+    with pytest.raises(ValueError, match="no records"):
+        tail_counts_by_prompt(synthetic_records(), "c", [0])
+    with pytest.raises(ValueError, match="missing"):
+        tail_summary(synthetic_records().drop(columns="flip"))
+
+
+def test_survival_and_top_share():
+    x, s = survival([0.3, 0.1, 0.2, 0.4])
+    assert x.tolist() == [0.1, 0.2, 0.3, 0.4] and s.tolist() == [1.0, 0.75, 0.5, 0.25]
+    with pytest.raises(ValueError, match="empty"):
+        survival([])
+    assert top_share([1.0] + [0.0] * 99) == 1.0
+    assert top_share(np.ones(200)) == pytest.approx(0.01)
+    assert np.isnan(top_share(np.zeros(5)))
+    with pytest.raises(ValueError, match="fraction"):
+        top_share([1.0, 2.0], fraction=0)
+
+
+def test_block_dependence_by_prompt(model_and_tokens):
+    model, tokens = model_and_tokens
+    other = trajectory(model, prompt_length=5, new=12, seed=2)
+    policies = {"full": make_policy("full", R), "deepest": make_policy("deepest", R)}
+    frame = block_dependence_by_prompt(model, [tokens, other], [9, 5], policies, block=3)
+    assert frame.shape == (2, 2) and list(frame.columns) == ["full", "deepest"]
+    assert (frame["full"] < KL_ROUNDING_FLOOR).all() and (frame["deepest"] > 1e-10).all()
+    expected = block_dependence(model, other, 5, policies["deepest"], 3).mean()
+    assert frame.loc[1, "deepest"] == pytest.approx(float(expected))
+    with pytest.raises(ValueError, match="no block"):
+        block_dependence_by_prompt(model, [tokens[:, :12]], [9], policies, block=3)
+    with pytest.raises(ValueError, match=r"block \(gamma\) must be >= 1"):
+        block_dependence_by_prompt(model, [tokens], [9], policies, block=0)
+
+
+def test_numerics_label():
+    ci = lambda low: BootstrapCI(estimate=low + 0.5, low=low, high=low + 1, level=0.95, n_boot=10)  # noqa: E731
+    assert numerics_label(ci(1.2)) == INDISTINGUISHABLE_NUMERICS  # the paper's 1.37 [1.20, 1.62]
+    assert numerics_label(ci(2.5)) == EXCEEDS_NUMERICS
+    assert numerics_label(ci(2.5), threshold=3) == INDISTINGUISHABLE_NUMERICS
+    with pytest.raises(ValueError, match="threshold"):
+        numerics_label(ci(1.0), threshold=0)
+
+
+def test_with_dtype_copies_only_when_needed():
+    model = random_model("huginn", seed=1)
+    model.tokenizer, model.source = "a tokenizer", "random"
+    assert with_dtype(model, torch.float64) is model
+    low = with_dtype(model, torch.bfloat16)
+    assert low is not model and low.dtype == torch.bfloat16 and model.dtype == torch.float64
+    assert low.tokenizer == "a tokenizer" and low.source == "random" and model.tokenizer == "a tokenizer"
+    up = with_dtype(low, torch.float32)
+    assert torch.equal(up.transformer.wte.weight, low.transformer.wte.weight.float())
+
+
+def test_block_dependence_ratio():
+    result = block_dependence_ratio([1.0, 2.0, 1.0], [3.0, 6.0, 3.0], n_boot=200)
+    assert result.ratio.estimate == pytest.approx(3.0) and result.ratio.low == pytest.approx(3.0)
+    assert result.label == EXCEEDS_NUMERICS and result.arm_mean == pytest.approx(4.0)
+    assert block_dependence_ratio([1.0, 2.0, 1.0], [1.0, 3.0, 1.0], n_boot=200).label == INDISTINGUISHABLE_NUMERICS
+    bitwise = block_dependence_ratio([0.0, 0.0], [0.0, 1e-3])
+    assert bitwise.ratio is None and bitwise.label == EXCEEDS_NUMERICS
+    assert block_dependence_ratio([0.0, 0.0], [0.0, 0.0]).label == INDISTINGUISHABLE_NUMERICS
+    with pytest.raises(ValueError, match="paired"):
+        block_dependence_ratio([0.0, 0.0], [1.0])
+    with pytest.raises(ValueError, match="same length"):
+        block_dependence_ratio([1.0, 0.0], [1.0, 2.0, 3.0])
