@@ -670,8 +670,8 @@ def fixed_memory_comparison(model: LoopedLM, prompts: Sequence[Tensor], budget: 
 def _fit_line(cells: list[ThroughputCell]) -> str:
     try:
         fit: ThroughputFit = fit_throughput([c.batch for c in cells], [c.tokens_per_s for c in cells])
-    except ValueError as error:  # too few cells, or cells that do not saturate
-        return f"no T(B) fit ({error})"
+    except ValueError:  # too few cells, or cells that do not saturate
+        return "no fit of T(B) = B/(a + bB) with a >= 0, b > 0 on these cells"
     return (f"T(B) = B/(a + bB): T_inf = {fit.t_inf:.1f} tokens/s, B_1/2 = {fit.b_half:.2f}, "
             f"largest residual {100 * fit.max_relative_residual:.1f}%")
 
@@ -739,7 +739,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{'CUDA reserved' if model.device.type == 'cuda' else 'CPU allocator events'}), draft-then-verify")
     for name, check in comparison.memory.items():
         fit = check.fit
-        errors = ", ".join(f"B={b}: {100 * e:+.2f}%" for b, e in zip(check.held_out, check.held_out_errors,
+        errors = ", ".join(f"B={b}: {100 * e:+.3f}%" for b, e in zip(check.held_out, check.held_out_errors,
                                                                      strict=True))
         print(f"  {name:<8} cache {fit.cache_per_seq / 1e6:.3f} MB/seq, o0 = {fit.o0 / 1e3:.1f} kB, "
               f"o1 = {fit.o1 / 1e6:.3f} MB/seq (fit on B = {list(check.fitted)}); held-out error {errors or '-'}; "

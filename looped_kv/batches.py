@@ -564,12 +564,16 @@ def model_folder(spec: BatchSpec) -> Path | None:
     return None
 
 
+def _package_files() -> dict[str, Path]:
+    """The package's own source files, keyed "package/looped_kv/..."."""
+    return {f"package/{p.relative_to(PACKAGE_DIR.parent).as_posix()}": p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
 def file_table(spec: BatchSpec) -> dict[str, str]:
     """SHA-256 of the spec, its prompt files, the package's source files and the local model files."""
     folder = spec.path.parent
     files = {f"spec/{spec.path.name}": spec.path, **{f"spec/{s.file}": folder / s.file for s in spec.prompt_sets}}
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        files[f"package/{path.relative_to(PACKAGE_DIR.parent).as_posix()}"] = path
+    files.update(_package_files())
     weights = model_folder(spec)
     if weights is not None:
         found = sorted({p for pattern in MODEL_PATTERNS for p in weights.glob(pattern) if p.is_file()})
@@ -810,6 +814,8 @@ def _statistic(rule: Rule, spec: BatchSpec, table: pd.DataFrame, positions: pd.D
     if rule.statistic == "ratio":
         pair = pd.concat([_per_prompt(table, rule.denominator, rule.metric),
                           _per_prompt(table, rule.numerator, rule.metric)], axis=1).dropna()
+        if not pair.iloc[:, 0].any():
+            raise ValueError(f"{rule.metric} of {'+'.join(rule.denominator)} (the denominator) is 0 on every prompt")
         ci = fits.paired_bootstrap_ratio(pair.iloc[:, 0], pair.iloc[:, 1], n_boot=rule.n_boot, seed=spec.seed,
                                          level=rule.level)
         return ci.estimate, ci.low, ci.high, f"mean {rule.metric} {'+'.join(rule.numerator)} / " \
@@ -1033,6 +1039,10 @@ def verify(archive: str | Path) -> list[str]:
         problems.append("summary.json does not follow from the records")
     if json.loads((root / "decisions.json").read_text()) != decisions:
         problems.append("decisions.json (labels, predictions) does not follow from the records")
+    package = {k: v for k, v in table["files"].items() if k.startswith("package/")}
+    changes = table_changes(package, {key: sha256(path) for key, path in _package_files().items()})
+    if problems and changes:  # recomputed with other code than the run's: say so
+        problems.append(f"the installed package differs from the archive's ({'; '.join(changes)})")
     return problems
 
 

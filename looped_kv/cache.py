@@ -73,11 +73,12 @@ class PlaneCache:
     @property
     def nbytes(self) -> int:
         """Bytes holding the ``length`` stored positions: Eq. (3) / Eq. (10) of the RIPE paper at L = length."""
-        per_position = sum(t[..., :1, :].numel() * t.element_size() for t in (*self.edge, *self.core))
-        extra_per_position = sum(t[..., :1, :].numel() * t.element_size() for t in (*self.ring, *self.sink))
+        def per_position(tensors: list[Tensor]) -> int:
+            return sum(t[..., :1, :].numel() * t.element_size() for t in tensors)
+
         L = self.length
-        full_depth_positions = min(self.policy.window, L) + min(self.policy.sinks, L)
-        return per_position * L + (extra_per_position * full_depth_positions if self.policy.extra else 0)
+        return (per_position([*self.edge, *self.core]) * L + per_position(self.ring) * min(self.policy.window, L)
+                + per_position(self.sink) * min(self.policy.sinks, L))
 
     # -- reading -------------------------------------------------------------------------------
     def edge_index(self, site: Site) -> int:

@@ -30,7 +30,7 @@ from looped_kv.cache import BlockBuffer, BlockPass, PlaneCache
 from looped_kv.decode import Generation, check_prompt, new_cache, prefill
 from looped_kv.model import LoopedLM
 from looped_kv.policy import CachePolicy, PrefixReads
-from looped_kv.speculative import accept, check_speculation, verify
+from looped_kv.speculative import accept, check_reads, check_speculation, verify
 
 DEEP_KV = PrefixReads("deep", "deep")
 
@@ -80,6 +80,7 @@ def das_wave(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, policy:
     check_wave(block, rounds, initial_width, updates)
     prompt = check_prompt(model, input_ids, max_new_tokens, margin=block + 1)
     check_speculation(policy, block, exact, prompt.shape[0])
+    check_reads(policy, reads)
     R = policy.num_loops
     start_time = time.perf_counter()
     cache = new_cache(model, policy, 1, prompt.shape[1] + max_new_tokens + block + 1)

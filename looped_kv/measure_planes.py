@@ -240,17 +240,27 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
 
 
 @torch.no_grad()
-def precision_floor(model: LoopedLM, reference: Replay, *, exact_dtype: torch.dtype = torch.float64) -> np.ndarray:
+def precision_floor(model: LoopedLM, reference: Replay, *, exact: Replay | None = None,
+                    exact_dtype: torch.dtype = torch.float64) -> np.ndarray:
     """Per-text KL(exact || reference) at the first decoded position: the KL the reference's own rounding causes.
 
-    The same texts are replayed in a copy of the model in ``exact_dtype`` (float64 softmax). A KL below this
-    resolution cannot be told from rounding: such rows sit "at the floor" of the sensitivity regression.
+    ``exact`` is a replay of the same texts in a higher precision; without it the texts are replayed by a copy of
+    the model in ``exact_dtype`` (float64 softmax). For a reference already in ``exact_dtype`` there is nothing
+    more precise, and the comparison is with the model's forward through fused attention, which differs from the
+    replay's explicit softmax only in rounding. A KL below this resolution cannot be told from rounding: such rows
+    sit "at the floor" of the sensitivity regression.
     """
-    exact = _copy_in(model, exact_dtype)
     ids, t = reference.input_ids, reference.first_decoded
-    logits = replay(exact, ids, reference.num_loops, softmax_dtype=torch.float64, record=(),
-                    decoded=reference.decoded).logits
-    return kl_per_position(logits[:, t], reference.logits[:, t]).cpu().numpy()
+    if exact is not None:
+        if not torch.equal(exact.input_ids.to(ids.device), ids):
+            raise ValueError("exact must be a replay of the same texts as reference")
+        logits = exact.logits
+    elif model.dtype == exact_dtype:
+        logits = model(ids, reference.num_loops)
+    else:
+        logits = replay(_copy_in(model, exact_dtype), ids, reference.num_loops, softmax_dtype=torch.float64,
+                        record=(), decoded=reference.decoded).logits
+    return kl_per_position(logits[:, t].to(reference.logits.device), reference.logits[:, t]).cpu().numpy()
 
 
 def _copy_in(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:

@@ -46,6 +46,16 @@ def check_speculation(policy: CachePolicy, block: int, exact: bool, batch: int,
         raise ValueError(f"speculative decoders run one sequence at a time (batch 1), got batch {batch}")
 
 
+def check_reads(policy: CachePolicy, reads: PrefixReads) -> None:
+    """Prefix reads must name planes the cache keeps for every position (deep: plane R; fixed: kappa, nu)."""
+    R = policy.num_loops
+    needed = {reads.pick(which, 0, R) for which in ("key", "value")} - {0}
+    missing = sorted(p for p in needed if p not in policy.kept)
+    if missing:
+        raise ValueError(f"prefix_reads (key {reads.key!r}, value {reads.value!r}) need plane(s) {missing} for every "
+                         f"position, but cache {policy.name} keeps only planes {policy.kept}")
+
+
 def verify(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer, block: Tensor, num_loops: int) -> Tensor:
     """One R-loop pass over [x, y_1..y_n] under the cache policy; planes go to the buffer. Returns targets."""
     start = cache.length
@@ -67,6 +77,7 @@ def self_speculative(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *,
     """Greedy self-speculative decoding: d-loop drafts, one R-loop verification per block of gamma."""
     prompt = check_prompt(model, input_ids, max_new_tokens, margin=block + 1)
     check_speculation(policy, block, exact, prompt.shape[0], draft_loops)
+    check_reads(policy, reads)
     R = policy.num_loops
     start_time = time.perf_counter()
     cache = new_cache(model, policy, 1, prompt.shape[1] + max_new_tokens + block + 1)

@@ -63,7 +63,7 @@ from looped_kv.measure_planes import (
     text_batch,
 )
 from looped_kv.memory import policy_bytes
-from looped_kv.replay import paper_region
+from looped_kv.replay import paper_region, replay
 
 start = time.perf_counter()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
@@ -75,16 +75,20 @@ print(f"model: {model.source}  device: {model.device}  dtype: {model.dtype}  R =
 #
 # The texts are evaluation texts of both workloads, cut to one length. The first decoded position is the
 # last one, so every position before it is prefix. The two regions and the six planes are the paper's,
-# scaled to $R$. Each (region, plane) pair is one arm, run on every text in float32, as in the paper's main
-# regression.
+# scaled to $R$. Each (region, plane) pair is one arm, run on every text.
+#
+# The paper's main regression is in float32. The tiny model converges within a few loops (chapter 2), so
+# most of its arms change the output by less than float32 can resolve. That is Raven's situation in the
+# paper, whose shallow region "sits at the fp32 resolution". We therefore replay and run the arms in
+# float64, and show below what float32's floor would have hidden.
 
 # %% tags=["remove-stderr"]
-TEXTS_PER_WORKLOAD, LENGTH = 16, 128
-ids = torch.cat([text_batch(model, data.texts(w, TEXTS_PER_WORKLOAD, split="eval"), LENGTH)
+TEXTS_PER_WORKLOAD, LENGTH = 12, 96
+ids = torch.cat([text_batch(model, data.texts(w, TEXTS_PER_WORKLOAD, split="eval", chars=800), LENGTH)
                  for w in data.WORKLOADS])
 assert ids.shape == (len(data.WORKLOADS) * TEXTS_PER_WORKLOAD, LENGTH)
-model32 = in_dtype(model, torch.float32)
-grid = arm_grid(model32, ids, R, decoded=1)  # one reference replay, then every (region, plane) arm
+model64 = in_dtype(model, torch.float64)
+grid = arm_grid(model64, ids, R, decoded=1, softmax_dtype=torch.float64)  # one reference replay, then every arm
 regions = {name: paper_region(name, R) for name in ("shallow", "deep")}
 planes = sorted(grid.rows.plane.unique())
 assert len(grid.rows) == 2 * len(planes) * ids.shape[0] and (grid.rows["size"] > 0).all()
@@ -93,28 +97,40 @@ Markdown(f"{ids.shape[0]} texts of {LENGTH} tokens; shallow loops {regions['shal
          f"{len(grid.rows)} rows.")
 
 # %% [markdown]
-# ## The KL floor
+# ## KL floors
 #
-# A float32 replay is itself only an approximation of the exact model. Its KL to a float64 replay of the
-# same texts is the smallest KL that float32 can resolve. Rows at or below this floor are counted, as the
-# paper counts its rows at the bf16 floor, and they enter the fit at the floor value.
+# A replay in a given precision resolves KLs only down to the KL its own rounding causes. For float32 this
+# floor is the KL between a float32 and a float64 replay of the same texts. For float64 it is the KL between
+# two float64 computations that differ only in rounding (explicit and fused attention). Rows at or below a
+# floor are counted, as the paper counts its rows at the bf16 floor, and they enter the fit at the floor
+# value.
 
 # %%
-floor_per_text = precision_floor(model32, grid.reference)
-FLOOR = float(max(floor_per_text.max(), np.finfo(np.float64).tiny))
-rows = regression_rows(grid, FLOOR)
-fit = sensitivity_regression(rows, floor=FLOOR, n_boot=2000, seed=0)  # CIs: bootstrap over texts
-ols = sensitivity_regression(rows, floor=FLOOR)  # the same fit with OLS t-intervals
+t = grid.reference.first_decoded
+model32 = in_dtype(model, torch.float32)
+reference32 = replay(model32, ids, R, decoded=1, record=())
+FLOOR64 = float(max(precision_floor(model64, grid.reference).max(), np.finfo(np.float64).tiny))
+FLOOR32 = float(precision_floor(model32, reference32, exact=grid.reference).max())
+rows = regression_rows(grid, FLOOR64)
+fit = sensitivity_regression(rows, floor=FLOOR64, n_boot=2000, seed=0)  # CIs: bootstrap over texts
+ols = sensitivity_regression(rows, floor=FLOOR64)  # the same fit with OLS t-intervals
+rows32 = regression_rows(grid, FLOOR32)  # what a float32 run resolves: rows below its floor sit at it
+fit32 = sensitivity_regression(rows32, floor=FLOOR32, n_boot=2000, seed=0)
 assert fit.n_rows == len(rows) and fit.n_at_floor == int(rows.at_floor.sum())
-Markdown(f"The float32 KL floor is {FLOOR:.1e}: the largest KL between the float32 and float64 replays over the "
-         f"texts. {fit.n_at_floor} of {fit.n_rows} rows ({fit.frac_at_floor:.0%}) sit at or below it.")
+assert FLOOR64 < FLOOR32
+shallow_hidden = bool(rows32.loc[rows32.deep == 0, "at_floor"].all())
+Markdown(f"The float64 KL floor is {FLOOR64:.1e} and the float32 floor {FLOOR32:.1e} (largest over the texts). "
+         f"{fit.n_at_floor} of {fit.n_rows} rows sit at the float64 floor, and {fit32.n_at_floor} "
+         f"({fit32.frac_at_floor:.0%}) would sit at the float32 floor"
+         + (", among them every shallow row." if shallow_hidden else "."))
 
 # %% [markdown]
 # ## The regression beside the paper's
 #
-# Intervals are 95% percentile intervals of a bootstrap that resamples texts with all their arms. The
-# arms of one text are not independent, so OLS intervals, shown for comparison, are too narrow. The paper's values
-# are those of its Section 3.1 in float32, each over 40 texts.
+# Intervals are 95% percentile intervals of a bootstrap that resamples texts with all their arms. The arms of
+# one text are not independent, so OLS intervals, shown for comparison, are too narrow. The second column
+# fits the same rows with everything below the float32 floor set to it: the regression a float32 run would
+# give. The paper's values are those of its Section 3.1 in float32, each over 40 texts.
 
 # %%
 PAPER_SENSITIVITY = {  # RIPE Section 3.1, fp32 (point, low, high); b in natural-log units (exp(b) = e^b)
@@ -128,12 +144,14 @@ def interval(point: float, low: float, high: float, fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(point)} [{fmt.format(low)}, {fmt.format(high)}]"
 
 
-ours = {"g (size exponent)": interval(fit.g, *fit.ci_g), "b (deep region)": interval(fit.b, *fit.ci_b),
-        "exp(b)": interval(fit.exp_b, *fit.ci_exp_b, fmt="{:.3g}"),
-        "shallow slope": interval(fit.slopes["shallow"].slope, *fit.slopes["shallow"].ci),
-        "deep slope": interval(fit.slopes["deep"].slope, *fit.slopes["deep"].ci),
-        "g, OLS interval": interval(ols.g, *ols.ci_g), "b, OLS interval": interval(ols.b, *ols.ci_b),
-        "rows at KL floor": f"{fit.n_at_floor} / {fit.n_rows}", "texts": str(ids.shape[0])}
+def our_column(f, with_ols=None) -> dict[str, str]:
+    return {"g (size exponent)": interval(f.g, *f.ci_g), "b (deep region)": interval(f.b, *f.ci_b),
+            "exp(b)": interval(f.exp_b, *f.ci_exp_b, fmt="{:.3g}"),
+            "shallow slope": interval(f.slopes["shallow"].slope, *f.slopes["shallow"].ci),
+            "deep slope": interval(f.slopes["deep"].slope, *f.slopes["deep"].ci),
+            "g, OLS interval": interval(with_ols.g, *with_ols.ci_g) if with_ols else "",
+            "b, OLS interval": interval(with_ols.b, *with_ols.ci_b) if with_ols else "",
+            "rows at KL floor": f"{f.n_at_floor} / {f.n_rows}", "texts": str(ids.shape[0])}
 
 
 def paper_column(p: dict) -> dict[str, str]:
@@ -141,64 +159,70 @@ def paper_column(p: dict) -> dict[str, str]:
             "exp(b)": f"e^{p['b'][0]:g} [e^{p['b'][1]:g}, e^{p['b'][2]:g}]",
             "shallow slope": f"{p['shallow slope']:g}" if "shallow slope" in p else "",
             "deep slope": f"{p['deep slope']:g}" if "deep slope" in p else "", "g, OLS interval": "",
-            "b, OLS interval": "", "rows at KL floor": "",
-            "texts": str(p["texts"])}
+            "b, OLS interval": "", "rows at KL floor": "", "texts": str(p["texts"])}
 
 
-regression = pd.DataFrame({f"{model.source} (this run)": ours,
-                           **{f"{n} (RIPE 3.1)": paper_column(p) for n, p in PAPER_SENSITIVITY.items()}})
+regression = pd.DataFrame({f"{model.source}, fp64": our_column(fit, ols),
+                           f"{model.source}, fp32 floor": our_column(fit32),
+                           **{f"{n} (RIPE 3.1, fp32)": paper_column(p) for n, p in PAPER_SENSITIVITY.items()}})
 regression
 
 # %% [markdown]
 # ## The analogue of Figure 2a-b
 #
-# Points are arm medians over texts, labelled by the substituted plane. Lines are the regression,
-# $e^{a + b[\text{deep}]}\lVert\delta\rVert^g$, one per region. The grey line is the float32 KL floor.
+# Points are arm medians over texts, labelled by the substituted plane. Lines are the float64 regression,
+# $e^{a + b[\text{deep}]}\lVert\delta\rVert^g$, one per region. The dotted line is the float32 KL floor:
+# what lies below it, a float32 run cannot see.
 
 # %%
 medians = grid.medians()
 fig, ax = plt.subplots(figsize=(6.5, 4.2))
 for (name, group), color in zip(medians.groupby("region", sort=False), ("C0", "C3"), strict=True):
     deep = int(name == "deep")
-    ax.plot(group["size"], group.kl.clip(lower=FLOOR), "o", color=color,
+    ax.plot(group["size"], group.kl.clip(lower=FLOOR64), "o", color=color,
             label=f"{name}: loops {regions[name][0]}-{regions[name][-1]}")
     for _, row in group.iterrows():
-        ax.annotate(str(int(row.plane)), (row["size"], max(row.kl, FLOOR)), textcoords="offset points",
+        ax.annotate(str(int(row.plane)), (row["size"], max(row.kl, FLOOR64)), textcoords="offset points",
                     xytext=(4, 3), fontsize=7, color=color)
     sizes = np.geomspace(rows.loc[rows.deep == deep, "size"].min(), rows.loc[rows.deep == deep, "size"].max(), 50)
     ax.plot(sizes, np.exp(fit.a + fit.b * deep) * sizes**fit.g, "-", color=color, lw=1)
-ax.axhline(FLOOR, color="0.6", ls=":", lw=1, label="fp32 KL floor")
+ax.axhline(FLOOR32, color="0.5", ls=":", lw=1, label="fp32 KL floor")
 ax.set(xscale="log", yscale="log", xlabel="perturbation size $\\lVert\\delta\\rVert$",
-       ylabel="KL at the first decoded position",
-       title=f"Substituted prefix planes ({model.source}, fp32)")
+       ylabel="KL at the first decoded position", title=f"Substituted prefix planes ({model.source}, fp64)")
 ax.legend(fontsize=8)
 plt.show()
 
 # %%
-assert fit.ci_g[0] <= fit.g <= fit.ci_g[1] and fit.ci_b[0] <= fit.b <= fit.ci_b[1]
-assert all(math.isfinite(x) for x in (fit.a, fit.b, fit.g))
+for f in (fit, fit32):
+    assert f.ci_g[0] <= f.g <= f.ci_g[1] and f.ci_b[0] <= f.b <= f.ci_b[1]
+    assert all(math.isfinite(x) for x in (f.a, f.b, f.g))
 deep_more = fit.ci_b[0] > 0
 hug, rav = PAPER_SENSITIVITY["Huginn-0125"], PAPER_SENSITIVITY["Raven-Llama"]
 quadratic = fit.ci_g[0] <= 2 <= fit.ci_g[1]
+shallow, deep_slope = fit.slopes["shallow"], fit.slopes["deep"]
 Markdown(
     ("**The deep loops are more sensitive: reproduced.** " if deep_more else
      "**The deep loops are more sensitive: not reproduced.** ")
     + f"At equal perturbation size a substitution in the deep region costs $e^b$ = {fit.exp_b:.3g} "
     f"[{fit.ci_exp_b[0]:.3g}, {fit.ci_exp_b[1]:.3g}] times the KL of one in the shallow region "
-    f"($b$ = {fit.b:.2f}). The paper finds $e^{{{hug['b'][0]:g}}}$ on Huginn and $e^{{{rav['b'][0]:g}}}$ on Raven, "
-    + ("and the tiny model's interval does not exclude equal sensitivity." if not deep_more else
-       "so the asymmetry is present but weaker in the tiny model." if fit.ci_b[1] < rav["b"][1] else
-       "so the asymmetry is stronger in the tiny model." if fit.ci_b[0] > hug["b"][2] else
-       "an asymmetry of the same order.")
+    f"($b$ = {fit.b:.1f} [{fit.ci_b[0]:.1f}, {fit.ci_b[1]:.1f}]). The paper finds $b$ = {hug['b'][0]:g} on Huginn "
+    f"and {rav['b'][0]:g} on Raven"
+    + ("; the tiny model's interval does not exclude equal sensitivity." if not deep_more else
+       ": the asymmetry is weaker in the tiny model." if fit.ci_b[1] < rav["b"][1] else
+       ": the asymmetry is stronger in the tiny model." if fit.ci_b[0] > hug["b"][2] else
+       ", an asymmetry of the same order.")
     + f"\n\nThe size exponent is $g$ = {fit.g:.2f} [{fit.ci_g[0]:.2f}, {fit.ci_g[1]:.2f}]. "
-    + (f"Its interval contains 2, the second-order term of Eq. (4), as Raven's ({rav['g'][0]}) nearly does. "
-       if quadratic else
-       f"Its interval excludes 2, the second-order term of Eq. (4), as Huginn's ({hug['g'][0]}) does. ")
-    + f"Per region the slopes are {fit.slopes['shallow'].slope:.2f} (shallow) and {fit.slopes['deep'].slope:.2f} "
-    f"(deep), against Huginn's {hug['shallow slope']} and {hug['deep slope']}. "
-    + (f"{fit.n_at_floor} rows sit at the float32 floor and cap the measurable gap there, as the bf16 floor does "
-       f"in the paper. " if fit.n_at_floor else "No row sits at the float32 floor. ")
-    + "As in the paper, the largest substitutions (plane 1) are outside the small-perturbation regime of Eq. (4)."
+    + ("Its interval contains 2, the second-order term of Eq. (4). " if quadratic else
+       "Its interval excludes 2, the second-order term of Eq. (4), "
+       + ("as Huginn's does." if fit.ci_g[0] > 2 else "and lies below it.") + " ")
+    + f"Per region the slopes are {shallow.slope:.2f} [{shallow.ci[0]:.2f}, {shallow.ci[1]:.2f}] (shallow) and "
+    f"{deep_slope.slope:.2f} [{deep_slope.ci[0]:.2f}, {deep_slope.ci[1]:.2f}] (deep), against Huginn's "
+    f"{hug['shallow slope']} and {hug['deep slope']}. As in the paper, the largest substitutions (plane 1) are "
+    "outside the small-perturbation regime of Eq. (4)."
+    + f"\n\n**In float32** {fit32.n_at_floor} of {fit32.n_rows} rows would sit at the floor"
+    + (", every shallow row among them, as Raven's shallow region does in the paper. " if shallow_hidden else ". ")
+    + f"The regression would then give $b$ = {fit32.b:.1f} [{fit32.ci_b[0]:.1f}, {fit32.ci_b[1]:.1f}] and $g$ = "
+    f"{fit32.g:.2f}: the floor caps the measurable gap, as the bf16 floor does in the paper."
 )
 
 # %% [markdown]
@@ -215,28 +239,29 @@ Markdown(
 # cache. The package therefore prefills once and copies each policy's planes; a test checks that this stores
 # bit for bit what a prefill under the policy stores. We compare the top-1 token at the first decoded position
 # with the full cache's. The KL to the full cache is reported as well, because it resolves differences that
-# top-1 agreement on a small model hides. The paper ran this in bf16 on Huginn. Here the cache is in the
-# chapter model's dtype, over more texts than the arms.
+# top-1 agreement on a small model hides. The paper ran this in bf16 on Huginn. Here the caches are float64,
+# like the arms, so that the KL column is resolved, and there are more texts than for the arms. The storage
+# column is per token in bf16, as the paper counts it.
 
 # %% tags=["remove-stderr"]
 PAPER_TABLE3 = {  # RIPE Table 3: first-decoded-position top-1 agreement with the full cache (Huginn, bf16)
     "deepest plane": 0.990, "two deepest planes": 0.995, "share every 8 loops": 0.980, "first 4 loops": 0.845,
     "share every 4 loops": 0.970, "first 8 loops": 0.935,
 }
-TABLE3_TEXTS, TABLE3_LENGTH = 48, 128
+TABLE3_TEXTS, TABLE3_LENGTH = 48, 96
 ids3 = torch.cat([text_batch(model, data.texts(w, TABLE3_TEXTS, split="eval", chars=800), TABLE3_LENGTH)
                   for w in data.WORKLOADS])
 policies = table3_policies(R)
-agreement = first_position_agreement(model, ids3, policies, progress=True)
-full_bytes = policy_bytes(model.config, make_policy("full", R), 1, model.dtype)
+agreement = first_position_agreement(model64, ids3, policies, progress=True)
+full_bytes = policy_bytes(model.config, make_policy("full", R), 1, "bf16")
 table3 = agreement.table.assign(**{
-    "KB/token": [policy_bytes(model.config, p, 1, model.dtype) / 1e3 for p in policies.values()],
-    "of full": [policy_bytes(model.config, p, 1, model.dtype) / full_bytes for p in policies.values()],
+    "KB/token (bf16)": [policy_bytes(model.config, p, 1, "bf16") / 1e3 for p in policies.values()],
+    "of full": [policy_bytes(model.config, p, 1, "bf16") / full_bytes for p in policies.values()],
     "Huginn (RIPE Table 3)": [PAPER_TABLE3[label] for label in policies]})
 assert (table3["bytes"] == table3["formula bytes"]).all()  # the caches hold exactly the formula's bytes
 assert list(table3.planes) == [len(p.kept) for p in policies.values()]
-table3[["policy", "planes", "KB/token", "of full", "agreement", "Huginn (RIPE Table 3)", "KL mean",
-        "KL median"]].style.format({"KB/token": "{:.1f}", "of full": "{:.1%}", "agreement": "{:.3f}",
+table3[["policy", "planes", "KB/token (bf16)", "of full", "agreement", "Huginn (RIPE Table 3)", "KL mean",
+        "KL median"]].style.format({"KB/token (bf16)": "{:.1f}", "of full": "{:.1%}", "agreement": "{:.3f}",
                                     "Huginn (RIPE Table 3)": "{:.3f}", "KL mean": "{:.2e}", "KL median": "{:.2e}"})
 
 # %%
@@ -248,8 +273,9 @@ kl_mean = table3["KL mean"]
 deep_wins_kl = [kl_mean[d] < kl_mean[s] for d, s in pairs]
 top1_wins = sum(a[d] > a[s] for d, s in pairs)
 top1_ties = sum(a[d] == a[s] for d, s in pairs)
+hidden32 = [label for label in policies if kl_mean[label] < FLOOR32]
 Markdown(
-    f"Over {n3} texts ({model.dtype} caches) the deepest plane agrees with the full cache at the first decoded "
+    f"Over {n3} texts the deepest plane agrees with the full cache at the first decoded "
     f"position in {a['deepest plane']:.3f} of texts (paper {PAPER_TABLE3['deepest plane']}), the two deepest "
     f"planes in {a['two deepest planes']:.3f} ({PAPER_TABLE3['two deepest planes']}), and the first four loops in "
     f"{a['first 4 loops']:.3f} ({PAPER_TABLE3['first 4 loops']}). "
@@ -259,10 +285,13 @@ Markdown(
        f"pairs** by the mean KL ")
     + "(" + "; ".join(f"{d} {kl_mean[d]:.2g} against {s} {kl_mean[s]:.2g}" for d, s in pairs) + ")"
     + (". Top-1 agreement ranks the deep cache higher in every pair." if top1_wins == len(pairs) else
+       ". Top-1 agreement is the same for every cache: no text's top-1 token flips, so only the KL separates "
+       "them." if a.nunique() == 1 else
        f". Top-1 agreement ranks the deep cache higher in {top1_wins} of {len(pairs)} pairs, ties it in "
        f"{top1_ties} and ranks it lower in {len(pairs) - top1_wins - top1_ties}; one text is {1 / n3:.3f} of "
-       "agreement, and a small model's top-1 choice is rarely close enough to a tie for these perturbations "
-       "to flip it.")
+       "agreement.")
+    + (f" The mean KL of {', '.join(hidden32)} lies below the float32 floor ({FLOOR32:.1e}): a float32 cache "
+       "of this model could not be told from the full cache." if hidden32 else "")
 )
 
 # %% [markdown]
@@ -286,7 +315,7 @@ PAPER_EQ6 = {  # RIPE Section 3.2, fp32, first decoded position
     "Raven-Llama": {"from the ripening curve": 1.8e-8, "from the measured size": 4.7e-9,
                     "deepest-plane arm, mean": 2.7e-8},
 }
-check = eq6_check(model32, grid.reference, fit, grid)
+check = eq6_check(model64, grid.reference, fit, grid)
 eq6 = pd.DataFrame({
     f"{model.source} (this run)": {"from the ripening curve": check.from_curve,
                                    "from the measured size": check.from_size,
@@ -301,6 +330,8 @@ assert check.from_curve > 0 and check.from_size > 0 and math.isfinite(check.fact
 assert np.all(check.measured > -1e-12)  # a KL, up to rounding
 within = check.factor <= 2
 shallow_small = check.shallow_only_median < check.measured_median
+deep_sizes = grid.rows.loc[grid.rows.deep == 1, "size"]
+extrapolated = check.S_curve < deep_sizes.min()
 Markdown(
     f"From the ripening curve Eq. (6) predicts {check.from_curve:.2g}, and from the measured perturbation size "
     f"{check.from_size:.2g}. The deepest-plane arm measures {check.measured_median:.2g} (median over texts, mean "
@@ -308,10 +339,12 @@ Markdown(
     + ("That is within a factor of two, the agreement the paper reports for Huginn "
        f"({PAPER_EQ6['Huginn-0125']['from the ripening curve']:g} against "
        f"{PAPER_EQ6['Huginn-0125']['deepest-plane arm, median']:g}). " if within else
-       "That is worse than the factor of two the paper reports for Huginn: the regression, fitted to arms "
-       "whose perturbations are mostly much larger, extrapolates poorly to the deepest plane's small one. ")
+       "That is worse than the factor of two the paper reports for Huginn. ")
+    + (f"The deepest plane's size $S$ = {check.S_curve:.2g} lies below every deep arm's ({deep_sizes.min():.2g} "
+       f"to {deep_sizes.max():.2g}), so Eq. (6) extrapolates the regression beyond its data. " if extrapolated
+       else "")
     + (f"Substituting plane R in the shallow loops alone costs {check.shallow_only_median:.2g}, "
-       f"{check.measured_median / max(check.shallow_only_median, FLOOR):.2g} times less than the deepest plane "
+       f"{check.measured_median / max(check.shallow_only_median, FLOOR64):.2g} times less than the deepest plane "
        "in all loops. Only the late loops' prefix KV matters, as in the paper." if shallow_small else
        f"Substituting plane R in the shallow loops alone costs {check.shallow_only_median:.2g}, no less than "
        "in all loops, unlike the paper.")

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -78,7 +80,7 @@ READS = ["aligned", "deep-v", "deep-k", "deep-kv"]
 DEPTHS = [1, 2, 4, 8]
 
 probe_prompts = book.encode(model, data.prompts("problems", N_PROBE, "eval"))
-trajectories = measure.target_trajectories(model, probe_prompts, NEW_PROBE)
+trajectories = measure.target_trajectories(model, probe_prompts, NEW_PROBE, progress=False)
 counts = {}
 for ids, trajectory in zip(probe_prompts, trajectories, strict=True):
     result = measure.draft_agreement(model, trajectory, ids.shape[1], DEPTHS, READS)
@@ -203,12 +205,12 @@ candidates = bench.grid(draft_loops=[2, 4], block=[4, 8])
 dev = book.encode(model, data.prompts("problems", N_DEV, "dev"))
 chosen, selection = bench.select_configs(
     model, dev, {"self-spec": [{"method": "self-spec", **c} for c in candidates],
-                 "Mature-Spec": [{"method": "mature-spec", **c} for c in candidates]}, NEW_TOKENS)
+                 "Mature-Spec": [{"method": "mature-spec", **c} for c in candidates]}, NEW_TOKENS, progress=False)
 methods = {"greedy": {"method": "ar"}, **chosen}
 results = {}
 for workload in data.WORKLOADS:
     prompts = book.encode(model, data.prompts(workload, N_EVAL, "eval"))
-    results[workload] = bench.run_paired(model, prompts, methods, NEW_TOKENS)
+    results[workload] = bench.run_paired(model, prompts, methods, NEW_TOKENS, progress=False)
 summary = pd.concat({w: bench.summarize(r) for w, r in results.items()})
 print("chosen on development prompts:", {k: {p: v for p, v in c.items() if p != "method"} for k, c in chosen.items()})
 summary.style.format({c: "{:.2f}" for c in ("tokens/s", "speed-up", "low", "high", "A", "G", "tau")})

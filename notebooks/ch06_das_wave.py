@@ -56,7 +56,7 @@ from looped_kv.speculative import accept
 
 model = book.chapter_model()
 cfg, R = model.config, model.config.mean_recurrence
-N_DEV, N_EVAL, NEW_TOKENS = 3, 6, 64
+N_DEV, N_EVAL, NEW_TOKENS = 2, 5, 64
 print(f"model: {model.source}  R = {R}  device: {model.device}")
 
 # %% [markdown]
@@ -119,16 +119,16 @@ PAPER_TABLE1 = pd.DataFrame(  # DAS Table 1, Huginn rows: (speed-up, A) on GSM8K
     index=["prompt lookup", "self-spec", "Mature-Spec", "DAS-Wave"])
 dev = book.encode(model, data.prompts("problems", N_DEV, "dev"))
 grids = {
-    "prompt lookup": [{"method": "pld", "block": b} for b in (4, 8)],
-    "self-spec": [{"method": "self-spec", **c} for c in bench.grid(draft_loops=[2, 4], block=[4, 8])],
-    "Mature-Spec": [{"method": "mature-spec", **c} for c in bench.grid(draft_loops=[2, 4], block=[4, 8])],
+    "prompt lookup": [{"method": "pld", "block": 8}],
+    "self-spec": [{"method": "self-spec", **c} for c in bench.grid(draft_loops=[2, 4], block=[8])],
+    "Mature-Spec": [{"method": "mature-spec", **c} for c in bench.grid(draft_loops=[2, 4], block=[8])],
     "DAS-Wave": [{"method": "das-wave", "block": 32, "initial_width": 2, **c}
-                 for c in bench.grid(rounds=[8, 16, 24], updates=[1, 2])],
+                 for c in bench.grid(rounds=[8, 24], updates=[1, 2])],
 }
-chosen, selection = bench.select_configs(model, dev, grids, NEW_TOKENS)
+chosen, selection = bench.select_configs(model, dev, grids, NEW_TOKENS, progress=False)
 methods = {"greedy": {"method": "ar"}, **chosen}
-results = {w: bench.run_paired(model, book.encode(model, data.prompts(w, N_EVAL, "eval")), methods, NEW_TOKENS)
-           for w in data.WORKLOADS}
+results = {w: bench.run_paired(model, book.encode(model, data.prompts(w, N_EVAL, "eval")), methods, NEW_TOKENS,
+                               progress=False) for w in data.WORKLOADS}
 table1 = pd.concat({w: bench.summarize(r) for w, r in results.items()})
 print("chosen on development prompts:", {k: {p: v for p, v in c.items() if p != "method"} for k, c in chosen.items()})
 table1.style.format({c: "{:.2f}" for c in ("tokens/s", "speed-up", "low", "high", "A", "G", "tau")})

@@ -41,12 +41,13 @@ def test_cache_bytes_equal_the_memory_equations(family, dtype):
     cfg, R, L = model.config, 5, 23
     for name, params, equation in [("full", {}, m_full(cfg, L, R, dtype)), ("deepest", {}, m_deep(cfg, L, dtype)),
                                    ("ripe", {"window": 4}, m_ripe(cfg, L, 4, R, dtype)),
-                                   ("ripe", {"window": 40}, m_ripe(cfg, L, 40, R, dtype))]:
+                                   ("ripe", {"window": 40}, m_ripe(cfg, L, 40, R, dtype)),
+                                   ("ripe", {"window": 4, "sinks": 2}, None), ("sinks", {"sinks": 3}, None)]:
         policy = make_policy(name, R, **params)
         cache = new_cache(model, policy, batch=1, capacity=L)
         assert cache.allocated_bytes == policy_bytes(cfg, policy, L, dtype)
         prefill(model, cache, torch.randint(0, cfg.vocab_size, (1, L)), R)
-        assert cache.nbytes == equation
+        assert cache.nbytes == (policy_bytes(cfg, policy, L, dtype) if equation is None else equation)
 
 
 class BruteForce:

@@ -159,13 +159,17 @@ def test_regression_rows_floor_and_fit():
 def test_precision_floor(setup):
     model, ids, R = setup
     exact = replay(model, ids, R, softmax_dtype=torch.float64, record=(), decoded=2)
-    assert np.abs(precision_floor(model, exact)).max() < 1e-20  # float64 against float64
+    rounding = precision_floor(model, exact)  # float64: against the fused-attention forward
+    assert rounding.shape == (B,) and np.abs(rounding).max() < 1e-24
     model32 = in_dtype(model, torch.float32)
     assert model32 is not model and model32.dtype == torch.float32 and model.dtype == torch.float64
     assert in_dtype(model, torch.float64) is model
     rounded = replay(model32, ids, R, record=(), decoded=2)
     floor = precision_floor(model32, rounded)
-    assert floor.shape == (B,) and (floor > 0).all() and floor.max() < 1e-6
+    assert floor.shape == (B,) and (floor > 1e-20).all() and floor.max() < 1e-6
+    np.testing.assert_allclose(precision_floor(model32, rounded, exact=exact), floor, rtol=1e-6)
+    with pytest.raises(ValueError, match="same texts"):
+        precision_floor(model32, rounded, exact=replay(model, ids.flip(0), R, record=(), decoded=2))
 
 
 # -- equal-storage caches (Table 3) -------------------------------------------------------------------

@@ -31,7 +31,7 @@ def tiny_prompts(model, n: int, workload: str) -> list[torch.Tensor]:
 CONFIGS = [
     dict(method="self-spec", draft_loops=2, block=4),
     dict(method="self-spec", draft_loops=4, block=3, prefix_reads="deep-v"),
-    dict(method="self-spec", draft_loops=1, block=5, prefix_reads=(3, 16)),
+    dict(method="self-spec", draft_loops=1, block=5, prefix_reads=(1, 3)),
     dict(method="mature-spec", draft_loops=4, block=6),
     dict(method="pld", block=5),
     dict(method="das-wave", block=8, rounds=6, initial_width=2, updates=2),
@@ -45,6 +45,10 @@ def test_tiny_model_speculation_is_greedy(tiny64, workload, cache):
     for ids in tiny_prompts(tiny64, 2, workload):
         reference = looped_kv.generate(tiny64, ids, max_new_tokens=24, method="ar", num_loops=16, **cache)
         for config in CONFIGS:
+            if cache["cache"] == "ripe" and isinstance(config.get("prefix_reads"), tuple):
+                with pytest.raises(ValueError, match=r"need plane\(s\) \[1, 3\] for every position"):
+                    looped_kv.generate(tiny64, ids, max_new_tokens=24, num_loops=16, **cache, **config)
+                continue
             out = looped_kv.generate(tiny64, ids, max_new_tokens=24, num_loops=16, **cache, **config)
             assert torch.equal(out.tokens, reference.tokens), (config, cache)
             assert out.verifications >= 1
@@ -116,6 +120,7 @@ def test_exactness_needs_a_window_covering_the_block():
     ({"method": "das-wave", "rounds": 0}, r"rounds \(J\) must be >= 1"),
     ({"method": "das-wave", "updates": 0}, r"updates \(k, recurrent updates per round\) must be >= 1"),
     ({"method": "pld", "ngram": 0}, "ngram must be >= 1"),
+    ({"method": "mature-spec", "cache": "first", "k": 2, "exact": False}, r"need plane\(s\) \[5\]"),
 ])
 def test_bad_speculation_parameters(kwargs, message):
     model = random_model("huginn")
