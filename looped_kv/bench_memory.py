@@ -18,7 +18,10 @@ on some batch sizes, report the relative error on the others, and the largest ba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +30,20 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from looped_kv.perf import PeakMemoryFit, b_max, fit_peak_memory
+
+
+@contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Silence what native code writes to file descriptor 2 (the profiler's start/stop trace lines)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def peak_bytes(run: Callable[[], Any], device: torch.device | str = "cpu") -> tuple[int, Any]:
@@ -46,7 +63,7 @@ def peak_bytes(run: Callable[[], Any], device: torch.device | str = "cpu") -> tu
         return torch.cuda.max_memory_reserved(device) - start, result
     if device.type != "cpu":
         raise ValueError(f"device must be a CPU or CUDA device, got {device}")
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = run()
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]

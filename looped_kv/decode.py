@@ -160,14 +160,14 @@ def generate(model: LoopedLM, input_ids: Tensor, *, max_new_tokens: int = 32, me
     if method == "ar":
         return greedy(model, input_ids, max_new_tokens, policy=policy, progress=progress)
     if method == "pld":
-        return prompt_lookup(model, input_ids, max_new_tokens, policy=policy, block=4 if block is None else block, ngram=ngram,
-                             exact=exact, progress=progress)
+        return prompt_lookup(model, input_ids, max_new_tokens, policy=policy, block=4 if block is None else block,
+                             ngram=ngram, exact=exact, progress=progress)
     deep = method in ("mature-spec", "das-wave")
     reads = make_prefix_reads(prefix_reads or ("deep-kv" if deep else "aligned"), R)
     if method == "das-wave":
-        return das_wave(model, input_ids, max_new_tokens, policy=policy, block=32 if block is None else block, rounds=rounds,
-                        initial_width=initial_width, updates=updates, carry=carry, reads=reads, exact=exact,
-                        progress=progress)
+        return das_wave(model, input_ids, max_new_tokens, policy=policy, block=32 if block is None else block,
+                        rounds=rounds, initial_width=initial_width, updates=updates, carry=carry, reads=reads,
+                        exact=exact, progress=progress)
     if method == "mature-spec" and reads != make_prefix_reads("deep-kv", R):
         raise ValueError("method='mature-spec' reads the prefix at deep K/V; use method='self-spec' with "
                          "prefix_reads for other read policies")

@@ -245,19 +245,17 @@ def precision_floor(model: LoopedLM, reference: Replay, *, exact: Replay | None 
     """Per-text KL(exact || reference) at the first decoded position: the KL the reference's own rounding causes.
 
     ``exact`` is a replay of the same texts in a higher precision; without it the texts are replayed by a copy of
-    the model in ``exact_dtype`` (float64 softmax). For a reference already in ``exact_dtype`` there is nothing
-    more precise, and the comparison is with the model's forward through fused attention, which differs from the
-    replay's explicit softmax only in rounding. A KL below this resolution cannot be told from rounding: such rows
-    sit "at the floor" of the sensitivity regression.
+    the model in ``exact_dtype`` (float64 softmax). A KL below this resolution cannot be told from rounding: such
+    rows sit "at the floor" of the sensitivity regression (RIPE Sec. 3.1 counts its rows at the bf16 floor).
     """
     ids, t = reference.input_ids, reference.first_decoded
     if exact is not None:
         if not torch.equal(exact.input_ids.to(ids.device), ids):
             raise ValueError("exact must be a replay of the same texts as reference")
         logits = exact.logits
-    elif model.dtype == exact_dtype:
-        logits = model(ids, reference.num_loops)
     else:
+        if model.dtype == exact_dtype:
+            raise ValueError(f"the model is already in exact_dtype {exact_dtype}: pass a more precise replay as exact")
         logits = replay(_copy_in(model, exact_dtype), ids, reference.num_loops, softmax_dtype=torch.float64,
                         record=(), decoded=reference.decoded).logits
     return kl_per_position(logits[:, t].to(reference.logits.device), reference.logits[:, t]).cpu().numpy()

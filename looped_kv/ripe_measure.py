@@ -6,8 +6,9 @@
 * :func:`replay_records` replays target trajectories through cache arms (teacher forcing, RIPE
   Section 2 "Generation" mode) and returns KL(reference || arm), top-1 flips and the reference's
   top-2 margin per generated position; :func:`tail_summary` turns them into the rows of Table 4
-  and :func:`survival` into the curves of Figure 4a/b.
-* :func:`block_dependence_by_prompt` and :func:`numerics_label` are the Section 5.2 comparison.
+  and :func:`survival` into the curves of Figure 4a/b. During the same replays it can measure the
+  block dependence of Section 5.2 (:func:`replay_arm`), which :func:`block_dependence_ratio` and
+  :func:`numerics_label` turn into the paper's ratio and label.
 * :data:`PAPER_TABLE_2`, :data:`PAPER_TABLE_4` and :data:`PAPER_SECTION_5` hold the paper's printed
   values, as data with their source, for the chapter to show beside the measured ones.
 """
@@ -30,7 +31,7 @@ from looped_kv.cache import BlockBuffer, BlockPass, PlaneCache
 from looped_kv.config import LoopedConfig
 from looped_kv.decode import new_cache, prefill, run_block, step
 from looped_kv.fits import BootstrapCI, paired_bootstrap_ratio
-from looped_kv.measure import block_dependence, kl, policy_logits
+from looped_kv.measure import kl
 from looped_kv.memory import policy_bytes
 from looped_kv.model import LoopedLM
 from looped_kv.policy import CachePolicy, make_policy
@@ -187,35 +188,111 @@ def _check_trajectories(trajectories: Sequence[Tensor], prompt_lengths: Sequence
             raise ValueError(f"prompt_lengths[{i}] must be in [1, {tokens.shape[1] - 1}], got {p}")
 
 
+@dataclass(frozen=True)
+class ArmReplay:
+    """One trajectory replayed under one cache policy."""
+
+    logits: Tensor  # (n - prompt_length, V) float64: :func:`looped_kv.measure.policy_logits`
+    block_kl: Tensor | None  # KL(sequential || batched) per block position: :func:`looped_kv.measure.block_dependence`
+
+
+@torch.no_grad()
+def replay_arm(model: LoopedLM, tokens: Tensor, prompt_length: int, policy: CachePolicy,
+               block: int | None = None) -> ArmReplay:
+    """Teacher-forced sequential replay, and with ``block`` the Section 5.2 block check, in one pass.
+
+    The replay is :func:`looped_kv.measure.policy_logits`. With ``block`` = gamma, the trajectory after the
+    prompt is cut into verification blocks of gamma + 1 tokens as in :func:`looped_kv.measure.block_dependence`;
+    at the start of each block, before the block's sequential steps, one batched pass over the block reads the
+    same cache (its planes go to a scratch buffer). The sequential logits serve both measurements, so the block
+    check costs one batched pass per block instead of a second replay.
+    """
+    n, p, R = tokens.shape[1], prompt_length, policy.num_loops
+    if tokens.dim() != 2 or tokens.shape[0] != 1:
+        raise ValueError(f"tokens must be (1, n), got shape {tuple(tokens.shape)}")
+    if not 1 <= p < n:
+        raise ValueError(f"prompt_length must be in [1, {n - 1}], got {p}")
+    if block is not None and block < 1:
+        raise ValueError(f"block (gamma) must be >= 1, got {block}")
+    cache = new_cache(model, policy, 1, n)
+    replay = [prefill(model, cache, tokens[:, :p], R)[0, -1:]]
+    starts = list(range(p, n - block, block + 1)) if block else []
+    buffer = (BlockBuffer(model.config, R, batch=1, capacity=block + 1, dtype=model.dtype, device=model.device)
+              if starts else None)
+    sequential, batched = {}, {}
+    for t in range(p, max(n - 1, starts[-1] + block + 1 if starts else 0)):
+        if t in starts:
+            router = BlockPass(cache, range(t, t + block + 1), buffer=buffer, store="buffer")
+            batched[t], _ = run_block(model, tokens[:, t:t + block + 1], router, R)
+        logits = step(model, cache, tokens[:, t:t + 1], R)[0]
+        sequential[t] = logits
+        if t < n - 1:
+            replay.append(logits)
+    block_kl = None
+    if block is not None:
+        block_kl = torch.cat([kl(torch.cat([sequential[t] for t in range(s, s + block + 1)]), batched[s][0])
+                              for s in starts]) if starts else torch.empty(0, dtype=torch.float64)
+    return ArmReplay(torch.cat(replay).double(), block_kl)
+
+
+@dataclass(frozen=True)
+class Replays:
+    """Per-position records of every arm (:func:`replay_records`) and, with a block, the block dependence."""
+
+    records: pd.DataFrame
+    block_dependence: pd.DataFrame | None  # mean KL(sequential || batched) per prompt (rows) and policy (columns)
+
+
 def replay_records(trajectories: Sequence[Tensor], prompt_lengths: Sequence[int],
-                   reference: tuple[LoopedLM, CachePolicy], arms: Mapping[str, tuple[LoopedLM, CachePolicy]],
-                   progress: bool = False) -> pd.DataFrame:
-    """Teacher-forced replay of each trajectory through the reference and every arm (RIPE Sec. 2, 5.1).
+                   reference: tuple[LoopedLM, CachePolicy], arms: Mapping[str, tuple[LoopedLM, CachePolicy]], *,
+                   block: int | None = None, block_arms: Sequence[str] = (), reference_label: str = "reference",
+                   progress: bool = False) -> Replays:
+    """Teacher-forced replay of each trajectory through the reference and every arm (RIPE Sec. 2, 5.1, 5.2).
 
     ``reference`` and each arm are a (model, cache policy) pair; the model fixes the arithmetic (a bf16
-    model for L0 and the cache arms, an fp32 copy for the precision floor). Returns one row per
-    (prompt, generated position, arm): ``kl`` = KL(reference || arm) in float64 (rounding below 0
-    clipped to 0), ``flip`` (the arm's top-1 token differs from the reference's), ``margin`` (the
-    reference's top-2 probability margin) and ``position`` (0 for the first generated token).
+    model for L0 and the cache arms, an fp32 copy for the precision floor). The records have one row per
+    (prompt, generated position, arm): ``kl`` = KL(reference || arm) in float64 (rounding below 0 clipped to
+    0), ``flip`` (the arm's top-1 token differs from the reference's), ``margin`` (the reference's top-2
+    probability margin) and ``position`` (0 for the first generated token). With ``block`` = gamma, the
+    reference and the arms named in ``block_arms`` also measure their block dependence during the same replay
+    (:func:`replay_arm`); a trajectory too short for one block is then an error.
     """
     _check_trajectories(trajectories, prompt_lengths)
     if not arms:
         raise ValueError("arms must name at least one (model, policy) pair")
+    unknown = [label for label in block_arms if label not in arms]
+    if unknown:
+        raise ValueError(f"block_arms must name arms, got {unknown}")
+    if block is not None:
+        if block < 1:
+            raise ValueError(f"block (gamma) must be >= 1, got {block}")
+        short = [i for i, (t, p) in enumerate(zip(trajectories, prompt_lengths, strict=True))
+                 if t.shape[1] - p < block + 1]
+        if short:
+            raise ValueError(f"trajectories {short} hold no verification block of {block + 1} generated tokens")
     ref_model, ref_policy = reference
-    frames = []
+    frames, dependence = [], []
     for i, (tokens, p) in enumerate(tqdm(list(zip(trajectories, prompt_lengths, strict=True)), disable=not progress,
                                          desc="replay", leave=False)):
-        ref = policy_logits(ref_model, tokens, p, ref_policy)
-        top2 = ref.softmax(-1).topk(2, dim=-1).values
+        ref = replay_arm(ref_model, tokens, p, ref_policy, block)
+        top2 = ref.logits.softmax(-1).topk(2, dim=-1).values
         margin = (top2[:, 0] - top2[:, 1]).cpu().numpy()
-        top1 = ref.argmax(-1)
+        top1 = ref.logits.argmax(-1)
+        means = {reference_label: float(ref.block_kl.clamp_min(0).mean())} if block is not None else {}
         for label, (model, policy) in arms.items():
-            logits = policy_logits(model, tokens, p, policy)
+            arm = replay_arm(model, tokens, p, policy, block if label in block_arms else None)
+            if arm.block_kl is not None:
+                means[label] = float(arm.block_kl.clamp_min(0).mean())
             frames.append(pd.DataFrame({
-                "prompt": i, "position": np.arange(ref.shape[0]), "arm": label,
-                "kl": kl(ref, logits).clamp_min(0).cpu().numpy(), "flip": (logits.argmax(-1) != top1).cpu().numpy(),
-                "margin": margin}))
-    return pd.concat(frames, ignore_index=True)
+                "prompt": i, "position": np.arange(ref.logits.shape[0]), "arm": label,
+                "kl": kl(ref.logits, arm.logits).clamp_min(0).cpu().numpy(),
+                "flip": (arm.logits.argmax(-1) != top1).cpu().numpy(), "margin": margin}))
+        dependence.append(means)
+    block_frame = None
+    if block is not None:
+        block_frame = pd.DataFrame(dependence)
+        block_frame.index.name = "prompt"
+    return Replays(pd.concat(frames, ignore_index=True), block_frame)
 
 
 def top_share(values: ArrayLike, fraction: float = 0.01) -> float:
@@ -264,32 +341,6 @@ def survival(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 # -- Section 5.2: block dependence ------------------------------------------------------------------
-
-
-def block_dependence_by_prompt(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths: Sequence[int],
-                               policies: Mapping[str, CachePolicy], block: int,
-                               progress: bool = False) -> pd.DataFrame:
-    """Mean KL(sequential || batched) of the verification logits per prompt (rows) and policy (columns).
-
-    Each trajectory after its prompt is cut into verification blocks of ``block`` + 1 tokens
-    (:func:`looped_kv.measure.block_dependence`); a prompt too short for one block is an error.
-    """
-    _check_trajectories(trajectories, prompt_lengths)
-    if block < 1:
-        raise ValueError(f"block (gamma) must be >= 1, got {block}")
-    if not policies:
-        raise ValueError("policies must name at least one cache policy")
-    rows = []
-    for tokens, p in tqdm(list(zip(trajectories, prompt_lengths, strict=True)), disable=not progress,
-                          desc="block dependence", leave=False):
-        if tokens.shape[1] - p < block + 1:
-            raise ValueError(f"a trajectory with {tokens.shape[1] - p} generated tokens holds no block of "
-                             f"{block + 1} tokens")
-        rows.append({label: float(block_dependence(model, tokens, p, policy, block).clamp_min(0).mean())
-                     for label, policy in policies.items()})
-    frame = pd.DataFrame(rows)
-    frame.index.name = "prompt"
-    return frame
 
 
 def numerics_label(ratio: BootstrapCI, threshold: float = 2.0) -> str:

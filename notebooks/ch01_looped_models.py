@@ -227,7 +227,8 @@ if book.is_tiny(model) and log_file.exists():
     log = pd.read_json(log_file)
     seconds_per_step = (log["time_s"].diff() / log["step"].diff()).dropna()
     fastest = seconds_per_step.min()
+    idle_minutes = fastest * training["steps"] / 60
     display(Markdown(f"Training took {training['minutes']} minutes of wall time on 2 cores that other work shared "
                      f"part of the time; its fastest stretch ran at {fastest:.2f} s per step, which is "
-                     f"{fastest * training['steps'] / 60:.0f} minutes for all {training['steps']} steps on idle cores."))
+                     f"{idle_minutes:.0f} minutes for all {training['steps']} steps on idle cores."))
 summary.to_frame()

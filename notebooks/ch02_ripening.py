@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -71,7 +73,7 @@ print(f"model: {model.source}  device: {model.device}  R = {R}")
 # $\Delta_r$ is measured over the prefix before them.
 
 # %%
-TEXTS_PER_WORKLOAD, LENGTH, DECODED = 6, 192, 48
+TEXTS_PER_WORKLOAD, LENGTH, DECODED = 8, 256, 64
 ids = torch.cat([text_batch(model, data.texts(w, TEXTS_PER_WORKLOAD, split="eval"), LENGTH)
                  for w in data.WORKLOADS])
 assert ids.shape == (len(data.WORKLOADS) * TEXTS_PER_WORKLOAD, LENGTH)  # every text is long enough
@@ -243,7 +245,9 @@ for i, X in enumerate(("q", "k", "v")):
         ax.plot(1, PAPER_DAS[name][X], marker, color=f"C{i}", mfc="none", ms=8)
 ax.plot([], [], "s", color="0.4", mfc="none", label="Huginn-0125, loop 1 (DAS)")
 ax.plot([], [], "^", color="0.4", mfc="none", label="Raven-Llama, loop 1 (DAS)")
-ax.set(xlabel="loop r", ylabel="cosine similarity to loop R", title="Q/K/V maturity (DAS Fig. 2, top)")
+ax.set(xscale="log", xlabel="loop r", ylabel="cosine similarity to loop R", title="Q/K/V maturity (DAS Fig. 2, top)")
+ticks = [r for r in (1, 2, 4, 8, 16, 32, 64) if r <= R]
+ax.set_xticks(ticks, [str(r) for r in ticks])
 ax.legend(fontsize=8, ncol=2)
 plt.show()
 first_loop = pd.DataFrame({f"{model.source} (this run)": {KIND_NAMES[X]: fp32.maturity[X][0] for X in "qkv"},

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -62,7 +64,6 @@ from looped_kv.ripe_measure import (
     PAPER_TABLE_2,
     PAPER_TABLE_4,
     batched_vs_sequential,
-    block_dependence_by_prompt,
     block_dependence_ratio,
     extra_over_deepest,
     read_map,
@@ -79,7 +80,7 @@ model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when avai
 cfg, R = model.config, model.config.mean_recurrence
 # Sizes: a CPU run of a few minutes; the same code serves a real checkpoint on a GPU.
 GAMMA, DRAFT_LOOPS = 4, 4  # block length and draft depth (the paper's d = gamma = 4)
-N_PROMPTS, NEW_TOKENS, BIN = 8, 32, 8  # replayed prompts, generated tokens per prompt, bin of generated positions
+N_PROMPTS, NEW_TOKENS, BIN = 8, 24, 8  # replayed prompts, generated tokens per prompt, bin of generated positions
 PAPER_WINDOWS, SINKS, TAIL = (16, 64, 256), 4, 0.1  # Table 4's windows, sinks and tail threshold
 model16 = with_dtype(model, torch.bfloat16)  # the reference L0 and every cache arm run in bf16
 model32 = with_dtype(model16, torch.float32)  # the precision floor: the same weights in fp32
@@ -171,12 +172,12 @@ Markdown(f"At L = 1024, W = 64 costs {huginn['RIPE, W = 64']:,.0f} MB on Huginn-
 # of block tokens that sequential decoding reads at plane $R$.
 #
 # The check runs in float64, where "equal" means equal up to rounding. A block of $\gamma + 1$ tokens of a
-# worked problem is verified at three places, in one pass and token by token, from the same cache; the
+# worked problem is verified at two places, in one pass and token by token, from the same cache; the
 # table gives the largest difference in the logits and in every cached key and value after the commit.
 
 # %%
 worked = book.encode(model64, data.word_problems(1, split="eval")[0].text)
-block_starts = [worked.shape[1] // 3, worked.shape[1] // 2, worked.shape[1] - GAMMA - 1]
+block_starts = [worked.shape[1] // 2, worked.shape[1] - GAMMA - 1]
 prop_policies = {"full cache": full, f"RIPE, W = {2 * GAMMA}": make_policy("ripe", R, window=2 * GAMMA),
                  f"RIPE, W = γ = {GAMMA}": make_policy("ripe", R, window=GAMMA),
                  f"RIPE, W = {GAMMA - 1}": make_policy("ripe", R, window=GAMMA - 1), "deepest plane (W = 0)": deepest}
@@ -233,7 +234,7 @@ for name, spec in {f"RIPE, W = γ = {GAMMA}": dict(cache="ripe", window=GAMMA),
         assert sequential.extra["cache_bytes"] == m_ripe(cfg, L, GAMMA, R, model64.dtype)
 algorithm = pd.DataFrame.from_dict(runs, orient="index")
 print(book.decode(model64, question) + "|" + texts[f"RIPE, W = γ = {GAMMA}"])
-algorithm
+algorithm.style.format({"τ (tokens / verification)": "{:.2f}", "cache KB (sequential)": "{:,.1f}"}, na_rep="—")
 
 # %%
 ripe_run, deep_run = algorithm.iloc[0], algorithm.iloc[1]
@@ -275,7 +276,10 @@ policies = [deepest, *(make_policy("ripe", R, window=w) for w in windows), make_
             make_policy("k-deepest", R, k=2), full]
 arms = {label: (model32 if label.startswith("fp32") else model16, policy)
         for label, policy in zip(labels, policies, strict=True)}
-records = replay_records(trajectories, prompt_lengths, (model16, full), arms)
+ripe_gamma = f"RIPE, W = {GAMMA}"  # a block-independent arm, when the scaled windows include W = gamma
+replays = replay_records(trajectories, prompt_lengths, (model16, full), arms, block=GAMMA, reference_label="full cache",
+                         block_arms=[labels[0], *([ripe_gamma] if ripe_gamma in arms else [])])  # Section 5.2
+records = replays.records
 summary = tail_summary(records, TAIL)
 window_note = ("The paper's windows are used as they are." if factor == 1 else
                f"The trajectories are short ({min(lengths)} to {max(lengths)} tokens; the paper's windows were "
@@ -357,11 +361,17 @@ plt.show()
 
 # %%
 d, fp = summary.loc[deep_label], summary.loc[fp_label]
+deep_records = records[records["arm"] == deep_label]
+assert (deep_records.loc[deep_records["position"] == 0, "kl"] == 0).all()  # from the prefill, alike in every cache
+zeros = int((deep_records["kl"] == 0).sum())
 ratio_mean = d["mean KL"] / fp["mean KL"]
 median_word = "lower" if d["median KL"] < fp["median KL"] else "higher"
 paper_median = PAPER_SECTION_5["median KL"]
 paper_share = PAPER_SECTION_5["top 1% share of KL"]
-Markdown(f"Over all positions the median KL of the deepest plane is {median_word} than fp32's "
+Markdown(f"{zeros} of the deepest plane's {len(deep_records)} positions have KL exactly 0 and are not drawn, among "
+         f"them the first generated position of every prompt: it comes from the prompt's prefill, which every bf16 "
+         f"cache computes alike. "
+         f"Over all positions the median KL of the deepest plane is {median_word} than fp32's "
          f"({d['median KL']:.2g} against {fp['median KL']:.2g}) and its mean is {ratio_mean:.2g} times fp32's. "
          f"The largest 1% of positions carry {d['top 1% share']:.0%} of the deepest plane's KL (fp32: "
          f"{fp['top 1% share']:.0%}). On Huginn-0125 the paper reports medians of {paper_median[0]:.1e} and "
@@ -395,19 +405,24 @@ bins_table = pd.DataFrame({"positions": [f"{a}-{b - 1}" for a, b in itertools.pa
 labels_table = pd.DataFrame({label: {"largest bin ratio": f.ratio.max(), "bins exceeding": int(f.exceeds.sum()),
                                      "label": f.label} for label, f in fidelity.items()}).T
 display(bins_table.style.format({"ratio": "{:.2f}", "95% low": "{:.2f}", "95% high": "{:.2f}"}))
-labels_table
+labels_table.style.format({"largest bin ratio": "{:.2f}"})
 
 # %%
 paper_bin = PAPER_SECTION_5["exceeding bin ratio"]
 exceeding = [f"{bins_table.index[i]} ({r:.2f} [{lo:.2f}, {hi:.2f}])" for i, (r, lo, hi)
              in enumerate(zip(deep_fid.ratio, deep_fid.low, deep_fid.high, strict=True)) if deep_fid.exceeds[i]]
-window_labels = [fidelity[label].label for label in labels[1:4]]
+window_labels = {fidelity[label].label for label in labels[1:4]}
+if len(window_labels) == 1:
+    windows_text = (f"With windows W = {', '.join(map(str, windows))} the label is "
+                    f"{'also ' if deep_fid.label in window_labels else ''}“{window_labels.pop()}”. ")
+else:
+    windows_text = "With windows: " + "; ".join(f"W = {w}, “{fidelity[label].label}”"
+                                              for w, label in zip(windows, labels[1:4], strict=True)) + ". "
 Markdown(f"On this model the deepest plane is labelled **{deep_fid.label}**: bin ratios run from "
          f"{deep_fid.ratio.min():.2f} to {deep_fid.ratio.max():.2f}"
          + (f", and the bins of generated positions {', '.join(exceeding)} exceed the threshold. "
             if exceeding else f"; no bin's lower bound is above {deep_fid.threshold:g}. ")
-         + f"With windows W = {', '.join(map(str, windows))} the labels are "
-         f"{', '.join(f'“{lab}”' for lab in window_labels)}. The paper labels Huginn-0125's deepest plane "
+         + windows_text + f"The paper labels Huginn-0125's deepest plane "
          f"“{PAPER_SECTION_5['fidelity label']}” through one bin, {paper_bin[0]:.1f} [{paper_bin[1]:.2f}, "
          f"{paper_bin[2]:.1f}], "
          f"with other bins at {PAPER_SECTION_5['other bin ratios'][0]}–{PAPER_SECTION_5['other bin ratios'][1]}.")
@@ -434,15 +449,14 @@ Markdown(f"{tail_ratio_text}; the paper's is {paper_tail[0]:.2f} [{paper_tail[1]
 # decoding the block token by token: KL(sequential ‖ batched) per position. For the full cache the two are
 # equal in exact arithmetic (Proposition 1), so in bf16 its value measures the numerics alone. The ratio of
 # the deepest plane's mean to the full cache's, with a prompt-paired bootstrap, is "indistinguishable from
-# numerics" unless its lower bound exceeds 2. RIPE with $W = \gamma$ is measured alongside.
+# numerics" unless its lower bound exceeds 2. The replays above measured it on the same trajectories: at
+# the start of each block one batched pass reads the cache that the sequential replay has built. RIPE with
+# $W = \gamma$ is measured alongside when it is one of the arms.
 
 # %%
-ripe_gamma = f"RIPE, W = γ = {GAMMA}"
-dependence = block_dependence_by_prompt(model16, trajectories, prompt_lengths,
-                                        {"full cache": full, "deepest plane": deepest,
-                                         ripe_gamma: make_policy("ripe", R, window=GAMMA)}, block=GAMMA)
-deep_dep = block_dependence_ratio(dependence["full cache"], dependence["deepest plane"])
-ripe_dep = block_dependence_ratio(dependence["full cache"], dependence[ripe_gamma])
+dependence = replays.block_dependence  # mean KL(sequential || batched) per prompt
+deep_dep = block_dependence_ratio(dependence["full cache"], dependence[labels[0]])
+ripe_dep = block_dependence_ratio(dependence["full cache"], dependence[ripe_gamma]) if ripe_gamma in arms else None
 dependence.style.format("{:.2e}")
 
 # %%
@@ -457,12 +471,17 @@ def ratio_text(result) -> str:
     return f"{ci.estimate:.3g} [{ci.low:.3g}, {ci.high:.3g}]"
 
 
+if ripe_dep is None:
+    ripe_text = ""
+elif ripe_dep.label != EXCEEDS_NUMERICS:
+    ripe_text = (f"For RIPE with W = γ it is {ratio_text(ripe_dep)}, “{ripe_dep.label}”, as Proposition 1 says it "
+                 f"must be: batched and sequential verification read the same planes and differ by rounding. ")
+else:
+    ripe_text = (f"For RIPE with W = γ it is {ratio_text(ripe_dep)}, “{ripe_dep.label}”, although batched and "
+                 f"sequential verification read the same planes: the bf16 rounding of the two policies differs. ")
 Markdown(f"In bf16 the deepest plane's block dependence over the full cache's is {ratio_text(deep_dep)}: "
-         f"**{deep_dep.label}** (mean KL {deep_dep.arm_mean:.2e} against {deep_dep.reference_mean:.2e}). For RIPE "
-         f"with W = γ it is {ratio_text(ripe_dep)}, “{ripe_dep.label}”"
-         + (", as Proposition 1 says it must be: its reads are the full cache's and only rounding differs. "
-            if ripe_dep.label != EXCEEDS_NUMERICS else
-            ", although its reads are those of sequential decoding: the bf16 numerics of the two policies differ. ")
+         f"**{deep_dep.label}** (mean KL {deep_dep.arm_mean:.2e} against {deep_dep.reference_mean:.2e}). "
+         + ripe_text
          + f"The paper measured {paper_dep[0]:.2f} [{paper_dep[1]:.2f}, {paper_dep[2]:.2f}] on Huginn-0125, "
          f"“{PAPER_SECTION_5['block dependence label']}” against its threshold of "
          f"{PAPER_SECTION_5['block dependence threshold']:g}.")
@@ -472,8 +491,9 @@ Markdown(f"In bf16 the deepest plane's block dependence over the full cache's is
 #
 # RIPE costs the deepest plane plus a fixed window, and the window buys two things: batched verification
 # that is exactly sequential decoding once $W \ge \gamma$, by construction rather than by measurement, and
-# full-depth reads where the error of a stale plane is largest. Whether a window is also needed against a
-# tail is a property of the model: the RIPE paper found one on Huginn-0125 and none on Raven-Llama.
+# full-depth reads of the recent positions, which removed most of Huginn-0125's tail in the paper's
+# replay. Whether a window is also needed against a tail is a property of the model: the RIPE paper found
+# a tail on Huginn-0125 and none on Raven-Llama.
 
 # %%
 elapsed = time.perf_counter() - start

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -221,7 +223,7 @@ budget.set_index(["setting", "value"]).style.format("{:.2f}")
 # %%
 by_k = budget[budget.setting == "updates"].set_index("value")
 best_k = int(by_k["speed-up"].idxmax())
-Markdown(f"Accepted length grows from {by_k['A'].iloc[0]:.1f} at k = 1 to {by_k['A'].iloc[-1]:.1f} at k = "
+Markdown(f"Accepted length is {by_k['A'].iloc[0]:.1f} at k = 1 and {by_k['A'].iloc[-1]:.1f} at k = "
          f"{by_k.index[-1]}, while the speed-up peaks at k = {best_k}. "
          + ("As in the paper, better-refined proposals do not necessarily decode faster: their extra accepted "
             "tokens must pay for the recurrent work that produced them."

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -38,7 +40,7 @@ from IPython.display import Markdown
 import looped_kv
 from looped_kv import batched, book, data, perf
 from looped_kv.bench_memory import check_memory_model
-from looped_kv.memory import m_deep, m_full, memory_table, policy_bytes
+from looped_kv.memory import m_deep, m_full, memory_table
 
 model = book.chapter_model()
 cfg, R = model.config, model.config.mean_recurrence
@@ -162,7 +164,8 @@ for method, options in (("greedy", {}), ("dtv", {"draft_loops": 4, "block": 4, "
         series[(method, cache)] = cells
 fits = {key: perf.fit_throughput([c.batch for c in cells], [c.tokens_per_s for c in cells])
         for key, cells in series.items()}
-table8 = pd.DataFrame({key: {"T_inf (tokens/s)": f.t_inf, "B_1/2": f.b_half, "largest residual": f.max_relative_residual,
+table8 = pd.DataFrame({key: {"T_inf (tokens/s)": f.t_inf, "B_1/2": f.b_half,
+                             "largest residual": f.max_relative_residual,
                              **{f"B={c.batch}": c.tokens_per_s for c in series[key]}} for key, f in fits.items()}).T
 table8.index.names = ["decoder", "cache"]
 fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -203,7 +206,8 @@ for (cache, (cells, check)), color in zip(checks.items(), ("C0", "C1"), strict=T
     fitted = np.array([c.batch in check.fitted for c in cells])
     measured = np.array([c.peak_bytes for c in cells])
     ax.plot(model_peak[fitted] / 1e6, measured[fitted] / 1e6, "o", color=color, label=f"{cache} (fit)")
-    ax.plot(model_peak[~fitted] / 1e6, measured[~fitted] / 1e6, "o", mfc="none", color=color, label=f"{cache} (held out)")
+    ax.plot(model_peak[~fitted] / 1e6, measured[~fitted] / 1e6, "o", mfc="none", color=color,
+            label=f"{cache} (held out)")
 top = max(c.peak_bytes for cells, _ in checks.values() for c in cells) / 1e6 * 1.1
 ax.plot([0, top], [0, top], "k:", lw=1)
 ax.set(xlabel="model peak (MB)", ylabel="measured peak (MB)", title="Peak memory")
@@ -211,7 +215,8 @@ ax.legend(fontsize=8)
 plt.show()
 errors = {cache: check.max_held_out_error for cache, (_, check) in checks.items()}
 pd.DataFrame({cache: {"o0 (MB)": check.fit.o0 / 1e6, "o1 (MB/sequence)": check.fit.o1 / 1e6,
-                      "cache (MB/sequence)": check.fit.cache_per_seq / 1e6, "largest held-out error": check.max_held_out_error}
+                      "cache (MB/sequence)": check.fit.cache_per_seq / 1e6,
+                      "largest held-out error": check.max_held_out_error}
               for cache, (_, check) in checks.items()}).T
 
 # %%

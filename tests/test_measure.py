@@ -25,11 +25,11 @@ from looped_kv.ripe_measure import (
     PAPER_TABLE_2,
     PAPER_TABLE_4,
     batched_vs_sequential,
-    block_dependence_by_prompt,
     block_dependence_ratio,
     extra_over_deepest,
     numerics_label,
     read_map,
+    replay_arm,
     replay_records,
     scale_windows,
     survival,
@@ -251,7 +251,7 @@ def test_replay_records(model_and_tokens):
     full = make_policy("full", R)
     arms = {"same": (model, full), "deepest": (model, make_policy("deepest", R)),
             "float32": (copy.deepcopy(model).float(), full)}
-    records = replay_records([tokens, other], [9, 6], (model, full), arms)
+    records = replay_records([tokens, other], [9, 6], (model, full), arms).records
     assert list(pd.unique(records["arm"])) == ["same", "deepest", "float32"]
     assert len(records) == 3 * ((tokens.shape[1] - 9) + (other.shape[1] - 6))
     same = records[records["arm"] == "same"]
@@ -302,19 +302,41 @@ def test_survival_and_top_share():
         top_share([1.0, 2.0], fraction=0)
 
 
-def test_block_dependence_by_prompt(model_and_tokens):
+def test_replay_arm_is_policy_logits_and_block_dependence_in_one_pass(model_and_tokens):
+    model, tokens = model_and_tokens
+    for policy in (make_policy("full", R), make_policy("deepest", R), make_policy("ripe", R, window=2)):
+        for block in (3, 4):  # blocks ending at and before the trajectory's last token
+            arm = replay_arm(model, tokens, 9, policy, block)
+            assert torch.equal(arm.logits, policy_logits(model, tokens, 9, policy))
+            assert torch.equal(arm.block_kl, block_dependence(model, tokens, 9, policy, block))
+    assert replay_arm(model, tokens, 9, make_policy("full", R)).block_kl is None
+    assert replay_arm(model, tokens[:, :12], 9, make_policy("full", R), 3).block_kl.numel() == 0
+    with pytest.raises(ValueError, match="prompt_length must be in"):
+        replay_arm(model, tokens, 0, make_policy("full", R))
+    with pytest.raises(ValueError, match=r"block \(gamma\) must be >= 1"):
+        replay_arm(model, tokens, 9, make_policy("full", R), 0)
+
+
+def test_replay_records_with_block_dependence(model_and_tokens):
     model, tokens = model_and_tokens
     other = trajectory(model, prompt_length=5, new=12, seed=2)
-    policies = {"full": make_policy("full", R), "deepest": make_policy("deepest", R)}
-    frame = block_dependence_by_prompt(model, [tokens, other], [9, 5], policies, block=3)
-    assert frame.shape == (2, 2) and list(frame.columns) == ["full", "deepest"]
-    assert (frame["full"] < KL_ROUNDING_FLOOR).all() and (frame["deepest"] > 1e-10).all()
-    expected = block_dependence(model, other, 5, policies["deepest"], 3).mean()
+    full, deepest = make_policy("full", R), make_policy("deepest", R)
+    arms = {"deepest": (model, deepest), "W = 3": (model, make_policy("ripe", R, window=3))}
+    out = replay_records([tokens, other], [9, 5], (model, full), arms, block=3, block_arms=["deepest", "W = 3"],
+                         reference_label="full")
+    frame = out.block_dependence
+    assert frame.shape == (2, 3) and list(frame.columns) == ["full", "deepest", "W = 3"]
+    assert (frame["full"] < KL_ROUNDING_FLOOR).all() and (frame["W = 3"] < KL_ROUNDING_FLOOR).all()
+    assert (frame["deepest"] > 1e-10).all()
+    expected = block_dependence(model, other, 5, deepest, 3).clamp_min(0).mean()
     assert frame.loc[1, "deepest"] == pytest.approx(float(expected))
-    with pytest.raises(ValueError, match="no block"):
-        block_dependence_by_prompt(model, [tokens[:, :12]], [9], policies, block=3)
+    assert replay_records([tokens], [9], (model, full), arms).block_dependence is None
+    with pytest.raises(ValueError, match="hold no verification block"):
+        replay_records([tokens[:, :12]], [9], (model, full), arms, block=3)
     with pytest.raises(ValueError, match=r"block \(gamma\) must be >= 1"):
-        block_dependence_by_prompt(model, [tokens], [9], policies, block=0)
+        replay_records([tokens], [9], (model, full), arms, block=0)
+    with pytest.raises(ValueError, match="block_arms must name arms"):
+        replay_records([tokens], [9], (model, full), arms, block=3, block_arms=["two planes"])
 
 
 def test_numerics_label():
