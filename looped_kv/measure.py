@@ -42,9 +42,18 @@ def policy_logits(model: LoopedLM, tokens: Tensor, prompt_length: int, policy: C
 
 
 def kl(reference: Tensor, arm: Tensor) -> Tensor:
-    """KL(reference || arm) per row of logits, in float64."""
-    log_p, log_q = reference.double().log_softmax(-1), arm.double().log_softmax(-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
+    """KL(reference || arm) per row of logits, in float64.
+
+    KL = E_p[z_p - z_q] - log sum_v q_v exp(z_p - z_q)_v; when the logits are close, the log-partition
+    difference is taken as log1p of a small sum, so that KL far below float64's resolution of the
+    probabilities (down to about 1e-30) is still resolved rather than lost in rounding.
+    """
+    a, b = reference.double(), arm.double()
+    delta = a - b
+    near = delta.abs().amax(-1, keepdim=True) < 1
+    shift = torch.where(near, torch.log1p((b.softmax(-1) * torch.expm1(delta.clamp(max=1))).sum(-1, keepdim=True)),
+                        a.logsumexp(-1, keepdim=True) - b.logsumexp(-1, keepdim=True))
+    return (a.softmax(-1) * delta).sum(-1) - shift.squeeze(-1)
 
 
 @torch.no_grad()
@@ -57,6 +66,10 @@ def block_dependence(model: LoopedLM, tokens: Tensor, prompt_length: int, policy
     by one batched pass and once token by token. Returns KL(sequential || batched) per position.
     """
     n, R = tokens.shape[1], policy.num_loops
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    if not 1 <= prompt_length < n:
+        raise ValueError(f"prompt_length must be in [1, {n - 1}], got {prompt_length}")
     cache = new_cache(model, policy, 1, n)
     prefill(model, cache, tokens[:, :prompt_length], R)
     buffer = BlockBuffer(model.config, R, batch=1, capacity=block + 1, dtype=model.dtype, device=model.device)
@@ -87,6 +100,8 @@ def draft_agreement(model: LoopedLM, tokens: Tensor, prompt_length: int, draft_l
         if not 1 <= d <= R:
             raise ValueError(f"draft_loops must be in [1, {R}], got {d}")
     n = tokens.shape[1]
+    if not 1 <= prompt_length < n - 1:
+        raise ValueError(f"prompt_length must be in [1, {n - 2}] (at least one position to draft), got {prompt_length}")
     cache = new_cache(model, policy, 1, n)
     prefill(model, cache, tokens[:, :prompt_length], R)
     hits = {(d, spec): 0 for d in draft_loops for spec in reads}

@@ -7,7 +7,8 @@ module runs them over many texts and collects the results the chapters tabulate:
   replayed in chunks of texts; :func:`ripening_summary` adds the Table 7 fits (Eq. 5 and Remark 1).
 * :func:`arm_grid`: the plane substitution arms of RIPE Sec. 3.1 (regions x planes), one row per (arm, text)
   with the KL at the first decoded position and ||delta||, ready for ``fits.sensitivity_regression``;
-  :func:`precision_floor` gives the KL resolution of the replay's dtype.
+  :func:`precision_floor` gives the KL resolution of the replay's dtype, :func:`regression_rows` sets rows at
+  that floor the paper's way and :func:`resolved_slope` fits one region over the rows above it.
 * :func:`first_position_agreement`: RIPE Table 3, the first-decoded-position top-1 agreement of equal-storage
   cache policies with the full cache, through real :class:`~looped_kv.cache.PlaneCache` objects.
 * :func:`eq6_check`: the deepest-plane prediction of Eq. (6) against the deepest-plane arm's measured KL.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import statsmodels.api as sm
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -35,6 +37,7 @@ from looped_kv.decode import new_cache, prefill, step
 from looped_kv.fits import (
     FloorFit,
     GeometricFit,
+    RegionSlope,
     Ripeness,
     SensitivityFit,
     deep_loop_delta,
@@ -287,6 +290,33 @@ def regression_rows(grid: ArmGrid, floor: float) -> pd.DataFrame:
     rows["at_floor"] = rows["kl"] <= floor
     rows["kl"] = rows["kl"].clip(lower=floor)
     return rows
+
+
+def resolved_slope(rows: pd.DataFrame, region: str, floor: float, level: float = 0.95) -> RegionSlope:
+    """log KL = intercept + slope log ||delta|| over one region's rows *above* the KL floor (RIPE Sec. 3.1).
+
+    The paper keeps rows at the floor in its regression, where they flatten the slope; this is the slope of what
+    was resolved. The interval is a t-interval with standard errors clustered by text (the arms of one text are
+    not independent).
+    """
+    _check_level_open(level)
+    if region not in ("shallow", "deep"):
+        raise ValueError(f"region must be 'shallow' or 'deep', got {region!r}")
+    chosen = rows[(rows["deep"] == int(region == "deep")) & (rows["kl"] > floor)]
+    if chosen["size"].nunique() < 3 or chosen["text"].nunique() < 2:
+        raise ValueError(f"the {region} region has too few rows above the floor {floor:.3g} for a slope "
+                         f"({len(chosen)} rows, {chosen['size'].nunique()} sizes)")
+    x = sm.add_constant(np.log(chosen["size"].to_numpy(dtype=float)))
+    fit = sm.OLS(np.log(chosen["kl"].to_numpy(dtype=float)), x).fit(
+        cov_type="cluster", cov_kwds={"groups": pd.factorize(chosen["text"])[0]})
+    low, high = fit.conf_int(alpha=1 - level)[1]
+    return RegionSlope(intercept=float(fit.params[0]), slope=float(fit.params[1]), ci=(float(low), float(high)),
+                       n=len(chosen))
+
+
+def _check_level_open(level: float) -> None:
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
 
 
 # -- equal-storage caches (RIPE Table 3) ----------------------------------------------------------

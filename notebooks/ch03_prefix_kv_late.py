@@ -61,6 +61,7 @@ from looped_kv.measure_planes import (
     in_dtype,
     precision_floor,
     regression_rows,
+    resolved_slope,
     table3_policies,
     text_batch,
 )
@@ -108,6 +109,7 @@ fit = sensitivity_regression(rows, floor=FLOOR, n_boot=2000, seed=0)  # CIs: boo
 ols = sensitivity_regression(rows, floor=FLOOR)  # the same fit with OLS t-intervals
 assert FLOOR > 0 and fit.n_rows == len(rows) and fit.n_at_floor == int(rows.at_floor.sum())
 at_floor = rows.groupby("region").at_floor.mean()
+steep = resolved_slope(rows, "deep", FLOOR)  # the deep slope over the rows above the floor alone
 Markdown(f"The float32 KL floor is {FLOOR:.1e}. {fit.n_at_floor} of {fit.n_rows} rows ({fit.frac_at_floor:.0%}) "
          f"sit at or below it: {at_floor['shallow']:.0%} of the shallow rows and {at_floor['deep']:.0%} of the "
          f"deep ones.")
@@ -135,6 +137,7 @@ ours = {"g (size exponent)": interval(fit.g, *fit.ci_g), "b (deep region)": inte
         "exp(b)": interval(fit.exp_b, *fit.ci_exp_b, fmt="{:.3g}"),
         "shallow slope": interval(fit.slopes["shallow"].slope, *fit.slopes["shallow"].ci),
         "deep slope": interval(fit.slopes["deep"].slope, *fit.slopes["deep"].ci),
+        "deep slope, rows above the floor": interval(steep.slope, *steep.ci),
         "g, OLS interval": interval(ols.g, *ols.ci_g), "b, OLS interval": interval(ols.b, *ols.ci_b),
         "rows at KL floor": f"{fit.n_at_floor} / {fit.n_rows}", "texts": str(ids.shape[0])}
 
@@ -143,7 +146,8 @@ def paper_column(p: dict) -> dict[str, str]:
     return {"g (size exponent)": interval(*p["g"]), "b (deep region)": interval(*p["b"], fmt="{:.1f}"),
             "exp(b)": f"e^{p['b'][0]:g} [e^{p['b'][1]:g}, e^{p['b'][2]:g}]",
             "shallow slope": f"{p['shallow slope']:g}" if "shallow slope" in p else "",
-            "deep slope": f"{p['deep slope']:g}" if "deep slope" in p else "", "g, OLS interval": "",
+            "deep slope": f"{p['deep slope']:g}" if "deep slope" in p else "",
+            "deep slope, rows above the floor": "", "g, OLS interval": "",
             "b, OLS interval": "", "rows at KL floor": "", "texts": str(p["texts"])}
 
 
@@ -155,8 +159,9 @@ regression
 # ## The analogue of Figure 2a-b
 #
 # Points are arm medians over texts, labelled by the substituted plane; medians below the KL floor are drawn
-# on it. Lines are the regression, $e^{a + b[\text{deep}]}\lVert\delta\rVert^g$, one per region. The
-# dotted line is the float32 KL floor.
+# on it. Solid lines are the regression, $e^{a + b[\text{deep}]}\lVert\delta\rVert^g$, one per region. The
+# dashed line is the deep region's slope over the rows above the floor alone, and the dotted line is the
+# float32 KL floor.
 
 # %%
 medians = grid.medians()
@@ -170,6 +175,10 @@ for (name, group), color in zip(medians.groupby("region", sort=False), ("C0", "C
                     xytext=(4, 3), fontsize=7, color=color)
     sizes = np.geomspace(rows.loc[rows.deep == deep, "size"].min(), rows.loc[rows.deep == deep, "size"].max(), 50)
     ax.plot(sizes, np.exp(fit.a + fit.b * deep) * sizes**fit.g, "-", color=color, lw=1)
+above = rows.loc[(rows.deep == 1) & ~rows.at_floor, "size"]
+sizes = np.geomspace(above.min(), above.max(), 50)
+ax.plot(sizes, np.exp(steep.intercept) * sizes**steep.slope, "--", color="C3", lw=1,
+        label=f"deep, above the floor: slope {steep.slope:.2f}")
 ax.axhline(FLOOR, color="0.5", ls=":", lw=1, label="fp32 KL floor")
 ax.set(xscale="log", yscale="log", xlabel="perturbation size $\\|\\delta\\|$",
        ylabel="KL at the first decoded position", title=f"Substituted prefix planes ({model.source}, fp32)")
@@ -196,7 +205,8 @@ Markdown(
        ": the asymmetry is weaker in the tiny model." if fit.ci_b[1] < rav["b"][1] else
        ": the asymmetry is stronger in the tiny model." if fit.ci_b[0] > hug["b"][2] else
        ", an asymmetry of the same order.")
-    + (f" But {at_floor['shallow']:.0%} of the shallow rows sit at the float32 floor: whatever plane the "
+    + ((" But every shallow row sits" if at_floor["shallow"] == 1 else
+        f" But {at_floor['shallow']:.0%} of the shallow rows sit") + " at the float32 floor: whatever plane the "
        "shallow loops read, the output moves by no more than rounding moves it. The shallow region is at the "
        "fp32 resolution, as Raven's is in the paper, and the floor caps the measurable gap: the shallow KLs are "
        "only known to lie below it." if at_floor["shallow"] > 0.5 else "")
@@ -207,9 +217,12 @@ Markdown(
     + f" Per region the slopes are {shallow.slope:.2f} [{shallow.ci[0]:.2f}, {shallow.ci[1]:.2f}] (shallow) and "
     f"{deep_slope.slope:.2f} [{deep_slope.ci[0]:.2f}, {deep_slope.ci[1]:.2f}] (deep), against Huginn's "
     f"{hug['shallow slope']} and {hug['deep slope']}. "
-    + (f"Only rows of the deep arms with planes {', '.join(map(str, deep_resolved))} rise above the floor, so "
-       "the exponents rest on few resolved points and the rows at the floor flatten them. "
-       if len(deep_resolved) < len(planes) else "")
+    + (f"Only rows of the deep arms with planes {', '.join(map(str, deep_resolved))} rise above the floor, and "
+       "the rows at the floor flatten the fitted exponents. " if len(deep_resolved) < len(planes) else "")
+    + f"Over the {steep.n} deep rows above the floor the slope is {steep.slope:.2f} [{steep.ci[0]:.2f}, "
+    f"{steep.ci[1]:.2f}]"
+    + (f", steeper than quadratic like Huginn's deep loops ({hug['deep slope']}). " if steep.ci[0] > 2 else
+       ", consistent with the quadratic term. " if steep.ci[0] <= 2 <= steep.ci[1] else ", below quadratic. ")
     + "As in the paper, the largest substitutions (plane 1) are outside the small-perturbation regime of Eq. (4)."
 )
 

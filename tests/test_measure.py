@@ -110,8 +110,6 @@ def test_block_dependence_vanishes_for_block_independent_caches(model_and_tokens
         assert divergence.abs().max() < KL_ROUNDING_FLOOR, policy.name
 
 
-@pytest.mark.xfail(strict=True, reason="measure.kl has a float64 rounding floor of ~1e-16 (reported fix: "
-                                       "log1p/expm1 form of the log-partition difference)")
 def test_block_dependence_is_below_1e_20_for_block_independent_caches(model_and_tokens):
     model, tokens = model_and_tokens
     for policy in (make_policy("full", R), make_policy("ripe", R, window=4)):
@@ -171,9 +169,6 @@ def test_bad_measurement_arguments_raise(model_and_tokens):
         policy_logits(model, torch.zeros(1, model.config.block_size + 1, dtype=torch.long), 3, full)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="measure.block_dependence and draft_agreement do not validate block / prompt_length "
-                          "(reported; see the report of Chapter 4)")
 def test_block_dependence_and_draft_agreement_validate_their_arguments(model_and_tokens):
     model, tokens = model_and_tokens
     deepest = make_policy("deepest", R)

@@ -25,6 +25,7 @@ from looped_kv.measure_planes import (
     paper_planes,
     precision_floor,
     regression_rows,
+    resolved_slope,
     restrict,
     ripening_curves,
     ripening_summary,
@@ -154,6 +155,13 @@ def test_regression_rows_floor_and_fit():
     assert fit.n_at_floor == 1 and fit.b == pytest.approx(4, abs=0.3) and fit.g == pytest.approx(2, abs=0.3)
     with pytest.raises(ValueError, match="floor"):
         regression_rows(grid, 0.0)
+    steep = resolved_slope(fitted, "deep", floor)
+    assert steep.slope == pytest.approx(2, abs=0.2) and steep.ci[0] < steep.slope < steep.ci[1]
+    assert steep.n == 24 and resolved_slope(fitted, "shallow", floor).n == 23  # the row at the floor is left out
+    with pytest.raises(ValueError, match="too few rows above the floor"):
+        resolved_slope(fitted, "deep", 1.0)
+    with pytest.raises(ValueError, match="region"):
+        resolved_slope(fitted, "middle", floor)
 
 
 def test_precision_floor(setup):
