@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from looped_kv.config import LoopedConfig
 from looped_kv.decode import new_cache, prefill, run_block, step
 from looped_kv.fits import BootstrapCI, paired_bootstrap_ratio
 from looped_kv.measure import kl
+from looped_kv.measure_planes import in_dtype
 from looped_kv.memory import policy_bytes
 from looped_kv.model import LoopedLM
 from looped_kv.policy import CachePolicy, make_policy
@@ -84,16 +84,7 @@ def with_dtype(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
     """``model`` itself if it is in ``dtype``, else a copy of its weights cast to ``dtype`` (tokenizer and
     source shared). Casting the bf16 model up gives the fp32 arm the same weights, so that it differs from
     the bf16 reference in arithmetic only."""
-    if model.dtype == dtype:
-        return model
-    tokenizer = getattr(model, "tokenizer", None)
-    model.tokenizer = None  # shared, not deep-copied
-    try:
-        twin = copy.deepcopy(model).to(dtype)
-    finally:
-        model.tokenizer = tokenizer
-    twin.tokenizer, twin.source = tokenizer, getattr(model, "source", None)
-    return twin
+    return in_dtype(model, dtype)
 
 
 # -- the policy (Eq. 9) ---------------------------------------------------------------------------
