@@ -16,7 +16,7 @@ def test_book_builds(tmp_path):
     config["execute"]["execute_notebooks"] = "off"  # nbval executes each chapter once; build from its outputs
     (tmp_path / "_config.yml").write_text(yaml.safe_dump(config))
     result = subprocess.run(
-        [sys.executable, "-m", "jupyter_book", "build", str(ROOT), "-W", "-n", "--keep-going",
+        [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "-W", "-n", "--keep-going",
          "--config", str(tmp_path / "_config.yml"), "--path-output", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
