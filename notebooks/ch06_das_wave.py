@@ -97,7 +97,8 @@ for i, token in enumerate(target[0, :w].tolist()):
             va="center", fontsize=7, weight="bold")
 cmap = plt.matplotlib.colors.ListedColormap(["#cfe3f7", "#f7d774", "#9be39b", "#f29b9b"])
 ax.imshow(grid, cmap=cmap, vmin=0.5, vmax=4.5, aspect="auto")
-ax.set(xlabel="draft position (the anchor's readout is position 1)", ylabel="round j (last row: verifier)",
+ax.set_xticks(range(WAVE["block"]), [f"y{i + 1}" for i in range(WAVE["block"])])
+ax.set(xlabel="proposal (y1 is read out from the anchor)", ylabel="round j (last row: verifier)",
        yticks=range(len(trace) + 1), yticklabels=[*range(len(trace)), "verify"],
        title="DAS-Wave: active window grows, states carried (blue), new positions (yellow)")
 plt.show()
