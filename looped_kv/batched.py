@@ -39,7 +39,7 @@ from looped_kv.decode import check_prompt
 from looped_kv.loading import load
 from looped_kv.model import LoopedLM
 from looped_kv.perf import FixedMemoryFactors, ThroughputFit, fit_throughput, fixed_memory_factors
-from looped_kv.policy import ALIGNED, CachePolicy, PrefixReads, make_policy, make_prefix_reads
+from looped_kv.policy import ALIGNED, CachePolicy, PrefixReads, make_policy, make_prefix_reads, read_planes
 from looped_kv.speculative import check_speculation
 
 METHODS = ("greedy", "dtv")
@@ -167,16 +167,11 @@ class BatchedPlaneCache:
             i = self.planes.edge_index(site)
             L = self.max_length
             return [(self.planes.edge[0][i][:, :, :L], self.planes.edge[1][i][:, :, :L], "prefix")]
-        layer, R, policy = site.layer, self.policy.num_loops, self.policy
-        r = min(site.loop, R)  # a draft refined past R loops reads like loop R
-        if reads.fixed:
-            kappa, nu = reads.pick("key", r, R), reads.pick("value", r, R)
-            return [(self.view(0, layer, kappa, "prefix"), self.view(1, layer, nu, "prefix"), "prefix")]
-        base = policy.plane(r)
-        key_base, value_base = reads.pick("key", base, R), reads.pick("value", base, R)
-        key_own, value_own = reads.pick("key", r, R), reads.pick("value", r, R)
-        if not policy.extra or (key_base, value_base) == (key_own, value_own):
+        layer = site.layer
+        (key_base, value_base), own = read_planes(self.policy, reads, site.loop)
+        if own is None:
             return [(self.view(0, layer, key_base, "prefix"), self.view(1, layer, value_base, "prefix"), "prefix")]
+        key_own, value_own = own
         out = [(self.view(0, layer, key_base, "deep"), self.view(1, layer, value_base, "deep"), "deep")]
         for kind, size in (("ring", self.ring_size), ("sinks", min(self.sink_size, self.max_length))):
             if size:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from looped_kv.attention import Site, attend
 from looped_kv.config import LoopedConfig
-from looped_kv.policy import ALIGNED, CachePolicy, PrefixReads
+from looped_kv.policy import ALIGNED, CachePolicy, PrefixReads, read_planes
 
 
 def _empty(*shape: int, like: dict) -> Tensor:
@@ -107,16 +107,11 @@ class PlaneCache:
         if site.stage != "core":
             i = self.edge_index(site)
             return [Segment(self.edge[0][i, :, :, :L], self.edge[1][i, :, :, :L], None)]
-        layer, R, policy = site.layer, self.policy.num_loops, self.policy
-        r = min(site.loop, R)  # a draft refined past R loops reads like loop R
-        if reads.fixed:
-            kappa, nu = reads.pick("key", r, R), reads.pick("value", r, R)
-            return [Segment(self.fetch(0, layer, kappa, 0, L), self.fetch(1, layer, nu, 0, L), None)]
-        base = policy.plane(r)
-        key_base, value_base = reads.pick("key", base, R), reads.pick("value", base, R)
-        key_own, value_own = reads.pick("key", r, R), reads.pick("value", r, R)
-        if not policy.extra or (key_base, value_base) == (key_own, value_own):
+        layer, policy = site.layer, self.policy
+        (key_base, value_base), own = read_planes(policy, reads, site.loop)
+        if own is None:
             return [Segment(self.fetch(0, layer, key_base, 0, L), self.fetch(1, layer, value_base, 0, L), None)]
+        key_own, value_own = own
         t = query_positions.view(-1, 1)
         j = torch.arange(L, device=t.device).view(1, -1)
         full_depth = (t - j <= policy.window) | (j < policy.sinks)

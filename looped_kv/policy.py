@@ -133,6 +133,23 @@ class PrefixReads:
 ALIGNED = PrefixReads()
 
 
+def read_planes(policy: CachePolicy, reads: PrefixReads, loop: int) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """(key, value) planes loop ``loop`` reads outside the full-depth positions, and those it reads at them.
+
+    The second pair is None when every prefix position is read at the same planes (no window or sinks,
+    fixed reads, or full-depth reads that coincide with plane(r)). A draft refined past R loops reads
+    like loop R.
+    """
+    R = policy.num_loops
+    r = min(loop, R)
+    if reads.fixed:
+        return (reads.pick("key", r, R), reads.pick("value", r, R)), None
+    base = policy.plane(r)
+    outside = (reads.pick("key", base, R), reads.pick("value", base, R))
+    own = (reads.pick("key", r, R), reads.pick("value", r, R))
+    return outside, None if not policy.extra or own == outside else own
+
+
 def make_prefix_reads(spec: str | tuple[int, int] | PrefixReads, num_loops: int) -> PrefixReads:
     """``"aligned"`` (kappa, nu) = (r, r); ``"deep-v"`` (Mature-V) (r, R); ``"deep-k"`` (R, r);
     ``"deep-kv"`` (R, R) (DAS Eq. 4); or an explicit (kappa, nu) pair of planes."""
