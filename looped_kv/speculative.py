@@ -64,6 +64,15 @@ def verify(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer, block: Tenso
     return logits.argmax(-1)
 
 
+def verify_and_commit(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer, pending: Tensor, drafts: Tensor,
+                      num_loops: int) -> tuple[int, Tensor]:
+    """Verify [x, y_1..y_n], commit the planes of x and the accepted drafts; (accepted k, next pending token)."""
+    targets = verify(model, cache, buffer, torch.cat([pending, drafts], dim=1), num_loops)
+    k = accept(drafts, targets)
+    cache.commit(buffer, k + 1)
+    return k, targets[:, k:k + 1]
+
+
 def accept(drafts: Tensor, targets: Tensor) -> int:
     """Longest prefix of ``drafts`` (1, n) equal to the verifier's ``targets`` (1, >= n) (greedy acceptance)."""
     mismatch = (drafts[0] != targets[0, :drafts.shape[1]]).nonzero()
@@ -93,10 +102,7 @@ def self_speculative(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *,
             token = logits[:, -1:].argmax(-1)
             drafts.append(token)
         drafts = torch.cat(drafts, dim=1)
-        targets = verify(model, cache, buffer, torch.cat([pending, drafts], dim=1), R)
-        k = accept(drafts, targets)
-        cache.commit(buffer, k + 1)
-        pending = targets[:, k:k + 1]
+        k, pending = verify_and_commit(model, cache, buffer, pending, drafts, R)
         emitted += [drafts[:, :k], pending]
         accepted.append(k)
         passes += block + 1
@@ -137,10 +143,7 @@ def prompt_lookup(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, po
     bar = tqdm(total=max_new_tokens, disable=not progress, desc="prompt lookup", leave=False)
     while sum(t.shape[1] for t in emitted) < max_new_tokens:
         drafts = torch.tensor([lookup_drafts(context, block, ngram)], dtype=torch.long, device=prompt.device)
-        targets = verify(model, cache, buffer, torch.cat([pending, drafts], dim=1), R)
-        k = accept(drafts, targets) if drafts.shape[1] else 0
-        cache.commit(buffer, k + 1)
-        pending = targets[:, k:k + 1]
+        k, pending = verify_and_commit(model, cache, buffer, pending, drafts, R)
         emitted += [drafts[:, :k], pending]
         context += [*drafts[0, :k].tolist(), int(pending)]
         accepted.append(k)
