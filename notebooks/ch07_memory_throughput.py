@@ -41,6 +41,7 @@ import looped_kv
 from looped_kv import batched, book, data, perf
 from looped_kv.bench_memory import check_memory_model
 from looped_kv.memory import m_deep, m_full, memory_table
+from looped_kv.ripe_measure import PAPER_TABLE_2
 
 model = book.chapter_model()
 cfg, R = model.config, model.config.mean_recurrence
@@ -58,13 +59,10 @@ print(f"model: {model.source}  R = {R}  device: {model.device}")
 # (`tests/test_cache.py`).
 
 # %%
-PAPER_TABLE2 = {  # RIPE Table 2: MB per sequence at L = 1024 (bf16), Huginn-0125 and Raven-Llama
-    "full": (2855, 419), "deepest plane": (173, 29), "two planes": (260, 42),
-    "RIPE, W = 16": (215, 35), "RIPE, W = 64": (341, 54), "RIPE, W = 256": (843, 127)}
 table2 = pd.DataFrame(memory_table({"tiny": cfg, "Huginn": looped_kv.huginn_0125(),
                                     "Raven": looped_kv.raven_llama()}, length=1024)).set_index("cache")
-table2["Huginn MB (paper)"] = [PAPER_TABLE2[c][0] for c in table2.index]
-table2["Raven MB (paper)"] = [PAPER_TABLE2[c][1] for c in table2.index]
+table2["Huginn MB (paper)"] = [PAPER_TABLE_2[c][0] for c in table2.index]  # RIPE Table 2, as printed
+table2["Raven MB (paper)"] = [PAPER_TABLE_2[c][2] for c in table2.index]
 assert (table2["Huginn MB"].round() == table2["Huginn MB (paper)"]).all()
 assert (table2["Raven MB"].round() == table2["Raven MB (paper)"]).all()
 table2.style.format({c: "{:,.3f}" if c.startswith("tiny") else "{:,.1f}" for c in table2.columns})
