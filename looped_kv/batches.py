@@ -5,7 +5,7 @@ Appendix A, Table 5): decision rules and predictions frozen before each run, a f
 (SHA-256), self-tests on the node, and an archive verified at both ends, with every failed
 prediction reported (Appendix B, Table 6). This module is that workflow:
 
-1. A batch is a YAML spec (see ``looped_kv/batches/*.yaml``): question, model, prompt sets, arms,
+1. A batch is a YAML spec (see ``looped_kv/batch_specs/*.yaml``): question, model, prompt sets, arms,
    metrics, decision rules and predictions. :func:`load_spec` validates all of it before any work.
 2. :func:`freeze` writes a file table: the SHA-256 of the spec, its prompt files, the package's
    own source files and the local model files. :func:`run_batch` refuses to run when any of them
@@ -87,7 +87,7 @@ from looped_kv.reproducibility import bitwise_rerun, measurement_mode
 from looped_kv.selftest import require_selftests
 from looped_kv.speculative import check_speculation
 
-EXAMPLES_DIR = Path(__file__).parent / "batches"
+EXAMPLES_DIR = Path(__file__).parent / "batch_specs"
 PACKAGE_DIR = Path(__file__).parent
 TABLE_FORMAT = "looped-kv file table 1"
 MODEL_PATTERNS = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt")

@@ -150,7 +150,7 @@ Markdown(f"Huginn-0125 has {huginn['parameters (B)']:.2f}B parameters: {huginn['
 # 5.1), where the example batches use 6 to 8 short ones.
 #
 # A batch on a real checkpoint is a new pre-registration: copy an example spec
-# (`looped_kv/batches/regions.yaml` or `windows.yaml`) and its prompt file into a folder, set
+# (`looped_kv/batch_specs/regions.yaml` or `windows.yaml`) and its prompt file into a folder, set
 # `model: tomg-group-umd/huginn-0125` with `revision:` the commit to download (required for hub ids), and
 # raise `tokens`, `decoded`, `max_new_tokens` and the number of prompts; then freeze it before running:
 #
