@@ -47,8 +47,7 @@ def encode_prompts(model: LoopedLM, workload: str, n: int, split: str) -> list[T
 def progress_of(out: Generation) -> float:
     """G for one run: every verification commits its accepted drafts plus, unless DAS-Wave accepted all of
     its proposals, one target token."""
-    retained = out.extra.get("corrections", [1] * len(out.accepted))
-    return committed_progress([out.accepted], [retained]) if out.accepted else float("nan")
+    return committed_progress([out.accepted], [out.retained]) if out.accepted else float("nan")
 
 
 def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[str, dict], max_new_tokens: int,

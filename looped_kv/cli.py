@@ -1,7 +1,8 @@
-"""The ``looped-kv`` command: generate, bench, memory and pre-registered batches.
+"""The ``looped-kv`` command: generate, bench, batched, memory and pre-registered batches.
 
     looped-kv generate --method mature-spec --cache ripe --window 16 "Question: ... Answer:"
     looped-kv bench --workloads problems --prompts 4
+    looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.batched
     looped-kv memory --model huginn-0125 --context 1024 4096
     looped-kv batch freeze regions                     # the shipped example, or a spec file
     looped-kv batch run regions.frozen.json --out runs/regions
@@ -22,7 +23,7 @@ from typing import NoReturn
 import pandas as pd
 import torch
 
-from looped_kv import batches, data
+from looped_kv import batched, batches, data
 from looped_kv.bench import DEFAULT_METHODS, encode_prompts, run_paired, summarize
 from looped_kv.book import DTYPES
 from looped_kv.config import LoopedConfig, huginn_0125, raven_llama
@@ -31,6 +32,7 @@ from looped_kv.loading import TINY_DIR, load
 from looped_kv.memory import BYTES, element_bytes, policy_bytes
 from looped_kv.model import LoopedLM
 from looped_kv.policy import CACHE_POLICIES, PREFIX_READS, make_policy
+from looped_kv.reproducibility import check_device
 from looped_kv.selftest import SelfTestFailure
 
 PROG = "looped-kv"
@@ -65,7 +67,15 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 # -- generate -------------------------------------------------------------------------------------------------------
 
 
+def _at_least_one(**flags: int | None) -> None:
+    """ValueError naming the first flag (given as its dest, e.g. num_loops) whose value is below 1."""
+    for dest, value in flags.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{dest.replace('_', '-')} must be >= 1, got {value}")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    _at_least_one(num_loops=args.num_loops, max_new_tokens=args.max_new_tokens)
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not text:
         raise ValueError("prompt must be non-empty text (or '-' to read it from stdin)")
@@ -140,7 +150,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="speed-ups of every decoder over paired greedy decoding (chapters 5-7)",
+    p = sub.add_parser("bench", help="speed-ups of every decoder over paired greedy decoding, one sequence at a "
+                                     "time (chapters 5-6; batched throughput and memory: looped-kv batched)",
                        description="Each evaluation prompt is decoded greedily and by every method in the same "
                                    "process; the speed-up is DAS Eq. (8), the mean over prompts of the tokens/s "
                                    "ratio to the paired greedy run, with a paired bootstrap interval, and A, G and "
@@ -205,8 +216,9 @@ def memory_rows(config: LoopedConfig, contexts: list[int], num_loops: int, dtype
 def cmd_memory(args: argparse.Namespace) -> int:
     if any(L < 1 for L in args.context) or args.batch_size < 1 or any(w < 0 for w in args.windows):
         raise ValueError("--context and --batch-size must be >= 1 and --windows >= 0")
+    _at_least_one(num_loops=args.num_loops)
     config = model_config(args.model)
-    R = args.num_loops or config.mean_recurrence
+    R = config.mean_recurrence if args.num_loops is None else args.num_loops
     params = parameter_count(config)
     table = memory_rows(config, args.context, R, args.dtype, args.windows, args.batch_size)
     print(f"{args.model}: {params / 1e9:.3f}B parameters, weights {params * element_bytes(args.dtype) / 1e9:.2f} GB "
@@ -231,6 +243,22 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
                                                                                  "(default: 16 64 256)")
     p.add_argument("--batch-size", type=int, default=1, help="sequences held at once (default: 1)")
     p.set_defaults(func=cmd_memory)
+
+
+# -- batched --------------------------------------------------------------------------------------------------------
+
+
+def cmd_batched(args: argparse.Namespace) -> int:
+    batched.main(args.args, prog=f"{PROG} batched", parser_class=Parser)
+    return 0
+
+
+def _add_batched(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("batched", add_help=False,
+                       help="batched decoding: tokens/s against batch size, the peak-memory model and the "
+                            "fixed-memory throughput ratio (chapter 7; see looped-kv batched --help)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m looped_kv.batched")
+    p.set_defaults(func=cmd_batched)
 
 
 # -- batch ----------------------------------------------------------------------------------------------------------
@@ -310,20 +338,26 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
 
 def parser() -> Parser:
     ap = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,bench,memory,batch}", parser_class=Parser)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,bench,batched,memory,batch}",
+                            parser_class=Parser)
     _add_generate(sub)
     _add_bench(sub)
+    _add_batched(sub)
     _add_memory(sub)
     _add_batch(sub)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["batched"]:  # its options go to looped_kv.batched's own parser (argparse cannot pass them on)
+        return cmd_batched(argparse.Namespace(args=argv[1:]))
     args = parser().parse_args(argv)
     try:
+        if getattr(args, "device", None) is not None:  # before any work: cuda on a CPU-only torch, "foo", ...
+            check_device(args.device)
         if getattr(args, "threads", None) is not None and args.command != "batch":
-            if args.threads < 1:
-                raise ValueError(f"--threads must be >= 1, got {args.threads}")
+            _at_least_one(threads=args.threads)
             torch.set_num_threads(args.threads)
         return args.func(args)
     except (ValueError, OSError, SelfTestFailure) as error:  # OSError: missing files, unreachable hub, full disk

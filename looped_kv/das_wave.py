@@ -46,6 +46,13 @@ def check_wave(block: int, rounds: int, initial_width: int, updates: int) -> Non
         raise ValueError(f"updates (k, recurrent updates per round) must be >= 1, got {updates}")
 
 
+def proposal_width(block: int, rounds: int, initial_width: int) -> int:
+    """w: proposals a block tests, the width of the last round, min(gamma, W_init + J - 1) (Eq. 5).
+
+    It also bounds the tokens one verification commits: k < w accepted plus a correction, or all w."""
+    return min(block, initial_width + rounds - 1)
+
+
 def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, rounds: int, initial_width: int,
            updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
     """Carried parallel refinement (DAS Eq. 5-6); returns the proposals y_1..y_w (1, w).
@@ -104,8 +111,7 @@ def das_wave(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, policy:
     bar.close()
     tokens = torch.cat([prompt, *emitted], dim=1)[:, :prompt.shape[1] + max_new_tokens]
     return Generation(tokens, prompt.shape[1], time.perf_counter() - start_time, verifications=len(accepted),
-                      accepted=accepted, drafted=[min(block, initial_width + rounds - 1)] * len(accepted),
-                      forward_passes=1 + len(accepted) * (rounds + 1),
+                      accepted=accepted, drafted=[proposal_width(block, rounds, initial_width)] * len(accepted),
+                      retained=corrections, forward_passes=1 + len(accepted) * (rounds + 1),
                       extra={"cache_bytes": cache.nbytes, "policy": policy.name, "block": block, "rounds": rounds,
-                             "initial_width": initial_width, "updates": updates, "carry": carry,
-                             "corrections": corrections})
+                             "initial_width": initial_width, "updates": updates, "carry": carry})

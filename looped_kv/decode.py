@@ -29,6 +29,7 @@ class Generation:
     verifications: int = 0
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per verification (A)
     drafted: list[int] = field(default_factory=list)  # draft tokens offered per verification
+    retained: list[int] = field(default_factory=list)  # u_b: 1 if the verifier's own token is committed (DAS Eq. 10)
     forward_passes: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -46,8 +47,9 @@ class Generation:
 
     @property
     def tau(self) -> float:
-        """Tokens per verification (accepted drafts plus the verifier's token)."""
-        return sum(a + 1 for a in self.accepted) / len(self.accepted) if self.accepted else float("nan")
+        """Tokens committed per verification: accepted drafts plus the verifier's token where it is kept."""
+        committed = [a + u for a, u in zip(self.accepted, self.retained, strict=True)]
+        return sum(committed) / len(committed) if committed else float("nan")
 
     @property
     def mean_accepted(self) -> float:
@@ -136,8 +138,9 @@ def generate(model: LoopedLM, input_ids: Tensor, *, max_new_tokens: int = 32, me
     * ``"ar"``: greedy full-depth autoregressive decoding (the baseline of every ratio);
     * ``"self-spec"``: sequential self-speculative decoding, ``draft_loops`` (d) loops per draft,
       ``block`` (gamma, default 4) drafts per verification, drafts reading the prefix per
-      ``prefix_reads`` (``"aligned"`` (default), ``"deep-v"`` = Mature-V, ``"deep-k"``,
-      ``"deep-kv"`` or a (kappa, nu) pair of planes);
+      ``prefix_reads`` (``"aligned"``, ``"deep-v"`` = Mature-V, ``"deep-k"``, ``"deep-kv"`` or a
+      (kappa, nu) pair of planes); the default is ``"aligned"``, except with ``cache="ripe"``, where
+      cached positions are read at plane R (``"deep-kv"``) as in RIPE Algorithm 1, line 3;
     * ``"mature-spec"``: self-spec with deep K/V prefix reads (DAS Section 4.1);
     * ``"pld"``: prompt lookup decoding, ``ngram``-gram drafts verified at full depth;
     * ``"das-wave"``: carried parallel refinement (DAS Section 3.3) with ``block`` (gamma, default
@@ -162,7 +165,7 @@ def generate(model: LoopedLM, input_ids: Tensor, *, max_new_tokens: int = 32, me
     if method == "pld":
         return prompt_lookup(model, input_ids, max_new_tokens, policy=policy, block=4 if block is None else block,
                              ngram=ngram, exact=exact, progress=progress)
-    deep = method in ("mature-spec", "das-wave")
+    deep = method in ("mature-spec", "das-wave") or cache == "ripe"  # RIPE Algorithm 1: drafts read plane R
     reads = make_prefix_reads(prefix_reads or ("deep-kv" if deep else "aligned"), R)
     if method == "das-wave":
         return das_wave(model, input_ids, max_new_tokens, policy=policy, block=32 if block is None else block,

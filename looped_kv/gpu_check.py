@@ -8,6 +8,10 @@ random bf16 weights measures the real thing (RIPE Sections 3.4-3.5):
 * the time of one forward of d loops and of R loops at batch 1, against Eq. (8)'s cost assumption
   c(d) = n_pre + d n_core + n_coda.
 
+Every argument is checked before any work (the script is meant to run once, on a rented GPU), the
+measurements run inside :func:`looped_kv.reproducibility.measurement_mode` (cuDNN attention disabled),
+and the JSON records that setting with the torch, CUDA and cuDNN versions.
+
     python -m looped_kv.gpu_check --config huginn-0125 --out gpu_check.json      # on a GPU
     python -m looped_kv.gpu_check --config tiny --device cpu --batch-sizes 1 2 3  # anywhere
 """
@@ -16,16 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from datetime import date
+from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from looped_kv import batched
 from looped_kv.bench_memory import check_memory_model
 from looped_kv.config import LoopedConfig, huginn_0125, raven_llama
 from looped_kv.loading import TINY_DIR
 from looped_kv.model import LoopedLM
+from looped_kv.reproducibility import check_device, environment, measurement_mode
 
 CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama,
            "tiny": lambda: LoopedConfig.from_file(TINY_DIR / "config.json")}
@@ -56,43 +64,86 @@ def time_forward(model: LoopedLM, loops: int, tokens: int, repeats: int) -> floa
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
+def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> LoopedConfig:
+    """Every argument checked before any work (the script runs once on a rented GPU: it must not fail late)."""
+    try:
+        check_device(args.device)
+    except ValueError as error:
+        ap.error(str(error))
+    sizes = args.batch_sizes
+    if any(b < 1 for b in sizes):
+        ap.error(f"--batch-sizes must all be >= 1, got {sizes}")
+    if len(sizes) < 3 or len(set(sizes)) != len(sizes):
+        ap.error(f"--batch-sizes needs at least 3 distinct sizes (the first 2 fit the memory model, the others are "
+                 f"held out), got {sizes}")
+    for flag, value in (("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens),
+                        ("--repeats", args.repeats)):
+        if value < 1:
+            ap.error(f"{flag} must be >= 1, got {value}")
+    try:
+        config = CONFIGS[args.config]()
+    except (OSError, ValueError) as error:
+        ap.error(f"--config {args.config!r} could not be read: {error}")
+    R = config.mean_recurrence
+    bad = [d for d in args.draft_loops if not 1 <= d < R]
+    if bad:
+        ap.error(f"--draft-loops must each be in [1, {R - 1}] (fewer than the R = {R} loops of --config "
+                 f"{args.config}), got {bad}")
+    if args.prompt_tokens + args.new_tokens > config.block_size:
+        ap.error(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens} exceeds the context of "
+                 f"--config {args.config} (block_size {config.block_size})")
+    if args.out is not None:
+        out = Path(args.out)
+        if out.is_dir():
+            ap.error(f"--out {args.out!r} is a folder; give a file name")
+        folder = out.parent if str(out.parent) else Path(".")
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            ap.error(f"--out {args.out!r}: folder {str(folder)!r} does not exist or is not writable")
+    return config
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.gpu_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="huginn-0125", choices=sorted(CONFIGS))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--prompt-tokens", type=int, default=256)
-    ap.add_argument("--new-tokens", type=int, default=8)
-    ap.add_argument("--draft-loops", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch device (default: cuda when available, else cpu)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8],
+                    help="at least 3 distinct batch sizes; the first 2 fit the memory model (default: 1 2 4 8)")
+    ap.add_argument("--prompt-tokens", type=int, default=256, help="tokens per prompt (default: 256)")
+    ap.add_argument("--new-tokens", type=int, default=8, help="new tokens per sequence (default: 8)")
+    ap.add_argument("--draft-loops", type=int, nargs="+", default=[1, 2, 4, 8],
+                    help="d values to time, each in [1, R - 1] (default: 1 2 4 8)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed forwards per d, the median kept (default: 5)")
     ap.add_argument("--out", default=None, help="write the figures as JSON to this file")
     args = ap.parse_args(argv)
-    if len(args.batch_sizes) < 3:
-        ap.error("--batch-sizes needs at least 3 sizes (2 to fit the memory model, 1 or more held out)")
-    config = CONFIGS[args.config]()
+    config = check_arguments(ap, args)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     model = random_model(config, args.device, dtype)
     R = config.mean_recurrence
     prompts = [torch.randint(0, config.vocab_size, (1, args.prompt_tokens), device=args.device)
                for _ in range(max(args.batch_sizes))]
     result: dict = {"date": date.today().isoformat(), "config": args.config, "device": args.device,
-                    "card": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                    "weights": "random (allocation and timing do not depend on them)", "dtype": str(dtype)}
-    for cache in ("full", "deepest"):
-        cells = batched.memory_cells(model, prompts, args.batch_sizes, "greedy", cache,
-                                     max_new_tokens=args.new_tokens)
-        check = check_memory_model(cells, fit_on=args.batch_sizes[:2], budget=float(cells[-1].peak_bytes))
-        result[f"memory {cache}"] = {"cells": [vars(c) for c in cells], "o0": check.fit.o0, "o1": check.fit.o1,
-                                     "cache_per_seq": check.fit.cache_per_seq,
-                                     "max_held_out_error": check.max_held_out_error}
-    full = time_forward(model, R, 1, args.repeats)
-    result["forward seconds"] = {R: full}
-    result["cost check"] = []
-    for d in args.draft_loops:
-        seconds = time_forward(model, d, 1, args.repeats)
-        result["forward seconds"][d] = seconds
-        result["cost check"].append({"d": d, "measured c(d)/c(R)": seconds / full,
-                                     "Eq. 8 c(d)/c(R)": config.layer_passes(d) / config.layer_passes(R)})
+                    "card": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else "cpu",
+                    "weights": "random (allocation and timing do not depend on them)", "dtype": str(dtype),
+                    "environment": environment()}
+    with measurement_mode() as record:
+        result["measurement mode"] = record
+        for cache in ("full", "deepest"):
+            cells = batched.memory_cells(model, prompts, args.batch_sizes, "greedy", cache,
+                                         max_new_tokens=args.new_tokens, progress=True)
+            check = check_memory_model(cells, fit_on=args.batch_sizes[:2], budget=float(cells[-1].peak_bytes))
+            result[f"memory {cache}"] = {"cells": [vars(c) for c in cells], "o0": check.fit.o0,
+                                         "o1": check.fit.o1, "cache_per_seq": check.fit.cache_per_seq,
+                                         "max_held_out_error": check.max_held_out_error}
+        full = time_forward(model, R, 1, args.repeats)
+        result["forward seconds"] = {R: full}
+        result["cost check"] = []
+        for d in tqdm(args.draft_loops, desc="forward time against d", leave=False):
+            seconds = time_forward(model, d, 1, args.repeats)
+            result["forward seconds"][d] = seconds
+            result["cost check"].append({"d": d, "measured c(d)/c(R)": seconds / full,
+                                         "Eq. 8 c(d)/c(R)": config.layer_passes(d) / config.layer_passes(R)})
     text = json.dumps(result, indent=1, default=float)
     print(text)
     if args.out:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -13,10 +14,40 @@ from looped_kv.model import LoopedLM, Rotary
 
 TINY_DIR = Path(__file__).parent / "tiny"
 _IGNORED_KEYS = ("freqs_cis",)
+# Names accepted for ``load(dtype=...)``: the torch float dtypes and their usual short forms. (book.DTYPES holds the
+# long names; it imports this module, so it cannot be imported from here.)
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """A torch float dtype from a name in :data:`DTYPES` or a torch float dtype; None stays None."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point torch dtype or one of {tuple(DTYPES)}, got {dtype}")
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype must be a floating-point torch dtype or one of {tuple(DTYPES)}, got {dtype!r}")
+
+
+def _looks_local(source: str | Path) -> bool:
+    """Whether ``source`` names a local path rather than a hub id ("owner/name": one '/', no leading '.', '/', '~')."""
+    if isinstance(source, Path):
+        return True
+    text = str(source)
+    seps = {os.sep, "/"} | ({os.altsep} if os.altsep else set())
+    return text.startswith((".", "~", *seps)) or ("\\" in text) or text.count("/") > 1
 
 
 def resolve_source(source: str | Path) -> Path:
-    """``"tiny"``, an existing folder, or a hub id (downloaded, then read as a folder)."""
+    """``"tiny"``, an existing folder, or a hub id (downloaded, then read as a folder).
+
+    A :class:`~pathlib.Path`, or a string that starts with '.', '/' or '~' or has more than one '/', is a local
+    path: when no such folder exists this raises FileNotFoundError instead of asking the hub.
+    """
     if str(source) == "tiny":
         return TINY_DIR
     path = Path(source).expanduser()
@@ -24,6 +55,10 @@ def resolve_source(source: str | Path) -> Path:
         return path
     if path.exists():
         raise ValueError(f"source must be 'tiny', a checkpoint folder or a hub id; {path} is a file")
+    if _looks_local(source):
+        raise FileNotFoundError(f"source {str(source)!r} looks like a local path but folder {path.absolute()} does "
+                                "not exist (source must be 'tiny', an existing checkpoint folder or a hub id "
+                                "'owner/name')")
     from huggingface_hub import snapshot_download  # only needed for hub ids
 
     patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
@@ -61,14 +96,17 @@ def check_state(model: LoopedLM, state: dict[str, torch.Tensor]) -> None:
         raise ValueError(f"checkpoint has tensors the config does not describe: {unknown[:5]}")
 
 
-def load(source: str | Path = "tiny", *, dtype: torch.dtype | None = None,
+def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
          device: str | torch.device | None = None) -> LoopedLM:
     """Load a looped model in the public checkpoint format (config.json + safetensors).
 
     ``source`` is ``"tiny"`` (the model shipped in the package), a local folder, or a hub id
     such as ``"tomg-group-umd/huginn-0125"``. The returned model is in eval mode and carries
-    its tokenizer as ``model.tokenizer`` when the folder has one.
+    its tokenizer as ``model.tokenizer`` when the folder has one. ``dtype`` is a torch float
+    dtype or one of the names in :data:`DTYPES` (``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``,
+    ``"float16"``/``"fp16"``, ``"float64"``/``"fp64"``); None keeps the checkpoint's dtype.
     """
+    dtype = resolve_dtype(dtype)
     folder = resolve_source(source)
     config = LoopedConfig.from_file(folder / "config.json")
     state = load_state(folder)

@@ -52,6 +52,8 @@ from looped_kv.model import LoopedLM
 from looped_kv.policy import CachePolicy, make_policy
 from looped_kv.replay import (
     Replay,
+    _check_kinds,
+    _check_loops,
     deepest_plane_arm,
     kl_per_position,
     maturity,
@@ -124,7 +126,7 @@ def ripening_curves(model: LoopedLM, ids: Tensor, num_loops: int, *, decoded: in
     average over all layers and texts of :func:`looped_kv.replay.ripening` and :func:`~looped_kv.replay.maturity`.
     """
     _check_ids(ids)
-    maturity_kinds = tuple(maturity_kinds)
+    maturity_kinds = _check_kinds("maturity_kinds", maturity_kinds)  # before any replay
     record = tuple(X for X in ("q", "k", "v") if X in ("k", "v") or X in maturity_kinds)
     sums = {("delta", X): 0.0 for X in ("k", "v")} | {("maturity", X): 0.0 for X in maturity_kinds}
     for part in tqdm(_chunks(ids, chunk), desc=f"replay {model.dtype}".replace("torch.", ""), disable=not progress,
@@ -223,12 +225,19 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
     to :func:`paper_planes`. An arm's KL is taken at the first decoded position ``n - decoded``.
     """
     _check_ids(ids)
+    if num_loops < 1:
+        raise ValueError(f"num_loops must be >= 1, got {num_loops}")
     regions = ({name: paper_region(name, num_loops) for name in ("shallow", "deep")} if regions is None
                else {name: tuple(loops) for name, loops in regions.items()})
     if set(regions) != {"shallow", "deep"}:
         raise ValueError(f"regions must name 'shallow' and 'deep', got {sorted(regions)}")
+    for name, loops in regions.items():  # every check before the reference replay, the expensive part
+        _check_loops(f"regions[{name!r}]", loops, num_loops, nonempty=True)
     planes = paper_planes(num_loops) if planes is None else tuple(planes)
-    kinds = tuple(kinds)
+    _check_loops("planes", planes, num_loops, nonempty=True)
+    kinds = _check_kinds("kinds", kinds, ("k", "v"))
+    if not kinds:
+        raise ValueError("kinds must name at least one of ('k', 'v')")
     ref = replay(model, ids, num_loops, softmax_dtype=softmax_dtype, record=kinds, decoded=decoded)
     t = ref.first_decoded
     records = []

@@ -207,11 +207,28 @@ class LoopedLM(nn.Module):
         num_loops = self.config.mean_recurrence if num_loops is None else num_loops
         if num_loops < 1:
             raise ValueError(f"num_loops must be >= 1, got {num_loops}")
+        if input_ids.dim() != 2 or input_ids.dtype.is_floating_point or input_ids.dtype.is_complex \
+                or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must be an integer tensor of shape (batch, length), got "
+                             f"{input_ids.dtype} of shape {tuple(input_ids.shape)}")
         B, n = input_ids.shape
+        if isinstance(initial_state, Tensor) and initial_state.shape != (B, n, self.config.n_embd):
+            raise ValueError(f"initial_state must have shape (batch, length, n_embd) = {(B, n, self.config.n_embd)}, "
+                             f"got {tuple(initial_state.shape)}")
         if positions is None:
             positions = torch.arange(n, device=input_ids.device)
-        if int(positions.max()) >= self.config.block_size:
-            raise ValueError(f"positions reach {int(positions.max())}, beyond the model's context "
+        if input_ids.numel():
+            # One reduction over the ids and one device sync for both range checks (the decoders call forward every
+            # step, so the ids check adds no sync to the one the positions check always cost).
+            low, high = torch.aminmax(input_ids)
+            low, high, last = torch.stack((low.long(), high.long(), positions.max().to(low.device).long())).tolist()
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(f"input_ids must be token ids in [0, {self.config.vocab_size - 1}] (vocab_size "
+                                 f"{self.config.vocab_size}), got ids in [{low}, {high}]")
+        else:
+            last = int(positions.max())
+        if last >= self.config.block_size:
+            raise ValueError(f"positions reach {last}, beyond the model's context "
                              f"(block_size {self.config.block_size})")
         router = CausalRouter() if router is None else router
         embedded = self.embed(input_ids, positions, router)

@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 
 CACHE_POLICIES = ("full", "deepest", "k-deepest", "share", "first", "ripe", "sinks")
+# The cache policies that read each optional make_policy parameter; any other policy rejects it.
+POLICY_PARAMETERS = {"window": ("ripe", "sinks"), "k": ("k-deepest", "share", "first"), "sinks": ("ripe", "sinks")}
 PREFIX_READS = ("aligned", "deep-v", "deep-k", "deep-kv")
 
 
@@ -77,11 +79,19 @@ def make_policy(name: str, num_loops: int, *, window: int | None = None, k: int 
     first k loops, the shallow window of the RIPE paper's starting plan); ``ripe`` (deepest
     plane plus a full-depth window of W positions, Eq. 9); ``sinks`` (deepest plane plus
     ``sinks`` full-depth positions at the start, optionally with a window).
+
+    A parameter the named policy does not use (``window`` other than for ripe/sinks, ``k``
+    other than for k-deepest/share/first, ``sinks`` other than for ripe/sinks) is an error
+    unless it is None.
     """
     R = num_loops
     _check("num_loops", R, 1, 10**6)
     if name not in CACHE_POLICIES:
         raise ValueError(f"cache must be one of {CACHE_POLICIES}, got {name!r}")
+    for param, value in (("window", window), ("k", k), ("sinks", sinks)):
+        if value is not None and name not in POLICY_PARAMETERS[param]:
+            raise ValueError(f"{param}={value!r} is not used by cache={name!r}; only cache in "
+                             f"{POLICY_PARAMETERS[param]} takes {param}")
     if name == "full":
         return CachePolicy("full", R, tuple(range(1, R + 1)))
     if name == "deepest":
@@ -99,10 +109,14 @@ def make_policy(name: str, num_loops: int, *, window: int | None = None, k: int 
         if window is None:
             raise ValueError("cache='ripe' needs window (W >= 0)")
         _check("window", window, 0, 10**9)
+        if sinks is not None:
+            _check("sinks", sinks, 0, 10**9)
         return CachePolicy(f"ripe({window})", R, (R,), window=window, sinks=sinks or 0)
     if sinks is None:
         raise ValueError("cache='sinks' needs sinks (number of full-depth start positions >= 1)")
     _check("sinks", sinks, 1, 10**9)
+    if window is not None:
+        _check("window", window, 0, 10**9)
     return CachePolicy(f"sinks({sinks})", R, (R,), window=window or 0, sinks=sinks)
 
 

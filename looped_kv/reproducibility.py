@@ -6,7 +6,8 @@ scaled-dot-product attention backend; with it disabled, reruns were bitwise iden
 processes and nodes. :func:`measurement_mode` therefore disables that backend for measurement
 runs (every pre-registered batch runs inside it) and returns a record that says so, and
 :func:`bitwise_rerun` reruns a computation (e.g. a replay) and reports whether the outputs are
-bitwise identical.
+bitwise identical. :func:`check_device` validates a device name before any work, and
+:func:`environment` records the versions a measurement ran under.
 """
 
 from __future__ import annotations
@@ -19,6 +20,51 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+
+def available_devices() -> list[str]:
+    """The torch devices this process can use: cpu, and cuda (cuda:0, ...) and mps when available."""
+    names = ["cpu"]
+    if torch.cuda.is_available():
+        names += ["cuda", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))]
+    if torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
+def check_device(name: str, parameter: str = "--device") -> str:
+    """Return ``name`` if it is a torch device this process can use; else a ValueError naming ``parameter``.
+
+    Catches what torch would otherwise report late and as a traceback: a malformed name
+    (``"foo"``), a backend torch was built without or that has no device here (``"cuda"`` on a
+    CPU-only build), a device index past the device count (``"cuda:3"`` on one GPU), and ``"meta"``.
+    """
+    available = ", ".join(available_devices())
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{parameter} {name!r} is not a torch device name; available here: {available}") from None
+    if device.type == "cpu":
+        return name
+    backend = getattr(torch, device.type, None)
+    is_available = getattr(backend, "is_available", None)
+    if not callable(is_available) or not is_available():
+        raise ValueError(f"{parameter} {name!r}: no {device.type} device is available to this torch "
+                         f"({torch.__version__}); available here: {available}")
+    count = getattr(backend, "device_count", None)
+    if device.index is not None and callable(count) and device.index >= count():
+        raise ValueError(f"{parameter} {name!r}: only {count()} {device.type} device(s) here; available here: "
+                         f"{available}")
+    return name
+
+
+def environment() -> dict[str, Any]:
+    """Versions a measurement ran under: torch, CUDA and cuDNN (None when absent) and the device names."""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    record: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn}
+    if torch.cuda.is_available():
+        record["cuda devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return record
 
 
 @contextmanager

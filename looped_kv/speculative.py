@@ -110,7 +110,8 @@ def self_speculative(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *,
     bar.close()
     tokens = torch.cat([prompt, *emitted], dim=1)[:, :prompt.shape[1] + max_new_tokens]
     return Generation(tokens, prompt.shape[1], time.perf_counter() - start_time, verifications=len(accepted),
-                      accepted=accepted, drafted=[block] * len(accepted), forward_passes=passes,
+                      accepted=accepted, drafted=[block] * len(accepted), retained=[1] * len(accepted),
+                      forward_passes=passes,
                       extra={"cache_bytes": cache.nbytes, "policy": policy.name, "draft_loops": draft_loops,
                              "block": block})
 
@@ -152,7 +153,8 @@ def prompt_lookup(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, po
     bar.close()
     tokens = torch.cat([prompt, *emitted], dim=1)[:, :prompt.shape[1] + max_new_tokens]
     return Generation(tokens, prompt.shape[1], time.perf_counter() - start_time, verifications=len(accepted),
-                      accepted=accepted, drafted=drafted, forward_passes=1 + len(accepted),
+                      accepted=accepted, drafted=drafted, retained=[1] * len(accepted),
+                      forward_passes=1 + len(accepted),
                       extra={"cache_bytes": cache.nbytes, "policy": policy.name, "block": block, "ngram": ngram})
 
 

@@ -135,7 +135,9 @@ Markdown(f"Huginn-0125 has {huginn['parameters (B)']:.2f}B parameters: {huginn['
 # built on. Measure them on yours:
 #
 # * decoders: `looped-kv bench --model tomg-group-umd/huginn-0125 --prompts 4 --max-new-tokens 64` prints
-#   tokens/s and the speed-up over paired greedy decoding per method (chapters 5-7);
+#   tokens/s and the speed-up over paired greedy decoding per method (chapters 5-6);
+# * batched decoding: `looped-kv batched --model tomg-group-umd/huginn-0125` prints tokens/s against batch
+#   size and the fixed-memory throughput ratio (chapter 7);
 # * a batch: its archive records when it started and finished (`run.json`) and every decoder run's wall
 #   time (`timings.jsonl`); run it on two prompts first and scale by the number of prompts;
 # * a chapter: `time jupyter nbconvert --to notebook --execute notebooks/<chapter>.ipynb`.

@@ -46,6 +46,7 @@ from IPython.display import Markdown, display
 import looped_kv
 from looped_kv import book, data
 from looped_kv.decode import prefill
+from looped_kv.measure import draft_agreement
 from looped_kv.memory import m_deep, m_full
 
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
@@ -184,9 +185,7 @@ settled = next(n for n in loops if mean[n] - mean[32] < 0.01 * drop_to_32)  # wi
 Markdown(f"Averaged over both workloads the loss falls from {mean[1]:.3f} nats at one loop to {mean[32]:.3f} at 32. "
          f"From 32 to 64 loops it changes by {beyond_32:.4f} nats, {beyond_32 / drop_to_32:.1%} of the gain from 1 to "
          f"32 loops: the model uses its depth, and R = 32 is past the point where more loops help. It gets "
-         f"within 1% of its full-depth loss after only {settled} loops. The papers' models need far more of their "
-         f"32 loops, so on this model shallow drafts are unusually good, and the next chapters say so where it "
-         f"matters.")
+         f"within 1% of its full-depth loss after only {settled} loops.")
 
 # %% [markdown]
 # ## A short greedy generation
@@ -208,15 +207,30 @@ Markdown(f"Full cache: {full.tokens_per_s:.1f} tokens/s; deepest plane: {deepest
          f"holds {deepest.extra['cache_bytes'] / full.extra['cache_bytes']:.1%} of the full cache's bytes.")
 
 # %% [markdown]
+# How much of its depth does a token need? A one-loop draft reads the cached prefix and is compared with the
+# full-depth token at every position of the continuation above (the measurement of DAS Table 6).
+
+# %%
+PAPER_ONE_LOOP = {"Huginn-0125": 0.4722, "Raven-Llama": 0.8399}  # DAS Table 6: aligned reads, d = 1
+one_loop = draft_agreement(model, full.tokens, ids.shape[1], [1], ["aligned"])[(1, "aligned")]
+Markdown(f"A one-loop draft agrees with the {R}-loop token at {one_loop:.0%} of the positions; DAS Table 6 "
+         f"measures {PAPER_ONE_LOOP['Huginn-0125']:.0%} on Huginn-0125 and {PAPER_ONE_LOOP['Raven-Llama']:.0%} on "
+         f"Raven-Llama. "
+         + ("Shallow drafts are unusually good on this model, and the next chapters say so where it matters."
+            if one_loop > max(PAPER_ONE_LOOP.values()) else
+            "Its shallow drafts are within the papers' range." if one_loop >= min(PAPER_ONE_LOOP.values()) else
+            "Its shallow drafts are worse than the papers' models'."))
+
+# %% [markdown]
 # ## What the tiny model is, and is not
 #
 # The shipped model was trained on a 2-core CPU with Huginn's recipe (`looped_kv/tiny/train.py`): a
 # recurrence count per step drawn from a Poisson-lognormal and truncated backpropagation through the last
 # loops. It was trained on generated word problems and the Python
-# standard library. It is large enough to show the phenomena the papers measure: planes that ripen with
-# depth, deep loops that matter more, and drafts that agree with the target. It is far too small to
-# match the papers' magnitudes. Every chapter prints the papers' numbers beside the tiny model's and says
-# where they differ.
+# standard library. The next chapters measure on it the phenomena the papers report (planes that ripen
+# with depth, deep loops that matter more, drafts that agree with the target) and say for each whether it
+# shows. It is far too small to match the papers' magnitudes: every chapter prints the papers' numbers
+# beside the tiny model's and says where they differ.
 
 # %%
 training = cfg.extra.get("training", {})

@@ -135,7 +135,8 @@ def interval(point: float, low: float, high: float, fmt: str = "{:.2f}") -> str:
 
 ours = {"g (size exponent)": interval(fit.g, *fit.ci_g), "b (deep region)": interval(fit.b, *fit.ci_b),
         "exp(b)": interval(fit.exp_b, *fit.ci_exp_b, fmt="{:.3g}"),
-        "shallow slope": interval(fit.slopes["shallow"].slope, *fit.slopes["shallow"].ci),
+        "shallow slope": ("not estimable: every row at the floor" if at_floor["shallow"] == 1 else
+                          interval(fit.slopes["shallow"].slope, *fit.slopes["shallow"].ci)),
         "deep slope": interval(fit.slopes["deep"].slope, *fit.slopes["deep"].ci),
         "deep slope, rows above the floor": interval(steep.slope, *steep.ci),
         "g, OLS interval": interval(ols.g, *ols.ci_g), "b, OLS interval": interval(ols.b, *ols.ci_b),
@@ -194,6 +195,8 @@ quadratic = fit.ci_g[0] <= 2 <= fit.ci_g[1]
 shallow, deep_slope = fit.slopes["shallow"], fit.slopes["deep"]
 resolved = rows[~rows.at_floor]
 deep_resolved = sorted(resolved.loc[resolved.deep == 1, "plane"].unique())
+plane1 = medians[(medians.region == "deep") & (medians.plane == min(planes))].iloc[0]
+plane1_ratio = plane1.kl / (np.exp(fit.a + fit.b) * plane1["size"] ** fit.g)
 Markdown(
     ("**The deep loops are more sensitive: reproduced.** " if deep_more else
      "**The deep loops are more sensitive: not reproduced.** ")
@@ -202,14 +205,16 @@ Markdown(
     f"($b$ = {fit.b:.1f} [{fit.ci_b[0]:.1f}, {fit.ci_b[1]:.1f}]). The paper finds $b$ = {hug['b'][0]:g} on Huginn "
     f"and {rav['b'][0]:g} on Raven"
     + ("; the tiny model's interval does not exclude equal sensitivity." if not deep_more else
+       (". But every shallow row sits" if at_floor["shallow"] == 1 else
+        f". But {at_floor['shallow']:.0%} of the shallow rows sit") + " at the float32 floor, where they enter the "
+       "fit: whatever plane the shallow loops read, the output moves by no more than rounding moves it. The "
+       "shallow KLs are only known to lie below the floor, so this $b$ says where the floor lies as much as how "
+       "sensitive the deep loops are, and its size cannot be set beside the paper's; only its sign is measured. "
+       "The shallow region is at the fp32 resolution, as Raven's is in the paper."
+       if at_floor["shallow"] > 0.5 else
        ": the asymmetry is weaker in the tiny model." if fit.ci_b[1] < rav["b"][1] else
        ": the asymmetry is stronger in the tiny model." if fit.ci_b[0] > hug["b"][2] else
        ", an asymmetry of the same order.")
-    + ((" But every shallow row sits" if at_floor["shallow"] == 1 else
-        f" But {at_floor['shallow']:.0%} of the shallow rows sit") + " at the float32 floor: whatever plane the "
-       "shallow loops read, the output moves by no more than rounding moves it. The shallow region is at the "
-       "fp32 resolution, as Raven's is in the paper, and the floor caps the measurable gap: the shallow KLs are "
-       "only known to lie below it." if at_floor["shallow"] > 0.5 else "")
     + f"\n\nThe size exponent is $g$ = {fit.g:.2f} [{fit.ci_g[0]:.2f}, {fit.ci_g[1]:.2f}]"
     + (", and its interval contains 2, the second-order term of Eq. (4)." if quadratic else
        ", and its interval excludes 2, the second-order term of Eq. (4), "
@@ -223,16 +228,18 @@ Markdown(
     f"{steep.ci[1]:.2f}]"
     + (f", steeper than quadratic like Huginn's deep loops ({hug['deep slope']}). " if steep.ci[0] > 2 else
        ", consistent with the quadratic term. " if steep.ci[0] <= 2 <= steep.ci[1] else ", below quadratic. ")
-    + "As in the paper, the largest substitutions (plane 1) are outside the small-perturbation regime of Eq. (4)."
+    + f"The paper places its largest substitutions (plane 1) outside the small-perturbation regime of Eq. (4); "
+    f"here the deep plane-1 median KL is {plane1_ratio:.2g} times the fitted line's value at its size."
 )
 
 # %% [markdown]
 # ## Equal storage: deep planes against shallow ones (Table 3)
 #
-# The caches of Table 3 keep the same number of core planes in pairs: one deep plane against none, two deep
-# planes, a plane shared every 8 loops against the first four loops, one shared every 4 loops against the first
-# eight. Each is a real `PlaneCache` with exact byte accounting. For each text we prefill the prefix, everything
-# before the first decoded position, into a cache under the policy. We then *step* the first decoded token. Its
+# The caches of Table 3 keep deep or shallow core planes: the deepest one or two, a plane shared every 8 or
+# every 4 loops, the first 4 or 8 loops. They are compared in pairs in which the deep cache stores no more
+# planes than the shallow one (the planes column). Each is a real `PlaneCache` with exact byte accounting.
+# For each text we prefill the prefix, everything before the first decoded position, into a cache under the
+# policy. We then *step* the first decoded token. Its
 # attention at loop $r$ reads the cached prefix at the plane $\pi(r)$ that the policy keeps, and the policy
 # applies only to this step. A single pass over prefix and token would let the token read the in-block prefix
 # at its own loop, and no policy would apply. This is also how Huginn's reference `compress` caches behave
@@ -268,6 +275,7 @@ table3[["policy", "planes", "KB/token (bf16)", "of full", "agreement", "Huginn (
 # %%
 pairs = [("deepest plane", "first 4 loops"), ("share every 8 loops", "first 4 loops"),
          ("share every 4 loops", "first 8 loops")]
+assert all(table3.planes[d] <= table3.planes[s] for d, s in pairs)  # deep stores no more than shallow
 n3 = ids3.shape[0]
 a = table3.agreement
 kl_mean = table3["KL mean"]

@@ -184,9 +184,11 @@ eq7 = pd.DataFrame({"mean alpha": alpha, "tau (Eq. 7)": tau_model, "tau measured
 eq7["error"] = eq7["tau (Eq. 7)"] / eq7["tau measured"] - 1
 assert (eq7["tau measured"] >= 1).all() and (eq7["tau measured"] <= GAMMA + 1).all()
 worst = eq7["error"].abs().max()
+PAPER_EQ7 = {"largest spread": 0.06, "largest tau error": 0.026}  # RIPE Table 9 and Sec. 5.4, batch-3 simulation
 Markdown(f"Across depths and read policies the acceptance varies along the block by at most "
-         f"{flatness['spread'].max():.2f} (the paper: at most 0.06). Eq. (7) with the mean acceptance predicts the "
-         f"measured tokens per verification within {worst:.1%} (the paper: 2.6%). "
+         f"{flatness['spread'].max():.2f} (the paper: at most {PAPER_EQ7['largest spread']}). Eq. (7) with the mean "
+         f"acceptance predicts the measured tokens per verification within {worst:.1%} (the paper: "
+         f"{PAPER_EQ7['largest tau error']:.1%}). "
          + ("Acceptance is close to flat here too, so the model of Eq. (7) applies."
             if worst < 0.1 else "Acceptance is not flat enough here for Eq. (7) to be accurate."))
 
@@ -226,7 +228,9 @@ for workload in data.WORKLOADS:
                  f"decoding [{summary.loc[(workload, 'Mature-Spec'), 'low']:.2f}, "
                  f"{summary.loc[(workload, 'Mature-Spec'), 'high']:.2f}]"
                  + (", so mature reads pay off." if mature > spec else ", so mature reads do not pay off here."))
-Markdown(" ".join(lines) + " The paper measured 1.70x and 2.26x on Huginn/GSM8K (DAS Table 1).")
+PAPER_SPEEDUPS = {"self-spec": 1.70, "Mature-Spec": 2.26}  # DAS Table 1, Huginn/GSM8K
+Markdown(" ".join(lines) + f" The paper measured {PAPER_SPEEDUPS['self-spec']:.2f}x and "
+         f"{PAPER_SPEEDUPS['Mature-Spec']:.2f}x on Huginn/GSM8K (DAS Table 1).")
 
 # %% [markdown]
 # ## The cost model (RIPE Eq. 8)
@@ -266,9 +270,11 @@ eta_table = pd.DataFrame({name: {"eta": f.eta, "largest per-prompt error": f.max
 eta_table.style.format("{:.3f}")
 
 # %%
+PAPER_ETA = {"eta": 1.07, "largest error": 0.054}  # RIPE Sec. 5.4, Eq. (8) fitted on Huginn
 assert all(f.eta > 0 for f in etas.values())
 Markdown(f"One overhead factor per decoder reproduces the per-prompt speed-ups within "
          f"{max(f.max_relative_error for f in etas.values()):.1%} (η = "
          + ", ".join(f"{f.eta:.2f} for {n}" for n, f in etas.items())
-         + "; the paper fitted η = 1.07 on Huginn with errors up to 5.4%). An η far above 1 means that the decoder's "
+         + f"; the paper fitted η = {PAPER_ETA['eta']} on Huginn with errors up to {PAPER_ETA['largest error']:.1%})."
+         " An η far above 1 means that the decoder's "
          "bookkeeping, not its layer passes, dominates on this CPU.")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import random_model
 
+from looped_kv import batched
 from looped_kv.batched import (
     BatchedPlaneCache,
     RowsPass,
@@ -53,10 +56,11 @@ def test_batched_greedy_is_per_sequence_greedy(model, cache, params):
     assert out.num_new == sum(BUDGETS)
 
 
-# (cache, params, exact): block-independent policies (RIPE Proposition 1) and block-dependent ones (exact=False).
+# (cache, params, exact): block-independent policies (RIPE Proposition 1) and block-dependent ones (exact=False:
+# k-deepest(k < R) and first(k < R) read plane(r) != r with no window, so exact=True is refused for them, like deepest).
 SPECULATIVE = [("full", {}, True), ("ripe", {"window": 4}, True), ("ripe", {"window": 5, "sinks": 1}, True),
                ("sinks", {"sinks": 2, "window": 4}, True), ("deepest", {}, False), ("ripe", {"window": 2}, False),
-               ("share", {"k": 2}, False)]
+               ("share", {"k": 2}, False), ("k-deepest", {"k": 2}, False), ("first", {"k": 3}, False)]
 
 
 @pytest.mark.parametrize("cache, params, exact", SPECULATIVE)
@@ -211,3 +215,34 @@ def test_command_line_on_the_tiny_model(capsys):
     for series in ("greedy  full", "greedy  deepest", "dtv     full", "dtv     deepest"):
         assert series in text
     assert "held-out error B=3" in text and "fixed-memory total" in text
+
+
+def _no_decoding(*args, **kwargs):
+    raise AssertionError("decoding started before every argument was checked")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fit-on", "1", "9"], r"--fit-on must name at least 2 distinct values of --memory-batch-sizes \[1, 2, 3, 4\]"),
+    (["--fit-on", "2", "2"], "--fit-on must name at least 2 distinct values"),
+    (["--draft-loops", "99"], r"--draft-loops must be in \[1, 31\] \(fewer than the R = 32 loops"),
+    (["--num-loops", "4", "--draft-loops", "4"], r"--draft-loops must be in \[1, 3\] \(fewer than --num-loops 4\)"),
+    (["--draft-loops", "0"], "--draft-loops must be >= 1, got 0"),
+    (["--budget-mb", "-1"], "--budget-mb must be > 0"),
+    (["--budget-mb", "inf"], "--budget-mb must be > 0"),
+    (["--batch-sizes", "0", "2"], "--batch-sizes must all be >= 1"),
+    (["--memory-batch-sizes", "0", "1", "2"], "--memory-batch-sizes must all be >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--block", "0"], "--block must be >= 1"),
+    (["--num-loops", "0"], "--num-loops must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--device", "foo"], "--device 'foo' is not a torch device name; available here: cpu"),
+    (["--model", "./no/such/folder"], "--model './no/such/folder'"),
+    (["--max-new-tokens", "2000"], "exceeds the model's context"),
+])
+def test_command_line_checks_every_argument_before_decoding(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(batched, "batched_generate", _no_decoding)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--prompts", "2", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err

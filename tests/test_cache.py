@@ -132,12 +132,38 @@ def test_policy_planes():
     (lambda: make_policy("ripe", 8), "needs window"),
     (lambda: make_policy("ripe", 8, window=-1), "window must be in"),
     (lambda: make_policy("k-deepest", 8, k=9), "k must be in"),
+    (lambda: make_policy("ripe", 8, window=2, sinks=-1), "sinks must be in"),
+    (lambda: make_policy("sinks", 8, sinks=2, window=-1), "window must be in"),
     (lambda: make_prefix_reads("deep-q", 8), "prefix_reads must be one of"),
     (lambda: make_prefix_reads((0, 8), 8), "kappa must be in"),
 ])
 def test_bad_policy_parameters(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("deepest", {"window": 16}, r"window=16 is not used by cache='deepest'; only cache in \('ripe', 'sinks'\)"),
+    ("full", {"window": 0}, r"window=0 is not used by cache='full'"),
+    ("k-deepest", {"k": 2, "window": 4}, r"window=4 is not used by cache='k-deepest'"),
+    ("deepest", {"k": 2}, r"k=2 is not used by cache='deepest'; only cache in \('k-deepest', 'share', 'first'\)"),
+    ("ripe", {"window": 4, "k": 2}, r"k=2 is not used by cache='ripe'"),
+    ("sinks", {"sinks": 2, "k": 1}, r"k=1 is not used by cache='sinks'"),
+    ("share", {"k": 2, "sinks": 1}, r"sinks=1 is not used by cache='share'; only cache in \('ripe', 'sinks'\)"),
+    ("first", {"k": 2, "sinks": 0}, r"sinks=0 is not used by cache='first'"),
+])
+def test_unused_policy_parameters_are_rejected(name, params, message):
+    with pytest.raises(ValueError, match=message):
+        make_policy(name, 8, **params)
+
+
+def test_unused_policy_parameters_may_be_none():
+    """Passing None for a parameter the policy ignores (as generate() does) stays fine."""
+    assert make_policy("deepest", 8, window=None, k=None, sinks=None) == make_policy("deepest", 8)
+    assert make_policy("ripe", 8, window=3, k=None) == make_policy("ripe", 8, window=3)
+    assert make_policy("share", 8, k=2, window=None, sinks=None) == make_policy("share", 8, k=2)
+    assert make_policy("sinks", 8, sinks=2, window=3).window == 3
+    assert make_policy("ripe", 8, window=3, sinks=1).sinks == 1
 
 
 def test_layer_token_bytes():

@@ -16,10 +16,12 @@ from looped_kv.memory import m_full, m_ripe
 
 torch.set_num_threads(1)  # small models: more threads only add contention
 HELP = {
-    (): ["generate", "bench", "memory", "batch"],
+    (): ["generate", "bench", "batched", "memory", "batch"],
     ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--block", "--prefix-reads", "--inexact",
                     "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
     ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--model", "--quiet"],
+    ("batched",): ["looped-kv batched", "--batch-sizes", "--max-new-tokens", "--draft-loops", "--block", "--budget-mb",
+                   "--memory-batch-sizes", "--fit-on", "--device"],
     ("memory",): ["--model", "--context", "--dtype", "--num-loops", "--windows", "--batch-size"],
     ("batch",): ["freeze", "run", "verify", "ledger"],
     ("batch", "freeze"): ["spec", "--out", "--force", "regions", "windows"],
@@ -52,6 +54,15 @@ def test_console_script_is_installed():
     (["batch", "run", "missing.frozen.json", "--out", "x"], "no file table missing.frozen.json"),
     (["batch", "verify", "."], "is not a batch archive"),
     (["batch"], "the following arguments are required"),
+    (["memory", "--num-loops", "0"], "--num-loops must be >= 1, got 0"),
+    (["generate", "--num-loops", "0", "hi"], "--num-loops must be >= 1, got 0"),
+    (["generate", "--device", "foo", "hi"], "--device 'foo' is not a torch device name; available here: cpu"),
+    (["bench", "--device", "cuda:99"], "--device 'cuda:99'"),
+    pytest.param(["generate", "--device", "cuda", "hi"], "--device 'cuda': no cuda device is available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
+    (["batched", "--fit-on", "1", "9"], "--fit-on must name at least 2 distinct values of --memory-batch-sizes"),
+    (["batched", "--draft-loops", "99"], r"--draft-loops must be in [1, 31]"),
+    (["batched", "--budget-mb", "-1"], "--budget-mb must be > 0"),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -70,6 +81,20 @@ def test_memory_prints_the_memory_model(capsys):
     config = huginn_0125()
     assert f"{m_full(config, 1024) / 1e9:.3f}" in out and f"{m_ripe(config, 1024, 64) / 1e9:.3f}" in out
     assert "3.565B parameters" in out
+
+
+def test_memory_num_loops_is_used(capsys):
+    assert main(["memory", "--model", "huginn-0125", "--num-loops", "3", "--windows", "64"]) == 0
+    assert "R = 3," in capsys.readouterr().out
+
+
+def test_batched_forwards_to_the_batched_benchmark(capsys):
+    assert main(["batched", "--prompts", "1", "--batch-sizes", "1", "--max-new-tokens", "2", "--num-loops", "2",
+                 "--draft-loops", "1", "--block", "1", "--budget-mb", "0", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "R = 2, d = 1, gamma = 1" in out
+    for series in ("greedy  full", "greedy  deepest", "dtv     full", "dtv     deepest"):
+        assert series in out
 
 
 def test_generate_text_in_text_out(model_source, capsys):  # noqa: F811

@@ -7,6 +7,8 @@ agrees to float64 rounding (in fact bitwise).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -38,6 +40,43 @@ def test_final_latents(fixture_model, loops):
         pytest.skip("the Raven reference does not export latents")
     _, state = model(ref["input_ids"], num_loops=loops, initial_state=ref["input_states"], return_state=True)
     close(model.transformer.ln_f(state), ref[f"latents_steps{loops}"])
+
+
+@pytest.mark.parametrize("shape", [(2, 12, 7), (1, 12, None), (2, 11, None), (12, None)])
+def test_wrong_initial_state_shape_is_rejected(fixture_model, shape):
+    model, ref = fixture_model
+    ids = ref["input_ids"][:2, :12]
+    shape = tuple(model.config.n_embd if d is None else d for d in shape)
+    expected = re.escape(f"initial_state must have shape (batch, length, n_embd) = {(2, 12, model.config.n_embd)}, "
+                         f"got {shape}")
+    with pytest.raises(ValueError, match=expected):
+        model(ids, num_loops=1, initial_state=torch.zeros(shape, dtype=model.dtype))
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab"])
+def test_token_ids_outside_the_vocabulary_are_rejected(fixture_model, bad):
+    model, ref = fixture_model
+    V = model.config.vocab_size
+    ids = ref["input_ids"].clone()
+    ids[0, 3] = V if bad == "vocab" else bad
+    with pytest.raises(ValueError, match=rf"input_ids must be token ids in \[0, {V - 1}\] \(vocab_size {V}\)"):
+        model(ids, num_loops=1)
+
+
+@pytest.mark.parametrize("ids", [torch.zeros(5, dtype=torch.long), torch.zeros(1, 5),
+                                 torch.zeros(1, 5, dtype=torch.bool)])
+def test_input_ids_must_be_a_2d_integer_tensor(fixture_model, ids):
+    model, _ = fixture_model
+    with pytest.raises(ValueError, match=r"input_ids must be an integer tensor of shape \(batch, length\)"):
+        model(ids, num_loops=1)
+
+
+def test_positions_beyond_the_context_still_rejected(fixture_model):
+    model, ref = fixture_model
+    ids = ref["input_ids"][:, :2]
+    positions = torch.tensor([0, model.config.block_size])
+    with pytest.raises(ValueError, match=rf"positions reach {model.config.block_size}, beyond the model's context"):
+        model(ids, num_loops=1, positions=positions)
 
 
 def reference_step(model, s: int) -> Site:

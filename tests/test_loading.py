@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from conftest import FIXTURES, random_model
 from safetensors.torch import load_file, save_file
 
+import looped_kv.loading
 from looped_kv import LoopedConfig, load, make_policy
 from looped_kv.decode import greedy
 
@@ -89,3 +91,46 @@ def test_tiny_model_loads_offline():
     assert model.tokenizer is not None
     ids = model.tokenizer("Question: Ava has 3 apples.", return_tensors="pt").input_ids
     assert model(ids, num_loops=2).shape == (1, ids.shape[1], cfg.vocab_size)
+
+
+@pytest.mark.parametrize("name, dtype", [("float32", torch.float32), ("fp32", torch.float32),
+                                         ("bfloat16", torch.bfloat16), ("bf16", torch.bfloat16),
+                                         ("float16", torch.float16), ("fp16", torch.float16),
+                                         ("float64", torch.float64)])
+def test_dtype_names(name, dtype):
+    assert looped_kv.loading.resolve_dtype(name) == dtype
+
+
+def test_dtype_name_loads():
+    model = load(FIXTURES / "huginn-tiny", dtype="float32")
+    assert model.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", ["float8", "int8", "double", torch.int64, 32])
+def test_bad_dtype_is_rejected_before_reading(monkeypatch, dtype):
+    def no_read(*args, **kwargs):
+        raise AssertionError("the checkpoint was read before the dtype was checked")
+
+    monkeypatch.setattr(looped_kv.loading, "load_state", no_read)
+    monkeypatch.setattr(looped_kv.loading, "resolve_source", no_read)
+    with pytest.raises(ValueError, match=r"dtype must be a floating-point torch dtype or one of \('float32', 'fp32'"):
+        load("tiny", dtype=dtype)
+
+
+@pytest.mark.parametrize("source", ["./missing", "../missing/model", "/no/such/folder", "~/no-such-looped-kv-ckpt",
+                                    "a/b/c"])
+def test_missing_local_folder_is_not_a_hub_id(monkeypatch, source):
+    import huggingface_hub
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the hub was contacted for a local path")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_hub)
+    message = rf"source '{re.escape(source)}' looks like a local path but folder .* does not exist"
+    with pytest.raises(FileNotFoundError, match=message):
+        load(source)
+
+
+def test_missing_path_object_is_local(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"looks like a local path but folder .*nothing does not exist"):
+        load(tmp_path / "nothing")

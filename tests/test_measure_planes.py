@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import FAMILY_FIXTURES, FIXTURES, random_model
 
-from looped_kv import load, make_policy, policy_bytes
+from looped_kv import load, make_policy, measure_planes, policy_bytes
 from looped_kv.attention import attend
 from looped_kv.decode import new_cache, prefill, step
 from looped_kv.fits import NOT_RIPE, RIPE, SensitivityFit, sensitivity_regression
@@ -133,6 +133,32 @@ def test_arm_grid_rows_are_the_arms(setup):
     assert len(medians) == 2 * len(planes) and list(medians.columns) == ["region", "deep", "plane", "size", "kl"]
     with pytest.raises(ValueError, match="regions"):
         arm_grid(model, ids, R, regions={"deep": (R,)}, progress=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"planes": (1, 99)}, r"planes must be a non-empty set of loops in 1\.\.{R}"),
+    ({"planes": ()}, r"planes must be a non-empty set of loops in 1\.\.{R}"),
+    ({"kinds": ("q",)}, r"kinds must be distinct kinds out of \('k', 'v'\)"),
+    ({"kinds": ()}, r"kinds must name at least one of \('k', 'v'\)"),
+    ({"regions": {"shallow": (2,), "deep": (0,)}}, r"regions\['deep'\] must be a non-empty set of loops in 1\.\.{R}"),
+])
+def test_arm_grid_checks_before_the_replay(setup, monkeypatch, kwargs, message):
+    model, ids, R = setup
+    monkeypatch.setattr(measure_planes, "replay", _no_replay)
+    with pytest.raises(ValueError, match=message.format(R=R)):
+        arm_grid(model, ids, R, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("maturity_kinds", [("x",), ("k", "k"), "qk"])
+def test_ripening_curves_checks_kinds_before_the_replay(setup, monkeypatch, maturity_kinds):
+    model, ids, R = setup
+    monkeypatch.setattr(measure_planes, "replay", _no_replay)
+    with pytest.raises(ValueError, match=r"maturity_kinds must be distinct kinds out of \('q', 'k', 'v'\)"):
+        ripening_curves(model, ids, R, decoded=2, maturity_kinds=maturity_kinds)
+
+
+def _no_replay(*args, **kwargs):
+    raise AssertionError("the reference replay ran before the arguments were checked")
 
 
 def test_regression_rows_floor_and_fit():

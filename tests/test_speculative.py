@@ -14,6 +14,7 @@ from conftest import random_model
 import looped_kv
 from looped_kv import data
 from looped_kv.cache import BlockBuffer, BlockPass
+from looped_kv.das_wave import DEEP_KV, proposal_width, refine
 from looped_kv.decode import new_cache, prefill, run_block, step
 from looped_kv.policy import make_policy
 from looped_kv.speculative import acceptance_by_position, lookup_drafts
@@ -139,3 +140,72 @@ def test_acceptance_by_position_and_lookup():
     assert acceptance_by_position([0, 2, 2, 1], 2) == [3 / 4, 2 / 3]
     assert lookup_drafts([5, 6, 7, 8, 5, 6], block=3, ngram=2) == [7, 8, 5]
     assert lookup_drafts([1, 2, 3], block=3, ngram=2) == []
+
+
+# -- DAS-Wave's proposal engine (DAS Appendix B.2) -------------------------------------------------
+
+
+def wave_setup(seed: int = 3, prompt: int = 6, R: int = 5):
+    """A float64 random Huginn model with a prefilled full cache; (model, cache, anchor, R)."""
+    model = random_model("huginn", seed=seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(seed))
+    policy = make_policy("full", R)
+    cache = new_cache(model, policy, 1, prompt + 32)
+    anchor = prefill(model, cache, ids, R)[:, -1:].argmax(-1)
+    return model, cache, anchor, R
+
+
+def test_refinement_widths_follow_the_schedule():
+    model, cache, anchor, _ = wave_setup()
+    for block, rounds, initial_width in ((8, 4, 2), (4, 6, 1), (3, 2, 3)):
+        trace: list[torch.Tensor] = []
+        proposals = refine(model, cache, anchor, block=block, rounds=rounds, initial_width=initial_width, updates=1,
+                           carry=True, reads=DEEP_KV, trace=trace)
+        assert [t.shape[1] for t in trace] == [min(block, initial_width + j) for j in range(rounds)]
+        assert proposals.shape[1] == proposal_width(block, rounds, initial_width)
+
+
+def test_carry_continues_the_recurrence_of_the_first_position():
+    """Position L is active from round 0 and reads nothing later: with carry, its readout after J rounds of k
+    updates is that of one (J k)-loop pass; without carry, that of one k-loop pass."""
+    model, cache, anchor, _ = wave_setup(seed=4)
+    L, rounds, updates = cache.length, 3, 2
+
+    def first_guess(num_loops: int) -> int:
+        router = BlockPass(cache, range(L, L + 1), reads=DEEP_KV, store=None)
+        state = model.initial_state(torch.arange(L, L + 1), 1)
+        logits = model(anchor, num_loops, state, positions=torch.arange(L, L + 1), router=router)
+        return int(logits[0, -1].argmax())
+
+    assert first_guess(rounds * updates) != first_guess(updates)  # else the test could not tell them apart
+    for carry, loops in ((True, rounds * updates), (False, updates)):
+        trace: list[torch.Tensor] = []
+        refine(model, cache, anchor, block=4, rounds=rounds, initial_width=1, updates=updates, carry=carry,
+               reads=DEEP_KV, trace=trace)
+        assert int(trace[-1][0, 0]) == first_guess(loops), carry
+
+
+def test_das_wave_commits_no_bonus_token_when_every_proposal_is_accepted(tiny64):
+    block, rounds, initial_width = 8, 8, 2
+    w = proposal_width(block, rounds, initial_width)
+    ids = tiny_prompts(tiny64, 1, "problems")[0]
+    out = looped_kv.generate(tiny64, ids, max_new_tokens=40, method="das-wave", num_loops=16, block=block,
+                             rounds=rounds, initial_width=initial_width, updates=1)
+    assert w in out.accepted and min(out.accepted) < w  # both kinds of verification occur
+    assert out.retained == [int(a < w) for a in out.accepted]
+    committed = [a + u for a, u in zip(out.accepted, out.retained, strict=True)]
+    assert 1 + sum(committed) >= out.num_new > sum(committed[:-1])  # the prefill's token, then each block's
+    assert out.tau == pytest.approx(sum(committed) / len(committed)) and out.tau <= w
+
+
+def test_ripe_drafts_read_plane_R_by_default():
+    """RIPE Algorithm 1, line 3: with cache="ripe", self-spec drafts read plane R for cached positions."""
+    model = random_model("huginn", seed=4)
+    ids = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(4))
+    settings = dict(max_new_tokens=12, method="self-spec", cache="ripe", window=4, block=3, draft_loops=2,
+                    num_loops=5)
+    default = looped_kv.generate(model, ids, **settings)
+    deep = looped_kv.generate(model, ids, prefix_reads="deep-kv", **settings)
+    aligned = looped_kv.generate(model, ids, prefix_reads="aligned", **settings)
+    assert default.accepted == deep.accepted
+    assert aligned.accepted != deep.accepted  # else the test could not tell the two reads apart
