@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 import looped_kv.loading
 from looped_kv import LoopedConfig, load, make_policy
 from looped_kv.decode import greedy
+from looped_kv.loading import TINY_DIR
 
 
 def save_checkpoint(model, folder, shards: int = 1) -> None:
@@ -134,3 +135,14 @@ def test_missing_local_folder_is_not_a_hub_id(monkeypatch, source):
 def test_missing_path_object_is_local(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"looks like a local path but folder .*nothing does not exist"):
         load(tmp_path / "nothing")
+
+
+def test_training_defaults_are_the_shipped_recipe():
+    """`python -m looped_kv.tiny.train` with no options retrains the shipped model's recipe."""
+    from looped_kv.tiny.train import parser
+
+    record = json.loads((TINY_DIR / "config.json").read_text())["training"]
+    defaults = vars(parser().parse_args([]))
+    names = {"seed": "seed", "steps": "steps", "batch": "batch", "seq": "seq", "lr": "lr", "threads": "threads",
+             "mean_recurrence": "train_mean_recurrence", "backprop": "backprop_loops"}
+    assert {arg: defaults[arg] for arg in names} == {arg: record[key] for arg, key in names.items()}
