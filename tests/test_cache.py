@@ -7,7 +7,7 @@ import torch
 from conftest import random_model
 
 from looped_kv import huginn_0125, m_deep, m_full, m_ripe, make_policy, memory_table, policy_bytes, raven_llama
-from looped_kv.decode import greedy, new_cache, prefill
+from looped_kv.decode import greedy, new_cache, prefill, step
 from looped_kv.memory import layer_token_bytes, per_token_kb
 from looped_kv.policy import make_prefix_reads
 
@@ -51,41 +51,54 @@ def test_cache_bytes_equal_the_memory_equations(family, dtype):
 
 
 class BruteForce:
-    """Token-by-token decoding with per-position Python lists: the cache semantics spelled out slowly.
+    """Token-by-token decoding that keeps every plane of every position in Python lists and reads, at core loop r
+    of token t, plane pi(r, t, j) = ``policy.read(r, t, j)`` of each earlier position j: the cache semantics
+    spelled out slowly, with no ring, no sinks buffer and no preallocation."""
 
-    Each earlier position is read at plane r (``keep_every_plane``) or at plane R only.
-    """
-
-    def __init__(self, num_loops: int, keep_every_plane: bool) -> None:
-        self.R, self.every, self.past = num_loops, keep_every_plane, {}
+    def __init__(self, policy) -> None:
+        self.policy, self.past = policy, {}  # (stage, layer) -> per position: {loop: (k, v)}
 
     def attend(self, site, q, k, v):
-        key = (site.stage, site.layer, site.loop if self.every else 0)
-        past = self.past.setdefault(key, [])
-        keys = torch.cat([pk for pk, _ in past] + [k], dim=2)
-        values = torch.cat([pv for _, pv in past] + [v], dim=2)
+        rows = self.past.setdefault((site.stage, site.layer), [])
+        if site.loop <= 1:  # the first call of this site for a new token
+            rows.append({})
+        t = len(rows) - 1
+        rows[t][site.loop] = (k, v)
+        planes = [self.policy.read(site.loop, t, j) if site.stage == "core" else 0 for j in range(t)]
+        keys = torch.cat([rows[j][p][0] for j, p in enumerate(planes)] + [k], dim=2)
+        values = torch.cat([rows[j][p][1] for j, p in enumerate(planes)] + [v], dim=2)
         groups = q.shape[1] // k.shape[1]
-        out = torch.nn.functional.scaled_dot_product_attention(
+        return torch.nn.functional.scaled_dot_product_attention(
             q, keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1))
-        if site.stage != "core" or self.every or site.loop == self.R:
-            past.append((k, v))
-        return out
+
+
+POLICIES = [("full", {}), ("deepest", {}), ("ripe", {"window": 3}), ("ripe", {"window": 2, "sinks": 2}),
+            ("sinks", {"sinks": 2}), ("k-deepest", {"k": 2}), ("share", {"k": 2}), ("first", {"k": 3})]
+
+
+def brute_force_logits(model, ids, policy):
+    slow = BruteForce(policy)
+    return torch.cat([model(ids[:, t:t + 1], policy.num_loops, positions=torch.tensor([t]), router=slow)
+                      for t in range(ids.shape[1])], dim=1)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("cache", ["full", "deepest"])
-def test_greedy_with_cache_equals_brute_force(family, cache):
-    """Greedy decoding with a preallocated cache equals token-by-token brute force (float64)."""
+@pytest.mark.parametrize("cache, params", POLICIES)
+def test_cached_decoding_equals_brute_force(family, cache, params):
+    """Token-by-token decoding with a preallocated cache gives the brute force's logits under pi (float64), for
+    every policy; 12 tokens wrap the RIPE ring several times. Greedy decoding emits the brute force's argmax."""
     model = random_model(family, seed=1)
-    R = 4
-    prompt = torch.randint(0, model.config.vocab_size, (1, 1), generator=torch.Generator().manual_seed(0))
-    out = greedy(model, prompt, 10, policy=make_policy(cache, R))
-    slow = BruteForce(R, keep_every_plane=cache == "full")
-    token, emitted = prompt, []
-    for t in range(10):
-        token = model(token, R, positions=torch.tensor([t]), router=slow)[:, -1:].argmax(-1)
-        emitted.append(token)
-    assert torch.equal(torch.cat(emitted, 1), out.new_tokens)
+    R, n = 4, 12
+    policy = make_policy(cache, R, **params)
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
+    kv = new_cache(model, policy, batch=1, capacity=n)
+    logits = torch.cat([prefill(model, kv, ids[:, :1], R)] + [step(model, kv, ids[:, t:t + 1], R)
+                                                              for t in range(1, n)], dim=1)
+    torch.testing.assert_close(logits, brute_force_logits(model, ids, policy), rtol=0, atol=1e-10)
+    if cache != "full":  # the check can tell policies apart
+        assert not torch.allclose(logits, brute_force_logits(model, ids, make_policy("full", R)), atol=1e-6)
+    out = greedy(model, ids[:, :1], n, policy=policy)
+    assert torch.equal(brute_force_logits(model, out.tokens[:, :-1], policy).argmax(-1), out.tokens[:, 1:])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -104,7 +117,6 @@ def test_full_cache_logits_equal_forward_float64():
     ids = torch.randint(0, model.config.vocab_size, (1, 12))
     cache = new_cache(model, make_policy("full", R), batch=1, capacity=12)
     logits = [prefill(model, cache, ids[:, :5], R)]
-    from looped_kv.decode import step
     for t in range(5, 12):
         logits.append(step(model, cache, ids[:, t:t + 1], R))
     reference = model(ids, num_loops=R)
