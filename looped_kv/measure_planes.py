@@ -203,10 +203,13 @@ def paper_planes(num_loops: int) -> tuple[int, ...]:
 @dataclass
 class ArmGrid:
     """Arms of RIPE Sec. 3.1 over texts: ``rows`` has one row per (arm, text) with columns text, region, deep,
-    plane, kl (KL(reference || arm) at the first decoded position, float64) and size (||delta||)."""
+    plane, kl (KL(reference || arm) at the first decoded position, float64) and size (||delta||);
+    ``positions`` has one row per (arm, text, decoded position) with columns text, region, deep, plane,
+    offset (0 = the first decoded position) and kl."""
 
     reference: Replay
     rows: pd.DataFrame
+    positions: pd.DataFrame
 
     def medians(self) -> pd.DataFrame:
         """Arm medians over texts of size and KL (the points of RIPE Fig. 2a-b)."""
@@ -222,7 +225,8 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
     """Replay texts ``ids`` (B, n) once and run every (region, plane) arm (RIPE Sec. 3.1, Fig. 2a-b).
 
     ``regions`` defaults to the paper's shallow (loops 2-9) and deep (25-32) regions scaled to R, ``planes``
-    to :func:`paper_planes`. An arm's KL is taken at the first decoded position ``n - decoded``.
+    to :func:`paper_planes`. An arm's KL is taken at the first decoded position ``n - decoded`` (``rows``) and
+    at every decoded position (``positions``).
     """
     _check_ids(ids)
     if num_loops < 1:
@@ -240,15 +244,17 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
         raise ValueError("kinds must name at least one of ('k', 'v')")
     ref = replay(model, ids, num_loops, softmax_dtype=softmax_dtype, record=kinds, decoded=decoded)
     t = ref.first_decoded
-    records = []
+    records, per_position = [], []
     arms = [(name, p) for name in ("shallow", "deep") for p in planes]
     for name, p in tqdm(arms, desc="arms", disable=not progress, leave=False):
         logits = substitute(model, ref, p, regions[name], kinds=kinds)
-        kl = kl_per_position(ref.logits[:, t], logits[:, t]).cpu().numpy()
+        kl = kl_per_position(ref.logits[:, t:], logits[:, t:]).cpu().numpy()  # (B, decoded)
         size = perturbation_size(ref, p, regions[name], kinds=kinds).cpu().numpy()
-        records += [{"text": i, "region": name, "deep": int(name == "deep"), "plane": p, "kl": float(kl[i]),
-                     "size": float(size[i])} for i in range(ids.shape[0])]
-    return ArmGrid(ref, pd.DataFrame.from_records(records))
+        arm = {"region": name, "deep": int(name == "deep"), "plane": p}
+        records += [{"text": i, **arm, "kl": float(kl[i, 0]), "size": float(size[i])} for i in range(ids.shape[0])]
+        per_position += [{"text": i, **arm, "offset": o, "kl": float(kl[i, o])}
+                         for i in range(ids.shape[0]) for o in range(decoded)]
+    return ArmGrid(ref, pd.DataFrame.from_records(records), pd.DataFrame.from_records(per_position))
 
 
 @torch.no_grad()

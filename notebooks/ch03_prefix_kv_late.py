@@ -76,24 +76,26 @@ print(f"model: {model.source}  device: {model.device}  dtype: {model.dtype}  R =
 # %% [markdown]
 # ## The arms
 #
-# The texts are evaluation texts of both workloads, cut to one length. The first decoded position is the
-# last one, so every position before it is prefix. The two regions and the six planes are the paper's,
+# The texts are evaluation texts of both workloads, cut to one length. The last positions act as decoded
+# tokens: the regression uses the first of them, whose prefix is every position before it, and the KL is
+# also recorded at every later decoded position. The two regions and the six planes are the paper's,
 # scaled to $R$. Each (region, plane) pair is one arm, run on every text in float32, as in the paper's main
 # regression.
 
 # %% tags=["remove-stderr"]
-TEXTS_PER_WORKLOAD, LENGTH = 16, 96
+TEXTS_PER_WORKLOAD, PREFIX, DECODED = 16, 95, 32
+LENGTH = PREFIX + DECODED
 ids = torch.cat([text_batch(model, data.texts(w, TEXTS_PER_WORKLOAD, split="eval", chars=800), LENGTH)
                  for w in data.WORKLOADS])
 assert ids.shape == (len(data.WORKLOADS) * TEXTS_PER_WORKLOAD, LENGTH)
 model32 = in_dtype(model, torch.float32)
-grid = arm_grid(model32, ids, R, decoded=1)  # one reference replay, then every (region, plane) arm
+grid = arm_grid(model32, ids, R, decoded=DECODED)  # one reference replay, then every (region, plane) arm
 regions = {name: paper_region(name, R) for name in ("shallow", "deep")}
 planes = sorted(grid.rows.plane.unique())
 assert len(grid.rows) == 2 * len(planes) * ids.shape[0] and (grid.rows["size"] > 0).all()
-Markdown(f"{ids.shape[0]} texts of {LENGTH} tokens; shallow loops {regions['shallow'][0]}-{regions['shallow'][-1]}, "
-         f"deep loops {regions['deep'][0]}-{regions['deep'][-1]}, planes {', '.join(map(str, planes))}: "
-         f"{len(grid.rows)} rows.")
+Markdown(f"{ids.shape[0]} texts of {LENGTH} tokens, the last {DECODED} decoded; shallow loops "
+         f"{regions['shallow'][0]}-{regions['shallow'][-1]}, deep loops {regions['deep'][0]}-{regions['deep'][-1]}, "
+         f"planes {', '.join(map(str, planes))}: {len(grid.rows)} rows.")
 
 # %% [markdown]
 # ## The KL floor
@@ -231,6 +233,40 @@ Markdown(
     + f"The paper places its largest substitutions (plane 1) outside the small-perturbation regime of Eq. (4); "
     f"here the deep plane-1 median KL is {plane1_ratio:.2g} times the fitted line's value at its size."
 )
+
+# %% [markdown]
+# ## Every decoded position
+#
+# The substitution changes what every query reads from its prefix, so each arm has a KL at every decoded
+# position, not only the first. Lines are medians over texts per arm; the dotted line is the float32 floor
+# measured at the first decoded position.
+
+# %%
+per_position = grid.positions.groupby(["region", "plane", "offset"], as_index=False).kl.median()
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+for ax, name in zip(axes, ("shallow", "deep"), strict=True):
+    for (plane, group), color in zip(per_position[per_position.region == name].groupby("plane"),
+                                     plt.cm.viridis(np.linspace(0, 0.9, len(planes))), strict=True):
+        ax.plot(group.offset, group.kl.clip(lower=FLOOR), color=color, label=f"plane {plane}")
+    ax.axhline(FLOOR, color="0.5", ls=":", lw=1)
+    ax.set(yscale="log", xlabel="decoded position (0 = first)", title=f"{name}: loops {regions[name][0]}-"
+           f"{regions[name][-1]}", ylabel="median KL" if name == "shallow" else None)
+axes[1].legend(fontsize=7, ncol=2)
+plt.tight_layout()
+plt.show()
+
+# %%
+above = grid.positions.assign(above=grid.positions.kl > FLOOR).groupby("region").above.mean()
+later = grid.positions[grid.positions.offset > 0].groupby(["region", "plane"]).kl.median()
+first = grid.positions[grid.positions.offset == 0].groupby(["region", "plane"]).kl.median()
+deep_later_over_first = (later["deep"] / first["deep"]).median()
+assert len(grid.positions) == len(grid.rows) * DECODED
+Markdown(f"Over all {DECODED} decoded positions, {above['deep']:.0%} of the deep arms' KLs and "
+         f"{above['shallow']:.0%} of the shallow arms' lie above the first position's floor. Across the deep arms, "
+         f"the median KL at later positions is {deep_later_over_first:.2g} times the one at the first decoded "
+         f"position (median over planes): the first position "
+         + ("understates" if deep_later_over_first > 1 else "does not understate")
+         + " what a substituted prefix costs the positions after it.")
 
 # %% [markdown]
 # ## Equal storage: deep planes against shallow ones (Table 3)

@@ -129,6 +129,11 @@ def test_arm_grid_rows_are_the_arms(setup):
                                    rtol=1e-9)
         np.testing.assert_allclose(rows["size"], perturbation_size(grid.reference, p, loops).numpy(), rtol=1e-12)
         assert (rows.deep == int(region == "deep")).all()
+        at = grid.positions[(grid.positions.region == region) & (grid.positions.plane == p)]
+        by_position = at.pivot(index="text", columns="offset", values="kl").to_numpy()
+        np.testing.assert_allclose(by_position, kl_per_position(grid.reference.logits[:, t:], arm[:, t:]).numpy(),
+                                   rtol=1e-9)
+    assert len(grid.positions) == 2 * len(planes) * B * 2
     medians = grid.medians()
     assert len(medians) == 2 * len(planes) and list(medians.columns) == ["region", "deep", "plane", "size", "kl"]
     with pytest.raises(ValueError, match="regions"):
@@ -173,7 +178,7 @@ def test_regression_rows_floor_and_fit():
     rows[0]["kl"] = 0.0  # exactly zero: must sit at the floor, not break the log
     import pandas as pd
 
-    grid = ArmGrid(reference=None, rows=pd.DataFrame(rows))
+    grid = ArmGrid(reference=None, rows=pd.DataFrame(rows), positions=pd.DataFrame())
     floor = 1e-9
     fitted = regression_rows(grid, floor)
     assert fitted.at_floor.sum() == 1 and fitted.kl.min() == floor
