@@ -42,7 +42,7 @@ from looped_kv.loading import load, resolve_source
 from looped_kv.model import LoopedLM
 from looped_kv.perf import FixedMemoryFactors, ThroughputFit, fit_throughput, fixed_memory_factors
 from looped_kv.policy import ALIGNED, CachePolicy, PrefixReads, make_policy, make_prefix_reads, read_planes
-from looped_kv.reproducibility import check_device
+from looped_kv.reproducibility import check_device, measurement_mode
 from looped_kv.speculative import check_speculation
 
 METHODS = ("greedy", "dtv")
@@ -763,38 +763,40 @@ def main(argv: list[str] | None = None, prog: str = "python -m looped_kv.batched
             _validate(model, prompts, sizes, method, cache, args.max_new_tokens, {"num_loops": R, **extra})
         except ValueError as error:
             ap.error(f"{method}, {cache} cache: {error} (see --max-new-tokens, --num-loops, --draft-loops, --block)")
-    print(f"model {args.model} ({model.dtype}, {args.device}, {torch.get_num_threads()} threads), R = {R}, "
-          f"d = {args.draft_loops}, gamma = {args.block}, {args.prompts} {args.workload} prompts "
-          f"({min(map(len, prompts))}-{max(map(len, prompts))} tokens), {args.max_new_tokens} new tokens each")
-    print(f"{'method':<8}{'cache':<9}" + "".join(f"{'B=' + str(b):>10}" for b in args.batch_sizes) + "   tokens/s")
-    for method, cache, extra in series:
-        cells = throughput_cells(model, prompts, args.batch_sizes, method, cache, repeats=args.repeats, **options,
-                                 **extra)
-        taus = f"  tau {cells[-1].tau:.2f}" if method == "dtv" else ""
-        print(f"{method:<8}{cache:<9}" + "".join(f"{c.tokens_per_s:>10.1f}" for c in cells) + taus)
-        print(f"{'':17}{_fit_line(cells)}")
-    if not args.budget_mb:
-        return
-    try:
-        comparison = fixed_memory_comparison(model, prompts, args.budget_mb * 1e6, method="dtv",
-                                             memory_batch_sizes=args.memory_batch_sizes, fit_on=args.fit_on,
-                                             repeats=args.repeats, **options, **dtv)
-    except ValueError as error:  # known only once memory is measured: a budget that holds no sequence
-        ap.error(f"--budget-mb {args.budget_mb:g}: {error}")
-    print(f"\nfixed memory: budget {args.budget_mb:g} MB (peak bytes allocated by PyTorch during decoding, "
-          f"{'CUDA reserved' if model.device.type == 'cuda' else 'CPU allocator events'}), draft-then-verify")
-    for name, check in comparison.memory.items():
-        fit = check.fit
-        errors = ", ".join(f"B={b}: {100 * e:+.3f}%" for b, e in zip(check.held_out, check.held_out_errors,
-                                                                     strict=True))
-        print(f"  {name:<8} cache {fit.cache_per_seq / 1e6:.3f} MB/seq, o0 = {fit.o0 / 1e3:.1f} kB, "
-              f"o1 = {fit.o1 / 1e6:.3f} MB/seq (fit on B = {list(check.fitted)}); held-out error {errors or '-'}; "
-              f"B_max = {check.b_max}")
-    for label, cell in comparison.cells.items():
-        print(f"  {label:<12} {cell.tokens_per_s:8.1f} tokens/s (tau {cell.tau:.2f})")
-    f = comparison.factors
-    print(f"  deepest / full at the full cache's B_max: {f.same_batch:.2f}x; batch factor {f.batch:.2f}x; "
-          f"fixed-memory total {f.total:.2f}x")
+    with measurement_mode() as mode:  # cuDNN attention off on CUDA (RIPE Sec. 5.5); nothing changes on CPU
+        print(f"model {args.model} ({model.dtype}, {args.device}, {torch.get_num_threads()} threads), R = {R}, "
+              f"d = {args.draft_loops}, gamma = {args.block}, {args.prompts} {args.workload} prompts "
+              f"({min(map(len, prompts))}-{max(map(len, prompts))} tokens), {args.max_new_tokens} new tokens each; "
+              f"cuDNN attention {mode['cudnn_sdp']}")
+        print(f"{'method':<8}{'cache':<9}" + "".join(f"{'B=' + str(b):>10}" for b in args.batch_sizes) + "   tokens/s")
+        for method, cache, extra in series:
+            cells = throughput_cells(model, prompts, args.batch_sizes, method, cache, repeats=args.repeats, **options,
+                                     **extra)
+            taus = f"  tau {cells[-1].tau:.2f}" if method == "dtv" else ""
+            print(f"{method:<8}{cache:<9}" + "".join(f"{c.tokens_per_s:>10.1f}" for c in cells) + taus)
+            print(f"{'':17}{_fit_line(cells)}")
+        if not args.budget_mb:
+            return
+        try:
+            comparison = fixed_memory_comparison(model, prompts, args.budget_mb * 1e6, method="dtv",
+                                                 memory_batch_sizes=args.memory_batch_sizes, fit_on=args.fit_on,
+                                                 repeats=args.repeats, **options, **dtv)
+        except ValueError as error:  # known only once memory is measured: a budget that holds no sequence
+            ap.error(f"--budget-mb {args.budget_mb:g}: {error}")
+        print(f"\nfixed memory: budget {args.budget_mb:g} MB (peak bytes allocated by PyTorch during decoding, "
+              f"{'CUDA reserved' if model.device.type == 'cuda' else 'CPU allocator events'}), draft-then-verify")
+        for name, check in comparison.memory.items():
+            fit = check.fit
+            errors = ", ".join(f"B={b}: {100 * e:+.3f}%" for b, e in zip(check.held_out, check.held_out_errors,
+                                                                         strict=True))
+            print(f"  {name:<8} cache {fit.cache_per_seq / 1e6:.3f} MB/seq, o0 = {fit.o0 / 1e3:.1f} kB, "
+                  f"o1 = {fit.o1 / 1e6:.3f} MB/seq (fit on B = {list(check.fitted)}); held-out error {errors or '-'}; "
+                  f"B_max = {check.b_max}")
+        for label, cell in comparison.cells.items():
+            print(f"  {label:<12} {cell.tokens_per_s:8.1f} tokens/s (tau {cell.tau:.2f})")
+        f = comparison.factors
+        print(f"  deepest / full at the full cache's B_max: {f.same_batch:.2f}x; batch factor {f.batch:.2f}x; "
+              f"fixed-memory total {f.total:.2f}x")
 
 
 if __name__ == "__main__":

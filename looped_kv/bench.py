@@ -26,6 +26,7 @@ from looped_kv.decode import Generation, generate
 from looped_kv.fits import accepted_length, committed_progress, mean_speedup
 from looped_kv.loading import load
 from looped_kv.model import LoopedLM
+from looped_kv.reproducibility import measurement_mode
 
 #: Each method's configuration on the shipped tiny model, chosen on development prompts with
 #: ``select_configs``: the sequential drafters by chapter 5 (d = 2, gamma = 8), prompt lookup and
@@ -115,16 +116,27 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--prompts must be >= 1, got {args.prompts}")
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
+    if args.max_new_tokens < 1:
+        ap.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     torch.set_num_threads(args.threads)
     model = load(args.model, device="cuda" if torch.cuda.is_available() else None)
-    methods = {name: DEFAULT_METHODS[name] for name in args.methods}
+    report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods)
+
+
+def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
+           progress: bool = True) -> None:
+    """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts,
+    measured with cuDNN attention off (:func:`looped_kv.reproducibility.measurement_mode`)."""
+    chosen = {name: DEFAULT_METHODS[name] for name in methods}
     pd.set_option("display.width", 160)
-    for workload in args.workloads:
-        prompts = encode_prompts(model, workload, args.prompts, "eval")
-        table = summarize(run_paired(model, prompts, methods, args.max_new_tokens))
-        print(f"\n{workload}: {len(prompts)} evaluation prompts, {args.max_new_tokens} new tokens each, "
-              f"model {args.model} on {model.device}")
-        print(table.to_string(float_format=lambda x: f"{x:.2f}"))
+    with measurement_mode() as record:
+        print(f"model {model.source} on {model.device}; torch {record['torch']}, cuDNN attention: "
+              f"{record['cudnn_sdp']}")
+        for workload in workloads:
+            encoded = encode_prompts(model, workload, prompts, "eval")
+            table = summarize(run_paired(model, encoded, chosen, max_new_tokens, progress=progress))
+            print(f"\n{workload}: {len(encoded)} evaluation prompts, {max_new_tokens} new tokens each")
+            print(table.to_string(float_format=lambda x: f"{x:.2f}"))
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ from typing import NoReturn
 import pandas as pd
 import torch
 
-from looped_kv import batched, batches, data
-from looped_kv.bench import DEFAULT_METHODS, encode_prompts, run_paired, summarize
+from looped_kv import batched, batches, bench, data
 from looped_kv.book import DTYPES
 from looped_kv.config import LoopedConfig, huginn_0125, raven_llama
 from looped_kv.decode import METHODS, generate
@@ -138,14 +137,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--prompts and --max-new-tokens must be >= 1, got {args.prompts} and "
                          f"{args.max_new_tokens}")
     model = _load(args)
-    methods = {name: DEFAULT_METHODS[name] for name in args.methods}
-    pd.set_option("display.width", 160)
-    for workload in args.workloads:
-        prompts = encode_prompts(model, workload, args.prompts, "eval")
-        table = summarize(run_paired(model, prompts, methods, args.max_new_tokens, progress=not args.quiet))
-        print(f"\n{workload}: {len(prompts)} evaluation prompts, {args.max_new_tokens} new tokens each, "
-              f"model {args.model} on {model.device}")
-        print(table.to_string(float_format=lambda x: f"{x:.2f}"))
+    bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, progress=not args.quiet)
     return 0
 
 
@@ -161,7 +153,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="prompt workloads (default: all)")
     p.add_argument("--prompts", type=int, default=8, help="evaluation prompts per workload (default: 8)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
-    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(DEFAULT_METHODS),
+    p.add_argument("--methods", nargs="+", default=list(bench.DEFAULT_METHODS), choices=list(bench.DEFAULT_METHODS),
                    help="decoders (default: all, with the configurations of looped_kv.bench.DEFAULT_METHODS)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_bench)
