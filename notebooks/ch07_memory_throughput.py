@@ -196,9 +196,12 @@ Markdown(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full ca
 
 # %%
 memory_sizes = [1, 2, 3, 4, 6, 8]
+shortest = min(p.shape[-1] for p in prompts)
+same_length = [p[..., :shortest] for p in prompts]  # activations grow with the longest prompt of a batch
 checks = {}
 for cache, params in (("full", {}), ("deepest", {})):
-    cells = batched.memory_cells(model, prompts, memory_sizes, "greedy", cache, max_new_tokens=NEW_TOKENS, **params)
+    cells = batched.memory_cells(model, same_length, memory_sizes, "greedy", cache, max_new_tokens=NEW_TOKENS,
+                                 **params)
     checks[cache] = (cells, check_memory_model(cells, fit_on=memory_sizes[:2], budget=float(cells[-1].peak_bytes)))
 fig, ax = plt.subplots(figsize=(4.5, 4))
 for (cache, (cells, check)), color in zip(checks.items(), ("C0", "C1"), strict=True):
@@ -264,9 +267,11 @@ Markdown(f"The same-batch factor follows exactly from the printed throughputs. T
 # few sequences; both caches' B_max come from their fitted memory models.
 
 # %%
-full_cells, full_check = checks["full"]
-FULL_BATCH_IN_BUDGET = 4
-budget = float(full_check.fit.predict(FULL_BATCH_IN_BUDGET))
+FULL_BATCH_IN_BUDGET = 4  # the budget lies halfway between draft-then-verify's full-cache peaks at B = 4 and 5
+dtv_cells = batched.memory_cells(model, same_length, [1, 2], "dtv", "full", max_new_tokens=NEW_TOKENS, **DRAFT)
+dtv_fit = perf.fit_peak_memory([c.batch for c in dtv_cells], [c.peak_bytes for c in dtv_cells],
+                               dtv_cells[0].cache_bytes / dtv_cells[0].batch)
+budget = float(dtv_fit.predict(FULL_BATCH_IN_BUDGET + 0.5))
 comparison = batched.fixed_memory_comparison(model, prompts, budget, method="dtv", max_new_tokens=NEW_TOKENS,
                                              exact=False, repeats=2, **DRAFT)
 factors = comparison.factors
@@ -294,7 +299,8 @@ ax.set(xlabel="batch size B", ylabel="tokens/s",
        title=f"Fixed memory ({budget / 1e6:.1f} MB): fits from B ≤ {max(BATCH_SIZES)}, stars measured at B_max")
 ax.legend(fontsize=8, loc="upper left")
 plt.show()
-Markdown(f"Under a budget of {budget / 1e6:.1f} MB (the full cache's model peak at B = {FULL_BATCH_IN_BUDGET}) "
+assert comparison.memory["full"].b_max == FULL_BATCH_IN_BUDGET
+Markdown(f"Under a budget of {budget / 1e6:.1f} MB "
          f"the full cache fits {b_full} sequences and the deepest plane {b_deep}. At the same batch the deepest "
          f"plane decodes {factors.same_batch:.2f}x as fast; the larger batch adds {factors.batch:.2f}x, for "
          f"{factors.total:.2f}x in all (the paper, on Huginn with WaveFront's scheduler: "
