@@ -25,6 +25,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
@@ -33,6 +34,7 @@ from looped_kv.bench_memory import check_memory_model
 from looped_kv.config import LoopedConfig, huginn_0125, raven_llama
 from looped_kv.loading import TINY_DIR
 from looped_kv.model import LoopedLM
+from looped_kv.perf import peak_memory
 from looped_kv.reproducibility import check_device, environment, measurement_mode
 
 CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama,
@@ -62,6 +64,22 @@ def time_forward(model: LoopedLM, loops: int, tokens: int, repeats: int) -> floa
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
     return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def record_tables(result: dict) -> dict[str, pd.DataFrame]:
+    """A recorded run (the JSON this script writes) as tables: peak memory against the memory model per cache and
+    batch, and the forward time of d loops against Eq. (8)'s c(d)/c(R)."""
+    memory = []
+    for cache in ("full", "deepest"):
+        entry = result[f"memory {cache}"]
+        for cell in entry["cells"]:
+            model_peak = peak_memory(cell["batch"], entry["cache_per_seq"], entry["o0"], entry["o1"])
+            memory.append({"cache": cache, "B": cell["batch"], "cache GB": cell["cache_bytes"] / 1e9,
+                           "peak GB": cell["peak_bytes"] / 1e9, "model GB": model_peak / 1e9,
+                           "error": model_peak / cell["peak_bytes"] - 1})
+    cost = pd.DataFrame(result["cost check"]).set_index("d")
+    cost["ratio measured / Eq. 8"] = cost["measured c(d)/c(R)"] / cost["Eq. 8 c(d)/c(R)"]
+    return {"memory": pd.DataFrame(memory).set_index(["cache", "B"]), "cost": cost}
 
 
 def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> LoopedConfig:

@@ -32,15 +32,17 @@ if "google.colab" in sys.modules:  # on Colab only: install the package
 
 # %%
 import itertools
+import json
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-from IPython.display import Markdown
+from IPython.display import Markdown, display
 
 import looped_kv
-from looped_kv import batched, book, data, perf
+from looped_kv import batched, book, data, gpu_check, perf
 from looped_kv.bench_memory import check_memory_model
 from looped_kv.memory import m_deep, m_full, memory_table
 from looped_kv.ripe_measure import PAPER_TABLE_2
@@ -332,8 +334,22 @@ Markdown(f"The same-batch factor is {than_paper['same batch']} the paper's and t
 #
 # Allocation and timing do not depend on the weights, so a full-size Huginn-0125 config with random bf16
 # weights measures the real memory and the real cost of $d$ loops against $R$ loops. The script
-# `python -m looped_kv.gpu_check` does this in one run (cache bytes and peak reserved memory against
-# the memory model for a few batch sizes, and the time of a forward of $d$ loops against $R$ loops at
-# batch 1 against Eq. (8)'s cost assumption $c(d) = n_\text{pre} + d\, n_\text{core} + n_\text{coda}$). No GPU
-# measurement has been recorded in this book yet; when one is, it appears here as data with its date
-# and card, marked as measured on random weights.
+# `python -m looped_kv.gpu_check --out book/data/gpu_check_huginn-0125.json` does this in one run (cache
+# bytes and peak reserved memory against the memory model for a few batch sizes, and the time of a forward
+# of $d$ loops against $R$ loops at batch 1 against Eq. (8)'s cost assumption
+# $c(d) = n_\text{pre} + d\, n_\text{core} + n_\text{coda}$). A recorded run is shown below with its date and
+# card.
+
+# %%
+GPU_RECORD = "book/data/gpu_check_huginn-0125.json"
+found = [path for path in (Path(GPU_RECORD), Path("..") / GPU_RECORD) if path.exists()]
+if found:
+    record = json.loads(found[0].read_text())
+    gpu_tables = gpu_check.record_tables(record)
+    display(Markdown(f"**Measured on {record['card']} on {record['date']}, on random {record['dtype']} weights** "
+                     f"(config {record['config']}, torch {record['environment']['torch']})."))
+    display(gpu_tables["memory"])
+    display(gpu_tables["cost"])
+else:
+    display(Markdown(f"No GPU measurement is recorded in this book yet (`{GPU_RECORD}` is absent): its machines "
+                     f"had no GPU. Run the script above on one to fill this section."))

@@ -28,6 +28,11 @@ def test_gpu_check_on_cpu(tmp_path, capsys):
     assert all(0 < row["Eq. 8 c(d)/c(R)"] < 1 for row in result["cost check"])
     assert result["measurement mode"]["torch"] == torch.__version__ and "cudnn_sdp" in result["measurement mode"]
     assert result["environment"]["torch"] == torch.__version__ and "cuda" in result["environment"]
+    tables = gpu_check.record_tables(result)
+    assert list(tables["memory"].index) == [(c, b) for c in ("full", "deepest") for b in (1, 2, 3)]
+    fitted = tables["memory"].xs(1, level="B")  # fitted cells: the model equals the measurement
+    assert (fitted["error"].abs() < 1e-9).all()
+    assert list(tables["cost"].index) == [1, 2] and (tables["cost"]["ratio measured / Eq. 8"] > 0).all()
 
 
 TINY = ["--config", "tiny", "--device", "cpu", "--batch-sizes", "1", "2", "3", "--prompt-tokens", "8"]
