@@ -44,3 +44,28 @@ def encode(model: LoopedLM, text: str | list[str]) -> Tensor:
 
 def decode(model: LoopedLM, ids: Tensor) -> str:
     return model.tokenizer.decode(ids.reshape(-1).tolist())
+
+
+def check_greedy_tokens(logits: Tensor, tokens: Tensor, ulps: int = 2) -> int:
+    """Check that ``tokens`` are the argmax of ``logits`` (..., vocab); returns the number of near-tie flips.
+
+    In float32 and float64 every token must be the argmax. In bfloat16 and float16, two computations of the
+    same logits in another order (a cache against a full forward, a GPU kernel against another) may round a
+    near-tie either way: a token may differ from the argmax only where its logit is within ``ulps`` units in the
+    last place of the top logit. Raises AssertionError naming the first position that breaks this.
+    """
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"logits (..., vocab) must match tokens {tuple(tokens.shape)}, got {tuple(logits.shape)}")
+    top = logits.argmax(-1)
+    flips = (top != tokens).nonzero()
+    if logits.dtype in (torch.float32, torch.float64):
+        assert not len(flips), f"token {tuple(flips[0].tolist())} is not the argmax in {logits.dtype}"
+        return 0
+    mantissa = {torch.bfloat16: 7, torch.float16: 10}[logits.dtype]
+    for index in map(tuple, flips.tolist()):
+        best, chosen = logits[index].max().float(), logits[index][tokens[index]].float()
+        ulp = 2.0 ** (torch.floor(torch.log2(best.abs().clamp_min(1e-30))) - mantissa)
+        assert best - chosen <= ulps * ulp, (f"token at {index} is {float(best - chosen):.3g} below the argmax, "
+                                             f"more than {ulps} ulps ({float(ulps * ulp):.3g}) in {logits.dtype}")
+    return len(flips)
+

@@ -56,7 +56,14 @@ from IPython.display import Markdown
 
 from looped_kv import book, data
 from looped_kv.fits import RIPE, deep_loop_range, floor_model, ripeness
-from looped_kv.measure_planes import in_dtype, ripening_curves, ripening_summary, table7_column, text_batch
+from looped_kv.measure_planes import (
+    in_dtype,
+    paper_planes,
+    ripening_curves,
+    ripening_summary,
+    table7_column,
+    text_batch,
+)
 
 start = time.perf_counter()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
@@ -74,7 +81,7 @@ print(f"model: {model.source}  device: {model.device}  R = {R}")
 
 # %%
 TEXTS_PER_WORKLOAD, LENGTH, DECODED = 8, 256, 64
-ids = torch.cat([text_batch(model, data.texts(w, TEXTS_PER_WORKLOAD, split="eval"), LENGTH)
+ids = torch.cat([text_batch(model, data.texts(w, TEXTS_PER_WORKLOAD, split="eval", chars=8 * LENGTH), LENGTH)
                  for w in data.WORKLOADS])
 assert ids.shape == (len(data.WORKLOADS) * TEXTS_PER_WORKLOAD, LENGTH)  # every text is long enough
 Markdown(f"{ids.shape[0]} texts ({TEXTS_PER_WORKLOAD} per workload) of {LENGTH} tokens; "
@@ -98,7 +105,7 @@ for X in ("k", "v"):
     assert np.all(fp32.delta[X][:-1] > 0)
 curves = pd.DataFrame({"keys fp32": fp32.delta["k"], "keys bf16": bf16.delta["k"], "values fp32": fp32.delta["v"],
                        "values bf16": bf16.delta["v"]}, index=pd.Index(loops, name="loop r"))
-curves.iloc[[0, 3, 7, 15, 23, 27, 30]].style.format("{:.2e}")
+curves.loc[list(paper_planes(R))].style.format("{:.2e}")  # the planes of RIPE Sec. 3.1, scaled to R
 
 # %% [markdown]
 # ## Table 7 beside the paper's

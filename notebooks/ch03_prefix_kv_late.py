@@ -85,7 +85,7 @@ print(f"model: {model.source}  device: {model.device}  dtype: {model.dtype}  R =
 # %% tags=["remove-stderr"]
 TEXTS_PER_WORKLOAD, PREFIX, DECODED = 16, 95, 32
 LENGTH = PREFIX + DECODED
-ids = torch.cat([text_batch(model, data.texts(w, TEXTS_PER_WORKLOAD, split="eval", chars=800), LENGTH)
+ids = torch.cat([text_batch(model, data.texts(w, TEXTS_PER_WORKLOAD, split="eval", chars=8 * LENGTH), LENGTH)
                  for w in data.WORKLOADS])
 assert ids.shape == (len(data.WORKLOADS) * TEXTS_PER_WORKLOAD, LENGTH)
 model32 = in_dtype(model, torch.float32)

@@ -45,3 +45,18 @@ def test_bad_arguments_fail_before_work(model, kwargs, message):
 def test_prompt_longer_than_context(model):
     with pytest.raises(ValueError, match="exceeds the model's context"):
         looped_kv.generate(model, torch.zeros(1, 41, dtype=torch.long), max_new_tokens=1)
+
+
+def test_check_greedy_tokens_allows_only_near_ties_in_low_precision():
+    from looped_kv.book import check_greedy_tokens
+
+    logits = torch.tensor([[10.0, 9.0, 0.0], [4.0, 4.03, 0.0]])
+    assert check_greedy_tokens(logits, torch.tensor([0, 1])) == 0
+    with pytest.raises(AssertionError, match="not the argmax"):
+        check_greedy_tokens(logits, torch.tensor([0, 0]))  # float32: exact
+    tie = logits.to(torch.bfloat16)  # 4.0 and 4.03 are one bf16 ulp (0.03125) apart
+    assert check_greedy_tokens(tie, torch.tensor([0, 0])) == 1
+    with pytest.raises(AssertionError, match="below the argmax"):
+        check_greedy_tokens(tie, torch.tensor([1, 0]))  # 10 against 9: no near-tie
+    with pytest.raises(ValueError, match="must match tokens"):
+        check_greedy_tokens(logits, torch.tensor([0]))
