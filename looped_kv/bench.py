@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from looped_kv import data
 from looped_kv.decode import Generation, generate
-from looped_kv.fits import accepted_length, committed_progress, mean_speedup
+from looped_kv.fits import accepted_length, mean_speedup
 from looped_kv.loading import load
 from looped_kv.model import LoopedLM
 from looped_kv.reproducibility import measurement_mode
@@ -46,9 +46,8 @@ def encode_prompts(model: LoopedLM, workload: str, n: int, split: str) -> list[T
 
 
 def progress_of(out: Generation) -> float:
-    """G for one run: every verification commits its accepted drafts plus, unless DAS-Wave accepted all of
-    its proposals, one target token."""
-    return committed_progress([out.accepted], [out.retained]) if out.accepted else float("nan")
+    """G of one run (DAS Eq. 10): committed tokens per verification, which is the run's tau."""
+    return out.tau
 
 
 def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[str, dict], max_new_tokens: int,

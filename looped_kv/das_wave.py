@@ -93,7 +93,7 @@ def das_wave(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, policy:
     cache = new_cache(model, policy, 1, prompt.shape[1] + max_new_tokens + block + 1)
     buffer = BlockBuffer(model.config, R, batch=1, capacity=block, dtype=model.dtype, device=model.device)
     anchor = prefill(model, cache, prompt, R)[:, -1:].argmax(-1)
-    emitted, accepted, corrections = [anchor], [], []
+    emitted, accepted, retained = [anchor], [], []
     bar = tqdm(total=max_new_tokens, disable=not progress, desc="das-wave", leave=False)
     while sum(t.shape[1] for t in emitted) < max_new_tokens:
         proposals = refine(model, cache, anchor, block=block, rounds=rounds, initial_width=initial_width,
@@ -106,12 +106,12 @@ def das_wave(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, policy:
         anchor = targets[:, k:k + 1] if corrected else proposals[:, -1:]
         emitted += [proposals[:, :k], targets[:, k:k + 1]] if corrected else [proposals]
         accepted.append(k)
-        corrections.append(int(corrected))
+        retained.append(int(corrected))
         bar.update(k + int(corrected))
     bar.close()
     tokens = torch.cat([prompt, *emitted], dim=1)[:, :prompt.shape[1] + max_new_tokens]
     return Generation(tokens, prompt.shape[1], time.perf_counter() - start_time, verifications=len(accepted),
                       accepted=accepted, drafted=[proposal_width(block, rounds, initial_width)] * len(accepted),
-                      retained=corrections, forward_passes=1 + len(accepted) * (rounds + 1),
+                      retained=retained, forward_passes=1 + len(accepted) * (rounds + 1),
                       extra={"cache_bytes": cache.nbytes, "policy": policy.name, "block": block, "rounds": rounds,
                              "initial_width": initial_width, "updates": updates, "carry": carry})

@@ -69,17 +69,17 @@ def environment() -> dict[str, Any]:
 
 @contextmanager
 def measurement_mode(cudnn_sdp: bool = False) -> Iterator[dict[str, Any]]:
-    """Run the block with cuDNN's SDPA backend disabled (unless ``cudnn_sdp``); yields a record of the setting.
+    """Run the block with cuDNN's SDPA backend disabled (unless ``cudnn_sdp``); yields :func:`environment`'s record
+    with the setting added.
 
     Without CUDA there is no cuDNN attention and nothing is changed; the record says so. The
     previous setting is restored on exit.
     """
-    record: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    record = environment()
     if not torch.cuda.is_available():
         record["cudnn_sdp"] = "not applicable (no CUDA device)"
         yield record
         return
-    record["cudnn"] = torch.backends.cudnn.version()
     record["cudnn_sdp"] = "enabled (requested by the spec)" if cudnn_sdp else "disabled (RIPE Section 5.5)"
     previous = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
