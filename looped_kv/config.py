@@ -1,24 +1,29 @@
 """Configuration of a looped (recurrent-depth) language model.
 
-One dataclass covers both public families:
+One dataclass covers the public families (the four checkpoints of the DAS paper):
 
 * Huginn-0125 (``family="huginn"``): sandwich blocks, ``qk_bias``, rotary on
   adjacent pairs computed in float32, embeddings scaled by ``embed_scale``,
   ``ln_f`` after the recurrence and again after the coda, tied embeddings.
-* Raven retrofits of Llama (``family="raven"``): pre-norm blocks, grouped-query
-  attention, Llama-3 rotary (rotate-half with ``rope_scaling``), no ``ln_f``
-  between recurrence and coda, an untied head.
+* Raven retrofits of Llama and TinyLlama (``family="raven"``): pre-norm blocks,
+  grouped-query attention, Llama-3 rotary (rotate-half with ``rope_scaling``), no
+  ``ln_f`` between recurrence and coda, an untied head.
+* Raven retrofits of OLMo-2 (``family="raven-olmo"``): as Raven, but OLMo-2's
+  reordered blocks (norms on the sublayer outputs), RMSNorm over the whole query and
+  key projections before rotary, and plain rotate-half rotary.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Family = Literal["huginn", "raven"]
-FAMILIES: tuple[str, ...] = ("huginn", "raven")
+Family = Literal["huginn", "raven", "raven-olmo"]
+FAMILIES: tuple[str, ...] = ("huginn", "raven", "raven-olmo")
+BlockKind = Literal["sandwich", "pre-norm", "reordered"]
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,20 @@ class LoopedConfig:
         return self.n_embd // self.n_heads
 
     @property
-    def sandwich(self) -> bool:
-        """Huginn blocks: ``x = n2(x + attn(n1(x))); x = n4(x + mlp(n3(x)))``."""
-        return self.family == "huginn"
+    def block(self) -> BlockKind:
+        """The block's norm placement.
+
+        ``"sandwich"`` (Huginn): ``x = n2(x + attn(n1(x))); x = n4(x + mlp(n3(x)))``;
+        ``"pre-norm"`` (Raven-Llama): ``x = x + attn(n1(x)); x = x + mlp(n2(x))``;
+        ``"reordered"`` (Raven-OLMo, OLMo-2's norms on the sublayer outputs): ``x = x + n1(attn(x));
+        x = x + n2(mlp(x))``.
+        """
+        return {"huginn": "sandwich", "raven": "pre-norm", "raven-olmo": "reordered"}[self.family]
+
+    @property
+    def qk_norm(self) -> bool:
+        """Raven-OLMo: RMSNorm over the whole query and key projections, before the heads split and rotary."""
+        return self.family == "raven-olmo"
 
     @property
     def norm_after_recurrence(self) -> bool:
@@ -85,11 +101,15 @@ class LoopedConfig:
 
     # -- the public checkpoint format ---------------------------------------------------------
     @classmethod
-    def from_hf_dict(cls, raw: dict[str, Any]) -> LoopedConfig:
-        """Read a ``config.json`` of Huginn-0125 or a Raven retrofit (``model_type: huginn_raven``)."""
+    def from_hf_dict(cls, raw: dict[str, Any], tensor_names: Iterable[str] = ()) -> LoopedConfig:
+        """Read a ``config.json`` of Huginn-0125 or a Raven retrofit (``model_type: huginn_raven``).
+
+        The family comes from the config (``looped_kv_family``, else the modeling file ``auto_map`` names) and,
+        when the config names none, from ``tensor_names``, the checkpoint's tensors (see :func:`detect_family`).
+        """
         if raw.get("model_type") not in (None, "huginn_raven"):
             raise ValueError(f"config.json model_type must be 'huginn_raven', got {raw.get('model_type')!r}")
-        family = raw.get("looped_kv_family") or _detect_family(raw)
+        family = raw.get("looped_kv_family") or detect_family(raw, tensor_names)
         n_heads = int(raw.get("n_heads", raw.get("num_attention_heads", 0)))
         init_values = raw.get("init_values", {})
         return cls(
@@ -116,8 +136,8 @@ class LoopedConfig:
         )
 
     @classmethod
-    def from_file(cls, path: str | Path) -> LoopedConfig:
-        return cls.from_hf_dict(json.loads(Path(path).read_text()))
+    def from_file(cls, path: str | Path, tensor_names: Iterable[str] = ()) -> LoopedConfig:
+        return cls.from_hf_dict(json.loads(Path(path).read_text()), tensor_names)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The ``config.json`` that ``from_hf_dict`` reads back (used for the shipped tiny model)."""
@@ -149,9 +169,22 @@ class LoopedConfig:
         return out
 
 
-def _detect_family(raw: dict[str, Any]) -> Family:
-    model_file = str(raw.get("auto_map", {}).get("AutoModelForCausalLM", ""))
-    if "llama" in model_file.lower() or "rope_theta" in raw or raw.get("rope_scaling"):
+def detect_family(raw: dict[str, Any], tensor_names: Iterable[str] = ()) -> Family:
+    """The family of a checkpoint's ``config.json`` and tensor names.
+
+    The modeling file that ``auto_map`` names decides first (``raven_modeling_minimal_olmo``: Raven-OLMo;
+    ``..._llama``: Raven); then ``attn.q_norm`` tensors (Raven-OLMo); then a Llama-style ``rope_theta`` or
+    ``rope_scaling`` (Raven); else Huginn. A checkpoint whose tensors do not fit the family found is refused
+    by :func:`looped_kv.loading.check_state`.
+    """
+    model_file = str(raw.get("auto_map", {}).get("AutoModelForCausalLM", "")).lower()
+    if "olmo" in model_file:
+        return "raven-olmo"
+    if "llama" in model_file:
+        return "raven"
+    if any(name.endswith(".attn.q_norm.weight") for name in tensor_names):
+        return "raven-olmo"
+    if "rope_theta" in raw or raw.get("rope_scaling"):
         return "raven"
     return "huginn"
 

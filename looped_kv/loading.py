@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from looped_kv.config import LoopedConfig
+from looped_kv.config import FAMILIES, LoopedConfig
 from looped_kv.model import LoopedLM, Rotary
 
 TINY_DIR = Path(__file__).parent / "tiny"
@@ -87,13 +87,15 @@ def check_state(model: LoopedLM, state: dict[str, torch.Tensor]) -> None:
         if key == "lm_head.weight" and model.config.tie_embeddings and key not in state:
             continue
         if key not in state:
-            raise ValueError(f"checkpoint is missing tensor {key!r} (config expects shape {tuple(tensor.shape)})")
+            raise ValueError(f"checkpoint is missing tensor {key!r} (the {model.config.family!r} config expects "
+                             f"shape {tuple(tensor.shape)})")
         if state[key].shape != tensor.shape:
             raise ValueError(f"tensor {key!r} has shape {tuple(state[key].shape)} in the checkpoint but the "
                              f"config implies {tuple(tensor.shape)}")
     unknown = sorted(k for k in state if k not in expected and k not in _IGNORED_KEYS)
     if unknown:
-        raise ValueError(f"checkpoint has tensors the config does not describe: {unknown[:5]}")
+        raise ValueError(f"checkpoint has tensors the {model.config.family!r} config does not describe: {unknown[:5]} "
+                         f"(families: {FAMILIES})")
 
 
 def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
@@ -108,8 +110,8 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
     """
     dtype = resolve_dtype(dtype)
     folder = resolve_source(source)
-    config = LoopedConfig.from_file(folder / "config.json")
     state = load_state(folder)
+    config = LoopedConfig.from_file(folder / "config.json", tensor_names=state)
     with torch.device("meta"):  # no second copy of the weights: the checkpoint's tensors are assigned
         model = LoopedLM(config)
     check_state(model, state)

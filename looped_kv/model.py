@@ -1,4 +1,4 @@
-"""One looped-model implementation for Huginn-0125 and the Raven retrofits.
+"""One looped-model implementation for Huginn-0125 and the Raven retrofits (Llama, TinyLlama, OLMo-2).
 
 The pieces the papers talk about are methods: :meth:`LoopedLM.embed` (embedding and
 prelude P), :meth:`LoopedLM.loop` (one loop of the core B, writing plane r),
@@ -33,7 +33,8 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding: adjacent pairs (Huginn) or rotate-half with Llama-3 scaling (Raven)."""
+    """Rotary position embedding: adjacent pairs (Huginn), or rotate-half (Raven), with Llama-3 scaling when the
+    config has it (Raven-Llama; Raven-OLMo has none)."""
 
     def __init__(self, config: LoopedConfig) -> None:
         super().__init__()
@@ -77,11 +78,16 @@ class Attention(nn.Module):
         self.Wqkv = nn.Linear(config.n_embd, sum(self.chunks), bias=False)
         if config.qk_bias:
             self.qk_bias = nn.Parameter(torch.zeros(2, 1, self.n_heads, self.head_dim))
+        if config.qk_norm:  # over all heads at once (n_heads x head_dim wide), not per head
+            self.q_norm = RMSNorm(self.chunks[0], config.norm_eps)
+            self.k_norm = RMSNorm(self.chunks[1], config.norm_eps)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, site: Site) -> Tensor:
         B, n, _ = x.shape
         q, k, v = self.Wqkv(x).split(self.chunks, dim=-1)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, n, self.n_heads, self.head_dim)
         k = k.view(B, n, self.n_kv_heads, self.head_dim)
         v = v.view(B, n, self.n_kv_heads, self.head_dim)
@@ -104,24 +110,27 @@ class GatedMLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Sandwich block (Huginn) or pre-norm block (Raven)."""
+    """Sandwich block (Huginn), pre-norm block (Raven) or OLMo-2's reordered block (Raven-OLMo): ``config.block``."""
 
     def __init__(self, config: LoopedConfig, stage: Stage, layer: int) -> None:
         super().__init__()
-        self.stage, self.layer, self.sandwich = stage, layer, config.sandwich
+        self.stage, self.layer, self.kind = stage, layer, config.block
         self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = Attention(config)
         self.norm_2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = GatedMLP(config)
-        if self.sandwich:
+        if self.kind == "sandwich":
             self.norm_3 = RMSNorm(config.n_embd, config.norm_eps)
             self.norm_4 = RMSNorm(config.n_embd, config.norm_eps)
 
     def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, loop: int = 0) -> Tensor:
         site = Site(self.stage, self.layer, loop)
-        if self.sandwich:
+        if self.kind == "sandwich":
             x = self.norm_2(x + self.attn(self.norm_1(x), rotary, positions, router, site))
             return self.norm_4(x + self.mlp(self.norm_3(x)))
+        if self.kind == "reordered":
+            x = x + self.norm_1(self.attn(x, rotary, positions, router, site))
+            return x + self.norm_2(self.mlp(x))
         x = x + self.attn(self.norm_1(x), rotary, positions, router, site)
         return x + self.mlp(self.norm_2(x))
 

@@ -1,8 +1,8 @@
 """The runtime equals the public reference implementations on checkpoints in their exact format.
 
-Both fixtures were run by the reference code in float64. Huginn's reference casts its logits to
-float32 (``lm_head(x).float()``), so its logits are compared after the same cast; everything else
-agrees to float64 rounding (in fact bitwise).
+Every fixture (Huginn-0125, Raven-Llama, Raven-OLMo) was run by its family's reference code in float64.
+Huginn's reference casts its logits to float32 (``lm_head(x).float()``), so its logits are compared after
+the same cast; everything else agrees to float64 rounding (in fact bitwise).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Loading checkpoints in the public format: folders, shards, any config of either family, clear errors."""
+"""Loading checkpoints in the public format: folders, shards, any config of any family, clear errors."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ def save_checkpoint(model, folder, shards: int = 1) -> None:
     ("raven", {}),
     ("raven", {"n_heads": 8, "n_kv_heads": 2, "n_prelude": 3, "n_core": 1, "n_coda": 3, "tie_embeddings": True}),
     ("raven", {"n_heads": 4, "n_kv_heads": 4, "rope_scaling": None}),
+    ("raven-olmo", {}),
+    ("raven-olmo", {"n_heads": 8, "n_kv_heads": 4, "n_prelude": 0, "n_coda": 2, "tie_embeddings": True}),
 ])
 @pytest.mark.parametrize("shards", [1, 3])
 def test_round_trip_any_config(tmp_path, family, overrides, shards):
@@ -55,8 +57,49 @@ def test_round_trip_any_config(tmp_path, family, overrides, shards):
 
 
 def test_config_family_detection():
-    for name, family in (("huginn-tiny", "huginn"), ("raven-llama-tiny", "raven")):
+    for name, family in (("huginn-tiny", "huginn"), ("raven-llama-tiny", "raven"), ("raven-olmo-tiny", "raven-olmo")):
         assert LoopedConfig.from_file(FIXTURES / name / "config.json").family == family
+
+
+def olmo_copy(tmp_path, model_file: str, extra: dict[str, torch.Tensor] | None = None):
+    """The Raven-OLMo fixture with ``auto_map`` naming ``model_file`` and ``extra`` tensors added."""
+    folder = tmp_path / "olmo"
+    shutil.copytree(FIXTURES / "raven-olmo-tiny", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"]["AutoModelForCausalLM"] = model_file
+    (folder / "config.json").write_text(json.dumps(config))
+    if extra:
+        save_file({**load_file(folder / "model.safetensors"), **extra}, folder / "model.safetensors")
+    return folder
+
+
+def test_raven_olmo_recognised_by_its_tensors(tmp_path):
+    """A config that names no OLMo modeling file (the Huginn file name) is Raven-OLMo by its q_norm/k_norm tensors."""
+    folder = olmo_copy(tmp_path, "raven_modeling_minimal.RavenForCausalLM")
+    assert LoopedConfig.from_file(folder / "config.json").family == "raven"  # the config alone: rope_theta
+    model = load(folder, dtype=torch.float64)
+    assert model.config.family == "raven-olmo" and model.config.block == "reordered" and model.config.qk_norm
+    ref = load_file(folder / "reference.safetensors")
+    logits = model(ref["input_ids"], num_loops=3, initial_state=ref["input_states"])
+    assert torch.allclose(logits, ref["logits_steps3"], rtol=0, atol=1e-12)
+
+
+def test_raven_olmo_tensors_under_a_llama_config_are_refused(tmp_path):
+    folder = olmo_copy(tmp_path, "raven_modeling_minimal_llama.RavenForCausalLM")
+    message = (r"checkpoint has tensors the 'raven' config does not describe: "
+               r"\['transformer.coda.0.attn.k_norm.weight', 'transformer.coda.0.attn.q_norm.weight'")
+    with pytest.raises(ValueError, match=message):
+        load(folder)
+
+
+def test_checkpoint_of_no_family_is_refused(tmp_path):
+    """Sandwich norms beside q_norm/k_norm (Huginn with OLMo's qk-norm) match no family: a one-line error."""
+    folder = olmo_copy(tmp_path, "raven_modeling_minimal_olmo.RavenForCausalLM",
+                       {f"transformer.prelude.0.norm_{i}.weight": torch.ones(64) for i in (3, 4)})
+    with pytest.raises(ValueError, match=r"tensors the 'raven-olmo' config does not describe: "
+                                         r"\['transformer.prelude.0.norm_3.weight', 'transformer.prelude.0.norm_4"
+                                         r".weight'\] \(families: \('huginn', 'raven', 'raven-olmo'\)\)"):
+        load(folder)
 
 
 def test_mismatched_tensor_names_both_shapes(tmp_path):
