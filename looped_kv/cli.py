@@ -25,17 +25,17 @@ import torch
 
 from looped_kv import batched, batches, bench, data
 from looped_kv.book import DTYPES
-from looped_kv.config import LoopedConfig, huginn_0125, raven_llama
+from looped_kv.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
 from looped_kv.decode import METHODS, generate
 from looped_kv.loading import TINY_DIR, load
-from looped_kv.memory import BYTES, element_bytes, policy_bytes
+from looped_kv.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.model import LoopedLM
 from looped_kv.policy import CACHE_POLICIES, PREFIX_READS, make_policy
 from looped_kv.reproducibility import check_device
 from looped_kv.selftest import SelfTestFailure
 
 PROG = "looped-kv"
-NAMED_CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama}
+NAMED_CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo}
 
 
 class Parser(argparse.ArgumentParser):
@@ -163,7 +163,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def model_config(model: str) -> LoopedConfig:
-    """A named architecture (huginn-0125, raven-llama), 'tiny', a folder or config.json, or a hub id's config.json."""
+    """A named architecture (:data:`NAMED_CONFIGS`), 'tiny', a folder or config.json, or a hub id's config.json."""
     if model in NAMED_CONFIGS:
         return NAMED_CONFIGS[model]()
     path = TINY_DIR if model == "tiny" else Path(model).expanduser()
@@ -216,6 +216,10 @@ def cmd_memory(args: argparse.Namespace) -> int:
     print(f"{args.model}: {params / 1e9:.3f}B parameters, weights {params * element_bytes(args.dtype) / 1e9:.2f} GB "
           f"in {args.dtype}; R = {R}, {config.n_prelude}/{config.n_core}/{config.n_coda} layers, "
           f"{config.n_kv_heads} KV heads of width {config.head_dim}; {args.batch_size} sequence(s)")
+    b = layer_token_bytes(config, args.dtype)
+    print(f"KV bytes per token: {b:,} per layer (b = 2 H_kv d_h x {element_bytes(args.dtype)}), one plane "
+          f"{config.n_core * b:,} ({config.n_core} core layers), full cache {m_full(config, 1, R, args.dtype):,}, "
+          f"deepest plane {m_deep(config, 1, args.dtype):,} (RIPE Eq. 3)")
     print(table.to_string(float_format=lambda x: f"{x:.3f}"))
     print("Activations and the allocator's overhead come on top (RIPE Sec. 3.5 measures o0 + o1 B on a GH200).")
     return 0

@@ -207,3 +207,18 @@ def raven_llama() -> LoopedConfig:
                       "original_max_position_embeddings": 8192, "rope_type": "llama3"},
         tie_embeddings=False, mean_recurrence=32,
     )
+
+
+def raven_olmo() -> LoopedConfig:
+    """Raven-OLMo's architecture (DAS paper): OLMo-2-0425-1B retrofitted as 4/6/4 layers, 16 KV heads of width 128.
+
+    The split is the public conversion script's (``convert_pretrained_model/convert_olmo.py`` of the
+    retrofitting-recurrence code: prelude = OLMo-2 layers 0-3, core = layers 6-11, coda = layers 12-15); the
+    widths, vocabulary, norm eps, rope_theta and context are OLMo-2-0425-1B's, which that script copies. R = 32
+    as in the checkpoint ``smcleish/Recurrent-OLMo-2-0425-train-recurrence-32``.
+    """
+    return LoopedConfig(
+        family="raven-olmo", vocab_size=100352, n_embd=2048, n_heads=16, n_kv_heads=16, n_prelude=4, n_core=6,
+        n_coda=4, intermediate_size=8192, block_size=4096, norm_eps=1e-6, rope_base=500000.0,
+        tie_embeddings=False, mean_recurrence=32,
+    )

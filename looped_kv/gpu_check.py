@@ -31,13 +31,13 @@ from tqdm.auto import tqdm
 
 from looped_kv import batched
 from looped_kv.bench_memory import check_memory_model
-from looped_kv.config import LoopedConfig, huginn_0125, raven_llama
+from looped_kv.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
 from looped_kv.loading import TINY_DIR
 from looped_kv.model import LoopedLM
 from looped_kv.perf import peak_memory
 from looped_kv.reproducibility import check_device, environment, measurement_mode
 
-CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama,
+CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo,
            "tiny": lambda: LoopedConfig.from_file(TINY_DIR / "config.json")}
 
 

@@ -7,11 +7,12 @@ import torch
 from conftest import random_model
 
 from looped_kv import huginn_0125, m_deep, m_full, m_ripe, make_policy, memory_table, policy_bytes, raven_llama
+from looped_kv.config import raven_olmo
 from looped_kv.decode import greedy, new_cache, prefill, step
 from looped_kv.memory import layer_token_bytes, per_token_kb
 from looped_kv.policy import make_prefix_reads
 
-FAMILIES = ["huginn", "raven"]
+FAMILIES = ["huginn", "raven", "raven-olmo"]
 
 
 def test_per_token_memory_of_the_papers():
@@ -20,6 +21,15 @@ def test_per_token_memory_of_the_papers():
     assert round(per_token_kb(huginn_0125(), "deepest")) == 169
     assert round(per_token_kb(raven_llama(), "full")) == 410
     assert round(per_token_kb(raven_llama(), "deepest"), 1) == 28.7
+
+
+def test_per_token_memory_of_raven_olmo():
+    """Eq. (3) on the raven_olmo preset: OLMo-2's 16 full KV heads of width 128 make b = 8,192 B (bf16), four times
+    Raven-Llama's, at the same 4/6/4 split: 1,638.4 KB per token for the full cache at R = 32, 114.7 for the deepest."""
+    config = raven_olmo()
+    assert layer_token_bytes(config) == 8192 == 4 * layer_token_bytes(raven_llama())
+    assert round(per_token_kb(config, "full"), 1) == 1638.4
+    assert round(per_token_kb(config, "deepest"), 1) == 114.7
 
 
 def test_table_2_reproduced_from_configs():

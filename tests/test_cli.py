@@ -83,6 +83,14 @@ def test_memory_prints_the_memory_model(capsys):
     assert "3.565B parameters" in out
 
 
+def test_memory_prints_the_plane_bytes_of_raven_olmo(capsys):
+    assert main(["memory", "--model", "raven-olmo", "--windows", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "R = 32, 4/6/4 layers, 16 KV heads of width 128" in out
+    assert "KV bytes per token: 8,192 per layer (b = 2 H_kv d_h x 2), one plane 49,152 (6 core layers), " \
+           "full cache 1,638,400, deepest plane 114,688" in out
+
+
 def test_memory_num_loops_is_used(capsys):
     assert main(["memory", "--model", "huginn-0125", "--num-loops", "3", "--windows", "64"]) == 0
     assert "R = 3," in capsys.readouterr().out
