@@ -11,13 +11,15 @@ prediction reported (Appendix B, Table 6). This module is that workflow:
    own source files and the local model files. :func:`run_batch` refuses to run when any of them
    has changed since.
 3. :func:`run_batch` checks the table, runs the self-tests (:mod:`looped_kv.selftest`), runs every
-   arm with progress bars (sharded across processes under ``torchrun``, :mod:`looped_kv.distributed`),
-   writes per-position and per-prompt records as JSON lines, a summary, the decision rules' labels
-   and the predictions' outcomes, and a checksum manifest (``MANIFEST.sha256``, the format of
-   ``sha256sum -c``).
+   arm with progress bars in the spec's CPU thread count (sharded across processes under ``torchrun``,
+   :mod:`looped_kv.distributed`), writes per-position and per-prompt records as JSON lines, a summary,
+   the decision rules' labels and the predictions' outcomes, and a checksum manifest
+   (``MANIFEST.sha256``, the format of ``sha256sum -c``).
 4. :func:`verify` re-checks an archive: every checksum, the frozen table against the archived spec,
-   and the summary and labels recomputed from the records. :func:`ledger` prints the predictions
-   of several archives in the layout of Appendix B (batch, prediction, outcome: held or failed).
+   and the summary and labels recomputed from the records. :func:`compare` says whether two archives
+   of one frozen spec agree byte for byte, and by how much each metric differs where they do not.
+   :func:`ledger` prints the predictions of several archives in the layout of Appendix B (batch,
+   prediction, outcome: held or failed).
 
 Two measurement modes exist. ``substitution``: teacher-forced replay of texts whose arms substitute
 a reference plane into a region of loops (RIPE Sec. 3.1, batches 2 and 9). ``generation``: a greedy
@@ -30,6 +32,8 @@ Spec keys (unknown keys are errors)::
     model, revision                   'tiny', a folder (relative to the spec) or a hub id with its revision
     dtype, num_loops, seed            weights dtype, R, bootstrap seed; cudnn_sdp: false (default) disables
                                       cuDNN attention (RIPE Sec. 5.5)
+    threads                           torch CPU threads of every process (default 1): frozen with the spec, so
+                                      that alone or under torchrun a run writes the same bytes
     mode                              substitution | generation
     prompts                           [{name, file}]: JSON lists of texts (or {"texts": [...]}) beside the spec
     substitution: tokens, decoded, softmax    texts cut to `tokens`; the last `decoded` are decoded positions
@@ -61,7 +65,7 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -93,6 +97,10 @@ TABLE_FORMAT = "looped-kv file table 1"
 MODEL_PATTERNS = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt")
 MANIFEST = "MANIFEST.sha256"
 REFERENCE = "reference"
+#: Archive files that differ between runs of one frozen spec by design (the machine, the command, the clock),
+#: and the fields that name a record rather than measure it.
+RUN_FILES = ("run.json", "timings.jsonl")
+RECORD_KEYS = ("prompt", "arm", "position")
 
 MODES = ("substitution", "generation")
 STATISTICS = ("ratio", "mean", "fidelity", "region_coefficient")
@@ -127,8 +135,8 @@ METHOD_OPTIONS = {
     "das-wave": ("block", "rounds", "initial_width", "updates", "carry", "prefix_reads", "exact"),
 }
 SPEC_KEYS = {"batch", "name", "question", "model", "revision", "dtype", "num_loops", "mode", "seed", "cudnn_sdp",
-             "prompts", "tokens", "decoded", "softmax", "max_new_tokens", "reference", "tail_kl", "arms", "metrics",
-             "decision_rules", "predictions"}
+             "threads", "prompts", "tokens", "decoded", "softmax", "max_new_tokens", "reference", "tail_kl", "arms",
+             "metrics", "decision_rules", "predictions"}
 
 
 # -- the spec -------------------------------------------------------------------------------------------------------
@@ -211,6 +219,7 @@ class BatchSpec:
     max_new_tokens: int = 0  # generation
     reference: dict[str, Any] = field(default_factory=dict)  # generation: cache keywords and "precision"
     tail_kl: float = 0.1
+    threads: int = 1  # torch CPU threads of every process (RIPE Sec. 5.5: reruns must be bitwise identical)
 
     @property
     def precisions(self) -> tuple[str, ...]:
@@ -487,12 +496,15 @@ def load_spec(spec: str | Path) -> BatchSpec:
     if num_loops < 2:
         raise ValueError(f"spec.num_loops must be >= 2, got {num_loops}")
     dtype = _get(raw, "dtype", where, str, "float32", allowed=tuple(DTYPES))
+    threads = _get(raw, "threads", where, int, 1)
+    if threads < 1:
+        raise ValueError(f"spec.threads must be >= 1, got {threads}")
     common = dict(
         path=path, batch=str(_get(raw, "batch", where, (int, str))), name=_get(raw, "name", where, str),
         question=_get(raw, "question", where, str), model=_get(raw, "model", where, str),
         revision=_get(raw, "revision", where, str, None), dtype=dtype, num_loops=num_loops, mode=mode,
         seed=_get(raw, "seed", where, int, 0), cudnn_sdp=_get(raw, "cudnn_sdp", where, bool, False),
-        tail_kl=float(_get(raw, "tail_kl", where, (int, float), 0.1)))
+        tail_kl=float(_get(raw, "tail_kl", where, (int, float), 0.1)), threads=threads)
     prompt_sets = _get(raw, "prompts", where, list)
     sets = tuple(_prompt_set(p, i, path.parent) for i, p in enumerate(prompt_sets))
     if len({s.name for s in sets}) != len(sets) or not sets:
@@ -950,22 +962,23 @@ def run_batch(table_path: str | Path, out: str | Path, *, progress: bool = True,
               device: str | None = None) -> dict[str, Any] | None:
     """Check the frozen table, run the self-tests, run every arm and write the archive ``out``.
 
-    Under ``torchrun`` every process checks its own files, runs the self-tests and its shard of the
-    prompts; rank 0 gathers the records and writes the archive, which equals a single-process run's
-    apart from ``run.json`` and ``timings.jsonl``. Returns the decisions on rank 0, None elsewhere.
+    Every process computes with the spec's ``threads`` CPU threads, whatever ``OMP_NUM_THREADS`` or the
+    launcher chose; ``threads``, when given, must equal that frozen count. Under ``torchrun`` every
+    process checks its own files, runs the self-tests and its shard of the prompts; rank 0 gathers the
+    records and writes the archive, which equals a single-process run's byte for byte apart from
+    ``run.json`` and ``timings.jsonl`` (see :func:`compare`). Returns the decisions on rank 0, None elsewhere.
     """
     out, table_path = Path(out), Path(table_path)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"out {out} exists and is not an empty folder; archives are never overwritten")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
     spec, _ = check_table(table_path)
+    if threads is not None and threads != spec.threads:
+        raise ValueError(f"--threads {threads} contradicts the frozen spec's threads: {spec.threads} (the count "
+                         f"changes the records' bytes); allowed: {spec.threads}, or leave --threads out")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads or previous_threads)
     ctx = distributed.init(device)
     try:
-        with measurement_mode(spec.cudnn_sdp) as mode:
+        with measurement_mode(spec.cudnn_sdp, spec.threads) as mode:
             selftests = require_selftests()
             source = _model_source(spec)
             models = {p: load(source, dtype=DTYPES[p], device=ctx.device) for p in spec.precisions}
@@ -980,7 +993,7 @@ def run_batch(table_path: str | Path, out: str | Path, *, progress: bool = True,
         merged = tuple([r for part, _ in gathered for r in part[i]] for i in range(3))
         run = {"package": looped_kv.__version__, "command": sys.argv, "started": started,
                "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world_size": ctx.world_size,
-               "backend": ctx.backend, "threads": torch.get_num_threads(), "measurement": mode,
+               "backend": ctx.backend, "threads": mode["threads"], "measurement": mode,
                "nodes": [n for _, n in gathered], "pid": os.getpid()}
         partial = out.with_name(out.name + ".partial")  # a failed write never leaves a half archive at ``out``
         shutil.rmtree(partial, ignore_errors=True)
@@ -989,7 +1002,6 @@ def run_batch(table_path: str | Path, out: str | Path, *, progress: bool = True,
         return decisions
     finally:
         distributed.finish(ctx)
-        torch.set_num_threads(previous_threads)
 
 
 @torch.no_grad()
@@ -1044,6 +1056,143 @@ def verify(archive: str | Path) -> list[str]:
     if problems and changes:  # recomputed with other code than the run's: say so
         problems.append(f"the installed package differs from the archive's ({'; '.join(changes)})")
     return problems
+
+
+_ABSENT = object()  # a value one archive has and the other lacks
+
+
+def _show(value: Any) -> str:
+    """A value as JSON (floats to their last digit), cut to 60 characters."""
+    text = "absent" if value is _ABSENT else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class Difference:
+    """How one metric (a field of the records, of summary.json or of decisions.json) differs between two archives."""
+
+    file: str
+    metric: str
+    differing: int  # values that differ
+    compared: int  # values of the metric in either archive
+    largest: float | None  # the largest |a - b| over values that are numbers in both (None: no such pair differs)
+    where: str  # the record or key of that difference, else of the first differing value
+    values: tuple[Any, Any] | None = None  # the two values there
+
+    def __str__(self) -> str:
+        size = f"largest difference {self.largest:.3g} at" if self.largest is not None else "first at"
+        shown = f" ({_show(self.values[0])} vs {_show(self.values[1])})" if self.values is not None else ""
+        return f"{self.file} {self.metric}: {self.differing} of {self.compared} differ, {size} {self.where}{shown}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two archives of one frozen spec compared byte for byte (:func:`compare`)."""
+
+    first: Path
+    second: Path
+    files: tuple[str, ...]  # the files compared
+    differing_files: tuple[str, ...]
+    differences: tuple[Difference, ...]  # per file and metric
+    table_changes: tuple[str, ...]  # package or model files frozen with other checksums
+
+    @property
+    def identical(self) -> bool:
+        return not self.differing_files
+
+    def report(self) -> str:
+        """One line for the verdict, one per differing metric and one per package or model change."""
+        head = f"{self.first} vs {self.second}: {len(self.files)} files of one frozen spec compared"
+        if self.identical:
+            lines = [f"{head}, identical byte for byte ({', '.join(RUN_FILES)} and frozen.json left out)"]
+        else:
+            lines = [f"{head}, {len(self.differing_files)} differ: {', '.join(self.differing_files)}"]
+            lines += [f"  {d}" for d in self.differences]
+        lines += [f"  frozen with other package or model files: {c}" for c in self.table_changes]
+        return "\n".join(lines)
+
+
+def _leaves(obj: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(path, value) of every leaf of a JSON document; a list of numbers or strings is one leaf."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _leaves(value, (*path, str(key)))
+    elif isinstance(obj, list) and any(isinstance(v, (dict, list)) for v in obj):
+        for i, value in enumerate(obj):
+            yield from _leaves(value, (*path, str(i)))
+    else:
+        yield path, obj
+
+
+def _values(path: Path) -> dict[tuple[str, str], Any]:
+    """(metric, where) -> value: a JSON-lines record's fields where its prompt, arm and position say, a JSON
+    document's leaves (metric: the last key) where their path says."""
+    if path.suffix == ".jsonl":
+        values = {}
+        for record in _read_jsonl(path):
+            where = ", ".join(f"{key} {record[key]}" for key in RECORD_KEYS if key in record)
+            values |= {(key, where): value for key, value in record.items() if key not in RECORD_KEYS}
+        return values
+    return {(keys[-1] if keys else "document", ".".join(keys[:-1]) or "the top level"): value
+            for keys, value in _leaves(json.loads(path.read_text()))}
+
+
+def _numeric(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _file_differences(name: str, a: Path, b: Path) -> list[Difference]:
+    """Per metric, how file ``name`` differs between two archives (``a`` and ``b``, one of which may be absent)."""
+    if not (a.is_file() and b.is_file()):
+        return [Difference(name, "file", 1, 1, None, f"absent from the {'first' if not a.is_file() else 'second'} "
+                                                     f"archive")]
+    try:
+        first, second = _values(a), _values(b)
+    except (json.JSONDecodeError, UnicodeDecodeError):  # not JSON (the spec's YAML, a damaged file)
+        return [Difference(name, "bytes", 1, 1, None, "the whole file")]
+    groups: dict[str, list[tuple[str, Any, Any]]] = {}
+    for key in [*first, *(k for k in second if k not in first)]:
+        groups.setdefault(key[0], []).append((key[1], first.get(key, _ABSENT), second.get(key, _ABSENT)))
+    found = []
+    for metric, rows in groups.items():
+        differing = [(where, x, y) for where, x, y in rows if x != y or type(x) is not type(y)]
+        if not differing:
+            continue
+        numeric = [(abs(x - y), where, x, y) for where, x, y in differing if _numeric(x) and _numeric(y)]
+        largest, where, x, y = max(numeric, key=lambda row: row[0]) if numeric else (None, *differing[0])
+        found.append(Difference(name, metric, len(differing), len(rows), largest, where, (x, y)))
+    return found or [Difference(name, "bytes", 1, 1, None, "the layout (every value is the same)")]
+
+
+def compare(first: str | Path, second: str | Path) -> Comparison:
+    """Whether two archives of one frozen spec agree byte for byte; where a file does not, per metric, how many
+    values differ and the largest numeric difference.
+
+    Every file is compared except ``run.json`` and ``timings.jsonl`` (the machine, the command, the clock)
+    and ``frozen.json`` (when the spec was frozen), whose file table is compared instead: the spec's files
+    must be the same (ValueError otherwise), and package or model files frozen with other checksums are
+    listed. A pinned thread count (the spec's ``threads``) makes a run alone and one under ``torchrun``
+    identical. Integrity is :func:`verify`'s job.
+    """
+    roots = Path(first), Path(second)
+    for root in roots:
+        if not (root / MANIFEST).is_file():
+            raise FileNotFoundError(f"{root} is not a batch archive (no {MANIFEST})")
+    tables = [read_table(root / "frozen.json")["files"] for root in roots]
+    spec_changes = table_changes(*({k: v for k, v in t.items() if k.startswith("spec/")} for t in tables))
+    if spec_changes:
+        raise ValueError(f"{first} and {second} are archives of different frozen specs ({'; '.join(spec_changes)}); "
+                         f"compare only archives of one frozen spec")
+    others = table_changes(*({k: v for k, v in t.items() if not k.startswith("spec/")} for t in tables))
+    names = sorted((set(_archive_files(roots[0])) | set(_archive_files(roots[1]))) - {*RUN_FILES, "frozen.json"})
+    differing, differences = [], []
+    for name in names:
+        a, b = roots[0] / name, roots[1] / name
+        if a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes():
+            continue
+        differing.append(name)
+        differences += _file_differences(name, a, b)
+    return Comparison(roots[0], roots[1], tuple(names), tuple(differing), tuple(differences), tuple(others))
 
 
 def ledger_rows(archives: Sequence[str | Path]) -> list[dict[str, str]]:

@@ -7,6 +7,7 @@
     looped-kv batch freeze regions                     # the shipped example, or a spec file
     looped-kv batch run regions.frozen.json --out runs/regions
     looped-kv batch verify runs/regions
+    looped-kv batch compare runs/regions runs/regions-torchrun   # byte for byte, else the largest differences
     looped-kv batch ledger runs/regions runs/windows
 
 Errors are one line on stderr (``looped-kv: error: ...``) and exit status 2 (3 when a self-test fails).
@@ -290,15 +291,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    comparison = batches.compare(args.first, args.second)
+    print(comparison.report())
+    return 0 if comparison.identical else 1
+
+
 def cmd_ledger(args: argparse.Namespace) -> int:
     print(batches.ledger(args.archives))
     return 0
 
 
 def _add_batch(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("batch", help="pre-registered batches: freeze, run, verify, ledger (RIPE Sec. 5, App. A-B)",
+    p = sub.add_parser("batch", help="pre-registered batches: freeze, run, verify, compare, ledger (RIPE Sec. 5, "
+                                     "App. A-B)",
                        description=batches.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    steps = p.add_subparsers(dest="step", required=True, metavar="{freeze,run,verify,ledger}")
+    steps = p.add_subparsers(dest="step", required=True, metavar="{freeze,run,verify,compare,ledger}")
     f = steps.add_parser("freeze", help="validate a spec and write its SHA-256 file table",
                          description="Validate a batch spec and write its file table: the SHA-256 of the spec, its "
                                      "prompt files, the package's source files and the local model files. `batch "
@@ -309,14 +317,17 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     f.set_defaults(func=cmd_freeze)
     r = steps.add_parser("run", help="check the table, run the self-tests and every arm, write the archive",
                          description="Check the frozen file table, run the self-tests, run every arm (cuDNN "
-                                     "attention disabled, RIPE Sec. 5.5), write per-position records, a summary, "
-                                     "the labels and a checksum manifest into OUT. Under torchrun the prompts are "
-                                     "sharded across processes: torchrun --nproc-per-node N -m looped_kv.cli "
-                                     "batch run TABLE --out OUT.")
+                                     "attention disabled, RIPE Sec. 5.5; the spec's CPU thread count, 1 unless it "
+                                     "names another, whatever OMP_NUM_THREADS says), write per-position records, a "
+                                     "summary, the labels and a checksum manifest into OUT. Under torchrun the "
+                                     "prompts are sharded across processes: torchrun --nproc-per-node N -m "
+                                     "looped_kv.cli batch run TABLE --out OUT; its records equal a single "
+                                     "process's byte for byte (check with `batch compare`).")
     r.add_argument("table", help="file table written by `batch freeze`")
     r.add_argument("--out", required=True, help="archive folder to create (must not exist, or be empty)")
     r.add_argument("--device", help="torch device (default: this process's GPU when CUDA is available, else cpu)")
-    r.add_argument("--threads", type=int, help="torch CPU threads per process (default: torch's choice)")
+    r.add_argument("--threads", type=int, help="torch CPU threads per process; must equal the frozen spec's "
+                                               "threads (default: that count)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=cmd_run)
     v = steps.add_parser("verify", help="re-check archives: checksums, frozen spec, labels recomputed from records",
@@ -325,6 +336,17 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
                                      "labels recomputed from the records. Exit status 1 if any archive fails.")
     v.add_argument("archives", nargs="+", help="archive folders")
     v.set_defaults(func=cmd_verify)
+    c = steps.add_parser("compare", help="do two archives of one frozen spec agree byte for byte? else the largest "
+                                         "difference per metric",
+                         description="Compare two archives of one frozen spec (say, a run alone and one under "
+                                     "torchrun, or a replication) file by file, leaving out run.json, timings.jsonl "
+                                     "and frozen.json. Prints whether they are identical byte for byte and, for "
+                                     "every metric that differs, how many values differ and the largest numeric "
+                                     "difference. Exit status 1 if they differ, 2 if they are not archives of one "
+                                     "frozen spec.")
+    c.add_argument("first", help="archive folder")
+    c.add_argument("second", help="archive folder")
+    c.set_defaults(func=cmd_compare)
     led = steps.add_parser("ledger", help="print the prediction ledger of archives (RIPE Appendix B layout)",
                            description="Print every prediction of the given (verified) archives with its outcome, "
                                        "held or failed, in the layout of RIPE Appendix B, Table 6.")

@@ -4,7 +4,10 @@ RIPE's batch 4 found that a bf16 full-cache reference on a GH200 was not reprodu
 same-process rerun matched bitwise at only 30% of positions. Batch 6b traced this to cuDNN's
 scaled-dot-product attention backend; with it disabled, reruns were bitwise identical across
 processes and nodes. :func:`measurement_mode` therefore disables that backend for measurement
-runs (every pre-registered batch runs inside it) and returns a record that says so, and
+runs (every pre-registered batch runs inside it) and, given a count, pins torch's intra-op CPU
+threads: reductions split across threads add in another order, so logits drift in their last
+bits with the count torch picks by itself (1 per process under ``torchrun``, one per core alone;
+batches pin the count their spec names). It returns a record that says both, and
 :func:`bitwise_rerun` reruns a computation (e.g. a replay) and reports whether the outputs are
 bitwise identical. :func:`check_device` validates a device name before any work, and
 :func:`environment` records the versions a measurement ran under.
@@ -68,25 +71,31 @@ def environment() -> dict[str, Any]:
 
 
 @contextmanager
-def measurement_mode(cudnn_sdp: bool = False) -> Iterator[dict[str, Any]]:
-    """Run the block with cuDNN's SDPA backend disabled (unless ``cudnn_sdp``); yields :func:`environment`'s record
-    with the setting added.
+def measurement_mode(cudnn_sdp: bool = False, threads: int | None = None) -> Iterator[dict[str, Any]]:
+    """Run the block with cuDNN's SDPA backend disabled (unless ``cudnn_sdp``) and, when ``threads`` is given, that
+    many intra-op CPU threads; yields :func:`environment`'s record with both settings added.
 
-    Without CUDA there is no cuDNN attention and nothing is changed; the record says so. The
-    previous setting is restored on exit.
+    ``threads`` is applied whatever ``OMP_NUM_THREADS`` or the launcher chose (``None`` keeps the
+    current count, which the record names). Without CUDA there is no cuDNN attention and that setting
+    is left alone; the record says so. Both previous settings are restored on exit.
     """
-    record = environment()
-    if not torch.cuda.is_available():
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or previous_threads)
+    record = {**environment(), "threads": torch.get_num_threads()}
+    previous_sdp = torch.backends.cuda.cudnn_sdp_enabled() if torch.cuda.is_available() else None
+    if previous_sdp is None:
         record["cudnn_sdp"] = "not applicable (no CUDA device)"
-        yield record
-        return
-    record["cudnn_sdp"] = "enabled (requested by the spec)" if cudnn_sdp else "disabled (RIPE Section 5.5)"
-    previous = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
+    else:
+        record["cudnn_sdp"] = "enabled (requested by the spec)" if cudnn_sdp else "disabled (RIPE Section 5.5)"
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
     try:
         yield record
     finally:
-        torch.backends.cuda.enable_cudnn_sdp(previous)
+        torch.set_num_threads(previous_threads)
+        if previous_sdp is not None:
+            torch.backends.cuda.enable_cudnn_sdp(previous_sdp)
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ def small_archive(tmp_path_factory, model_source) -> Path:
 @pytest.mark.parametrize("name", ["regions", "windows"])
 def test_shipped_examples_validate(name):
     spec = batches.load_spec(name)
-    assert spec.model == "tiny" and spec.predictions and spec.rules
+    assert spec.model == "tiny" and spec.predictions and spec.rules and spec.threads == 1
     assert batches.resolve_spec(name) == EXAMPLES / f"{name}.yaml"
 
 
@@ -114,6 +114,8 @@ def test_shipped_examples_validate(name):
     ({"metrics": ["tau"]}, "'tau' is not measured by any arm"),
     ({"decoded": 30}, "spec.decoded must be in 1..tokens - 1"),
     ({"colour": "red"}, "unknown keys ['colour']"),
+    ({"threads": 0}, "spec.threads must be >= 1, got 0"),
+    ({"threads": "two"}, "spec.threads must be an integer, got 'two'"),
     ({"predictions": [{"text": "t", "rule": "regions", "label": "maybe"}]}, "is not a label of rule 'regions'"),
     ({"predictions": [{"text": "t", "rule": "nope", "label": "deep"}]}, "predictions[0].rule must be one of"),
 ])
@@ -279,7 +281,8 @@ def test_archive_layout_and_verify(small_archive):
     assert batches.verify(small_archive) == []
     run = json.loads((small_archive / "run.json").read_text())
     assert all(t["passed"] for t in run["nodes"][0]["selftests"]) and run["nodes"][0]["rerun"]["identical"]
-    assert "cudnn_sdp" in json.loads((small_archive / "summary.json").read_text())["measurement"]
+    measurement = json.loads((small_archive / "summary.json").read_text())["measurement"]
+    assert "cudnn_sdp" in measurement and measurement["threads"] == run["threads"] == 1  # the spec's default
     positions = batches._read_jsonl(small_archive / "records/positions.jsonl")
     assert len(positions) == 3 * 4 * 4 and {"prompt", "arm", "position", "kl", "flip"} == set(positions[0])
 
@@ -341,6 +344,54 @@ def test_run_refuses_a_non_empty_out(small_archive, tmp_path):
         batches.run_batch(small_archive / "frozen.json", small_archive)
 
 
+def test_run_refuses_threads_that_contradict_the_frozen_spec(small_archive, tmp_path):
+    with pytest.raises(ValueError) as error:
+        batches.run_batch(small_archive / "frozen.json", tmp_path / "out", threads=2)
+    assert str(error.value) == ("--threads 2 contradicts the frozen spec's threads: 1 (the count changes the records' "
+                                "bytes); allowed: 1, or leave --threads out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_finds_identity_and_the_largest_difference_per_metric(small_archive, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(small_archive, copy)
+    (copy / "run.json").write_text("{}")  # the machine, the command and the clock are not compared
+    same = batches.compare(small_archive, copy)
+    assert same.identical and same.differences == () and same.table_changes == ()
+    assert "records/positions.jsonl" in same.files and "run.json" not in same.files
+    assert same.report().endswith("identical byte for byte (run.json, timings.jsonl and frozen.json left out)")
+
+    path = copy / "records/positions.jsonl"
+    original = batches._read_jsonl(path)
+    changed = [dict(r) for r in original]
+    changed[1]["kl"] += 1e-9
+    changed[5]["kl"] += 1e-3
+    changed[2]["flip"] = not changed[2]["flip"]
+    batches._write_jsonl(path, changed)
+    other = batches.compare(small_archive, copy)
+    assert not other.identical and other.differing_files == ("records/positions.jsonl",)
+    kl, flip = other.differences
+    where = f"prompt {changed[5]['prompt']}, arm {changed[5]['arm']}, position {changed[5]['position']}"
+    assert (kl.metric, kl.differing, kl.compared, kl.where) == ("kl", 2, len(original), where)
+    assert kl.largest == abs(original[5]["kl"] - changed[5]["kl"]) and kl.values == (original[5]["kl"],
+                                                                                       changed[5]["kl"])
+    assert str(kl).startswith(f"records/positions.jsonl kl: 2 of {len(original)} differ, largest difference 0.001 at "
+                              f"{where} (")
+    assert (flip.metric, flip.differing, flip.largest) == ("flip", 1, None)
+    assert other.report().splitlines()[1:] == [f"  {kl}", f"  {flip}"]
+
+    table = json.loads((copy / "frozen.json").read_text())
+    table["files"]["model/config.json"] = "0" * 64  # frozen with another model: listed, still compared
+    (copy / "frozen.json").write_text(json.dumps(table))
+    assert batches.compare(small_archive, copy).table_changes == ("changed: model/config.json",)
+    table["files"]["spec/small.yaml"] = "0" * 64
+    (copy / "frozen.json").write_text(json.dumps(table))
+    with pytest.raises(ValueError, match=r"different frozen specs \(changed: spec/small\.yaml\)"):
+        batches.compare(small_archive, copy)
+    with pytest.raises(FileNotFoundError, match="not a batch archive"):
+        batches.compare(small_archive, tmp_path)
+
+
 # -- the shipped examples on the tiny model ---------------------------------------------------------------------------
 
 
@@ -384,9 +435,15 @@ def test_bitwise_rerun_of_a_replay():
         bitwise_rerun(lambda: 1.0)
 
 
-def test_measurement_mode_records_the_attention_backend():
+def test_measurement_mode_records_the_attention_backend_and_pins_the_threads():
+    before = torch.get_num_threads()
+    with measurement_mode(threads=before + 1) as record:
+        assert torch.get_num_threads() == record["threads"] == before + 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"), measurement_mode(threads=0):
+        pass
     with measurement_mode() as record:
-        assert record["torch"] == torch.__version__
+        assert record["torch"] == torch.__version__ and record["threads"] == before
         if torch.cuda.is_available():
             assert not torch.backends.cuda.cudnn_sdp_enabled() and record["cudnn_sdp"].startswith("disabled")
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -23,10 +24,11 @@ HELP = {
     ("batched",): ["looped-kv batched", "--batch-sizes", "--max-new-tokens", "--draft-loops", "--block", "--budget-mb",
                    "--memory-batch-sizes", "--fit-on", "--device"],
     ("memory",): ["--model", "--context", "--dtype", "--num-loops", "--windows", "--batch-size"],
-    ("batch",): ["freeze", "run", "verify", "ledger"],
+    ("batch",): ["freeze", "run", "verify", "compare", "ledger"],
     ("batch", "freeze"): ["spec", "--out", "--force", "regions", "windows"],
-    ("batch", "run"): ["table", "--out", "--device", "--threads", "--quiet", "torchrun"],
+    ("batch", "run"): ["table", "--out", "--device", "--threads", "--quiet", "torchrun", "OMP_NUM_THREADS"],
     ("batch", "verify"): ["archives", "MANIFEST.sha256"],
+    ("batch", "compare"): ["first", "second", "torchrun", "identical", "largest", "Exit status"],
     ("batch", "ledger"): ["archives", "Appendix B"],
 }
 
@@ -132,12 +134,23 @@ def test_batch_commands_end_to_end(model_source, tmp_path, capsys):  # noqa: F81
     assert main(["batch", "freeze", str(spec), "-o", str(table)]) == 0
     assert "froze batch t" in capsys.readouterr().out
     assert main(["batch", "freeze", str(spec), "-o", str(table)]) == 2  # no silent re-freeze
+    capsys.readouterr()
+    assert main(["batch", "run", str(table), "--out", str(tmp_path / "a"), "--threads", "2"]) == 2
+    assert capsys.readouterr().err == ("looped-kv: error: --threads 2 contradicts the frozen spec's threads: 1 (the "
+                                       "count changes the records' bytes); allowed: 1, or leave --threads out\n")
     assert main(["batch", "run", str(table), "--out", str(tmp_path / "a"), "--quiet", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "rule regions:" in out and "2 predictions:" in out
     assert main(["batch", "verify", str(tmp_path / "a")]) == 0
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    assert main(["batch", "compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert "identical byte for byte" in capsys.readouterr().out
     (tmp_path / "a" / "summary.json").write_text("{}")
     assert main(["batch", "verify", str(tmp_path / "a")]) == 1
     assert "FAILED: checksum mismatch: summary.json" in capsys.readouterr().out
+    assert main(["batch", "compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("1 differ: summary.json") and lines[1].startswith("  summary.json batch: 1 of 1 differ")
+    assert main(["batch", "compare", str(tmp_path / "a"), str(tmp_path)]) == 2
     assert main(["batch", "ledger", str(tmp_path / "a")]) == 2
     assert batches.verify(tmp_path / "a")
