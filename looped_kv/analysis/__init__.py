@@ -1,0 +1,1 @@
+"""Analysis layer: replay, measurements, fits, cost and throughput models, verdicts."""

@@ -1,0 +1,158 @@
+"""Does a looped model use its depth? Loss, answer accuracy and state change by loop count.
+
+These are the measurements behind the tiny model's gates and the book's training page:
+
+* :func:`loss_by_loops`: mean next-token loss of teacher-forced texts after R loops;
+* :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.data.chain_programs`),
+  how often the argmax after ``x?`` is x's value, and its loss, by R and by the binding depth;
+* :func:`state_changes` and :func:`fit_state_rho`: the median per-position relative change of the
+  recurrent state, ||s(r) - s(r-1)|| / ||s(r)||, and the geometric rate at which it shrinks
+  (the convergence that RIPE Table 7 summarizes as rho for the planes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from looped_kv.attention import CausalRouter
+from looped_kv.data import ChainProgram
+from looped_kv.model import LoopedLM
+
+#: Depth buckets of chain queries: one lookup, a few, many.
+DEPTH_BUCKETS = {"1": (1, 1), "2-3": (2, 3), "4-6": (4, 6), "7+": (7, 10**6)}
+
+
+def _pad(rows: Sequence[Sequence[int]], fill: int) -> tuple[Tensor, Tensor]:
+    """Right-padded (n, max length) ids and the mask of real tokens."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), fill, dtype=torch.long)
+    real = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row)
+        real[i, :len(row)] = True
+    return ids, real
+
+
+def _check_loops(loops: Sequence[int]) -> list[int]:
+    loops = list(loops)
+    if not loops or any(not isinstance(r, int) or r < 1 for r in loops):
+        raise ValueError(f"loops must be a non-empty list of integers >= 1, got {loops}")
+    return loops
+
+
+@torch.no_grad()
+def loss_by_loops(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tensor | None = None) -> pd.Series:
+    """Mean next-token loss (nats) of teacher-forced ``ids`` (B, n) after each R in ``loops``.
+
+    ``real`` (B, n) marks real tokens; targets that are padding are left out.
+    """
+    loops = _check_loops(loops)
+    if ids.dim() != 2 or ids.shape[1] < 2:
+        raise ValueError(f"ids must be (batch, length >= 2), got shape {tuple(ids.shape)}")
+    ids = ids.to(model.device)
+    targets = ids[:, 1:].clone()
+    if real is not None:
+        targets[~real[:, 1:].to(model.device)] = -100
+    out = {}
+    for R in loops:
+        logits = model(ids[:, :-1], num_loops=R)
+        out[R] = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100).item()
+    return pd.Series(out, name="loss").rename_axis("loops")
+
+
+@dataclass(frozen=True)
+class ChainBatch:
+    """Tokenized chain programs with the position and depth of every answer."""
+
+    ids: Tensor  # (n, length), right-padded
+    real: Tensor  # (n, length) bool
+    rows: Tensor  # (queries,) program of each answer
+    positions: Tensor  # (queries,) position whose next token is the answer (the '?')
+    answers: Tensor  # (queries,) answer token ids
+    depths: Tensor  # (queries,) bindings between the queried variable and its digit
+
+
+def encode_chains(tokenizer, programs: Sequence[ChainProgram]) -> ChainBatch:
+    """Tokenize programs and locate each query's answer (the token after its '?')."""
+    tok = tokenizer
+    rows, where, depths = [], [], []
+    for i, program in enumerate(programs):
+        prefix = tok(program.prompt)["input_ids"]
+        ids = list(prefix)
+        for q in program.queries:
+            ids += tok(f"{q.variable}?")["input_ids"]
+            where.append((i, len(ids) - 1))
+            ids += tok(f"{q.value};")["input_ids"]
+            depths.append(q.depth)
+        rows.append(ids)
+    full = [tok(p.text)["input_ids"] for p in programs]
+    if any(a != b[:len(a)] for a, b in zip(rows, full, strict=True)):
+        raise ValueError("the tokenizer does not split chain programs at query boundaries")
+    ids, real = _pad(rows, tok.eos_token_id or 0)
+    r, p = (torch.tensor(x) for x in zip(*where, strict=True))
+    return ChainBatch(ids, real, r, p, ids[r, p + 1], torch.tensor(depths))
+
+
+@torch.no_grad()
+def answer_accuracy(model: LoopedLM, batch: ChainBatch, loops: Sequence[int]) -> pd.DataFrame:
+    """Teacher-forced answer accuracy and answer loss after R loops: one row per R, overall and by depth bucket."""
+    loops = _check_loops(loops)
+    rows = []
+    for R in loops:
+        logits = model(batch.ids.to(model.device), num_loops=R)[batch.rows, batch.positions].float().cpu()
+        hit = (logits.argmax(-1) == batch.answers).float()
+        nll = F.cross_entropy(logits, batch.answers, reduction="none")
+        row = {"loops": R, "accuracy": hit.mean().item(), "answer loss": nll.mean().item()}
+        for name, (lo, hi) in DEPTH_BUCKETS.items():
+            sel = (batch.depths >= lo) & (batch.depths <= hi)
+            row[f"depth {name}"] = hit[sel].mean().item() if sel.any() else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("loops")
+
+
+@torch.no_grad()
+def state_changes(model: LoopedLM, ids: Tensor, num_loops: int, real: Tensor | None = None) -> np.ndarray:
+    """Median over positions of ||s(r) - s(r-1)|| / ||s(r)|| for r = 1..num_loops (index r - 1).
+
+    ``real`` (B, n) marks the positions to include (default: all).
+    """
+    if num_loops < 2:
+        raise ValueError(f"num_loops must be >= 2, got {num_loops}")
+    ids = ids.to(model.device)
+    positions = torch.arange(ids.shape[1], device=model.device)
+    router = CausalRouter()
+    embedded = model.embed(ids, positions, router)
+    state = model.initial_state(positions, ids.shape[0])
+    keep = torch.ones_like(ids, dtype=torch.bool) if real is None else real.to(model.device)
+    medians = []
+    for r in range(1, num_loops + 1):
+        new = model.loop(state, embedded, positions, router, r)
+        change = (new - state).norm(dim=-1) / new.norm(dim=-1).clamp_min(1e-30)
+        medians.append(float(change[keep].double().median()))
+        state = new
+    return np.array(medians)
+
+
+@dataclass(frozen=True)
+class StateRho:
+    rho: float
+    c: float
+    loop_range: tuple[int, int]
+
+
+def fit_state_rho(changes: np.ndarray, loop_range: tuple[int, int] = (4, 16)) -> StateRho:
+    """Fit change_r = c rho^r over ``loop_range`` (inclusive) by least squares on the logs."""
+    lo, hi = loop_range
+    if not 1 <= lo < hi <= len(changes):
+        raise ValueError(f"loop_range must satisfy 1 <= start < end <= {len(changes)}, got {loop_range}")
+    r = np.arange(lo, hi + 1)
+    y = np.log(np.clip(changes[lo - 1:hi], 1e-300, None))
+    slope, intercept = np.polyfit(r, y, 1)
+    return StateRho(float(np.exp(slope)), float(np.exp(intercept)), (lo, hi))
