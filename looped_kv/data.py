@@ -1,23 +1,36 @@
-"""Text every machine has: generated grade-school word problems and the Python standard library.
+"""Text every machine has: word problems, the Python standard library, and variable chains.
 
-The word problems are the project's stand-in for GSM8K: a question, a worked solution
-whose steps are arithmetic, and a final line ``#### <answer>``. The code workload is the
-source of the interpreter's own standard library. Both are deterministic functions of a
-seed (problems) or a file list (code), and both come with disjoint train / development /
-evaluation splits, so that configurations are chosen on development prompts and reported
-on evaluation prompts (DAS Appendix A.2).
+Three workloads, each with disjoint train / development / evaluation splits, so that
+configurations are chosen on development prompts and reported on evaluation prompts
+(DAS Appendix A.2):
+
+* ``problems``: the stand-in for GSM8K: a question, a worked solution whose steps are
+  arithmetic, and a final line ``#### <answer>``;
+* ``code``: the source of the interpreter's own standard library;
+* ``chains``: the depth workload. A program binds single-letter variables to digits or to
+  other variables (``k=4;b=k;x=9;m=b;``), then asks for the value of variables (``m?4;``)
+  with no intermediate steps. Answering a variable d bindings away from its digit takes d
+  serial lookups, so a looped model needs more loops for deeper variables: this is the
+  workload on which depth pays.
+
+Chains are built to leave no shortcut. Each program is a forest of binding trees whose root
+digits differ, written in a random interleaving of the trees (a variable is bound before it
+is used), so the nearest digit is not the answer. The queries are the leaves of the forest,
+in random order: no queried variable lies on another's path, so an answer already given never
+shortens a later lookup, and every query needs its full depth.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import string
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 SPLITS = ("train", "dev", "eval")
-WORKLOADS = ("problems", "code")
+WORKLOADS = ("problems", "code", "chains")
 _SPLIT_SEED = {"train": 0, "dev": 1_000_000, "eval": 2_000_000}
 
 _NAMES = ["Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Kira", "Leo",
@@ -100,6 +113,76 @@ def word_problems(n: int, split: str = "train", seed: int = 0) -> list[Problem]:
     return [_problem(random.Random(_SPLIT_SEED[split] + seed * 100_003 + i)) for i in range(n)]
 
 
+@dataclass(frozen=True)
+class ChainQuery:
+    variable: str
+    value: str
+    depth: int  # bindings between the variable and its digit (1: bound to a digit)
+
+
+@dataclass(frozen=True)
+class ChainProgram:
+    """A program of variable bindings and its queries: ``text`` is what the model reads and writes."""
+
+    program: str
+    queries: tuple[ChainQuery, ...]
+
+    @property
+    def answers(self) -> str:
+        return "".join(f"{q.variable}?{q.value};" for q in self.queries)
+
+    @property
+    def text(self) -> str:
+        return f"{self.program}\n{self.answers}\n"
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.program}\n"
+
+
+CHAIN_DEPTH = 8  # deepest binding chain of the evaluation programs (and of training, after the curriculum)
+
+
+def _chain_program(rng: random.Random, max_depth: int) -> ChainProgram:
+    trees = rng.randint(2, 5)
+    roots = rng.sample(string.digits, trees)
+    names = iter(rng.sample(string.ascii_lowercase, 26))
+    budget = 26 - trees
+    forest: list[list[tuple[str, str, int]]] = []  # per tree: (variable, bound to, depth) in binding order
+    for tree in range(trees):
+        spine = min(rng.randint(1, max_depth), budget - (trees - 1 - tree))
+        budget -= spine
+        nodes = [(next(names), roots[tree], 1)]
+        for _ in range(spine - 1):
+            nodes.append((next(names), nodes[-1][0], nodes[-1][2] + 1))
+        forest.append(nodes)
+    for _ in range(min(rng.randint(0, 4), budget)):  # side branches: more leaves, and distractors
+        tree = rng.choice(forest)
+        parent = rng.choice(tree)
+        tree.append((next(names), parent[0], parent[2] + 1))
+    order = [t for t, tree in enumerate(forest) for _ in tree]
+    rng.shuffle(order)  # interleave the trees, keeping each one's binding order
+    written = [0] * trees
+    lines = []
+    for t in order:
+        variable, bound, _ = forest[t][written[t]]
+        written[t] += 1
+        lines.append(f"{variable}={bound};")
+    used = {bound for tree in forest for _, bound, _ in tree}
+    leaves = [ChainQuery(v, roots[t], d) for t, tree in enumerate(forest) for v, _, d in tree if v not in used]
+    rng.shuffle(leaves)
+    return ChainProgram("".join(lines), tuple(leaves))
+
+
+def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH) -> list[ChainProgram]:
+    """``n`` variable-chain programs of a split, binding chains up to ``max_depth`` long."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not 1 <= max_depth <= 24:
+        raise ValueError(f"max_depth must be in [1, 24], got {max_depth}")
+    return [_chain_program(random.Random(f"chains/{split}/{seed}/{i}"), max_depth) for i in range(n)]
+
+
 def stdlib_files() -> list[Path]:
     """Top-level ``.py`` files of the running interpreter's standard library, sorted by name."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -132,21 +215,25 @@ def code_prompts(n: int, split: str = "eval", lines: int = 6) -> list[str]:
 
 
 def prompts(workload: str, n: int, split: str = "eval") -> list[str]:
-    """Prompts of a workload: word-problem questions (``"problems"``) or code openings (``"code"``)."""
+    """Prompts of a workload: word-problem questions, code openings, or chain programs to answer."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
     if workload == "problems":
         return [p.prompt for p in word_problems(n, split)]
+    if workload == "chains":
+        return [p.prompt for p in chain_programs(n, split)]
     return code_prompts(n, split)
 
 
 def texts(workload: str, n: int, split: str = "eval", chars: int = 1200) -> list[str]:
-    """Whole texts for teacher-forced measurements: worked problems (several per text) or code excerpts."""
+    """Whole texts for teacher-forced measurements: worked problems or chain programs (several per text, cut
+    to ``chars`` characters), or code excerpts."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
-    if workload == "problems":
-        problems = word_problems(8 * n, split)
-        return ["".join(p.text for p in problems[8 * i:8 * i + 8])[:chars] for i in range(n)]
+    if workload in ("problems", "chains"):
+        items = word_problems(8 * n, split) if workload == "problems" else chain_programs(16 * n, split)
+        per = len(items) // n
+        return ["".join(p.text for p in items[per * i:per * i + per])[:chars] for i in range(n)]
     out = []
     for path in code_files(split):
         source = path.read_text(encoding="utf-8", errors="replace")
