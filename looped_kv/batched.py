@@ -1,11 +1,11 @@
 """Batched decoding: B sequences of different lengths decoded together, and its throughput and memory.
 
 A :class:`BatchedPlaneCache` stores the planes of B sequences under one cache policy, in the layout of
-:class:`~looped_kv.cache.PlaneCache` (which allocates it), with one length per row. A
+:class:`~looped_kv.runtime.cache.PlaneCache` (which allocates it), with one length per row. A
 :class:`RowsPass` routes one block of n new tokens per row at per-row absolute positions (B, n): every
 attention call reads, in one softmax, each row's prefix under the policy (masks (B, 1, n, keys) built
 from the row's length and, for RIPE's window t - j <= W (Eq. 9), its absolute positions), the
-uncommitted block tokens of a :class:`~looped_kv.cache.BlockBuffer`, and the block causally.
+uncommitted block tokens of a :class:`~looped_kv.runtime.cache.BlockBuffer`, and the block causally.
 
 Decoders: :func:`batched_greedy` (sequential full-depth decoding) and :func:`batched_speculative`
 (sequential self-speculation, RIPE Algorithm 1: d-loop drafts, gamma per block, one R-loop
@@ -14,7 +14,7 @@ from the batch (its cache rows are compacted away), so it stops costing work. Ea
 the tokens of decoding it alone (``tests/test_batched.py``, float64).
 
 Measurements: :func:`throughput_cells` (tokens/s against B, fitted by T(B) = B / (a + b B), RIPE
-Sec. 3.5, Table 8), :func:`memory_cells` (peak memory against B, :mod:`looped_kv.bench_memory`) and
+Sec. 3.5, Table 8), :func:`memory_cells` (peak memory against B, :mod:`looped_kv.analysis.memory_bench`) and
 :func:`fixed_memory_comparison` (full cache at its B_max against the deepest plane at its B_max under
 one budget, RIPE Sec. 3.5 / 5.3). ``python -m looped_kv.batched`` (or ``looped-kv batched``) runs them
 on the tiny model.
@@ -33,17 +33,17 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from looped_kv import data
-from looped_kv.attention import Site, attend
-from looped_kv.bench_memory import MemoryCell, MemoryCheck, check_memory_model, peak_bytes
-from looped_kv.cache import BlockBuffer, PlaneCache
-from looped_kv.config import LoopedConfig
-from looped_kv.decode import check_prompt
-from looped_kv.loading import load, resolve_source
-from looped_kv.model import LoopedLM
-from looped_kv.perf import FixedMemoryFactors, ThroughputFit, fit_throughput, fixed_memory_factors
-from looped_kv.policy import ALIGNED, CachePolicy, PrefixReads, make_policy, make_prefix_reads, read_planes
-from looped_kv.reproducibility import check_device, measurement_mode
-from looped_kv.speculative import check_speculation
+from looped_kv.analysis.memory_bench import MemoryCell, MemoryCheck, check_memory_model, peak_bytes
+from looped_kv.analysis.perf import FixedMemoryFactors, ThroughputFit, fit_throughput, fixed_memory_factors
+from looped_kv.decoding.greedy import check_prompt
+from looped_kv.decoding.speculative import check_speculation
+from looped_kv.protocol.reproducibility import check_device, measurement_mode
+from looped_kv.runtime.attention import Site, attend
+from looped_kv.runtime.cache import BlockBuffer, PlaneCache
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.loading import load, resolve_source
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import ALIGNED, CachePolicy, PrefixReads, make_policy, make_prefix_reads, read_planes
 
 METHODS = ("greedy", "dtv")
 STORES = ("cache", "buffer", None)
@@ -75,7 +75,7 @@ def _put(dest: Tensor, scatter: _Scatter, src: Tensor) -> None:
 class BatchedPlaneCache:
     """KV planes of B sequences under one cache policy, with one length per row.
 
-    The planes are a :class:`~looped_kv.cache.PlaneCache` allocated for B rows (``planes``: edge, kept
+    The planes are a :class:`~looped_kv.runtime.cache.PlaneCache` allocated for B rows (``planes``: edge, kept
     core planes, RIPE ring of min(W, capacity) slots, sinks); this class reads and writes them per row.
     Row b holds positions [0, lengths[b]); ring slot s of row b holds the latest of its positions
     congruent to s modulo the ring size.
@@ -254,7 +254,7 @@ class RowsPass:
     modified by ``reads``; the ``offset`` uncommitted tokens already in ``buffer`` (earlier drafts of the
     block); and the block causally. The block's keys/values are then stored: into the cache
     (``store="cache"``, the first ``counts[b]`` columns of row b, all by default), into the buffer at
-    ``offset`` (``store="buffer"``) or nowhere (``None``). Cf. :class:`~looped_kv.cache.BlockPass`.
+    ``offset`` (``store="buffer"``) or nowhere (``None``). Cf. :class:`~looped_kv.runtime.cache.BlockPass`.
     """
 
     def __init__(self, cache: BatchedPlaneCache | None, positions: Tensor, *, reads: PrefixReads = ALIGNED,
@@ -576,7 +576,7 @@ def throughput_cells(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Se
     :func:`batched_generate` (``options``: ``num_loops``, ``window``, ``k``, ``sinks``, ``draft_loops``,
     ``block``, ``prefix_reads``, ``exact``). A warm-up run at the smallest batch comes first; each cell
     is the fastest of ``repeats`` runs (other load on the machine only slows a run down). Fit the
-    cells with :func:`looped_kv.perf.fit_throughput` for T(B) = B / (a + b B).
+    cells with :func:`looped_kv.analysis.perf.fit_throughput` for T(B) = B / (a + b B).
     """
     sizes = _validate(model, prompts, batch_sizes, method, cache, max_new_tokens, options)
     if repeats < 1:
@@ -595,7 +595,7 @@ def throughput_cells(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Se
 def memory_cells(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Sequence[int], method: str = "greedy",
                  cache: str = "full", *, max_new_tokens: int = 16, progress: bool = False,
                  **options) -> list[MemoryCell]:
-    """Peak memory of batched decoding at each batch size (:func:`looped_kv.bench_memory.peak_bytes`).
+    """Peak memory of batched decoding at each batch size (:func:`looped_kv.analysis.memory_bench.peak_bytes`).
 
     Every batch's cache is allocated for the same ``capacity`` per row (an option; default the longest
     prompt + ``max_new_tokens`` + block + 1), so that the cache term of peak(B) = cache B + o0 + o1 B is one
@@ -632,7 +632,7 @@ def fixed_memory_comparison(model: LoopedLM, prompts: Sequence[Tensor], budget: 
     For each cache, peak memory is measured at ``memory_batch_sizes``, the model is fitted on ``fit_on``
     and B_max found; then throughput is measured for the full cache at B_full, and for the deepest plane
     at B_full and at B_deep (fastest of ``repeats`` runs), and split by
-    :func:`looped_kv.perf.fixed_memory_factors`. ``options`` go
+    :func:`looped_kv.analysis.perf.fixed_memory_factors`. ``options`` go
     to :func:`batched_generate`; the deepest plane is block-dependent, so draft-then-verify runs it with
     ``exact=False``.
     """

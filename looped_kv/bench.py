@@ -22,11 +22,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from looped_kv import data
-from looped_kv.decode import Generation, generate
-from looped_kv.fits import accepted_length, mean_speedup
-from looped_kv.loading import load
-from looped_kv.model import LoopedLM
-from looped_kv.reproducibility import measurement_mode
+from looped_kv.analysis.fits import accepted_length, mean_speedup
+from looped_kv.decoding.greedy import Generation, generate
+from looped_kv.protocol.reproducibility import measurement_mode
+from looped_kv.runtime.loading import load
+from looped_kv.runtime.model import LoopedLM
 
 #: Each method's configuration on the shipped tiny model, chosen on development prompts with
 #: ``select_configs``: the sequential drafters by chapter 5 (d = 2, gamma = 8), prompt lookup and
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
            progress: bool = True) -> None:
     """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts,
-    measured with cuDNN attention off (:func:`looped_kv.reproducibility.measurement_mode`)."""
+    measured with cuDNN attention off (:func:`looped_kv.protocol.reproducibility.measurement_mode`)."""
     chosen = {name: DEFAULT_METHODS[name] for name in methods}
     pd.set_option("display.width", 160)
     with measurement_mode() as record:

@@ -7,8 +7,8 @@ import os
 import torch
 from torch import Tensor
 
-from looped_kv.loading import load
-from looped_kv.model import LoopedLM
+from looped_kv.runtime.loading import load
+from looped_kv.runtime.model import LoopedLM
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

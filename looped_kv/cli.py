@@ -24,16 +24,17 @@ from typing import NoReturn
 import pandas as pd
 import torch
 
-from looped_kv import batched, batches, bench, data
+from looped_kv import batched, bench, data
 from looped_kv.book import DTYPES
-from looped_kv.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
-from looped_kv.decode import METHODS, generate
-from looped_kv.loading import TINY_DIR, load
-from looped_kv.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
-from looped_kv.model import LoopedLM
-from looped_kv.policy import CACHE_POLICIES, PREFIX_READS, make_policy
-from looped_kv.reproducibility import check_device
-from looped_kv.selftest import SelfTestFailure
+from looped_kv.decoding.greedy import METHODS, generate
+from looped_kv.protocol import batches
+from looped_kv.protocol.reproducibility import check_device
+from looped_kv.protocol.selftest import SelfTestFailure
+from looped_kv.runtime.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
+from looped_kv.runtime.loading import TINY_DIR, load
+from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
 
 PROG = "looped-kv"
 NAMED_CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo}
@@ -228,7 +229,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 def _add_memory(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("memory", help="weights and KV-cache memory of a checkpoint or config at a context length",
-                       description="Memory from the package's model (RIPE Eq. 3 and Eq. 10, looped_kv.memory): the "
+                       description="Memory from the package's model (RIPE Eq. 3 and Eq. 10): the "
                                    "weights, and the KV cache of the full cache, the deepest plane and RIPE windows, "
                                    "for each context length.")
     p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(NAMED_CONFIGS)}, 'tiny', a checkpoint "

@@ -49,7 +49,7 @@ if "google.colab" in sys.modules:  # on Colab only: install the package
 # a cell before the chapter's set-up cell: `import os; os.environ["LOOPED_KV_MODEL"] = "tomg-group-umd/huginn-0125"`.
 #
 # Measurements on a GPU should run with cuDNN's attention backend disabled, which RIPE Section 5.5 found
-# to make bf16 reruns differ: wrap a cell in `with looped_kv.reproducibility.measurement_mode():`.
+# to make bf16 reruns differ: wrap a cell in `with looped_kv.protocol.reproducibility.measurement_mode():`.
 # Batches do this by default and record it in their archives.
 
 # %% [markdown]
@@ -66,11 +66,11 @@ import torch
 from IPython.display import Markdown
 
 import looped_kv
-from looped_kv import batches
 from looped_kv.book import DTYPES
 from looped_kv.cli import parameter_count
-from looped_kv.loading import TINY_DIR
-from looped_kv.memory import element_bytes, layer_token_bytes, m_deep, m_full, m_ripe
+from looped_kv.protocol import batches
+from looped_kv.runtime.loading import TINY_DIR
+from looped_kv.runtime.memory import element_bytes, layer_token_bytes, m_deep, m_full, m_ripe
 
 configs = {"tiny": looped_kv.LoopedConfig.from_file(TINY_DIR / "config.json"),
            "Huginn-0125": looped_kv.huginn_0125(), "Raven-Llama": looped_kv.raven_llama()}

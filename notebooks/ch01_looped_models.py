@@ -45,9 +45,9 @@ from IPython.display import Markdown, display
 
 import looped_kv
 from looped_kv import book, data
-from looped_kv.decode import prefill
-from looped_kv.measure import draft_agreement
-from looped_kv.memory import m_deep, m_full
+from looped_kv.analysis.measure import draft_agreement
+from looped_kv.decoding.greedy import prefill
+from looped_kv.runtime.memory import m_deep, m_full
 
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
 cfg = model.config
@@ -237,7 +237,7 @@ Markdown(f"A one-loop draft agrees with the {R}-loop token at {one_loop:.0%} of 
 training = cfg.extra.get("training", {})
 summary = pd.Series({k: training[k] for k in ("parameters", "steps", "batch", "seq", "train_mean_recurrence",
                                                "backprop_loops", "minutes") if k in training}, name="training")
-log_file = looped_kv.loading.TINY_DIR / "training_log.json"
+log_file = looped_kv.runtime.loading.TINY_DIR / "training_log.json"
 if book.is_tiny(model) and log_file.exists():
     log = pd.read_json(log_file)
     seconds_per_step = (log["time_s"].diff() / log["step"].diff()).dropna()

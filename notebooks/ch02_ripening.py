@@ -55,8 +55,8 @@ import torch
 from IPython.display import Markdown
 
 from looped_kv import book, data
-from looped_kv.fits import RIPE, deep_loop_range, floor_model, ripeness
-from looped_kv.measure_planes import (
+from looped_kv.analysis.fits import RIPE, deep_loop_range, floor_model, ripeness
+from looped_kv.analysis.planes import (
     in_dtype,
     paper_planes,
     ripening_curves,

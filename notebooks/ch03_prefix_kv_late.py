@@ -53,8 +53,8 @@ import torch
 from IPython.display import Markdown
 
 from looped_kv import book, data, make_policy
-from looped_kv.fits import sensitivity_regression
-from looped_kv.measure_planes import (
+from looped_kv.analysis.fits import sensitivity_regression
+from looped_kv.analysis.planes import (
     arm_grid,
     eq6_check,
     first_position_agreement,
@@ -65,8 +65,8 @@ from looped_kv.measure_planes import (
     table3_policies,
     text_batch,
 )
-from looped_kv.memory import policy_bytes
-from looped_kv.replay import paper_region
+from looped_kv.analysis.replay import paper_region
+from looped_kv.runtime.memory import policy_bytes
 
 start = time.perf_counter()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available

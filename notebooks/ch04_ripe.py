@@ -53,12 +53,9 @@ from IPython.display import Markdown, display
 
 import looped_kv
 from looped_kv import book, data
-from looped_kv.decode import new_cache, prefill
-from looped_kv.fits import EXCEEDS, fidelity_label, paired_bootstrap_ratio, per_prompt_bin_means
-from looped_kv.measure import policy_logits, target_trajectories
-from looped_kv.memory import m_ripe, memory_table
-from looped_kv.policy import make_policy
-from looped_kv.ripe_measure import (
+from looped_kv.analysis.fits import EXCEEDS, fidelity_label, paired_bootstrap_ratio, per_prompt_bin_means
+from looped_kv.analysis.measure import policy_logits, target_trajectories
+from looped_kv.analysis.ripe import (
     EXCEEDS_NUMERICS,
     PAPER_SECTION_5,
     PAPER_TABLE_2,
@@ -74,6 +71,9 @@ from looped_kv.ripe_measure import (
     tail_summary,
     with_dtype,
 )
+from looped_kv.decoding.greedy import new_cache, prefill
+from looped_kv.runtime.memory import m_ripe, memory_table
+from looped_kv.runtime.policy import make_policy
 
 start = time.perf_counter()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available

@@ -48,9 +48,10 @@ import torch
 from IPython.display import Markdown
 
 import looped_kv
-from looped_kv import bench, book, data, measure
-from looped_kv.perf import acceptance_tau, fit_eta, speedup
-from looped_kv.speculative import acceptance_by_position
+from looped_kv import bench, book, data
+from looped_kv.analysis import measure
+from looped_kv.analysis.perf import acceptance_tau, fit_eta, speedup
+from looped_kv.decoding.speculative import acceptance_by_position
 
 model = book.chapter_model()
 cfg, R = model.config, model.config.mean_recurrence

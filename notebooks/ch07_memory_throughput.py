@@ -42,10 +42,11 @@ import torch
 from IPython.display import Markdown, display
 
 import looped_kv
-from looped_kv import batched, book, data, gpu_check, perf
-from looped_kv.bench_memory import check_memory_model
-from looped_kv.memory import m_deep, m_full, memory_table
-from looped_kv.ripe_measure import PAPER_TABLE_2
+from looped_kv import batched, book, data, gpu_check
+from looped_kv.analysis import perf
+from looped_kv.analysis.memory_bench import check_memory_model
+from looped_kv.analysis.ripe import PAPER_TABLE_2
+from looped_kv.runtime.memory import m_deep, m_full, memory_table
 
 model = book.chapter_model()
 cfg, R = model.config, model.config.mean_recurrence
@@ -192,7 +193,7 @@ Markdown(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full ca
 # ## Peak memory against the memory model (RIPE Figure 3)
 #
 # Peak memory of batched decoding is measured from PyTorch's own allocator events (on a GPU,
-# `torch.cuda.max_memory_reserved`; see `looped_kv.bench_memory`). It is compared with the cache bytes
+# `torch.cuda.max_memory_reserved`; see `looped_kv.analysis.memory_bench`). It is compared with the cache bytes
 # from the equations plus $o_0 + o_1 B$, where $o_0$ and $o_1$ are fitted on the two smallest batches and
 # the larger batches are held out.
 

@@ -9,6 +9,7 @@ import torch
 from conftest import random_model
 
 from looped_kv import batched
+from looped_kv.analysis.memory_bench import peak_bytes
 from looped_kv.batched import (
     BatchedPlaneCache,
     RowsPass,
@@ -20,12 +21,11 @@ from looped_kv.batched import (
     prefill_rows,
     throughput_cells,
 )
-from looped_kv.bench_memory import peak_bytes
-from looped_kv.cache import BlockPass
-from looped_kv.decode import greedy, new_cache, prefill, run_block
-from looped_kv.memory import policy_bytes
-from looped_kv.policy import make_policy, make_prefix_reads
-from looped_kv.speculative import self_speculative
+from looped_kv.decoding.greedy import greedy, new_cache, prefill, run_block
+from looped_kv.decoding.speculative import self_speculative
+from looped_kv.runtime.cache import BlockPass
+from looped_kv.runtime.memory import policy_bytes
+from looped_kv.runtime.policy import make_policy, make_prefix_reads
 
 R = 5
 POLICIES = [("full", {}), ("deepest", {}), ("ripe", {"window": 4}), ("ripe", {"window": 2, "sinks": 1}),

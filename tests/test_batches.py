@@ -12,9 +12,9 @@ import pytest
 import torch
 import yaml
 
-from looped_kv import batches, selftest
-from looped_kv.loading import TINY_DIR
-from looped_kv.reproducibility import bitwise_rerun, measurement_mode
+from looped_kv.protocol import batches, selftest
+from looped_kv.protocol.reproducibility import bitwise_rerun, measurement_mode
+from looped_kv.runtime.loading import TINY_DIR
 
 torch.set_num_threads(1)  # small models: more threads only add contention
 EXAMPLES = batches.EXAMPLES_DIR
@@ -27,8 +27,8 @@ def write_random_checkpoint(folder: Path) -> Path:
     from safetensors.torch import save_file
 
     from looped_kv import data
-    from looped_kv.config import LoopedConfig
-    from looped_kv.model import LoopedLM
+    from looped_kv.runtime.config import LoopedConfig
+    from looped_kv.runtime.model import LoopedLM
     from looped_kv.tiny.train import init_weights, train_tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -423,7 +423,7 @@ def test_selftests_pass_and_a_failure_stops_the_batch(monkeypatch):
 
 
 def test_bitwise_rerun_of_a_replay():
-    from looped_kv.replay import replay
+    from looped_kv.analysis.replay import replay
 
     model = selftest.random_model()
     ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))

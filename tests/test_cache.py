@@ -7,10 +7,10 @@ import torch
 from conftest import random_model
 
 from looped_kv import huginn_0125, m_deep, m_full, m_ripe, make_policy, memory_table, policy_bytes, raven_llama
-from looped_kv.config import raven_olmo
-from looped_kv.decode import greedy, new_cache, prefill, step
-from looped_kv.memory import layer_token_bytes, per_token_kb
-from looped_kv.policy import make_prefix_reads
+from looped_kv.decoding.greedy import greedy, new_cache, prefill, step
+from looped_kv.runtime.config import raven_olmo
+from looped_kv.runtime.memory import layer_token_bytes, per_token_kb
+from looped_kv.runtime.policy import make_prefix_reads
 
 FAMILIES = ["huginn", "raven", "raven-olmo"]
 

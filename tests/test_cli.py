@@ -10,10 +10,10 @@ import pytest
 import torch
 from test_batches import model_source, small_spec  # noqa: F401  (model_source is a fixture)
 
-from looped_kv import batches
 from looped_kv.cli import main
-from looped_kv.config import huginn_0125
-from looped_kv.memory import m_full, m_ripe
+from looped_kv.protocol import batches
+from looped_kv.runtime.config import huginn_0125
+from looped_kv.runtime.memory import m_full, m_ripe
 
 torch.set_num_threads(1)  # small models: more threads only add contention
 HELP = {

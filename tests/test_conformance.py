@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from looped_kv import CausalRouter, Site, make_policy
-from looped_kv.cache import BlockPass
-from looped_kv.decode import new_cache, run_block
+from looped_kv.decoding.greedy import new_cache, run_block
+from looped_kv.runtime.cache import BlockPass
 
 
 def as_reference(model, logits: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_batches import TINY, small_spec
 
-from looped_kv import batches, distributed
+from looped_kv.protocol import batches, distributed
 
 torch.set_num_threads(1)  # small models: more threads only add contention
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # left out of the runs' environment

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from looped_kv.fits import (
+from looped_kv.analysis.fits import (
     EXCEEDS,
     INDISTINGUISHABLE,
     NOT_RIPE,
@@ -35,7 +35,7 @@ from looped_kv.fits import (
     ripeness,
     sensitivity_regression,
 )
-from looped_kv.perf import printed_interval, rounds_to
+from looped_kv.analysis.perf import printed_interval, rounds_to
 
 LOOPS = np.arange(1, 32)  # planes 1..R-1 of R = 32; Delta_R = 0 by definition
 

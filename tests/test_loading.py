@@ -11,10 +11,10 @@ import torch
 from conftest import FIXTURES, random_model
 from safetensors.torch import load_file, save_file
 
-import looped_kv.loading
+import looped_kv.runtime.loading
 from looped_kv import LoopedConfig, load, make_policy
-from looped_kv.decode import greedy
-from looped_kv.loading import TINY_DIR
+from looped_kv.decoding.greedy import greedy
+from looped_kv.runtime.loading import TINY_DIR
 
 
 def save_checkpoint(model, folder, shards: int = 1) -> None:
@@ -142,7 +142,7 @@ def test_tiny_model_loads_offline():
                                          ("float16", torch.float16), ("fp16", torch.float16),
                                          ("float64", torch.float64)])
 def test_dtype_names(name, dtype):
-    assert looped_kv.loading.resolve_dtype(name) == dtype
+    assert looped_kv.runtime.loading.resolve_dtype(name) == dtype
 
 
 def test_dtype_name_loads():
@@ -155,8 +155,8 @@ def test_bad_dtype_is_rejected_before_reading(monkeypatch, dtype):
     def no_read(*args, **kwargs):
         raise AssertionError("the checkpoint was read before the dtype was checked")
 
-    monkeypatch.setattr(looped_kv.loading, "load_state", no_read)
-    monkeypatch.setattr(looped_kv.loading, "resolve_source", no_read)
+    monkeypatch.setattr(looped_kv.runtime.loading, "load_state", no_read)
+    monkeypatch.setattr(looped_kv.runtime.loading, "resolve_source", no_read)
     with pytest.raises(ValueError, match=r"dtype must be a floating-point torch dtype or one of \('float32', 'fp32'"):
         load("tiny", dtype=dtype)
 

@@ -1,4 +1,4 @@
-"""Measurements on trajectories (looped_kv.measure) and the Chapter 4 helpers (looped_kv.ripe_measure).
+"""Measurements on trajectories (looped_kv.analysis.measure) and the Chapter 4 helpers (looped_kv.analysis.ripe).
 
 Random float64 models of both families: exact-arithmetic facts (Proposition 1, full-cache replay equal to
 the cache-free forward, d = R drafts equal to the target) hold to rounding, and block-dependent caches
@@ -16,10 +16,9 @@ import torch
 from conftest import random_model
 
 from looped_kv import huginn_0125, make_policy
-from looped_kv.decode import greedy
-from looped_kv.fits import BootstrapCI
-from looped_kv.measure import block_dependence, draft_agreement, kl, policy_logits, target_trajectories
-from looped_kv.ripe_measure import (
+from looped_kv.analysis.fits import BootstrapCI
+from looped_kv.analysis.measure import block_dependence, draft_agreement, kl, policy_logits, target_trajectories
+from looped_kv.analysis.ripe import (
     EXCEEDS_NUMERICS,
     INDISTINGUISHABLE_NUMERICS,
     PAPER_TABLE_2,
@@ -38,6 +37,7 @@ from looped_kv.ripe_measure import (
     top_share,
     with_dtype,
 )
+from looped_kv.decoding.greedy import greedy
 
 FAMILIES = ["huginn", "raven"]
 R = 6  # the random models' mean recurrence

@@ -10,11 +10,10 @@ import pytest
 import torch
 from conftest import FAMILY_FIXTURES, FIXTURES, random_model
 
-from looped_kv import load, make_policy, measure_planes, policy_bytes
-from looped_kv.attention import attend
-from looped_kv.decode import new_cache, prefill, step
-from looped_kv.fits import NOT_RIPE, RIPE, SensitivityFit, sensitivity_regression
-from looped_kv.measure_planes import (
+from looped_kv import load, make_policy, policy_bytes
+from looped_kv.analysis import planes as measure_planes
+from looped_kv.analysis.fits import NOT_RIPE, RIPE, SensitivityFit, sensitivity_regression
+from looped_kv.analysis.planes import (
     PAPER_PLANES,
     ArmGrid,
     RipeningCurves,
@@ -33,7 +32,7 @@ from looped_kv.measure_planes import (
     table7_column,
     text_batch,
 )
-from looped_kv.replay import (
+from looped_kv.analysis.replay import (
     SubstitutionRouter,
     deepest_plane_arm,
     kl_per_position,
@@ -44,6 +43,8 @@ from looped_kv.replay import (
     ripening,
     substitute,
 )
+from looped_kv.decoding.greedy import new_cache, prefill, step
+from looped_kv.runtime.attention import attend
 
 torch.set_num_threads(1)
 B, N = 3, 12

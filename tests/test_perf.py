@@ -2,7 +2,7 @@
 
 Every check computes from the paper's printed inputs and compares with its printed outputs at printed
 precision; where the printed inputs are themselves rounded, the check asks that some inputs inside their
-rounding intervals reproduce every printed output (see the ``looped_kv.perf`` docstring).
+rounding intervals reproduce every printed output (see the ``looped_kv.analysis.perf`` docstring).
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
-from looped_kv.config import huginn_0125
-from looped_kv.memory import m_deep, m_full
-from looped_kv.perf import (
+from looped_kv.analysis.perf import (
     TABLE9_ALPHA,
     TABLE9_REJECTION,
     acceptance_tau,
@@ -35,6 +33,8 @@ from looped_kv.perf import (
     tau_for_speedup,
     throughput,
 )
+from looped_kv.runtime.config import huginn_0125
+from looped_kv.runtime.memory import m_deep, m_full
 
 HUGINN = huginn_0125()
 GB = 1e9

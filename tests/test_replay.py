@@ -9,7 +9,7 @@ import torch
 from conftest import FAMILY_FIXTURES, FIXTURES
 
 from looped_kv import CausalRouter, Site, load
-from looped_kv.replay import (
+from looped_kv.analysis.replay import (
     deepest_plane_arm,
     kl_per_position,
     maturity,

@@ -13,11 +13,11 @@ from conftest import random_model
 
 import looped_kv
 from looped_kv import data
-from looped_kv.cache import BlockBuffer, BlockPass
-from looped_kv.das_wave import DEEP_KV, proposal_width, refine
-from looped_kv.decode import new_cache, prefill, run_block, step
-from looped_kv.policy import make_policy
-from looped_kv.speculative import acceptance_by_position, lookup_drafts
+from looped_kv.decoding.das_wave import DEEP_KV, proposal_width, refine
+from looped_kv.decoding.greedy import new_cache, prefill, run_block, step
+from looped_kv.decoding.speculative import acceptance_by_position, lookup_drafts
+from looped_kv.runtime.cache import BlockBuffer, BlockPass
+from looped_kv.runtime.policy import make_policy
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from looped_kv.attention import CausalRouter
 from looped_kv.data import ChainProgram
-from looped_kv.model import LoopedLM
+from looped_kv.runtime.attention import CausalRouter
+from looped_kv.runtime.model import LoopedLM
 
 #: Depth buckets of chain queries: one lookup, a few, many.
 DEPTH_BUCKETS = {"1": (1, 1), "2-3": (2, 3), "4-6": (4, 6), "7+": (7, 10**6)}

@@ -30,10 +30,10 @@ from tqdm.auto import tqdm
 
 from looped_kv import data
 from looped_kv.analysis.depth import answer_accuracy, encode_chains, fit_state_rho, loss_by_loops, state_changes
-from looped_kv.das_wave import proposal_width
-from looped_kv.decode import generate
-from looped_kv.loading import TINY_DIR, load
-from looped_kv.model import LoopedLM
+from looped_kv.decoding.das_wave import proposal_width
+from looped_kv.decoding.greedy import generate
+from looped_kv.runtime.loading import TINY_DIR, load
+from looped_kv.runtime.model import LoopedLM
 
 COMMAND = "python -m looped_kv.tiny.gates"
 

@@ -39,9 +39,9 @@ from transformers import PreTrainedTokenizerFast
 
 from looped_kv import data
 from looped_kv.analysis.depth import answer_accuracy, encode_chains, loss_by_loops
-from looped_kv.attention import CausalRouter
-from looped_kv.config import LoopedConfig
-from looped_kv.model import LoopedLM
+from looped_kv.runtime.attention import CausalRouter
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.model import LoopedLM
 
 EOS = "<|endoftext|>"
 EVAL_LOOPS = (1, 2, 4, 8, 16, 32)

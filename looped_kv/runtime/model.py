@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from looped_kv.attention import CausalRouter, Router, Site, Stage
-from looped_kv.config import LoopedConfig
+from looped_kv.runtime.attention import CausalRouter, Router, Site, Stage
+from looped_kv.runtime.config import LoopedConfig
 
 
 class RMSNorm(nn.Module):

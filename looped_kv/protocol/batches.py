@@ -10,9 +10,9 @@ prediction reported (Appendix B, Table 6). This module is that workflow:
 2. :func:`freeze` writes a file table: the SHA-256 of the spec, its prompt files, the package's
    own source files and the local model files. :func:`run_batch` refuses to run when any of them
    has changed since.
-3. :func:`run_batch` checks the table, runs the self-tests (:mod:`looped_kv.selftest`), runs every
+3. :func:`run_batch` checks the table, runs the self-tests (:mod:`looped_kv.protocol.selftest`), runs every
    arm with progress bars in the spec's CPU thread count (sharded across processes under ``torchrun``,
-   :mod:`looped_kv.distributed`), writes per-position and per-prompt records as JSON lines, a summary,
+   :mod:`looped_kv.protocol.distributed`), writes per-position and per-prompt records as JSON lines, a summary,
    the decision rules' labels and the predictions' outcomes, and a checksum manifest
    (``MANIFEST.sha256``, the format of ``sha256sum -c``).
 4. :func:`verify` re-checks an archive: every checksum, the frozen table against the archived spec,
@@ -78,18 +78,19 @@ import yaml
 from tqdm.auto import tqdm
 
 import looped_kv
-from looped_kv import distributed, fits
+from looped_kv.analysis import fits
+from looped_kv.analysis.measure import kl, policy_logits
+from looped_kv.analysis.replay import paper_region, perturbation_size, replay, substitute
 from looped_kv.book import DTYPES
-from looped_kv.das_wave import check_wave
-from looped_kv.decode import METHODS, generate, new_cache, prefill, step
-from looped_kv.loading import TINY_DIR, load
-from looped_kv.measure import kl, policy_logits
-from looped_kv.model import LoopedLM
-from looped_kv.policy import CachePolicy, make_policy, make_prefix_reads
-from looped_kv.replay import paper_region, perturbation_size, replay, substitute
-from looped_kv.reproducibility import bitwise_rerun, measurement_mode
-from looped_kv.selftest import require_selftests
-from looped_kv.speculative import check_speculation
+from looped_kv.decoding.das_wave import check_wave
+from looped_kv.decoding.greedy import METHODS, generate, new_cache, prefill, step
+from looped_kv.decoding.speculative import check_speculation
+from looped_kv.protocol import distributed
+from looped_kv.protocol.reproducibility import bitwise_rerun, measurement_mode
+from looped_kv.protocol.selftest import require_selftests
+from looped_kv.runtime.loading import TINY_DIR, load
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
 
 EXAMPLES_DIR = Path(__file__).parent / "batch_specs"
 PACKAGE_DIR = Path(__file__).parent
@@ -699,7 +700,7 @@ def _substitution_unit(spec: BatchSpec, model: LoopedLM, unit: Unit, progress: b
 def _greedy_logits(model: LoopedLM, ids: torch.Tensor, max_new_tokens: int,
                    policy: CachePolicy) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding under ``policy``, keeping the logits of every generated position: the trajectory and the
-    reference logits that :func:`~looped_kv.measure.policy_logits` would recompute from it, in one pass."""
+    reference logits that :func:`~looped_kv.analysis.measure.policy_logits` would recompute from it, in one pass."""
     cache = new_cache(model, policy, 1, ids.shape[1] + max_new_tokens)
     logits = [prefill(model, cache, ids, policy.num_loops)[0, -1:]]
     tokens = [logits[0].argmax(-1).view(1, 1)]

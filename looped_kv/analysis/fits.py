@@ -45,7 +45,7 @@ import statsmodels.api as sm
 from numpy.typing import ArrayLike
 from scipy.optimize import least_squares
 
-from looped_kv.perf import _same_length, _vector
+from looped_kv.analysis.perf import _same_length, _vector
 
 EXCEEDS = "exceeds a precision change"
 INDISTINGUISHABLE = "indistinguishable from a precision change"

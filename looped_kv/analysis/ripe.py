@@ -26,15 +26,15 @@ from numpy.typing import ArrayLike
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.cache import BlockBuffer, BlockPass, PlaneCache
-from looped_kv.config import LoopedConfig
-from looped_kv.decode import new_cache, prefill, run_block, step
-from looped_kv.fits import BootstrapCI, paired_bootstrap_ratio
-from looped_kv.measure import kl
-from looped_kv.measure_planes import in_dtype
-from looped_kv.memory import policy_bytes
-from looped_kv.model import LoopedLM
-from looped_kv.policy import CachePolicy, make_policy
+from looped_kv.analysis.fits import BootstrapCI, paired_bootstrap_ratio
+from looped_kv.analysis.measure import kl
+from looped_kv.analysis.planes import in_dtype
+from looped_kv.decoding.greedy import new_cache, prefill, run_block, step
+from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.memory import policy_bytes
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CachePolicy, make_policy
 
 #: RIPE Table 2: KV memory per sequence at L = 1024 (bf16, MB = 10^6 bytes) and its fraction of the full cache,
 #: as printed: cache -> (Huginn-0125 MB, fraction, Raven-Llama MB, fraction).
@@ -183,8 +183,8 @@ def _check_trajectories(trajectories: Sequence[Tensor], prompt_lengths: Sequence
 class ArmReplay:
     """One trajectory replayed under one cache policy."""
 
-    logits: Tensor  # (n - prompt_length, V) float64: :func:`looped_kv.measure.policy_logits`
-    block_kl: Tensor | None  # KL(sequential || batched) per block position: :func:`looped_kv.measure.block_dependence`
+    logits: Tensor  # (n - prompt_length, V) float64: :func:`~looped_kv.analysis.measure.policy_logits`
+    block_kl: Tensor | None  # KL(sequential || batched) per block position (measure.block_dependence)
 
 
 @torch.no_grad()
@@ -192,8 +192,9 @@ def replay_arm(model: LoopedLM, tokens: Tensor, prompt_length: int, policy: Cach
                block: int | None = None) -> ArmReplay:
     """Teacher-forced sequential replay, and with ``block`` the Section 5.2 block check, in one pass.
 
-    The replay is :func:`looped_kv.measure.policy_logits`. With ``block`` = gamma, the trajectory after the
-    prompt is cut into verification blocks of gamma + 1 tokens as in :func:`looped_kv.measure.block_dependence`;
+    The replay is :func:`~looped_kv.analysis.measure.policy_logits`. With ``block`` = gamma, the trajectory after the
+    prompt is cut into verification blocks of gamma + 1 tokens as in
+    :func:`~looped_kv.analysis.measure.block_dependence`;
     at the start of each block, before the block's sequential steps, one batched pass over the block reads the
     same cache (its planes go to a scratch buffer). The sequential logits serve both measurements, so the block
     check costs one batched pass per block instead of a second replay.
@@ -338,7 +339,7 @@ def numerics_label(ratio: BootstrapCI, threshold: float = 2.0) -> str:
     """RIPE Sec. 5.2's label: "exceeds numerics" when the ratio's lower bound is above the threshold (2).
 
     The paper prints 1.37 [1.20, 1.62] as "indistinguishable from numerics" against its pre-registered
-    threshold of 2; the lower-bound rule is the one :func:`looped_kv.fits.fidelity_label` uses.
+    threshold of 2; the lower-bound rule is the one :func:`looped_kv.analysis.fits.fidelity_label` uses.
     """
     if not (math.isfinite(threshold) and threshold > 0):
         raise ValueError(f"threshold must be > 0, got {threshold}")

@@ -17,10 +17,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.cache import BlockBuffer, BlockPass
-from looped_kv.decode import greedy, new_cache, prefill, run_block, step
-from looped_kv.model import LoopedLM
-from looped_kv.policy import CachePolicy, make_policy, make_prefix_reads
+from looped_kv.decoding.greedy import greedy, new_cache, prefill, run_block, step
+from looped_kv.runtime.cache import BlockBuffer, BlockPass
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
 
 
 @torch.no_grad()

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from looped_kv.config import FAMILIES, LoopedConfig
-from looped_kv.model import LoopedLM, Rotary
+from looped_kv.runtime.config import FAMILIES, LoopedConfig
+from looped_kv.runtime.model import LoopedLM, Rotary
 
 TINY_DIR = Path(__file__).parent / "tiny"
 _IGNORED_KEYS = ("freqs_cis",)

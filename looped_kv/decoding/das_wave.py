@@ -26,11 +26,11 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.cache import BlockBuffer, BlockPass, PlaneCache
-from looped_kv.decode import Generation, check_prompt, new_cache, prefill
-from looped_kv.model import LoopedLM
-from looped_kv.policy import CachePolicy, PrefixReads
-from looped_kv.speculative import accept, check_reads, check_speculation, verify
+from looped_kv.decoding.greedy import Generation, check_prompt, new_cache, prefill
+from looped_kv.decoding.speculative import accept, check_reads, check_speculation, verify
+from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CachePolicy, PrefixReads
 
 DEEP_KV = PrefixReads("deep", "deep")
 

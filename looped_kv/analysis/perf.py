@@ -36,7 +36,7 @@ printed output, while the printed values themselves do not):
   an aggregate we cannot rebuild (for instance emitted tokens per block after the stopping rule, or a
   per-problem rather than pooled mean); only the existence of consistent taus and eta is checked.
 * Section 3.5 memory (808-token sequences, 95 GB budget, GB = 10^9 bytes, cache from Eq. 3 via
-  ``looped_kv.memory``: 2.2526 GB per sequence full, 0.1365 GB with one plane): the printed
+  ``looped_kv.runtime.memory``: 2.2526 GB per sequence full, 0.1365 GB with one plane): the printed
   o0 = 7.2, o1 = 0.18 give B_max = 36 exactly, but o1 = 0.15 gives B_max = 306 (printed 302) and
   B = 38 needs 99.64 GB (printed 99.4). The printed fits are rounded: with one o0 for both caches,
   o0 in [7.150, 7.202], o1 (full) in [0.1750, 0.1764] and o1 (one plane) in (0.1531, 0.1544] give
@@ -60,7 +60,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from looped_kv.config import LoopedConfig
+from looped_kv.runtime.config import LoopedConfig
 
 #: RIPE Table 9 (batch-3 simulation, Huginn, gamma = 4): mean conditional acceptance alpha_d by cache and depth.
 TABLE9_ALPHA: dict[str, dict[int, float]] = {

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from looped_kv.config import LoopedConfig
-from looped_kv.policy import CachePolicy, make_policy
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.policy import CachePolicy, make_policy
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 

@@ -8,7 +8,7 @@ Launch the ordinary command under ``torchrun``; nothing else changes::
 group (NCCL on GPUs, one GPU per process; gloo on CPUs). Prompt i goes to rank i mod world size;
 every rank checks its own file table and runs the self-tests (RIPE Section 5, "Protocol": self-tests
 on every node), and rank 0 gathers the records, which the archive writer orders by prompt, arm and
-position, so that the archive equals a single-process run's (:mod:`looped_kv.batches`).
+position, so that the archive equals a single-process run's (:mod:`looped_kv.protocol.batches`).
 """
 
 from __future__ import annotations

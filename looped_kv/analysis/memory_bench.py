@@ -11,9 +11,9 @@ deterministic; it does not count the process's own heap (interpreter, malloc fra
 that existed before the run (the weights). Run a warm-up first: lazily built tables (the initial-state
 draws of new positions) are allocated once and would otherwise count in the first run only.
 
-The check: fit o0 and o1 of peak(B) = cache_per_seq B + o0 + o1 B (:func:`looped_kv.perf.fit_peak_memory`)
+The check: fit o0 and o1 of peak(B) = cache_per_seq B + o0 + o1 B (:func:`looped_kv.analysis.perf.fit_peak_memory`)
 on some batch sizes, report the relative error on the others, and the largest batch under a budget
-(:func:`looped_kv.perf.b_max`).
+(:func:`looped_kv.analysis.perf.b_max`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from looped_kv.perf import PeakMemoryFit, b_max, fit_peak_memory
+from looped_kv.analysis.perf import PeakMemoryFit, b_max, fit_peak_memory
 
 
 @contextmanager

@@ -12,7 +12,7 @@ where exact-arithmetic claims hold to rounding:
 * a substitution arm that gives each loop its own plane reproduces the reference (Section 3.1);
 * a replay rerun is bitwise identical (Section 5.5).
 
-    python -m looped_kv.selftest
+    python -m looped_kv.protocol.selftest
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from looped_kv.config import LoopedConfig
-from looped_kv.decode import generate, new_cache
-from looped_kv.measure import block_dependence
-from looped_kv.memory import m_deep, m_full, m_ripe
-from looped_kv.model import LoopedLM
-from looped_kv.policy import make_policy
-from looped_kv.replay import kl_per_position, replay, substitute
-from looped_kv.reproducibility import bitwise_rerun
+from looped_kv.analysis.measure import block_dependence
+from looped_kv.analysis.replay import kl_per_position, replay, substitute
+from looped_kv.decoding.greedy import generate, new_cache
+from looped_kv.protocol.reproducibility import bitwise_rerun
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.memory import m_deep, m_full, m_ripe
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import make_policy
 
 R, BLOCK, WINDOW, NEW_TOKENS = 6, 3, 4, 12
 

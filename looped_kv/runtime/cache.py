@@ -1,6 +1,6 @@
 """Plane caches in preallocated tensors, and the block pass that reads and writes them.
 
-A :class:`PlaneCache` holds what its :class:`~looped_kv.policy.CachePolicy` can read:
+A :class:`PlaneCache` holds what its :class:`~looped_kv.runtime.policy.CachePolicy` can read:
 
 * ``edge``: one plane per prelude and coda layer, every position;
 * ``core``: the policy's kept planes, every position (all R for the full cache, plane R
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from looped_kv.attention import Site, attend
-from looped_kv.config import LoopedConfig
-from looped_kv.policy import ALIGNED, CachePolicy, PrefixReads, read_planes
+from looped_kv.runtime.attention import Site, attend
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.policy import ALIGNED, CachePolicy, PrefixReads, read_planes
 
 
 def _empty(*shape: int, like: dict) -> Tensor:

@@ -1,7 +1,7 @@
 """Plane measurements over a set of texts: what chapters 2 ("Planes ripen") and 3 ("Prefix KV matters late") run.
 
-The single-replay measurements live in :mod:`looped_kv.replay` and the fits in :mod:`looped_kv.fits`; this
-module runs them over many texts and collects the results the chapters tabulate:
+The single-replay measurements live in :mod:`~looped_kv.analysis.replay` and the fits in
+:mod:`~looped_kv.analysis.fits`; this module runs them over many texts and collects the results the chapters tabulate:
 
 * :func:`ripening_curves`: Delta_r of keys and values (RIPE Sec. 3.2) and the Q/K/V maturity of DAS Sec. 3.1,
   replayed in chunks of texts; :func:`ripening_summary` adds the Table 7 fits (Eq. 5 and Remark 1).
@@ -10,7 +10,7 @@ module runs them over many texts and collects the results the chapters tabulate:
   :func:`precision_floor` gives the KL resolution of the replay's dtype, :func:`regression_rows` sets rows at
   that floor the paper's way and :func:`resolved_slope` fits one region over the rows above it.
 * :func:`first_position_agreement`: RIPE Table 3, the first-decoded-position top-1 agreement of equal-storage
-  cache policies with the full cache, through real :class:`~looped_kv.cache.PlaneCache` objects.
+  cache policies with the full cache, through real :class:`~looped_kv.runtime.cache.PlaneCache` objects.
 * :func:`eq6_check`: the deepest-plane prediction of Eq. (6) against the deepest-plane arm's measured KL.
 
 Texts are token windows of one common length (``text_batch``), so that a batch is one tensor and every text
@@ -31,10 +31,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.attention import Site
-from looped_kv.cache import PlaneCache
-from looped_kv.decode import new_cache, prefill, step
-from looped_kv.fits import (
+from looped_kv.analysis.fits import (
     FloorFit,
     GeometricFit,
     RegionSlope,
@@ -47,10 +44,7 @@ from looped_kv.fits import (
     fit_geometric,
     ripeness,
 )
-from looped_kv.memory import policy_bytes
-from looped_kv.model import LoopedLM
-from looped_kv.policy import CachePolicy, make_policy
-from looped_kv.replay import (
+from looped_kv.analysis.replay import (
     Replay,
     _check_kinds,
     _check_loops,
@@ -63,6 +57,12 @@ from looped_kv.replay import (
     ripening,
     substitute,
 )
+from looped_kv.decoding.greedy import new_cache, prefill, step
+from looped_kv.runtime.attention import Site
+from looped_kv.runtime.cache import PlaneCache
+from looped_kv.runtime.memory import policy_bytes
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CachePolicy, make_policy
 
 PAPER_PLANES = (1, 4, 8, 16, 24, 32)  # planes substituted in RIPE Sec. 3.1, of R = 32
 # RIPE Table 3: (row label, policy name, k of R = 32); k of share/first scales with R
@@ -123,7 +123,8 @@ def ripening_curves(model: LoopedLM, ids: Tensor, num_loops: int, *, decoded: in
 
     The texts are replayed ``chunk`` at a time in the model's dtype (softmax in ``softmax_dtype``), so memory
     stays at one chunk's planes. Chunk results are weighted by their number of texts, which gives exactly the
-    average over all layers and texts of :func:`looped_kv.replay.ripening` and :func:`~looped_kv.replay.maturity`.
+    average over all layers and texts of :func:`~looped_kv.analysis.replay.ripening` and
+    :func:`~looped_kv.analysis.replay.maturity`.
     """
     _check_ids(ids)
     maturity_kinds = _check_kinds("maturity_kinds", maturity_kinds)  # before any replay
@@ -398,8 +399,8 @@ def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str
     ``memory.policy_bytes`` at first + 1 positions).
 
     The step reads the prefix's coda keys/values as the prefill stored them; the replay arms of RIPE Sec. 3.1
-    (:func:`looped_kv.replay.substitute`) let the coda read the arm's own prefix, perturbed by the substitution,
-    so the two agree in the core's reads but not exactly in their logits.
+    (:func:`~looped_kv.analysis.replay.substitute`) let the coda read the arm's own prefix, perturbed by the
+    substitution, so the two agree in the core's reads but not exactly in their logits.
     """
     _check_ids(ids)
     B, n = ids.shape
@@ -460,7 +461,7 @@ def eq6_check(model: LoopedLM, reference: Replay, fit: SensitivityFit, grid: Arm
 
     The curve's S uses Delta_r of this reference (``replay.ripening``) over the deep loops 25..31 (scaled);
     the measured S is each text's ||delta|| of plane R over the same loops. The measurement is the arm of
-    :func:`looped_kv.replay.deepest_plane_arm`, which the fit did not use. With ``grid``, the shallow region's
+    :func:`looped_kv.analysis.replay.deepest_plane_arm`, which the fit did not use. With ``grid``, the shallow region's
     plane-R arm gives the cost of substituting plane R in the shallow loops alone.
     """
     R, t = reference.num_loops, reference.first_decoded

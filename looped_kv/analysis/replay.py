@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from looped_kv.attention import Site, attend
-from looped_kv.config import LoopedConfig
-from looped_kv.model import LoopedLM
+from looped_kv.runtime.attention import Site, attend
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.model import LoopedLM
 
 KINDS = ("q", "k", "v")
 SOFTMAX_DTYPES = (torch.float32, torch.float64)

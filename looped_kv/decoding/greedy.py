@@ -1,4 +1,4 @@
-"""Decoders. Each runs blocks of tokens through :class:`~looped_kv.cache.BlockPass` and differs
+"""Decoders. Each runs blocks of tokens through :class:`~looped_kv.runtime.cache.BlockPass` and differs
 only in how it drafts and what it commits. Every decoder returns a :class:`Generation`.
 
 Convention: the cache holds the planes of every processed token; the last emitted token is
@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.cache import BlockPass, PlaneCache
-from looped_kv.model import LoopedLM
-from looped_kv.policy import CachePolicy, make_policy, make_prefix_reads
+from looped_kv.runtime.cache import BlockPass, PlaneCache
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
 
 
 @dataclass
@@ -147,14 +147,14 @@ def generate(model: LoopedLM, input_ids: Tensor, *, max_new_tokens: int = 32, me
       32), ``rounds`` (J), ``initial_width`` (W_init), ``updates`` (k), ``carry`` and
       ``prefix_reads`` (default ``"deep-kv"``); the defaults are the paper's Huginn configuration.
 
-    ``cache`` names the verifier's cache policy (:func:`looped_kv.policy.make_policy`): ``"full"``,
+    ``cache`` names the verifier's cache policy (:func:`looped_kv.runtime.policy.make_policy`): ``"full"``,
     ``"deepest"``, ``"ripe"`` with ``window``, ``"k-deepest"``/``"share"``/``"first"`` with ``k``,
     ``"sinks"``. Speculative methods require a block-independent cache (full, or RIPE with
     window >= block; RIPE Proposition 1) unless ``exact=False``. ``num_loops`` defaults to the
     model's mean recurrence (R = 32 for the shipped tiny model and the public checkpoints).
     """
-    from looped_kv.das_wave import das_wave
-    from looped_kv.speculative import prompt_lookup, self_speculative
+    from looped_kv.decoding.das_wave import das_wave
+    from looped_kv.decoding.speculative import prompt_lookup, self_speculative
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")

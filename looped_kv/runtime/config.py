@@ -175,7 +175,7 @@ def detect_family(raw: dict[str, Any], tensor_names: Iterable[str] = ()) -> Fami
     The modeling file that ``auto_map`` names decides first (``raven_modeling_minimal_olmo``: Raven-OLMo;
     ``..._llama``: Raven); then ``attn.q_norm`` tensors (Raven-OLMo); then a Llama-style ``rope_theta`` or
     ``rope_scaling`` (Raven); else Huginn. A checkpoint whose tensors do not fit the family found is refused
-    by :func:`looped_kv.loading.check_state`.
+    by :func:`looped_kv.runtime.loading.check_state`.
     """
     model_file = str(raw.get("auto_map", {}).get("AutoModelForCausalLM", "")).lower()
     if "olmo" in model_file:

@@ -1,0 +1,1 @@
+"""Decoding: one batch-first core, a module per decoder, and generate() on top."""

@@ -1,0 +1,1 @@
+"""The pre-registration protocol: batch specs, freezing, runs, decisions, archives, self-tests, reproducibility."""
