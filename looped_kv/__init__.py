@@ -1,6 +1,7 @@
 """looped_kv: KV planes, cache policies and self-speculative decoding for looped language models."""
 
-from looped_kv.decoding.greedy import Generation, generate
+from looped_kv.decoding.core import Generation
+from looped_kv.decoding.generate import generate
 from looped_kv.protocol import reproducibility  # looped_kv.reproducibility.measurement_mode() after `import looped_kv`
 from looped_kv.runtime.attention import CausalRouter, Site
 from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache

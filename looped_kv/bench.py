@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 
 from looped_kv import data
 from looped_kv.analysis.fits import accepted_length, mean_speedup
-from looped_kv.decoding.greedy import Generation, generate
+from looped_kv.decoding.core import Generation
+from looped_kv.decoding.generate import generate
 from looped_kv.protocol.reproducibility import measurement_mode
 from looped_kv.runtime.loading import load
 from looped_kv.runtime.model import LoopedLM

@@ -2,7 +2,7 @@
 
     looped-kv generate --method mature-spec --cache ripe --window 16 "Question: ... Answer:"
     looped-kv bench --workloads problems --prompts 4
-    looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.batched
+    looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.analysis.throughput
     looped-kv memory --model huginn-0125 --context 1024 4096
     looped-kv batch freeze regions                     # the shipped example, or a spec file
     looped-kv batch run regions.frozen.json --out runs/regions
@@ -24,9 +24,11 @@ from typing import NoReturn
 import pandas as pd
 import torch
 
-from looped_kv import batched, bench, data
+from looped_kv import bench, data
+from looped_kv.analysis import throughput
 from looped_kv.book import DTYPES
-from looped_kv.decoding.greedy import METHODS, generate
+from looped_kv.decoding.generate import generate
+from looped_kv.decoding.settings import METHODS
 from looped_kv.protocol import batches
 from looped_kv.protocol.reproducibility import check_device
 from looped_kv.protocol.selftest import SelfTestFailure
@@ -247,7 +249,7 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_batched(args: argparse.Namespace) -> int:
-    batched.main(args.args, prog=f"{PROG} batched", parser_class=Parser)
+    throughput.main(args.args, prog=f"{PROG} batched", parser_class=Parser)
     return 0
 
 

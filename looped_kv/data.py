@@ -144,7 +144,7 @@ CHAIN_DEPTH = 8  # deepest binding chain of the evaluation programs (and of trai
 
 
 def _chain_program(rng: random.Random, max_depth: int) -> ChainProgram:
-    trees = rng.randint(2, 5)
+    trees = rng.randint(2, max(3, min(8, 16 // max_depth)))  # short chains come in more trees
     roots = rng.sample(string.digits, trees)
     names = iter(rng.sample(string.ascii_lowercase, 26))
     budget = 26 - trees

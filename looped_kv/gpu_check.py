@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from looped_kv import batched
+from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.analysis.perf import peak_memory
 from looped_kv.protocol.reproducibility import check_device, environment, measurement_mode
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     with measurement_mode() as record:
         result["measurement mode"] = record
         for cache in ("full", "deepest"):
-            cells = batched.memory_cells(model, prompts, args.batch_sizes, "greedy", cache,
+            cells = throughput.memory_cells(model, prompts, args.batch_sizes, "ar", cache,
                                          max_new_tokens=args.new_tokens, progress=True)
             check = check_memory_model(cells, fit_on=args.batch_sizes[:2], budget=float(cells[-1].peak_bytes))
             result[f"memory {cache}"] = {"cells": [vars(c) for c in cells], "o0": check.fit.o0,

@@ -46,7 +46,7 @@ from IPython.display import Markdown, display
 import looped_kv
 from looped_kv import book, data
 from looped_kv.analysis.measure import draft_agreement
-from looped_kv.decoding.greedy import prefill
+from looped_kv.decoding.core import prefill
 from looped_kv.runtime.memory import m_deep, m_full
 
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available

@@ -71,7 +71,7 @@ from looped_kv.analysis.ripe import (
     tail_summary,
     with_dtype,
 )
-from looped_kv.decoding.greedy import new_cache, prefill
+from looped_kv.decoding.core import new_cache, prefill
 from looped_kv.runtime.memory import m_ripe, memory_table
 from looped_kv.runtime.policy import make_policy
 

@@ -51,9 +51,8 @@ from IPython.display import Markdown
 import looped_kv
 from looped_kv import bench, book, data
 from looped_kv.analysis.fits import interaction_effect
+from looped_kv.decoding.core import accept, new_cache, prefill
 from looped_kv.decoding.das_wave import DEEP_KV, das_wave, proposal_width, refine
-from looped_kv.decoding.greedy import new_cache, prefill
-from looped_kv.decoding.speculative import accept
 from looped_kv.runtime.policy import make_policy
 
 model = book.chapter_model()

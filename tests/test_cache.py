@@ -7,7 +7,8 @@ import torch
 from conftest import random_model
 
 from looped_kv import huginn_0125, m_deep, m_full, m_ripe, make_policy, memory_table, policy_bytes, raven_llama
-from looped_kv.decoding.greedy import greedy, new_cache, prefill, step
+from looped_kv.decoding.core import new_cache, prefill, step
+from looped_kv.decoding.greedy import greedy
 from looped_kv.runtime.config import raven_olmo
 from looped_kv.runtime.memory import layer_token_bytes, per_token_kb
 from looped_kv.runtime.policy import make_prefix_reads

@@ -43,7 +43,7 @@ from looped_kv.analysis.replay import (
     ripening,
     substitute,
 )
-from looped_kv.decoding.greedy import new_cache, prefill, step
+from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.runtime.attention import attend
 
 torch.set_num_threads(1)

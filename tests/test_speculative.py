@@ -13,9 +13,10 @@ from conftest import random_model
 
 import looped_kv
 from looped_kv import data
+from looped_kv.decoding.core import new_cache, prefill, run_block, step
 from looped_kv.decoding.das_wave import DEEP_KV, proposal_width, refine
-from looped_kv.decoding.greedy import new_cache, prefill, run_block, step
-from looped_kv.decoding.speculative import acceptance_by_position, lookup_drafts
+from looped_kv.decoding.lookup import lookup_drafts
+from looped_kv.decoding.speculative import acceptance_by_position
 from looped_kv.runtime.cache import BlockBuffer, BlockPass
 from looped_kv.runtime.policy import make_policy
 
@@ -127,13 +128,6 @@ def test_bad_speculation_parameters(kwargs, message):
     model = random_model("huginn")
     with pytest.raises(ValueError, match=message):
         looped_kv.generate(model, torch.zeros(1, 4, dtype=torch.long), max_new_tokens=4, num_loops=5, **kwargs)
-
-
-def test_batch_of_several_is_refused():
-    model = random_model("huginn")
-    with pytest.raises(ValueError, match="batch 1"):
-        looped_kv.generate(model, torch.zeros(2, 4, dtype=torch.long), max_new_tokens=4, method="self-spec",
-                           num_loops=5)
 
 
 def test_acceptance_by_position_and_lookup():

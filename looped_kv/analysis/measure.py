@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.decoding.greedy import greedy, new_cache, prefill, run_block, step
+from looped_kv.decoding.core import new_cache, prefill, run_block, step
+from looped_kv.decoding.greedy import greedy
 from looped_kv.runtime.cache import BlockBuffer, BlockPass
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads

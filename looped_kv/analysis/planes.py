@@ -57,7 +57,7 @@ from looped_kv.analysis.replay import (
     ripening,
     substitute,
 )
-from looped_kv.decoding.greedy import new_cache, prefill, step
+from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.runtime.attention import Site
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.memory import policy_bytes
@@ -359,18 +359,14 @@ def restrict(full: PlaneCache, policy: CachePolicy) -> PlaneCache:
         raise ValueError(f"policy has R = {policy.num_loops}, the cache R = {full.policy.num_loops}")
     like = full.core[0]
     cfg, L = full.config, full.length
-    cache = PlaneCache(cfg, policy, batch=like.shape[2], capacity=full.capacity, dtype=like.dtype,
-                       device=like.device)
-    positions = range(0, L)
-    for stage, n_layers in (("prelude", cfg.n_prelude), ("coda", cfg.n_coda)):
-        for layer in range(n_layers):
-            i = full.edge_index(Site(stage, layer))
-            cache.write(Site(stage, layer), positions, full.edge[0][i, :, :, :L], full.edge[1][i, :, :, :L])
-    for layer in range(cfg.n_core):
-        for p in range(1, policy.num_loops + 1):
-            site = Site("core", layer, p)
-            cache.write(site, positions, full.fetch(0, layer, p, 0, L), full.fetch(1, layer, p, 0, L))
-    cache.length = L
+    cache = PlaneCache(cfg, policy, batch=full.batch, capacity=full.capacity, dtype=like.dtype, device=like.device)
+    sites = [Site(stage, layer) for stage, n_layers in (("prelude", cfg.n_prelude), ("coda", cfg.n_coda))
+             for layer in range(n_layers)]
+    sites += [Site("core", layer, p) for layer in range(cfg.n_core) for p in range(1, policy.num_loops + 1)]
+    for site in sites:
+        plane = site.loop if site.stage == "core" else None
+        cache.store(site, 0, full.plane_tensor(0, site, plane)[:, :, :L], full.plane_tensor(1, site, plane)[:, :, :L])
+    cache.advance(L)
     return cache
 
 

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from looped_kv.analysis.fits import BootstrapCI, paired_bootstrap_ratio
 from looped_kv.analysis.measure import kl
 from looped_kv.analysis.planes import in_dtype
-from looped_kv.decoding.greedy import new_cache, prefill, run_block, step
+from looped_kv.decoding.core import new_cache, prefill, run_block, step
 from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.memory import policy_bytes

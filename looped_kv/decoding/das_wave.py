@@ -1,6 +1,6 @@
-"""DAS-Wave: carried parallel refinement with mature prefix reads and an independent verifier.
+"""DAS-Wave: carried parallel refinement with mature prefix reads and an independent verifier, batch-first.
 
-One block (DAS Appendix B.2), from the materialized prefix cache and the anchor x_t (the
+One block (DAS Appendix B.2), from the materialized prefix cache and each row's anchor x_t (the
 pending token at position L):
 
 1. Initialize: provisional guesses repeat the anchor; a newly active position starts from the
@@ -12,7 +12,7 @@ pending token at position L):
    provisional keys/values are discarded.
 4. Verify: the full-depth target runs on [x_t, y_1..y_{w-1}] under the cache policy.
 5. Commit: accept in order until the first mismatch, emit the target's token there, keep only
-   verified planes; the last emitted token becomes the next anchor.
+   verified planes; the last emitted token becomes the next anchor. Rows commit their own counts.
 
 Because the verifier is the unchanged target, the output equals greedy full-depth decoding
 (DAS Proposition 1) whatever the proposal settings.
@@ -20,15 +20,25 @@ Because the verifier is the unchanged target, the output equals greedy full-dept
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from looped_kv.decoding.greedy import Generation, check_prompt, new_cache, prefill
-from looped_kv.decoding.speculative import accept, check_reads, check_speculation, verify
-from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
+from looped_kv.decoding.core import (
+    Generation,
+    Rows,
+    accept,
+    block_positions,
+    check_prompts,
+    new_buffer,
+    new_cache,
+    prefill_rows,
+    run_block,
+)
+from looped_kv.decoding.settings import WAVE
+from looped_kv.decoding.speculative import check_reads, check_speculation, verify
+from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads
 
@@ -55,23 +65,20 @@ def proposal_width(block: int, rounds: int, initial_width: int) -> int:
 
 def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, rounds: int, initial_width: int,
            updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
-    """Carried parallel refinement (DAS Eq. 5-6); returns the proposals y_1..y_w (1, w).
+    """Carried parallel refinement (DAS Eq. 5-6) of B rows; returns the proposals y_1..y_w (B, w).
 
-    With ``trace``, each round's guesses after its readout (1, W_j) are appended to it.
+    With ``trace``, each round's guesses after its readout (B, W_j) are appended to it.
     """
-    L = cache.length
-    guesses = anchor.expand(1, block + 1).clone()  # guesses[i] conditions position L + i
+    guesses = anchor.expand(-1, block + 1).clone()  # guesses[:, i] conditions position L + i
     states: Tensor | None = None
     for j in range(rounds):
         width = min(block, initial_width + j)
-        positions = torch.arange(L, L + width, device=anchor.device)
-        fresh = model.initial_state(positions, 1)
+        router = BlockPass(cache, block_positions(cache, width), reads=reads, store=None)
+        fresh = model.initial_state(router.positions, anchor.shape[0], last=router.last_position)
         if carry and states is not None:  # only newly active positions start from the initial state
             fresh[:, :states.shape[1]] = states
-        router = BlockPass(cache, range(L, L + width), reads=reads, store=None)
         first_loop = 1 + (j * updates if carry else 0)
-        logits, states = model(guesses[:, :width], updates, fresh, positions=positions, router=router,
-                               first_loop=first_loop, return_state=True)
+        logits, states = run_block(model, guesses[:, :width], router, updates, fresh, first_loop=first_loop)
         guesses[:, 1:width + 1] = logits.argmax(-1)  # shifted readout
         if trace is not None:
             trace.append(guesses[:, 1:width + 1].clone())
@@ -79,39 +86,39 @@ def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, ro
 
 
 @torch.no_grad()
-def das_wave(model: LoopedLM, input_ids: Tensor, max_new_tokens: int, *, policy: CachePolicy, block: int = 32,
-             rounds: int = 24, initial_width: int = 2, updates: int = 2, carry: bool = True,
-             reads: PrefixReads = DEEP_KV, exact: bool = True,
+def das_wave(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
+             policy: CachePolicy, block: int = WAVE["block"], rounds: int = WAVE["rounds"],
+             initial_width: int = WAVE["initial_width"], updates: int = WAVE["updates"], carry: bool = WAVE["carry"],
+             reads: PrefixReads = DEEP_KV, exact: bool = True, eos: int | None = None,
              progress: bool = False) -> Generation:
-    """DAS-Wave decoding; defaults are the paper's Huginn configuration (gamma 32, J 24, W_init 2, k 2)."""
+    """DAS-Wave decoding of B prompts; defaults are the paper's Huginn configuration (gamma 32, J 24, W_init 2, k 2)."""
     check_wave(block, rounds, initial_width, updates)
-    prompt = check_prompt(model, input_ids, max_new_tokens, margin=block + 1)
-    check_speculation(policy, block, exact, prompt.shape[0])
+    prompts, budgets = check_prompts(model, input_ids, max_new_tokens, margin=block + 1)
+    check_speculation(policy, block, exact)
     check_reads(policy, reads)
-    R = policy.num_loops
-    start_time = time.perf_counter()
-    cache = new_cache(model, policy, 1, prompt.shape[1] + max_new_tokens + block + 1)
-    buffer = BlockBuffer(model.config, R, batch=1, capacity=block, dtype=model.dtype, device=model.device)
-    anchor = prefill(model, cache, prompt, R)[:, -1:].argmax(-1)
-    emitted, accepted, retained = [anchor], [], []
-    bar = tqdm(total=max_new_tokens, disable=not progress, desc="das-wave", leave=False)
-    while sum(t.shape[1] for t in emitted) < max_new_tokens:
+    R, B = policy.num_loops, len(prompts)
+    w = proposal_width(block, rounds, initial_width)
+    rows = Rows(prompts, budgets, eos, progress, "das-wave")
+    cache = new_cache(model, policy, B, max(len(p) + b for p, b in zip(prompts, budgets, strict=True)) + block + 1)
+    buffer = new_buffer(model, R, B, block)
+    anchor = prefill_rows(model, cache, prompts, R)
+    rows.emit(list(anchor))
+    passes = 1
+    while True:
+        (anchor,) = rows.drop_stopped(cache, anchor, buffer=buffer)
+        if not rows.active:
+            break
         proposals = refine(model, cache, anchor, block=block, rounds=rounds, initial_width=initial_width,
                            updates=updates, carry=carry, reads=reads)
-        w = proposals.shape[1]
         targets = verify(model, cache, buffer, torch.cat([anchor, proposals[:, :-1]], dim=1), R)
         k = accept(proposals, targets)
         corrected = k < w  # with m = w proposals tested there is no bonus token when all agree
-        cache.commit(buffer, k + 1 if corrected else w)
-        anchor = targets[:, k:k + 1] if corrected else proposals[:, -1:]
-        emitted += [proposals[:, :k], targets[:, k:k + 1]] if corrected else [proposals]
-        accepted.append(k)
-        retained.append(int(corrected))
-        bar.update(k + int(corrected))
-    bar.close()
-    tokens = torch.cat([prompt, *emitted], dim=1)[:, :prompt.shape[1] + max_new_tokens]
-    return Generation(tokens, prompt.shape[1], time.perf_counter() - start_time, verifications=len(accepted),
-                      accepted=accepted, drafted=[proposal_width(block, rounds, initial_width)] * len(accepted),
-                      retained=retained, forward_passes=1 + len(accepted) * (rounds + 1),
-                      extra={"cache_bytes": cache.nbytes, "policy": policy.name, "block": block, "rounds": rounds,
-                             "initial_width": initial_width, "updates": updates, "carry": carry})
+        cache.commit(buffer, torch.where(corrected, k + 1, w))
+        fixes = targets.gather(1, k.clamp(max=w - 1)[:, None])
+        anchor = torch.where(corrected[:, None], fixes, proposals[:, -1:])
+        ks, fixed = k.tolist(), corrected.tolist()
+        rows.record(ks, [w] * len(ks), [int(c) for c in fixed])
+        rows.emit([torch.cat([p[:a], f]) if c else p for p, a, f, c in zip(proposals, ks, fixes, fixed, strict=True)])
+        passes += rounds + 1
+    return rows.result(cache, passes, eos, block=block, rounds=rounds, initial_width=initial_width, updates=updates,
+                       carry=carry)

@@ -82,8 +82,10 @@ from looped_kv.analysis import fits
 from looped_kv.analysis.measure import kl, policy_logits
 from looped_kv.analysis.replay import paper_region, perturbation_size, replay, substitute
 from looped_kv.book import DTYPES
+from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.decoding.das_wave import check_wave
-from looped_kv.decoding.greedy import METHODS, generate, new_cache, prefill, step
+from looped_kv.decoding.generate import generate
+from looped_kv.decoding.settings import METHODS
 from looped_kv.decoding.speculative import check_speculation
 from looped_kv.protocol import distributed
 from looped_kv.protocol.reproducibility import bitwise_rerun, measurement_mode
@@ -92,8 +94,8 @@ from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
 
-EXAMPLES_DIR = Path(__file__).parent / "batch_specs"
-PACKAGE_DIR = Path(__file__).parent
+EXAMPLES_DIR = Path(__file__).parents[1] / "batch_specs"
+PACKAGE_DIR = Path(__file__).parents[1]
 TABLE_FORMAT = "looped-kv file table 1"
 MODEL_PATTERNS = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt")
 MANIFEST = "MANIFEST.sha256"
@@ -359,7 +361,7 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
         if decoder != "ar":
             block = chosen.get("block", 32 if decoder == "das-wave" else 4)
             draft = chosen.get("draft_loops", 4) if decoder in ("self-spec", "mature-spec") else None
-            check_speculation(policy, block, chosen.get("exact", True), 1, draft)
+            check_speculation(policy, block, chosen.get("exact", True), draft)
         if decoder == "das-wave":
             check_wave(chosen.get("block", 32), chosen.get("rounds", 24), chosen.get("initial_width", 2),
                        chosen.get("updates", 2))

@@ -57,6 +57,43 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, causa
     return (scores.softmax(dim=-1) @ v.to(softmax_dtype)).to(q.dtype)
 
 
+def attend_segments(q: Tensor, segments: list[tuple[Tensor, Tensor, Tensor | None]],
+                    softmax_dtype: torch.dtype | None = None) -> Tensor:
+    """One softmax over several key/value segments, each read in place: no concatenation.
+
+    ``segments`` holds (k, v, mask) with k, v (B, Hkv, n_k, D) and mask broadcastable to (B, H, n_q, n_k)
+    (None: all read). Scores are computed per segment, normalized by their joint maximum and sum, and the
+    values summed per segment: the same result as attending to the concatenation. Grouped-query heads
+    broadcast instead of being repeated. Computed in ``softmax_dtype`` (default: float32, or the input's dtype
+    when wider).
+    """
+    if len(segments) == 1:
+        k, v, mask = segments[0]
+        return attend(q, k, v, mask, softmax_dtype=softmax_dtype)
+    B, H, n, D = q.shape
+    groups = H // segments[0][0].shape[1]
+    dtype = softmax_dtype or torch.promote_types(q.dtype, torch.float32)
+    qg = q.to(dtype).view(B, H // groups, groups, n, D) / math.sqrt(D)
+    scores = []
+    for k, _, mask in segments:
+        s = qg @ k.to(dtype).unsqueeze(2).transpose(-1, -2)  # (B, Hkv, groups, n, n_k)
+        if mask is not None:
+            s = s.masked_fill(~_grouped(mask, groups), float("-inf"))
+        scores.append(s)
+    top = torch.stack([s.amax(-1) for s in scores]).amax(0).unsqueeze(-1)
+    weights = [(s - top).exp() for s in scores]
+    total = sum(w.sum(-1, keepdim=True) for w in weights)
+    out = sum(w @ v.to(dtype).unsqueeze(2) for w, (_, v, _) in zip(weights, segments, strict=True)) / total
+    return out.reshape(B, H, n, D).to(q.dtype)
+
+
+def _grouped(mask: Tensor, groups: int) -> Tensor:
+    """A mask broadcastable to (B, H, n_q, n_k) as one broadcastable to (B, H / groups, groups, n_q, n_k)."""
+    if mask.dim() < 4 or mask.shape[1] == 1:
+        return mask.unsqueeze(-3) if mask.dim() >= 3 else mask
+    return mask.unflatten(1, (-1, groups))
+
+
 class CausalRouter:
     """No cache: each call attends causally within the block. Optionally records every call's K/V."""
 

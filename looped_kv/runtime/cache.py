@@ -1,166 +1,286 @@
-"""Plane caches in preallocated tensors, and the block pass that reads and writes them.
+"""Plane caches in preallocated tensors, read in place, and the block pass every decoder runs.
 
-A :class:`PlaneCache` holds what its :class:`~looped_kv.runtime.policy.CachePolicy` can read:
+A :class:`PlaneCache` holds, for B rows of one cache policy (:mod:`looped_kv.runtime.policy`):
 
 * ``edge``: one plane per prelude and coda layer, every position;
-* ``core``: the policy's kept planes, every position (all R for the full cache, plane R
-  for the deepest-plane cache, ...);
-* ``ring``: the other planes for the W most recent positions, a ring indexed by
-  position mod W (RIPE's window; a position leaving it drops its shallow planes);
+* ``core``: the policy's kept planes, every position (all R for the full cache, plane R for
+  the deepest-plane cache, ...);
+* ``ring``: the other planes for each row's W most recent positions, slot = position mod W
+  (RIPE's window, Eq. 9: a position leaving it drops its shallow planes);
 * ``sink``: the other planes for the first ``sinks`` positions.
 
-Everything is allocated once and written by index. :class:`BlockPass` is the one
-primitive every decoder uses: it runs a block of new tokens against the cache under a
-read policy, reading earlier uncommitted tokens from a :class:`BlockBuffer`.
+Everything is allocated once, with one committed length per row, and written by index.
+
+A :class:`BlockPass` routes one block of n new tokens per row (B, n) through every attention
+call of the model. Each call reads, in one softmax (DAS Eq. 2-3), the row's committed prefix
+under the cache policy as modified by the prefix reads, the uncommitted tokens of the block
+(earlier drafts) at the same loop from a :class:`BlockBuffer`, and the block itself causally.
+Reads are views of the preallocated tensors (no concatenation); masks are built once per
+block. Where the policy lets it, the block's keys and values are written into the plane its
+prefix is read from and the call is a single fused attention over that plane: for every
+policy at prelude and coda layers, and in the core for policies whose planes are each last
+written by their own loop (full, deepest, k-deepest, share) under aligned reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from looped_kv.runtime.attention import Site, attend
+from looped_kv.runtime.attention import Site, attend, attend_segments
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.policy import ALIGNED, CachePolicy, PrefixReads, read_planes
 
-
-def _empty(*shape: int, like: dict) -> Tensor:
-    return torch.zeros(*shape, **like)
+STORES = ("cache", "buffer", None)
 
 
-@dataclass
-class Segment:
-    """Prefix keys/values read by a block, and which (query, position) pairs read them."""
+@dataclass(frozen=True)
+class _Scatter:
+    """(row, block column) entries of a block and the slot each one is written to."""
 
-    k: Tensor
-    v: Tensor
-    mask: Tensor | None  # (n_query, n_positions) bool, None = all
+    rows: Tensor
+    cols: Tensor
+    index: Tensor
+
+
+@dataclass(frozen=True)
+class RowWrites:
+    """Where the stored entries of a block go: every position, the ring (position mod W), the sinks."""
+
+    main: _Scatter
+    ring: _Scatter
+    sink: _Scatter
+    uniform: tuple[int, int] | None  # (start, stop) when every row stores the same positions
+
+
+def _put(dest: Tensor, scatter: _Scatter, src: Tensor) -> None:
+    """dest[row, :, index] = src[row, :, col] for every entry (dest (B, H, P, D), src (B, H, n, D))."""
+    dest[scatter.rows, :, scatter.index] = src[scatter.rows, :, scatter.cols]
+
+
+def writes_in_own_plane(policy: CachePolicy) -> bool:
+    """Whether every kept plane p is last written by loop p among the loops that read it (plane(r) = p).
+
+    Then a block can write loop r's keys/values into plane(r) and read them there: what remains after
+    the last loop is what the policy stores. True for full, deepest, k-deepest and share; not for
+    first(k) (loops after k read plane k) nor for policies with a window or sinks.
+    """
+    if policy.extra:
+        return False
+    last = {}
+    for r in range(1, policy.num_loops + 1):
+        last[policy.plane(r)] = r
+    return all(last.get(p, p) == p for p in policy.kept)
 
 
 class PlaneCache:
-    """KV planes of a looped model under one cache policy, preallocated for ``capacity`` positions."""
+    """KV planes of B rows under one cache policy, preallocated for ``capacity`` positions per row."""
 
     def __init__(self, config: LoopedConfig, policy: CachePolicy, *, batch: int, capacity: int,
                  dtype: torch.dtype, device: torch.device | str | None = None) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
         if capacity > config.block_size:
             raise ValueError(f"capacity ({capacity}) exceeds the model's context (block_size {config.block_size})")
         self.config, self.policy, self.capacity = config, policy, capacity
-        self.length = 0
         like = dict(dtype=dtype, device=device)
         H, D, n_core = config.n_kv_heads, config.head_dim, config.n_core
         self.kept_slot = {p: i for i, p in enumerate(policy.kept)}
         self.extra_slot = {p: i for i, p in enumerate(policy.extra)}
         n_edge = config.n_prelude + config.n_coda
-        self.edge = [_empty(n_edge, batch, H, capacity, D, like=like) for _ in range(2)]
-        self.core = [_empty(n_core, len(policy.kept), batch, H, capacity, D, like=like) for _ in range(2)]
+        self.edge = [torch.zeros(n_edge, batch, H, capacity, D, **like) for _ in range(2)]
+        self.core = [torch.zeros(n_core, len(policy.kept), batch, H, capacity, D, **like) for _ in range(2)]
         extra = len(policy.extra)
-        ring = min(policy.window, capacity) if extra else 0  # positions p < capacity <= W never wrap
-        sinks = min(policy.sinks, capacity) if extra else 0
-        self.ring = [_empty(n_core, extra, batch, H, ring, D, like=like) for _ in range(2)]
-        self.sink = [_empty(n_core, extra, batch, H, sinks, D, like=like) for _ in range(2)]
+        self.ring_size = min(policy.window, capacity) if extra else 0  # positions p < capacity <= W never wrap
+        self.sink_size = min(policy.sinks, capacity) if extra else 0
+        self.ring = [torch.zeros(n_core, extra, batch, H, self.ring_size, D, **like) for _ in range(2)]
+        self.sink = [torch.zeros(n_core, extra, batch, H, self.sink_size, D, **like) for _ in range(2)]
+        self.in_own_plane = writes_in_own_plane(policy)
+        self.allocated_bytes = sum(t.numel() * t.element_size() for t in self._tensors())
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=self.edge[0].device)
+        self.host_lengths = [0] * batch  # the same, on the host: read without a device sync
 
-    # -- accounting ----------------------------------------------------------------------------
+    # -- shape and accounting ------------------------------------------------------------------
     def _tensors(self) -> list[Tensor]:
         return [*self.edge, *self.core, *self.ring, *self.sink]
 
     @property
-    def allocated_bytes(self) -> int:
-        """Bytes actually allocated (equals the memory equations at L = capacity)."""
-        return sum(t.numel() * t.element_size() for t in self._tensors())
+    def batch(self) -> int:
+        return len(self.host_lengths)
+
+    @property
+    def length(self) -> int:
+        """The committed length, when every row has the same one."""
+        if len(set(self.host_lengths)) > 1:
+            raise ValueError(f"rows have different lengths {self.host_lengths}; use lengths or host_lengths")
+        return self.host_lengths[0]
+
+    @property
+    def max_length(self) -> int:
+        return max(self.host_lengths)
+
+    def row_bytes(self) -> list[int]:
+        """Bytes holding each row's stored positions: Eq. (3) / Eq. (10) of the RIPE paper at L = its length."""
+        def per_position(tensors: list[Tensor]) -> int:  # one row (batch dimension -4), one position
+            return sum(t.select(-4, 0)[..., :1, :].numel() * t.element_size() for t in tensors if t.shape[-4])
+
+        every, ring, sink = per_position([*self.edge, *self.core]), per_position(self.ring), per_position(self.sink)
+        W, S = self.policy.window, self.policy.sinks
+        return [every * L + ring * min(W, L) + sink * min(S, L) for L in self.host_lengths]
 
     @property
     def nbytes(self) -> int:
-        """Bytes holding the ``length`` stored positions: Eq. (3) / Eq. (10) of the RIPE paper at L = length."""
-        def per_position(tensors: list[Tensor]) -> int:
-            return sum(t[..., :1, :].numel() * t.element_size() for t in tensors)
+        """Bytes holding the stored positions of every row (Eq. 3 / Eq. 10 summed over rows)."""
+        return sum(self.row_bytes())
 
-        L = self.length
-        return (per_position([*self.edge, *self.core]) * L + per_position(self.ring) * min(self.policy.window, L)
-                + per_position(self.sink) * min(self.policy.sinks, L))
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def advance(self, counts: Tensor | Sequence[int] | int) -> None:
+        """Rows have committed ``counts`` more positions (an int for every row, or one per row)."""
+        if isinstance(counts, int):
+            counts = [counts] * self.batch
+        host = counts.tolist() if isinstance(counts, Tensor) else list(counts)
+        self.host_lengths = [L + c for L, c in zip(self.host_lengths, host, strict=True)]
+        self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.lengths.device)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (increasing indices), compacted in place to the front: no new allocation."""
+        rows = list(rows)
+        if not rows or rows != sorted(set(rows)) or rows[0] < 0 or rows[-1] >= self.batch:
+            raise ValueError(f"rows must be increasing indices in [0, {self.batch}), at least one, got {rows}")
+        for tensors in (self.edge, self.core, self.ring, self.sink):
+            for i, t in enumerate(tensors):  # the batch dimension is -4 in every plane tensor
+                for dst, src in enumerate(rows):
+                    if dst != src:
+                        t.select(-4, dst).copy_(t.select(-4, src))
+                tensors[i] = t.narrow(-4, 0, len(rows))
+        self.host_lengths = [self.host_lengths[i] for i in rows]
+        self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.lengths.device)
+
+    def ring_positions(self) -> Tensor:
+        """(B, ring size): the position each ring slot of each row holds (negative: none yet)."""
+        slots = torch.arange(self.ring_size, device=self.lengths.device)
+        last = self.lengths[:, None] - 1
+        return last - (last - slots) % max(self.ring_size, 1)
 
     # -- reading -------------------------------------------------------------------------------
     def edge_index(self, site: Site) -> int:
         return site.layer if site.stage == "prelude" else self.config.n_prelude + site.layer
 
-    def fetch(self, which: int, layer: int, plane: int, start: int, stop: int) -> Tensor:
-        """Keys (which=0) or values (1) of core ``layer`` at ``plane`` for positions [start, stop)."""
-        if plane in self.kept_slot:
-            return self.core[which][layer, self.kept_slot[plane], :, :, start:stop]
-        if plane not in self.extra_slot:
-            raise ValueError(f"plane {plane} is not stored by cache policy {self.policy.name} "
+    def plane_tensor(self, which: int, site: Site, plane: int | None = None) -> Tensor:
+        """Keys (which=0) or values (1), (B, H, capacity, D), of an edge site, or of a kept core plane."""
+        if site.stage != "core":
+            return self.edge[which][self.edge_index(site)]
+        if plane not in self.kept_slot:
+            raise ValueError(f"plane {plane} is not stored for every position by cache policy {self.policy.name} "
                              f"(kept planes {self.policy.kept})")
-        slot, W, S = self.extra_slot[plane], self.policy.window, self.policy.sinks
-        if stop <= S:
-            return self.sink[which][layer, slot, :, :, start:stop]
-        if start >= self.length - W:
-            index = torch.arange(start, stop, device=self.ring[which].device) % W
-            return self.ring[which][layer, slot, :, :, index]
-        raise ValueError(f"positions [{start}, {stop}) at plane {plane} left the window of {self.policy.name}")
+        return self.core[which][site.layer, self.kept_slot[plane]]
 
-    def segments(self, site: Site, query_positions: Tensor, reads: PrefixReads = ALIGNED) -> list[Segment]:
-        """What a block with the given query positions reads from the cache at this site."""
-        L = self.length
+    def _own(self, which: int, layer: int, plane: int, kind: str) -> Tensor:
+        """A plane read only at full-depth positions: the ring or the sinks slot (or a kept plane there)."""
+        if plane in self.kept_slot:
+            t = self.core[which][layer, self.kept_slot[plane]]
+            if kind == "sinks":
+                return t[:, :, :self.sink_size]
+            index = self.ring_positions().clamp(min=0)[:, None, :, None]
+            return t.gather(2, index.expand(-1, t.shape[1], -1, t.shape[3]))
+        if plane not in self.extra_slot:
+            raise ValueError(f"plane {plane} is not stored by cache policy {self.policy.name}")
+        store = self.ring if kind == "ring" else self.sink
+        return store[which][layer, self.extra_slot[plane]]
+
+    def segments(self, site: Site, reads: PrefixReads = ALIGNED) -> list[tuple[Tensor, Tensor, str]]:
+        """The prefix a block reads at this site: (keys, values, mask kind) per segment, views of the planes."""
+        L = self.max_length
         if L == 0:
             return []
         if site.stage != "core":
-            i = self.edge_index(site)
-            return [Segment(self.edge[0][i, :, :, :L], self.edge[1][i, :, :, :L], None)]
-        layer, policy = site.layer, self.policy
-        (key_base, value_base), own = read_planes(policy, reads, site.loop)
+            return [(self.plane_tensor(0, site)[:, :, :L], self.plane_tensor(1, site)[:, :, :L], "prefix")]
+        (key_base, value_base), own = read_planes(self.policy, reads, site.loop)
+        keys, values = self.plane_tensor(0, site, key_base), self.plane_tensor(1, site, value_base)
         if own is None:
-            return [Segment(self.fetch(0, layer, key_base, 0, L), self.fetch(1, layer, value_base, 0, L), None)]
-        key_own, value_own = own
-        t = query_positions.view(-1, 1)
-        j = torch.arange(L, device=t.device).view(1, -1)
-        full_depth = (t - j <= policy.window) | (j < policy.sinks)
-        segments = [Segment(self.fetch(0, layer, key_base, 0, L), self.fetch(1, layer, value_base, 0, L), ~full_depth)]
-        start = max(policy.sinks, L - policy.window)
-        if start < L:
-            segments.append(Segment(self.fetch(0, layer, key_own, start, L), self.fetch(1, layer, value_own, start, L),
-                                    full_depth[:, start:]))
-        sinks = min(policy.sinks, L)
-        if sinks:
-            segments.append(Segment(self.fetch(0, layer, key_own, 0, sinks), self.fetch(1, layer, value_own, 0, sinks),
-                                    None))
-        return segments
+            return [(keys[:, :, :L], values[:, :, :L], "prefix")]
+        out = [(keys[:, :, :L], values[:, :, :L], "deep")]
+        for kind, size in (("ring", self.ring_size), ("sinks", min(self.sink_size, L))):
+            if size:
+                k = self._own(0, site.layer, own[0], kind)[:, :, :size]
+                v = self._own(1, site.layer, own[1], kind)[:, :, :size]
+                out.append((k, v, kind))
+        return out
+
+    def mask(self, kind: str, query_positions: Tensor) -> Tensor:
+        """(B, 1, n, keys) bool: which keys of a segment ``kind`` each query at ``query_positions`` (B, n) reads.
+
+        A row reads its committed positions j < L; a RIPE/sinks policy reads position j at full depth
+        (ring, sinks) iff t - j <= W or j < sinks, and otherwise at plane(r) (``"deep"``).
+        """
+        t = query_positions[:, :, None]
+        if kind == "ring":
+            j = self.ring_positions()[:, None, :]
+            keep = (j >= self.policy.sinks) & (t - j <= self.policy.window)
+        else:
+            size = min(self.sink_size, self.max_length) if kind == "sinks" else self.max_length
+            j = torch.arange(size, device=t.device)
+            keep = (j < self.lengths[:, None, None]).expand(-1, t.shape[1], -1)
+            if kind == "deep":
+                keep = keep & ~((t - j <= self.policy.window) | (j < self.policy.sinks))
+        return keep[:, None]
 
     # -- writing -------------------------------------------------------------------------------
-    def write(self, site: Site, positions: range, k: Tensor, v: Tensor) -> None:
-        """Store a site's keys/values (B, Hkv, n, D) for absolute ``positions`` under the policy."""
-        start, stop = positions.start, positions.stop
-        if stop > self.capacity:
-            raise ValueError(f"cache capacity {self.capacity} exceeded (writing up to position {stop})")
-        if site.stage != "core":
-            i = self.edge_index(site)
-            self.edge[0][i, :, :, start:stop], self.edge[1][i, :, :, start:stop] = k, v
-            return
-        layer, plane = site.layer, site.loop
-        if plane in self.kept_slot:
-            slot = self.kept_slot[plane]
-            self.core[0][layer, slot, :, :, start:stop], self.core[1][layer, slot, :, :, start:stop] = k, v
-            return
-        if plane not in self.extra_slot:
-            return  # a plane this policy never reads
-        slot, W, S = self.extra_slot[plane], self.policy.window, self.policy.sinks
-        if start < S:
-            n = min(stop, S) - start
-            self.sink[0][layer, slot, :, :, start:start + n] = k[:, :, :n]
-            self.sink[1][layer, slot, :, :, start:start + n] = v[:, :, :n]
-        if W:
-            keep = min(W, stop - start)  # only the last W positions survive in the ring
-            index = torch.arange(stop - keep, stop, device=k.device) % W
-            self.ring[0][layer, slot].index_copy_(2, index, k[:, :, -keep:])
-            self.ring[1][layer, slot].index_copy_(2, index, v[:, :, -keep:])
+    def plan_writes(self, positions: Tensor, counts: Tensor) -> RowWrites:
+        """Entries of a block at ``positions`` (B, n) whose first ``counts`` (B,) columns per row are stored."""
+        cols = torch.arange(positions.shape[1], device=positions.device)
+        rows, cols = (cols < counts[:, None]).nonzero(as_tuple=True)
+        index = positions[rows, cols]
+        ring = cols >= counts[rows] - self.ring_size  # only each row's last W stored positions survive in the ring
+        sink = index < self.sink_size
+        return RowWrites(main=_Scatter(rows, cols, index),
+                         ring=_Scatter(rows[ring], cols[ring], index[ring] % max(self.ring_size, 1)),
+                         sink=_Scatter(rows[sink], cols[sink], index[sink]), uniform=None)
 
-    def commit(self, buffer: BlockBuffer, count: int) -> None:
-        """Append the first ``count`` block tokens held in ``buffer`` (their planes) to the cache."""
-        positions = range(self.length, self.length + count)
+    def write(self, site: Site, writes: RowWrites, k: Tensor, v: Tensor) -> None:
+        """Store a site's keys/values (B, Hkv, n, D) at the entries of ``writes``, under the policy."""
+        if site.stage == "core" and site.loop not in self.kept_slot:
+            if site.loop not in self.extra_slot:
+                return  # a plane this policy never reads
+            slot = self.extra_slot[site.loop]
+            for store, scatter in ((self.sink, writes.sink), (self.ring, writes.ring)):
+                if store[0].shape[-2]:
+                    _put(store[0][site.layer, slot], scatter, k)
+                    _put(store[1][site.layer, slot], scatter, v)
+            return
+        plane = site.loop if site.stage == "core" else None
+        for which, x in ((0, k), (1, v)):
+            dest = self.plane_tensor(which, site, plane)
+            if writes.uniform is not None:
+                start, stop = writes.uniform
+                dest[:, :, start:stop] = x[:, :, :stop - start]
+            else:
+                _put(dest, writes.main, x)
+
+    def store(self, site: Site, start: int, k: Tensor, v: Tensor) -> None:
+        """Write a site's keys/values (B, Hkv, n, D) at positions [start, start + n) of every row (not committed)."""
+        n = k.shape[2]
+        positions = torch.arange(start, start + n, device=k.device).expand(self.batch, -1)
+        writes = self.plan_writes(positions, torch.full((self.batch,), n, device=k.device))
+        self.write(site, RowWrites(writes.main, writes.ring, writes.sink, (start, start + n)), k, v)
+
+    def fetch(self, which: int, layer: int, plane: int, start: int, stop: int) -> Tensor:
+        """Keys (which=0) or values (1) of core ``layer`` at a kept ``plane`` for positions [start, stop)."""
+        return self.plane_tensor(which, Site("core", layer), plane)[:, :, start:stop]
+
+    def commit(self, buffer: BlockBuffer, counts: Tensor | int) -> None:
+        """Append each row's first ``counts`` block tokens held in ``buffer`` (their planes) to the cache."""
+        counts = torch.full_like(self.lengths, counts) if isinstance(counts, int) else counts
+        n = int(counts.max())
+        positions = self.lengths[:, None] + torch.arange(n, device=self.lengths.device)
+        writes = self.plan_writes(positions, counts)
         for site in buffer.sites():
-            k, v = buffer.read(site, 0, count)
-            self.write(site, positions, k, v)
-        self.length += count
+            k, v = buffer.read(site, 0, n)
+            self.write(site, writes, k, v)
+        self.advance(counts)
 
 
 class BlockBuffer:
@@ -171,8 +291,8 @@ class BlockBuffer:
         like = dict(dtype=dtype, device=device)
         H, D = config.n_kv_heads, config.head_dim
         self.config, self.num_loops, self.capacity = config, num_loops, capacity
-        self.edge = [_empty(config.n_prelude + config.n_coda, batch, H, capacity, D, like=like) for _ in range(2)]
-        self.core = [_empty(config.n_core, num_loops, batch, H, capacity, D, like=like) for _ in range(2)]
+        self.edge = [torch.zeros(config.n_prelude + config.n_coda, batch, H, capacity, D, **like) for _ in range(2)]
+        self.core = [torch.zeros(config.n_core, num_loops, batch, H, capacity, D, **like) for _ in range(2)]
 
     def _slot(self, which: int, site: Site) -> Tensor:
         if site.stage == "core":
@@ -192,6 +312,11 @@ class BlockBuffer:
     def read(self, site: Site, start: int, stop: int) -> tuple[Tensor, Tensor]:
         return self._slot(0, site)[:, :, start:stop], self._slot(1, site)[:, :, start:stop]
 
+    def keep_rows(self, count: int) -> None:
+        """Keep the first ``count`` rows (the contents are block-local: only the number of rows changes)."""
+        self.edge = [t.narrow(-4, 0, count) for t in self.edge]
+        self.core = [t.narrow(-4, 0, count) for t in self.core]
+
     def sites(self) -> list[Site]:
         cfg = self.config
         return ([Site("prelude", i) for i in range(cfg.n_prelude)] + [Site("coda", i) for i in range(cfg.n_coda)]
@@ -199,56 +324,123 @@ class BlockBuffer:
 
 
 class BlockPass:
-    """Router for one block of new tokens at ``positions`` (absolute, consecutive).
+    """Router for one block of n new tokens per row at absolute ``positions``.
 
-    Each attention call reads, in one softmax (DAS Eq. 2-3): the cache's prefix under the
-    cache policy as modified by ``reads``; the ``offset`` uncommitted tokens already in
-    ``buffer`` at the same site (earlier drafts of this block); and the block itself,
-    causally. The block's own keys/values are then stored: into the cache (``store="cache"``,
-    prefill and sequential steps), into the buffer at ``offset`` (``store="buffer"``, drafts
-    and verification), or nowhere (``store=None``).
+    ``positions`` is a ``range`` (every row at the same positions) or a (B, n) tensor (consecutive per
+    row). Each attention call reads, in one softmax: each row's committed prefix under the cache policy
+    as modified by ``reads``; the ``offset`` uncommitted tokens already in ``buffer`` at the same site
+    (earlier drafts of this block); and the block itself, causally. The block's keys/values are then
+    stored: into the cache (``store="cache"``, prefill and greedy steps; the first ``counts[b]`` columns
+    of row b, all by default), into the buffer at ``offset`` (``store="buffer"``, drafts and
+    verification), or nowhere (``store=None``).
     """
 
-    def __init__(self, cache: PlaneCache | None, positions: range, *, reads: PrefixReads = ALIGNED,
+    def __init__(self, cache: PlaneCache | None, positions: range | Tensor, *, reads: PrefixReads = ALIGNED,
                  buffer: BlockBuffer | None = None, offset: int = 0, store: str | None = "cache",
-                 softmax_dtype: torch.dtype | None = None, record: dict | None = None) -> None:
-        if store not in ("cache", "buffer", None):
-            raise ValueError(f"store must be 'cache', 'buffer' or None, got {store!r}")
-        if store == "cache" and (cache is None or positions.start != cache.length):
-            raise ValueError("store='cache' needs a cache whose length equals the block's first position")
-        self.cache, self.positions, self.reads = cache, positions, reads
-        self.buffer, self.offset, self.store = buffer, offset, store
-        self.softmax_dtype, self.record = softmax_dtype, record
-        self.query_positions: Tensor | None = None
-
-    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        n = q.shape[2]
-        if self.query_positions is None:
-            self.query_positions = torch.arange(self.positions.start, self.positions.stop, device=q.device)
-        segments = self.cache.segments(site, self.query_positions, self.reads) if self.cache is not None else []
-        keys, values, masks = [], [], []
-        for seg in segments:
-            keys.append(seg.k)
-            values.append(seg.v)
-            masks.append(seg.mask if seg.mask is not None else torch.ones(n, seg.k.shape[2], dtype=torch.bool,
-                                                                          device=q.device))
-        if self.offset:
-            bk, bv = self.buffer.read(site, 0, self.offset)
-            keys.append(bk)
-            values.append(bv)
-            masks.append(torch.ones(n, self.offset, dtype=torch.bool, device=q.device))
-        keys.append(k)
-        values.append(v)
-        masks.append(torch.ones(n, n, dtype=torch.bool, device=q.device).tril())
-        if len(keys) == 1:
-            out = attend(q, k, v, causal=True, softmax_dtype=self.softmax_dtype)
+                 counts: Tensor | None = None, softmax_dtype: torch.dtype | None = None,
+                 record: dict | None = None) -> None:
+        if store not in STORES:
+            raise ValueError(f"store must be one of {STORES}, got {store!r}")
+        if (store == "buffer" or offset) and buffer is None:
+            raise ValueError("store='buffer' and offset > 0 need a buffer")
+        if store == "cache" and cache is None:
+            raise ValueError("store='cache' needs a cache")
+        device = cache.lengths.device if cache is not None else None
+        if isinstance(positions, range):
+            if cache is not None and store == "cache" and any(positions.start != L for L in cache.host_lengths):
+                raise ValueError(f"store='cache' needs every row's length ({cache.host_lengths}) to equal the "
+                                 f"block's first position {positions.start}")
+            batch = cache.batch if cache is not None else 1
+            self.positions = torch.arange(positions.start, positions.stop, device=device).expand(batch, -1)
+            uniform = (positions.start, positions.stop)
+            self.last_position = positions.stop - 1
         else:
-            out = attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), torch.cat(masks, dim=1),
-                         softmax_dtype=self.softmax_dtype)
+            if positions.dim() != 2:
+                raise ValueError(f"positions must be a range or (batch, n), got shape {tuple(positions.shape)}")
+            if store == "cache" and not torch.equal(positions[:, 0], cache.lengths):
+                raise ValueError("store='cache' needs a cache whose row lengths equal the block's first positions")
+            self.positions, uniform = positions, None
+            # the decoders' positions follow each row's prefix (and offset): their largest is known on the host
+            self.last_position = (cache.max_length + offset + positions.shape[1] - 1 if cache is not None
+                                  else int(positions.max()))
+        self.cache, self.reads, self.buffer, self.offset, self.store = cache, reads, buffer, offset, store
+        self.softmax_dtype, self.record = softmax_dtype, record
+        B, n = self.positions.shape
+        if cache is not None and store is not None and cache.max_length + offset + n > cache.capacity:
+            raise ValueError(f"cache capacity {cache.capacity} exceeded (a block of {n} tokens after position "
+                             f"{cache.max_length + offset})")
+        if store == "cache":
+            if counts is None:
+                counts = torch.full((B,), n, dtype=torch.long, device=self.positions.device)
+            else:
+                uniform = None
+            self.writes = cache.plan_writes(self.positions, counts)
+            if uniform is not None:
+                self.writes = RowWrites(self.writes.main, self.writes.ring, self.writes.sink, uniform)
+        # A single fused attention over the plane the block is written into (see the module docstring).
+        self.in_plane = store == "cache" and reads == ALIGNED and cache.in_own_plane
+        self._masks: dict[tuple[str, ...], list[Tensor | None]] = {}
+
+    # -- masks, built once per block ---------------------------------------------------------
+    def _tail_mask(self) -> Tensor:
+        n = self.positions.shape[1]
+        like = dict(dtype=torch.bool, device=self.positions.device)
+        return torch.cat([torch.ones(n, self.offset, **like), torch.ones(n, n, **like).tril()], dim=1)
+
+    def _segment_masks(self, kinds: tuple[str, ...]) -> list[Tensor | None]:
+        if kinds not in self._masks:
+            self._masks[kinds] = [self.cache.mask(kind, self.positions) for kind in kinds] + [self._tail_mask()]
+        return self._masks[kinds]
+
+    def _plane_mask(self) -> Tensor | None:
+        """Mask of a read over [0, max length + n) of the plane the block was written into: j <= t per row."""
+        if "plane" not in self._masks:
+            B, n = self.positions.shape
+            if self.cache.max_length == 0 or (B == 1 and n == 1):
+                mask = None  # a fresh block reads itself causally; one token reads everything up to itself
+            else:
+                j = torch.arange(self.cache.max_length + n, device=self.positions.device)
+                mask = (j <= self.positions[:, :, None])[:, None]
+            self._masks["plane"] = [mask]
+        return self._masks["plane"][0]
+
+    # -- the router --------------------------------------------------------------------------
+    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.record is not None:
             self.record[site] = (k, v)
-        if self.store == "cache":
-            self.cache.write(site, self.positions, k, v)
-        elif self.store == "buffer":
+        if self.in_plane:
+            plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None
+            self._write_plane(site, plane, k, v)
+            stop = self.cache.max_length + k.shape[2]
+            keys = self.cache.plane_tensor(0, site, plane)[:, :, :stop]
+            values = self.cache.plane_tensor(1, site, plane)[:, :, :stop]
+            mask = self._plane_mask()
+            causal = mask is None and self.cache.max_length == 0 and k.shape[2] > 1
+            return attend(q, keys, values, mask, causal=causal, softmax_dtype=self.softmax_dtype)
+        segments = self.cache.segments(site, self.reads) if self.cache is not None else []
+        masks = self._segment_masks(tuple(kind for _, _, kind in segments)) if self.cache is not None \
+            else [self._tail_mask()]
+        if self.buffer is not None and self.store == "buffer":
             self.buffer.write(site, self.offset, k, v)
+            tail = self.buffer.read(site, 0, self.offset + k.shape[2])
+        elif self.offset:
+            bk, bv = self.buffer.read(site, 0, self.offset)
+            tail = (torch.cat([bk, k], dim=2), torch.cat([bv, v], dim=2))
+        else:
+            tail = (k, v)
+        parts = [(sk, sv, m) for (sk, sv, _), m in zip(segments, masks[:-1], strict=True)] + [(*tail, masks[-1])]
+        out = attend_segments(q, parts, self.softmax_dtype)
+        if self.store == "cache":
+            self.cache.write(site, self.writes, k, v)
         return out
+
+    def _write_plane(self, site: Site, plane: int | None, k: Tensor, v: Tensor) -> None:
+        """Write the block into the plane it reads (scratch past each row's length until the last loop writes)."""
+        for which, x in ((0, k), (1, v)):
+            dest = self.cache.plane_tensor(which, site, plane)
+            if self.writes.uniform is not None:
+                start, stop = self.writes.uniform
+                dest[:, :, start:stop] = x
+            else:
+                rows = torch.arange(x.shape[0], device=x.device)[:, None]
+                dest[rows, :, self.positions] = x.transpose(1, 2)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from looped_kv.runtime.config import FAMILIES, LoopedConfig
 from looped_kv.runtime.model import LoopedLM, Rotary
 
-TINY_DIR = Path(__file__).parent / "tiny"
+TINY_DIR = Path(__file__).parents[1] / "tiny"
 _IGNORED_KEYS = ("freqs_cis",)
 # Names accepted for ``load(dtype=...)``: the torch float dtypes and their usual short forms. (book.DTYPES holds the
 # long names; it imports this module, so it cannot be imported from here.)

@@ -154,6 +154,8 @@ class LoopedLM(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
         self.rotary = Rotary(config)
         self.state_seed = 0
+        self._states: Tensor | None = None
+        self._states_key: tuple | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -188,30 +190,44 @@ class LoopedLM(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))
         return logits if logits.dtype == torch.float64 else logits.float()
 
-    def initial_state(self, positions: Tensor, batch: int = 1) -> Tensor:
+    def initial_state(self, positions: Tensor, batch: int = 1, last: int | None = None) -> Tensor:
         """The checkpoint's random state init, drawn from ``state_seed`` and each absolute position.
 
         A truncated normal (std ``state_std``, cut at 3 std, times ``embed_scale``) as in the
         reference, but deterministic per position, so that every decoder computing position t
-        sees the state that sequential decoding sees.
+        sees the state that sequential decoding sees. One gather from a table of positions
+        (built in chunks as positions grow); ``last`` (the largest position, if known on the host)
+        spares a device sync.
         """
-        cfg = self.config
-        flat = positions.reshape(-1).tolist()
-        rows = torch.stack([_state_chunk(self.state_seed, p // _CHUNK, cfg.n_embd, cfg.state_std,
-                                         cfg.embed_scale)[p % _CHUNK] for p in flat])
-        state = rows.view(*positions.shape, cfg.n_embd).to(self.device, self.dtype)
+        last = int(positions.max()) if last is None else last
+        state = self._state_table(last + 1)[positions]
         return state.expand(batch, -1, -1) if positions.dim() == 1 else state
+
+    def _state_table(self, size: int) -> Tensor:
+        """Initial states of positions [0, >= size) on the model's device and dtype."""
+        cfg, table = self.config, self._states
+        key = (self.state_seed, self.device, self.dtype)
+        if table is None or self._states_key != key or table.shape[0] < size:
+            chunks = -(-max(size, 1) // _CHUNK)
+            chunks = -(-chunks // 16) * 16  # grow by 1024 positions at a time
+            table = torch.cat([_state_chunk(self.state_seed, c, cfg.n_embd, cfg.state_std, cfg.embed_scale)
+                               for c in range(chunks)]).to(self.device, self.dtype)
+            self._states, self._states_key = table, key
+        return table
 
     # -- whole forward ---------------------------------------------------------------------------
     def forward(self, input_ids: Tensor, num_loops: int | None = None, initial_state: Tensor | str | None = None,
                 *, positions: Tensor | None = None, router: Router | None = None, first_loop: int = 1,
-                return_state: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                return_state: bool = False, max_position: int | None = None,
+                check: bool = True) -> Tensor | tuple[Tensor, Tensor]:
         """Logits for every position after ``num_loops`` loops (default: the config's mean recurrence).
 
         ``initial_state`` is a tensor (B, n, n_embd), ``"zeros"``, or None for the deterministic draw.
         With ``return_state`` also returns the final recurrent state s(R) (before any norm).
         ``first_loop`` numbers the loops (and so the planes they write) from a later start, for a
-        state that has already been refined (DAS-Wave's carried states).
+        state that has already been refined (DAS-Wave's carried states). ``max_position`` (the largest
+        position, known to a decoder) and ``check=False`` (ids already validated) spare the device sync
+        of the range checks: the decoders' hot path.
         """
         num_loops = self.config.mean_recurrence if num_loops is None else num_loops
         if num_loops < 1:
@@ -226,7 +242,10 @@ class LoopedLM(nn.Module):
                              f"got {tuple(initial_state.shape)}")
         if positions is None:
             positions = torch.arange(n, device=input_ids.device)
-        if input_ids.numel():
+            max_position = n - 1 if max_position is None else max_position
+        if not check:
+            last = int(positions.max()) if max_position is None else max_position
+        elif input_ids.numel():
             # One reduction over the ids and one device sync for both range checks (the decoders call forward every
             # step, so the ids check adds no sync to the one the positions check always cost).
             low, high = torch.aminmax(input_ids)
@@ -241,15 +260,16 @@ class LoopedLM(nn.Module):
                              f"(block_size {self.config.block_size})")
         router = CausalRouter() if router is None else router
         embedded = self.embed(input_ids, positions, router)
-        state = self.resolve_state(initial_state, positions, B)
+        state = self.resolve_state(initial_state, positions, B, last)
         for r in range(first_loop, first_loop + num_loops):
             state = self.loop(state, embedded, positions, router, r)
         logits = self.readout(state, positions, router)
         return (logits, state) if return_state else logits
 
-    def resolve_state(self, initial_state: Tensor | str | None, positions: Tensor, batch: int) -> Tensor:
+    def resolve_state(self, initial_state: Tensor | str | None, positions: Tensor, batch: int,
+                      last: int | None = None) -> Tensor:
         if initial_state is None:
-            return self.initial_state(positions, batch)
+            return self.initial_state(positions, batch, last)
         if isinstance(initial_state, str):
             if initial_state != "zeros":
                 raise ValueError(f"initial_state must be a tensor, 'zeros' or None, got {initial_state!r}")

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from looped_kv import data
 from looped_kv.analysis.depth import answer_accuracy, encode_chains, fit_state_rho, loss_by_loops, state_changes
 from looped_kv.decoding.das_wave import proposal_width
-from looped_kv.decoding.greedy import generate
+from looped_kv.decoding.generate import generate
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
 

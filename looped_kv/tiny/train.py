@@ -8,8 +8,9 @@ times faster than float32); weights, norms and the optimizer stay in float32.
 
 Data (``looped_kv.data``), mixed per batch: generated word problems, the Python standard
 library, and variable chains, the workload on which depth pays. Chains follow a curriculum:
-the longest binding chain grows from 1 to ``data.CHAIN_DEPTH`` over the first
-``--curriculum`` steps, so that the model first learns one lookup, then to repeat it.
+one lookup (chains of length 1) for the first ``--hold`` steps, then the longest binding chain
+grows to ``data.CHAIN_DEPTH`` over ``--ramp`` steps, so that the model first learns one lookup,
+then to repeat it.
 Every ``--eval-every`` steps the log records answer accuracy on development chains at
 several loop counts, so the training page can show when depth starts to pay.
 
@@ -147,11 +148,14 @@ def chain_rows(tokenizer: PreTrainedTokenizerFast, rows: int, seq: int, step: in
     return ids, pad
 
 
-def curriculum_depth(step: int, curriculum: int) -> int:
-    """Longest binding chain at a step: 1 at the start, ``data.CHAIN_DEPTH`` from step ``curriculum`` on."""
-    if curriculum <= 0:
+def curriculum_depth(step: int, hold: int, ramp: int) -> int:
+    """Longest binding chain at a step: 1 for the first ``hold`` steps, then growing to ``data.CHAIN_DEPTH`` over
+    ``ramp`` steps (one lookup first, then chains of them)."""
+    if step < hold:
+        return 1
+    if ramp <= 0:
         return data.CHAIN_DEPTH
-    return min(data.CHAIN_DEPTH, 1 + step * data.CHAIN_DEPTH // curriculum)
+    return min(data.CHAIN_DEPTH, 1 + (step - hold) * data.CHAIN_DEPTH // ramp)
 
 
 def mixed_batch(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast, streams: list[torch.Tensor],
@@ -162,7 +166,7 @@ def mixed_batch(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast, st
     parts = [batches([s], n, args.seq, generator) for s, n in zip(streams, counts, strict=True) if n]
     pads = [torch.zeros(p.shape, dtype=torch.bool) for p in parts]
     if n_chains:
-        ids, pad = chain_rows(tokenizer, n_chains, args.seq, step, curriculum_depth(step, args.curriculum))
+        ids, pad = chain_rows(tokenizer, n_chains, args.seq, step, curriculum_depth(step, args.hold, args.ramp))
         parts.append(ids)
         pads.append(pad)
     return torch.cat(parts), torch.cat(pads)
@@ -188,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with its arguments")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--steps", type=int, default=4500)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=1024)
@@ -198,9 +202,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mean-recurrence", type=int, default=32, help="mean loops per training step")
     ap.add_argument("--backprop", type=int, default=8, help="loops with gradient (truncated backpropagation)")
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--mix", type=float, nargs=3, default=[0.25, 0.25, 0.5], metavar=("PROBLEMS", "CODE", "CHAINS"),
+    ap.add_argument("--mix", type=float, nargs=3, default=[0.2, 0.2, 0.6], metavar=("PROBLEMS", "CODE", "CHAINS"),
                     help="fraction of each batch's rows from each workload")
-    ap.add_argument("--curriculum", type=int, default=1500, help="steps over which the chain depth grows to its max")
+    ap.add_argument("--hold", type=int, default=600, help="steps of one-lookup chains before the depth grows")
+    ap.add_argument("--ramp", type=int, default=1800, help="steps over which the chain depth then grows to its max")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=250)
@@ -306,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         opt.step()
         elapsed = elapsed_before + time.perf_counter() - t0
         entry = {"step": step, "loss": loss.item(), "loops": no_grad + with_grad, "lr": lr, "time_s": elapsed,
-                 "chain_depth": curriculum_depth(step, args.curriculum)}
+                 "chain_depth": curriculum_depth(step, args.hold, args.ramp)}
         bar.set_postfix(loss=f"{entry['loss']:.3f}", loops=entry["loops"])
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
@@ -332,7 +337,8 @@ def main(argv: list[str] | None = None) -> None:
     hf = config.to_hf_dict() | {"training": {
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq": args.seq,
         "train_mean_recurrence": args.mean_recurrence, "backprop_loops": args.backprop, "lr": args.lr,
-        "mix": dict(zip(data.WORKLOADS, args.mix, strict=True)), "curriculum_steps": args.curriculum,
+        "mix": dict(zip(data.WORKLOADS, args.mix, strict=True)), "curriculum_hold": args.hold,
+        "curriculum_ramp": args.ramp,
         "precision": args.precision, "parameters": params, "minutes": round(minutes, 1), "threads": args.threads,
         **record}}
     (args.out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")

@@ -1,0 +1,304 @@
+"""The batch-first decoding core every decoder is written on.
+
+Convention (RIPE Algorithm 1): the cache holds the planes of every processed token; each row's
+last emitted token is *pending* (emitted, not yet processed). A decoder prefills B prompts of
+any lengths (right-padded; padding is never stored nor read), then runs blocks of (B, n) tokens
+through :class:`~looped_kv.runtime.cache.BlockPass`; rows accept and commit their own counts, and
+a row stops at its token budget or after emitting the end-of-text token. A stopped row leaves
+the batch (its cache rows are compacted away), so it stops costing work. Every decoder returns
+a :class:`Generation`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CachePolicy
+
+
+@dataclass
+class Generation:
+    """Emitted tokens of B rows and the run's statistics (pooled over rows, per row where it says so)."""
+
+    sequences: list[Tensor]  # per row: prompt + new tokens, 1-d
+    prompt_lengths: list[int]
+    wall_time: float
+    row_accepted: list[list[int]] = field(default_factory=list)  # per row: drafts accepted per verification (A)
+    row_drafted: list[list[int]] = field(default_factory=list)  # per row: drafts offered per verification
+    row_retained: list[list[int]] = field(default_factory=list)  # per row: 1 if the verifier's token is kept (Eq. 10)
+    forward_passes: int = 0
+    stopped: list[str] = field(default_factory=list)  # per row: "eos" or "length"
+    pad_id: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def prompt_length(self) -> int:
+        """The prompt length, when every row's prompt has the same one."""
+        if len(set(self.prompt_lengths)) != 1:
+            raise ValueError(f"rows have prompts of different lengths {self.prompt_lengths}")
+        return self.prompt_lengths[0]
+
+    def _padded(self, rows: list[Tensor]) -> Tensor:
+        width = max(len(r) for r in rows)
+        out = torch.full((len(rows), width), self.pad_id, dtype=torch.long, device=rows[0].device)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = r
+        return out
+
+    @property
+    def tokens(self) -> Tensor:
+        """(B, longest) prompt + new tokens, right-padded with ``pad_id``."""
+        return self._padded(self.sequences)
+
+    @property
+    def new_rows(self) -> list[Tensor]:
+        return [s[n:] for s, n in zip(self.sequences, self.prompt_lengths, strict=True)]
+
+    @property
+    def new_tokens(self) -> Tensor:
+        """(B, longest) new tokens, right-padded with ``pad_id``."""
+        return self._padded(self.new_rows)
+
+    @property
+    def num_new(self) -> int:
+        """New tokens over all rows."""
+        return sum(len(r) for r in self.new_rows)
+
+    @property
+    def accepted(self) -> list[int]:
+        """Drafts accepted per verification, pooled over rows (row by row)."""
+        return [a for row in self.row_accepted for a in row]
+
+    @property
+    def drafted(self) -> list[int]:
+        return [d for row in self.row_drafted for d in row]
+
+    @property
+    def retained(self) -> list[int]:
+        return [u for row in self.row_retained for u in row]
+
+    @property
+    def verifications(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_new / self.wall_time if self.wall_time > 0 else float("inf")
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per verification: accepted drafts plus the verifier's token where it is kept."""
+        committed = [a + u for a, u in zip(self.accepted, self.retained, strict=True)]
+        return sum(committed) / len(committed) if committed else float("nan")
+
+    @property
+    def mean_accepted(self) -> float:
+        """A: mean number of draft tokens accepted per verification (DAS Eq. 9)."""
+        accepted = self.accepted
+        return sum(accepted) / len(accepted) if accepted else float("nan")
+
+    def stats(self) -> dict[str, float]:
+        return {"new_tokens": self.num_new, "wall_time_s": self.wall_time, "tokens_per_s": self.tokens_per_s,
+                "verifications": self.verifications, "tau": self.tau, "A": self.mean_accepted,
+                "forward_passes": self.forward_passes}
+
+
+def check_prompts(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int],
+                  margin: int = 0) -> tuple[list[Tensor], list[int]]:
+    """Validate prompts before any work: a (B, n) or (n,) tensor, or a list of 1-d or (1, n) tensors of any lengths.
+
+    Returns the prompts as 1-d long tensors on the model's device and one token budget per prompt.
+    """
+    if isinstance(input_ids, Tensor):
+        if input_ids.dim() == 1:
+            input_ids = input_ids.unsqueeze(0)
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, length), (length,) or a list of prompts, "
+                             f"got shape {tuple(input_ids.shape)}")
+        rows = list(input_ids)
+    else:
+        rows = [r.reshape(-1) if r.dim() == 2 and r.shape[0] == 1 else r for r in input_ids]
+        if any(r.dim() != 1 for r in rows):
+            raise ValueError("each prompt in a list must be 1-d or (1, length)")
+    if not rows:
+        raise ValueError("input_ids must hold at least one prompt")
+    budgets = [max_new_tokens] * len(rows) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(budgets) != len(rows):
+        raise ValueError(f"max_new_tokens must be an int or one int per prompt ({len(rows)}), got {len(budgets)}")
+    V, block = model.config.vocab_size, model.config.block_size
+    for i, (row, budget) in enumerate(zip(rows, budgets, strict=True)):
+        if row.numel() < 1:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if row.dtype.is_floating_point or row.dtype.is_complex or row.dtype == torch.bool:
+            raise ValueError(f"input_ids must be integer token ids, got {row.dtype}")
+        if not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
+        need = row.numel() + budget + margin
+        if need > block:
+            raise ValueError(f"prompt length {row.numel()} + max_new_tokens {budget} (+{margin}) = {need} exceeds the "
+                             f"model's context (block_size {block})")
+    ids = torch.cat(rows)
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= V:
+        raise ValueError(f"input_ids must be token ids in [0, {V - 1}] (vocab_size {V}), got ids in [{low}, {high}]")
+    return [r.long().to(model.device) for r in rows], budgets
+
+
+def eos_id(model: LoopedLM, eos_token_id: int | None, stop_at_eos: bool) -> int | None:
+    """The end-of-text token to stop at: the given id, else the tokenizer's, or None when stopping is off."""
+    if not stop_at_eos:
+        return None
+    if eos_token_id is not None:
+        if not 0 <= eos_token_id < model.config.vocab_size:
+            raise ValueError(f"eos_token_id must be in [0, {model.config.vocab_size - 1}], got {eos_token_id}")
+        return eos_token_id
+    tokenizer = getattr(model, "tokenizer", None)
+    return getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+
+
+def new_cache(model: LoopedLM, policy: CachePolicy, batch: int, capacity: int) -> PlaneCache:
+    return PlaneCache(model.config, policy, batch=batch, capacity=capacity, dtype=model.dtype, device=model.device)
+
+
+def new_buffer(model: LoopedLM, num_loops: int, batch: int, capacity: int) -> BlockBuffer:
+    return BlockBuffer(model.config, num_loops, batch=batch, capacity=capacity, dtype=model.dtype, device=model.device)
+
+
+def block_positions(cache: PlaneCache, n: int, offset: int = 0) -> range | Tensor:
+    """Positions of a block of n tokens after each row's committed prefix (and ``offset`` uncommitted ones)."""
+    if len(set(cache.host_lengths)) == 1:
+        start = cache.host_lengths[0] + offset
+        return range(start, start + n)
+    return cache.lengths[:, None] + offset + torch.arange(n, device=cache.lengths.device)
+
+
+def run_block(model: LoopedLM, tokens: Tensor, router: BlockPass, num_loops: int,
+              initial_state: Tensor | None = None, *, first_loop: int = 1) -> tuple[Tensor, Tensor]:
+    """One pass of ``tokens`` (B, n) at ``router.positions`` through ``num_loops`` loops: (logits, final state)."""
+    return model(tokens, num_loops, initial_state, positions=router.positions, router=router, first_loop=first_loop,
+                 return_state=True, max_position=router.last_position, check=False)
+
+
+def prefill(model: LoopedLM, cache: PlaneCache, prompt: Tensor, num_loops: int,
+            lengths: Tensor | None = None) -> Tensor:
+    """Process prompts (B, n) into an empty cache; returns their logits (B, n, V).
+
+    With ``lengths`` (B,), row b's prompt is its first lengths[b] tokens (right padding is never stored).
+    """
+    if cache.max_length:
+        raise ValueError(f"prefill needs an empty cache, got rows of lengths {cache.host_lengths}")
+    n = prompt.shape[1]
+    router = BlockPass(cache, range(0, n), counts=lengths)
+    logits, _ = run_block(model, prompt, router, num_loops)
+    cache.advance(n if lengths is None else lengths)
+    return logits
+
+
+def prefill_rows(model: LoopedLM, cache: PlaneCache, prompts: list[Tensor], num_loops: int) -> Tensor:
+    """Prefill B prompts of any lengths; returns each row's next token (B, 1), greedy."""
+    lengths = [len(p) for p in prompts]
+    n = max(lengths)
+    ids = torch.stack([torch.nn.functional.pad(p, (0, n - len(p))) for p in prompts])
+    counts = None if len(set(lengths)) == 1 else torch.tensor(lengths, device=ids.device)
+    logits = prefill(model, cache, ids, num_loops, counts)
+    last = torch.tensor(lengths, device=ids.device) - 1
+    return logits[torch.arange(len(prompts), device=ids.device), last].argmax(-1, keepdim=True)
+
+
+def step(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> Tensor:
+    """Process ``tokens`` (B, n) after each row's prefix, committing their planes; returns logits (B, n, V)."""
+    router = BlockPass(cache, block_positions(cache, tokens.shape[1]))
+    logits, _ = run_block(model, tokens, router, num_loops)
+    cache.advance(tokens.shape[1])
+    return logits
+
+
+def accept(drafts: Tensor, targets: Tensor, lengths: Tensor | None = None) -> Tensor:
+    """(B,) longest prefix of each row of ``drafts`` (B, n) equal to the verifier's ``targets`` (B, >= n).
+
+    ``lengths`` (B,) caps rows whose drafts are shorter than n (the rest is padding).
+    """
+    n = drafts.shape[1]
+    if n == 0:
+        return torch.zeros(drafts.shape[0], dtype=torch.long, device=drafts.device)
+    mismatch = drafts != targets[:, :n]
+    if lengths is not None:
+        mismatch |= torch.arange(n, device=drafts.device) >= lengths[:, None]
+    return torch.where(mismatch.any(1), mismatch.int().argmax(1), n)
+
+
+class Rows:
+    """Which prompts the active rows are, what each emitted, and when each stops (budget or end-of-text)."""
+
+    def __init__(self, prompts: list[Tensor], budgets: list[int], eos: int | None, progress: bool, desc: str) -> None:
+        self.prompts, self.budgets, self.eos = prompts, budgets, eos
+        self.active = list(range(len(prompts)))
+        self.emitted: list[list[Tensor]] = [[] for _ in prompts]
+        self.count = [0] * len(prompts)
+        self.stopped = [""] * len(prompts)
+        self.accepted: list[list[int]] = [[] for _ in prompts]
+        self.drafted: list[list[int]] = [[] for _ in prompts]
+        self.retained: list[list[int]] = [[] for _ in prompts]
+        self.cache_bytes = [0] * len(prompts)
+        self.batch_per_pass: list[int] = []
+        self.bar = tqdm(total=sum(budgets), disable=not progress, desc=desc, leave=False)
+        self.start = time.perf_counter()
+
+    def emit(self, tokens: Sequence[Tensor]) -> None:
+        """Each active row emits its tokens (1-d), cut at its budget and after an end-of-text token."""
+        for seq, new in zip(self.active, tokens, strict=True):
+            new = new[:self.budgets[seq] - self.count[seq]]
+            if self.eos is not None:
+                hits = (new == self.eos).nonzero()
+                if len(hits):
+                    new = new[:int(hits[0]) + 1]
+                    self.stopped[seq] = "eos"
+            self.emitted[seq].append(new)
+            self.count[seq] += len(new)
+            self.bar.update(len(new))
+            if not self.stopped[seq] and self.count[seq] >= self.budgets[seq]:
+                self.stopped[seq] = "length"
+
+    def record(self, accepted: Sequence[int], drafted: Sequence[int], retained: Sequence[int]) -> None:
+        """One verification's acceptance for every active row."""
+        for seq, a, d, u in zip(self.active, accepted, drafted, retained, strict=True):
+            self.accepted[seq].append(a)
+            self.drafted[seq].append(d)
+            self.retained[seq].append(u)
+
+    def drop_stopped(self, cache: PlaneCache, *tensors: Tensor, buffer: BlockBuffer | None = None) -> list[Tensor]:
+        """Drop the rows that stopped from the cache (and buffer); returns ``tensors`` for the remaining rows."""
+        keep = [i for i, seq in enumerate(self.active) if not self.stopped[seq]]
+        if len(keep) < len(self.active):
+            for seq, nbytes in zip(self.active, cache.row_bytes(), strict=True):
+                self.cache_bytes[seq] = nbytes
+            self.active = [self.active[i] for i in keep]
+            if keep:
+                cache.keep_rows(keep)
+                if buffer is not None:
+                    buffer.keep_rows(len(keep))
+            tensors = tuple(t[keep] for t in tensors)
+        if self.active:
+            self.batch_per_pass.append(len(self.active))
+        return list(tensors)
+
+    def result(self, cache: PlaneCache, forward_passes: int, pad_id: int | None, **extra: object) -> Generation:
+        self.bar.close()
+        wall = time.perf_counter() - self.start
+        sequences = [torch.cat([p, *new]) for p, new in zip(self.prompts, self.emitted, strict=True)]
+        extra = {"policy": cache.policy.name, "cache_bytes": sum(self.cache_bytes), "row_cache_bytes": self.cache_bytes,
+                 "allocated_bytes": cache.allocated_bytes, "batch_per_pass": self.batch_per_pass, **extra}
+        return Generation(sequences, [len(p) for p in self.prompts], wall, self.accepted, self.drafted,
+                          self.retained, forward_passes, self.stopped, 0 if pad_id is None else pad_id, extra)

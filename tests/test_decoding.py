@@ -1,0 +1,308 @@
+"""The one batch-first decoding stack: each row of a batch emits what it emits alone (float64), every method under
+every cache policy, ragged rows, per-row stopping at the budget and at end-of-text, and the compiled step."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from conftest import random_model
+
+from looped_kv.analysis import throughput
+from looped_kv.analysis.memory_bench import peak_bytes
+from looped_kv.analysis.throughput import main, throughput_cells
+from looped_kv.decoding.core import accept, new_cache, prefill, prefill_rows, run_block
+from looped_kv.decoding.generate import generate
+from looped_kv.runtime.cache import BlockPass, PlaneCache
+from looped_kv.runtime.memory import policy_bytes
+from looped_kv.runtime.policy import make_policy
+
+R = 5
+POLICIES = [("full", {}), ("deepest", {}), ("ripe", {"window": 4}), ("ripe", {"window": 2, "sinks": 1}),
+            ("k-deepest", {"k": 2}), ("share", {"k": 2}), ("first", {"k": 3}), ("sinks", {"sinks": 2}),
+            ("sinks", {"sinks": 1, "window": 3})]
+LENGTHS, BUDGETS = (3, 7, 1, 5), [7, 4, 8, 6]
+# (cache, params, exact): block-independent policies (RIPE Proposition 1) and block-dependent ones (exact=False).
+SPECULATIVE = [("full", {}, True), ("ripe", {"window": 4}, True), ("ripe", {"window": 5, "sinks": 1}, True),
+               ("sinks", {"sinks": 2, "window": 4}, True), ("deepest", {}, False), ("ripe", {"window": 2}, False),
+               ("share", {"k": 2}, False), ("k-deepest", {"k": 2}, False), ("first", {"k": 3}, False)]
+METHODS = {"self-spec": {"draft_loops": 2, "block": 3}, "mature-spec": {"draft_loops": 2, "block": 3},
+           "pld": {"block": 3, "ngram": 2}, "das-wave": {"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
+
+
+@pytest.fixture(scope="module", params=["huginn", "raven", "raven-olmo"])
+def model(request):
+    return random_model(request.param, seed=3)
+
+
+def ragged_prompts(model, lengths=LENGTHS, seed=0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, model.config.vocab_size, (n,), generator=generator) for n in lengths]
+
+
+def run(model, prompts, budgets, method="ar", **kwargs):
+    return generate(model, prompts, max_new_tokens=budgets, method=method, num_loops=R, stop_at_eos=False, **kwargs)
+
+
+@pytest.mark.parametrize("cache, params", POLICIES)
+def test_greedy_rows_are_greedy_alone(model, cache, params):
+    prompts = ragged_prompts(model)
+    out = run(model, prompts, BUDGETS, cache=cache, **params)
+    policy = make_policy(cache, R, **params)
+    for i, (prompt, budget) in enumerate(zip(prompts, BUDGETS, strict=True)):
+        alone = run(model, prompt, budget, cache=cache, **params)
+        assert torch.equal(out.sequences[i], alone.sequences[0])
+        assert len(out.new_rows[i]) == budget
+        expected = policy_bytes(model.config, policy, len(prompt) + budget - 1, model.dtype)
+        assert out.extra["row_cache_bytes"][i] == expected
+    assert out.num_new == sum(BUDGETS) and out.stopped == ["length"] * 4
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("cache, params, exact", SPECULATIVE)
+def test_speculative_rows_are_the_row_alone_and_exact_ones_are_greedy(model, method, cache, params, exact):
+    if model.config.family != "huginn" and cache not in ("full", "ripe"):
+        pytest.skip("every policy runs on Huginn; the other families run the block-independent ones")
+    if method == "das-wave" and cache in ("ripe", "sinks") and params.get("window", 0) < METHODS[method]["block"]:
+        exact = False
+    prompts = ragged_prompts(model, seed=1)
+    options = {**METHODS[method], "cache": cache, "exact": exact, **params}
+    if method in ("mature-spec", "das-wave") and R not in make_policy(cache, R, **params).kept:
+        pytest.skip("deep K/V reads need plane R for every position")
+    out = run(model, prompts, BUDGETS, method, **options)
+    for i, (prompt, budget) in enumerate(zip(prompts, BUDGETS, strict=True)):
+        alone = run(model, prompt, budget, method, **options)
+        assert torch.equal(out.sequences[i], alone.sequences[0]), (method, cache, i)
+        assert out.row_accepted[i] == alone.accepted
+        if exact:
+            greedy = run(model, prompt, budget, cache=cache, **params)
+            assert torch.equal(out.sequences[i], greedy.sequences[0]), (method, cache, i)
+
+
+@pytest.mark.parametrize("cache, params, reads", [("full", {}, "deep-v"), ("full", {}, (2, 4)),
+                                                  ("ripe", {"window": 4}, "deep-kv"),
+                                                  ("ripe", {"window": 4}, "deep-k")])
+def test_prefix_reads_rows_match_alone(model, cache, params, reads):
+    prompts = ragged_prompts(model, (2, 6, 4), seed=2)
+    options = {"cache": cache, "draft_loops": 3, "block": 3, "prefix_reads": reads, **params}
+    out = run(model, prompts, 6, "self-spec", **options)
+    for i, prompt in enumerate(prompts):
+        assert torch.equal(out.sequences[i], run(model, prompt, 6, "self-spec", **options).sequences[0])
+
+
+@pytest.mark.parametrize("cache, params", [("full", {}), ("deepest", {}), ("ripe", {"window": 3, "sinks": 1}),
+                                           ("first", {"k": 2})])
+def test_one_block_pass_matches_per_row_logits_and_bytes(cache, params):
+    """Ragged prefill, then one 4-token block per row: logits equal those of each row alone (1e-12)."""
+    model = random_model("raven", seed=5)
+    policy = make_policy(cache, R, **params)
+    prompts = ragged_prompts(model, (2, 9, 5), seed=3)
+    batch = new_cache(model, policy, 3, 16)
+    prefill_rows(model, batch, prompts, R)
+    block = torch.randint(0, model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(4))
+    positions = batch.lengths[:, None] + torch.arange(4)
+    logits, _ = run_block(model, block, BlockPass(batch, positions), R)
+    batch.advance(4)
+    for i, prompt in enumerate(prompts):
+        alone = new_cache(model, policy, 1, 16)
+        prefill(model, alone, prompt[None], R)
+        expected, _ = run_block(model, block[i:i + 1], BlockPass(alone, range(len(prompt), len(prompt) + 4)), R)
+        assert torch.allclose(logits[i], expected[0], rtol=0, atol=1e-12)
+        assert batch.row_bytes()[i] == policy_bytes(model.config, policy, len(prompt) + 4, model.dtype)
+    assert batch.allocated_bytes == 3 * policy_bytes(model.config, policy, 16, model.dtype)
+
+
+@pytest.mark.parametrize("cache, fused", [("full", True), ("deepest", True), ("first", False)])
+def test_blocks_read_in_place_with_one_fused_attention_where_the_policy_allows(cache, fused):
+    model = random_model("huginn")
+    policy = make_policy(cache, R, **({"k": 2} if cache == "first" else {}))
+    cache_ = new_cache(model, policy, 1, 8)
+    assert BlockPass(cache_, range(0, 3)).in_plane == fused
+    assert not BlockPass(cache_, range(0, 3), store="buffer", buffer=None if False else _buffer(model)).in_plane
+
+
+def _buffer(model):
+    from looped_kv.decoding.core import new_buffer
+
+    return new_buffer(model, R, 1, 4)
+
+
+def test_ring_writes_keep_each_rows_last_window():
+    """A block longer than the ring writes only each row's last W stored positions: one write per slot."""
+    model = random_model("huginn")
+    cache = PlaneCache(model.config, make_policy("ripe", R, window=3), batch=3, capacity=12, dtype=model.dtype)
+    writes = cache.plan_writes(torch.arange(9).expand(3, -1), torch.tensor([2, 9, 5]))
+    assert writes.ring.rows.tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
+    assert writes.ring.cols.tolist() == [0, 1, 6, 7, 8, 2, 3, 4]
+    assert writes.ring.index.tolist() == [0, 1, 0, 1, 2, 2, 0, 1]
+    assert writes.main.rows.tolist() == [0] * 2 + [1] * 9 + [2] * 5
+
+
+def test_stopped_rows_leave_the_batch_without_allocating():
+    model = random_model("huginn", seed=2)
+    out = run(model, ragged_prompts(model, (4, 2, 3)), [1, 3, 5])
+    assert out.extra["batch_per_pass"] == [2, 2, 1, 1]  # row 0 never steps; row 1 leaves after two steps
+    assert [len(t) for t in out.new_rows] == [1, 3, 5]
+    cache = PlaneCache(model.config, make_policy("ripe", R, window=3), batch=4, capacity=12, dtype=model.dtype)
+    prefill_rows(model, cache, ragged_prompts(model, (4, 2, 3, 5)), R)
+    before = [t.clone() for t in (*cache.core, *cache.ring)]
+    peak, _ = peak_bytes(lambda: cache.keep_rows([1, 3]))
+    assert peak < 1000 < cache.allocated_bytes  # compacted in place, only the small length vector is new
+    assert cache.lengths.tolist() == [2, 5] and cache.batch == 2
+    for old, new in zip(before, (*cache.core, *cache.ring), strict=True):
+        assert torch.equal(new, old[:, :, [1, 3]])
+
+
+@pytest.mark.parametrize("method", ["ar", *sorted(METHODS)])
+def test_rows_stop_after_end_of_text(method):
+    """Pick as end-of-text a token that greedy decoding emits mid-way in one row: that row stops right after it,
+    the others run on, and every method emits the same tokens."""
+    model = random_model("huginn", seed=6)
+    prompts = ragged_prompts(model, (4, 6, 3), seed=7)
+    free = run(model, prompts, 10)
+    eos = int(free.new_rows[1][3])
+    options = {**METHODS.get(method, {}), "eos_token_id": eos}
+    out = generate(model, prompts, max_new_tokens=10, method=method, num_loops=R, **options)
+    for i, row in enumerate(free.new_rows):
+        hits = (row == eos).nonzero()
+        expected = row[:int(hits[0]) + 1] if len(hits) else row
+        assert torch.equal(out.new_rows[i], expected), (method, i)
+        assert out.stopped[i] == ("eos" if len(hits) else "length")
+    assert out.stopped[1] == "eos" and len(out.new_rows[1]) <= 4
+
+
+def test_end_of_text_comes_from_the_tokenizer_by_default():
+    from looped_kv import load
+
+    model = load("tiny")
+    ids = model.tokenizer("Question: Ava has 3 apples. How many apples does Ava have?\nAnswer:", return_tensors="pt")
+    out = generate(model, ids.input_ids, max_new_tokens=200, num_loops=4)
+    free = generate(model, ids.input_ids, max_new_tokens=200, num_loops=4, stop_at_eos=False)
+    eos = model.tokenizer.eos_token_id
+    assert out.stopped == ["eos"] and int(out.new_rows[0][-1]) == eos
+    assert eos not in out.new_rows[0][:-1].tolist()
+    assert torch.equal(out.new_rows[0], free.new_rows[0][:len(out.new_rows[0])])
+
+
+def test_compiled_and_eager_greedy_give_the_same_tokens():
+    model = random_model("huginn", seed=8).float()
+    prompts = ragged_prompts(model, (5, 3), seed=9)
+    for cache in ("full", "deepest"):
+        eager = generate(model, prompts, max_new_tokens=6, num_loops=3, cache=cache, stop_at_eos=False)
+        compiled = generate(model, prompts, max_new_tokens=6, num_loops=3, cache=cache, stop_at_eos=False,
+                            compile=True)
+        assert all(torch.equal(a, b) for a, b in zip(eager.sequences, compiled.sequences, strict=True)), cache
+
+
+def test_accept_is_ragged():
+    drafts = torch.tensor([[1, 2, 3], [1, 2, 3], [4, 2, 3]])
+    targets = torch.tensor([[1, 2, 3, 9], [1, 5, 3, 9], [1, 2, 3, 9]])
+    assert accept(drafts, targets).tolist() == [3, 1, 0]
+    assert accept(drafts, targets, torch.tensor([2, 3, 1])).tolist() == [2, 1, 0]
+    assert accept(drafts[:, :0], targets).tolist() == [0, 0, 0]
+
+
+def test_a_tensor_of_prompts_a_list_and_one_prompt_agree():
+    model = random_model("huginn", seed=4)
+    ids = torch.randint(0, model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(0))
+    batch = run(model, ids, 5, "self-spec", cache="ripe", window=4, draft_loops=2, block=3)
+    listed = run(model, list(ids), 5, "self-spec", cache="ripe", window=4, draft_loops=2, block=3)
+    assert torch.equal(batch.tokens, listed.tokens) and batch.tokens.shape == (3, 9)
+    assert torch.equal(run(model, ids[1], 5).tokens[0], batch.tokens[1])
+    assert batch.tau >= 1 and batch.tokens_per_s > 0
+
+
+def test_throughput_cells():
+    model = random_model("huginn", seed=4)
+    prompts = ragged_prompts(model, (3, 5))
+    cells = throughput_cells(model, prompts, [1, 3], "self-spec", "full", max_new_tokens=4, num_loops=R,
+                             draft_loops=2, block=2, warmup=False)
+    assert [c.batch for c in cells] == [1, 3]
+    assert [c.new_tokens for c in cells] == [4, 12]
+    assert all(c.tokens_per_s > 0 and c.tau >= 1 for c in cells)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m, p: generate(m, p, method="beam"), "method must be one of"),
+    (lambda m, p: generate(m, p, cache="half"), "cache must be one of"),
+    (lambda m, p: generate(m, p, max_new_tokens=[3]), "one int per prompt"),
+    (lambda m, p: generate(m, p, max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (lambda m, p: generate(m, p, max_new_tokens=200), "exceeds the model's context"),
+    (lambda m, p: generate(m, [], max_new_tokens=2), "at least one prompt"),
+    (lambda m, p: generate(m, torch.zeros(2, 2, 2, dtype=torch.long)), "input_ids must be .batch, length."),
+    (lambda m, p: generate(m, [torch.tensor([1, 99])]), r"token ids in \[0, 49\]"),
+    (lambda m, p: generate(m, [torch.tensor([], dtype=torch.long)]), "prompt 0 is empty"),
+    (lambda m, p: generate(m, p, eos_token_id=70), r"eos_token_id must be in \[0, 49\]"),
+    (lambda m, p: generate(m, p, method="pld", compile=True), "compile=True is for method='ar'"),
+    (lambda m, p: generate(m, p, compile=True, cache="ripe", window=2), "compile=True needs a cache policy"),
+    (lambda m, p: generate(m, p, method="self-spec", cache="deepest", num_loops=R), "W = 0 < block gamma"),
+    (lambda m, p: generate(m, p, method="self-spec", draft_loops=R, num_loops=R), r"draft_loops must be in"),
+    (lambda m, p: generate(m, p, method="self-spec", block=0, num_loops=R), r"block \(gamma\) must be >= 1"),
+    (lambda m, p: generate(m, p, method="self-spec", prefix_reads="shallow", num_loops=R), "prefix_reads must"),
+    (lambda m, p: throughput_cells(m, p, [0]), "batch_sizes must be"),
+    (lambda m, p: throughput_cells(m, p, [1], beam=2), "options must be among"),
+    (lambda m, p: throughput_cells(m, p, [1], "self-spec", "ripe", window=1, block=2), "W = 1 < block gamma = 2"),
+    (lambda m, p: BlockPass(None, torch.zeros(1, 1, dtype=torch.long), store="disk"), "store must be one of"),
+])
+def test_bad_parameters(call, message):
+    model = random_model("huginn")
+    with pytest.raises(ValueError, match=message):
+        call(model, ragged_prompts(model, (3, 2)))
+
+
+def test_keep_rows_rejects_bad_rows():
+    model = random_model("huginn")
+    cache = PlaneCache(model.config, make_policy("full", R), batch=3, capacity=8, dtype=model.dtype)
+    for rows in ([], [2, 1], [0, 3]):
+        with pytest.raises(ValueError, match="rows must be increasing indices"):
+            cache.keep_rows(rows)
+
+
+def test_command_line_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--batch-sizes", "--max-new-tokens", "--draft-loops", "--block", "--budget-mb", "--fit-on"):
+        assert flag in text
+
+
+def test_command_line_on_the_tiny_model(capsys):
+    main(["--prompts", "2", "--batch-sizes", "1", "2", "--max-new-tokens", "3", "--num-loops", "4", "--draft-loops",
+          "2", "--block", "2", "--budget-mb", "1", "--memory-batch-sizes", "1", "2", "3", "--repeats", "1"])
+    text = capsys.readouterr().out
+    for series in ("ar        full", "ar        deepest", "self-spec full", "self-spec deepest"):
+        assert series in text
+    assert "held-out error B=3" in text and "fixed-memory total" in text
+
+
+def _no_decoding(*args, **kwargs):
+    raise AssertionError("decoding started before every argument was checked")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fit-on", "1", "9"], r"--fit-on must name at least 2 distinct values of --memory-batch-sizes \[1, 2, 3, 4\]"),
+    (["--fit-on", "2", "2"], "--fit-on must name at least 2 distinct values"),
+    (["--draft-loops", "99"], r"--draft-loops must be in \[1, 31\] \(fewer than the R = 32 loops"),
+    (["--num-loops", "4", "--draft-loops", "4"], r"--draft-loops must be in \[1, 3\] \(fewer than --num-loops 4\)"),
+    (["--draft-loops", "0"], "--draft-loops must be >= 1, got 0"),
+    (["--budget-mb", "-1"], "--budget-mb must be > 0"),
+    (["--budget-mb", "inf"], "--budget-mb must be > 0"),
+    (["--batch-sizes", "0", "2"], "--batch-sizes must all be >= 1"),
+    (["--memory-batch-sizes", "0", "1", "2"], "--memory-batch-sizes must all be >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--block", "0"], "--block must be >= 1"),
+    (["--num-loops", "0"], "--num-loops must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--device", "foo"], "--device 'foo' is not a torch device name; available here: cpu"),
+    (["--model", "./no/such/folder"], "--model './no/such/folder'"),
+    (["--max-new-tokens", "2000"], "exceeds the model's context"),
+])
+def test_command_line_checks_every_argument_before_decoding(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(throughput, "generate", _no_decoding)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--prompts", "2", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
