@@ -17,7 +17,9 @@ Chains are built to leave no shortcut. Each program is a forest of binding trees
 digits differ, written in a random interleaving of the trees (a variable is bound before it
 is used), so the nearest digit is not the answer. The queries are the leaves of the forest,
 in random order: no queried variable lies on another's path, so an answer already given never
-shortens a later lookup, and every query needs its full depth.
+shortens a later lookup, and every query needs its full depth. Programs of depth 1 (the first
+stage of the training curriculum) are one lookup per query instead: every variable is bound to a
+digit and every variable is asked.
 """
 
 from __future__ import annotations
@@ -144,6 +146,12 @@ CHAIN_DEPTH = 8  # deepest binding chain of the evaluation programs (and of trai
 
 
 def _chain_program(rng: random.Random, max_depth: int) -> ChainProgram:
+    if max_depth == 1:  # one lookup per query: every variable bound to a digit, every variable asked
+        names = rng.sample(string.ascii_lowercase, rng.randint(4, 10))
+        values = [rng.choice(string.digits) for _ in names]
+        queries = [ChainQuery(v, d, 1) for v, d in zip(names, values, strict=True)]
+        rng.shuffle(queries)
+        return ChainProgram("".join(f"{v}={d};" for v, d in zip(names, values, strict=True)), tuple(queries))
     trees = rng.randint(2, max(3, min(8, 16 // max_depth)))  # short chains come in more trees
     roots = rng.sample(string.digits, trees)
     names = iter(rng.sample(string.ascii_lowercase, 26))

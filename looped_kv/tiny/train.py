@@ -204,8 +204,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--mix", type=float, nargs=3, default=[0.2, 0.2, 0.6], metavar=("PROBLEMS", "CODE", "CHAINS"),
                     help="fraction of each batch's rows from each workload")
-    ap.add_argument("--hold", type=int, default=600, help="steps of one-lookup chains before the depth grows")
-    ap.add_argument("--ramp", type=int, default=1800, help="steps over which the chain depth then grows to its max")
+    ap.add_argument("--hold", type=int, default=700, help="steps of one-lookup chains before the depth grows")
+    ap.add_argument("--ramp", type=int, default=2000, help="steps over which the chain depth then grows to its max")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=250)
@@ -317,9 +317,9 @@ def main(argv: list[str] | None = None) -> None:
             model.eval()
             acc = answer_accuracy(model, dev_chains, EVAL_LOOPS)
             model.train()
-            entry["chain_accuracy"] = acc["accuracy"].to_dict()
-            tqdm.write(f"step {step}: chain accuracy by loops " +
-                       " ".join(f"R={r}: {a:.2f}" for r, a in entry["chain_accuracy"].items()))
+            entry["chain_accuracy"] = {str(r): row.to_dict() for r, row in acc.iterrows()}
+            tqdm.write(f"step {step}: chain accuracy by loops " + " ".join(
+                f"R={r}: {row['accuracy']:.2f} (depth 1: {row['depth 1']:.2f})" for r, row in acc.iterrows()))
         if step % 10 == 0 or "chain_accuracy" in entry:
             log.append(entry)
         if step % args.checkpoint_every == 0 and step < args.steps:
