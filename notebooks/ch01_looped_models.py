@@ -44,7 +44,7 @@ import torch
 from IPython.display import Markdown, display
 
 import looped_kv
-from looped_kv import book, data
+from looped_kv import book, data, papers
 from looped_kv.analysis.measure import draft_agreement
 from looped_kv.decoding.core import prefill
 from looped_kv.runtime.memory import m_deep, m_full
@@ -212,7 +212,8 @@ Markdown(f"Full cache: {full.tokens_per_s:.1f} tokens/s; deepest plane: {deepest
 # full-depth token at every position of the continuation above (the measurement of DAS Table 6).
 
 # %%
-PAPER_ONE_LOOP = {"Huginn-0125": 0.4722, "Raven-Llama": 0.8399}  # DAS Table 6: aligned reads, d = 1
+PAPER_ONE_LOOP = {m: papers.DAS_TABLE_6[m]["Aligned"][0]  # DAS Table 6: aligned, d = 1
+                  for m in (papers.HUGINN, papers.RAVEN_LLAMA)}
 one_loop = draft_agreement(model, full.tokens, ids.shape[1], [1], ["aligned"])[(1, "aligned")]
 Markdown(f"A one-loop draft agrees with the {R}-loop token at {one_loop:.0%} of the positions; DAS Table 6 "
          f"measures {PAPER_ONE_LOOP['Huginn-0125']:.0%} on Huginn-0125 and {PAPER_ONE_LOOP['Raven-Llama']:.0%} on "

@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 from IPython.display import Markdown
 
-from looped_kv import book, data
+from looped_kv import book, data, papers
 from looped_kv.analysis.fits import RIPE, deep_loop_range, floor_model, ripeness
 from looped_kv.analysis.planes import (
     in_dtype,
@@ -117,14 +117,7 @@ curves.loc[list(paper_planes(R))].style.format("{:.2e}")  # the planes of RIPE S
 # deep-loop bf16 distance and floor.
 
 # %%
-PAPER_TABLE7 = {  # RIPE Table 7 (keys, values); max |log residual| is printed once per model
-    "Huginn-0125": {"rho": (0.88, 0.87), "half-life (loops)": (5.2, 5.1), "Delta_inf (bf16)": (0.0072, 0.0115),
-                    "deep-loop Delta, bf16": (0.0116, 0.0192), "deep-loop Delta, fp32": (0.0097, 0.0162),
-                    "max |log residual|, fp32": 0.28},
-    "Raven-Llama": {"rho": (0.81, 0.81), "half-life (loops)": (3.3, 3.3), "Delta_inf (bf16)": (0.0048, 0.0101),
-                    "deep-loop Delta, bf16": (0.0047, 0.0098), "deep-loop Delta, fp32": (1.6e-4, 3.7e-4),
-                    "max |log residual|, fp32": 0.51},
-}
+PAPER_TABLE7 = papers.RIPE_TABLE_7  # (keys, values); max |log residual| once per model
 
 
 def paper_column(printed: dict) -> dict[str, str]:
@@ -240,10 +233,7 @@ Markdown(
 # positions, and the markers at loop 1 are the DAS paper's values for Huginn and Raven.
 
 # %%
-PAPER_DAS = {  # DAS Section 3.1 / Figure 2 top: first-loop cosine similarity to the final loop (R = 32)
-    "Huginn-0125": {"q": 0.79, "k": 0.84, "v": 0.57},
-    "Raven-Llama": {"q": 0.96, "k": 0.97, "v": 0.79},
-}
+PAPER_DAS = papers.DAS_SEC_3_1_COSINE  # loop 1's cosine similarity to loop R = 32
 KIND_NAMES = {"q": "Q", "k": "K", "v": "V"}
 fig, ax = plt.subplots(figsize=(6.5, 3.8))
 for i, X in enumerate(("q", "k", "v")):

@@ -52,7 +52,7 @@ import pandas as pd
 import torch
 from IPython.display import Markdown
 
-from looped_kv import book, data, make_policy
+from looped_kv import book, data, make_policy, papers
 from looped_kv.analysis.fits import sensitivity_regression
 from looped_kv.analysis.planes import (
     arm_grid,
@@ -124,11 +124,8 @@ Markdown(f"The float32 KL floor is {FLOOR:.1e}. {fit.n_at_floor} of {fit.n_rows}
 # those of its Section 3.1 in float32, each over 40 texts.
 
 # %%
-PAPER_SENSITIVITY = {  # RIPE Section 3.1, fp32 (point, low, high); b in natural-log units (exp(b) = e^b)
-    "Huginn-0125": {"g": (2.70, 2.52, 2.87), "b": (15.0, 14.2, 15.8), "shallow slope": 2.06, "deep slope": 2.71,
-                    "texts": 40},
-    "Raven-Llama": {"g": (1.82, 1.68, 1.97), "b": (12.8, 12.0, 13.7), "texts": 40},
-}
+# RIPE Section 3.1, fp32: (point, low, high); b in natural-log units (exp(b) = e^b)
+PAPER_SENSITIVITY = papers.RIPE_SEC_3_1_SENSITIVITY
 
 
 def interval(point: float, low: float, high: float, fmt: str = "{:.2f}") -> str:
@@ -288,10 +285,9 @@ Markdown(f"Over all {DECODED} decoded positions, {above['deep']:.0%} of the deep
 # it.
 
 # %% tags=["remove-stderr"]
-PAPER_TABLE3 = {  # RIPE Table 3: first-decoded-position top-1 agreement with the full cache (Huginn, bf16)
-    "deepest plane": 0.990, "two deepest planes": 0.995, "share every 8 loops": 0.980, "first 4 loops": 0.845,
-    "share every 4 loops": 0.970, "first 8 loops": 0.935,
-}
+# RIPE Table 3: first-decoded-position top-1 agreement with the full cache (Huginn,
+# bf16); the table's other column is the number of planes kept
+PAPER_TABLE3 = {label: agree for label, (_, agree) in papers.RIPE_TABLE_3.items()}
 TABLE3_TEXTS, TABLE3_LENGTH = 48, 96
 ids3 = torch.cat([text_batch(model, data.texts(w, TABLE3_TEXTS, split="eval", chars=800), TABLE3_LENGTH)
                   for w in data.WORKLOADS])
@@ -355,12 +351,7 @@ Markdown(
 # that arm. All of it is in float32, as in the paper.
 
 # %%
-PAPER_EQ6 = {  # RIPE Section 3.2, fp32, first decoded position
-    "Huginn-0125": {"from the ripening curve": 3.6e-6, "from the measured size": 1.7e-6,
-                    "deepest-plane arm, median": 3.2e-6, "plane R in the shallow loops only": 2.4e-9},
-    "Raven-Llama": {"from the ripening curve": 1.8e-8, "from the measured size": 4.7e-9,
-                    "deepest-plane arm, mean": 2.7e-8},
-}
+PAPER_EQ6 = papers.RIPE_SEC_3_2_EQ_6  # RIPE Section 3.2, fp32, first decoded position
 check = eq6_check(model32, grid.reference, fit, grid)
 eq6 = pd.DataFrame({
     f"{model.source} (this run)": {"from the ripening curve": check.from_curve,

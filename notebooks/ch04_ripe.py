@@ -52,14 +52,11 @@ import torch
 from IPython.display import Markdown, display
 
 import looped_kv
-from looped_kv import book, data
+from looped_kv import book, data, papers
 from looped_kv.analysis.fits import EXCEEDS, fidelity_label, paired_bootstrap_ratio, per_prompt_bin_means
 from looped_kv.analysis.measure import policy_logits, target_trajectories
 from looped_kv.analysis.ripe import (
     EXCEEDS_NUMERICS,
-    PAPER_SECTION_5,
-    PAPER_TABLE_2,
-    PAPER_TABLE_4,
     batched_vs_sequential,
     block_dependence_ratio,
     extra_over_deepest,
@@ -81,7 +78,9 @@ cfg, R = model.config, model.config.mean_recurrence
 # Sizes: a CPU run of a few minutes; the same code serves a real checkpoint on a GPU.
 GAMMA, DRAFT_LOOPS = 4, 4  # block length and draft depth (the paper's d = gamma = 4)
 N_PROMPTS, NEW_TOKENS, BIN = 8, 24, 8  # replayed prompts, generated tokens per prompt, bin of generated positions
-PAPER_WINDOWS, SINKS, TAIL = (16, 64, 256), 4, 0.1  # Table 4's windows, sinks and tail threshold
+SETUP4 = papers.RIPE_TABLE_4_SETUP  # Table 4's windows, sinks and tail threshold
+PAPER_WINDOWS, SINKS, TAIL = SETUP4["windows"], SETUP4["sinks"], SETUP4["tail KL"]
+SEC5_1, SEC5_2 = papers.RIPE_SEC_5_1, papers.RIPE_SEC_5_2  # RIPE Sections 5.1 and 5.2
 model16 = with_dtype(model, torch.bfloat16)  # the reference L0 and every cache arm run in bf16
 model32 = with_dtype(model16, torch.float32)  # the precision floor: the same weights in fp32
 model64 = with_dtype(model, torch.float64)  # exact-arithmetic checks
@@ -129,8 +128,8 @@ Markdown(f"For the query at t = {T_DRAW}, RIPE with W = {W_DRAW} reads the loop'
 # %%
 configs = {"Huginn-0125": looped_kv.huginn_0125(), "Raven-Llama": looped_kv.raven_llama(), "this model": cfg}
 computed = pd.DataFrame(memory_table(configs, length=1024, num_loops=R)).set_index("cache")
-paper2 = pd.DataFrame(PAPER_TABLE_2, index=["Huginn-0125 MB", "Huginn-0125 frac.", "Raven-Llama MB",
-                                            "Raven-Llama frac."]).T  # RIPE Table 2 (L = 1024, bf16)
+paper2 = pd.DataFrame(papers.RIPE_TABLE_2,  # RIPE Table 2 (L = 1024, bf16)
+                      index=list(papers.RIPE_TABLE_2_COLUMNS)).T
 if R == 32:  # the paper's R: the equations reproduce Table 2 to its printed precision
     for family in ("Huginn-0125", "Raven-Llama"):
         assert (computed[f"{family} MB"].round() == paper2[f"{family} MB"]).all()
@@ -290,7 +289,8 @@ Markdown(f"{len(trajectories)} prompts of {min(prompt_lengths)} to {max(prompt_l
          f"generated tokens each: {len(records) // len(arms):,} positions per arm. {window_note}")
 
 # %%
-paper4 = pd.DataFrame(PAPER_TABLE_4, index=["tail", "max KL", "flips", "extra MB"]).T.astype(float)  # Table 4
+paper4 = pd.DataFrame(papers.RIPE_TABLE_4,  # RIPE Table 4
+                      index=list(papers.RIPE_TABLE_4_COLUMNS)).T.astype(float)
 huginn_cfg = looped_kv.huginn_0125()
 paper_policies = [deepest, *(make_policy("ripe", 32, window=w) for w in PAPER_WINDOWS),
                   make_policy("sinks", 32, sinks=SINKS), make_policy("k-deepest", 32, k=2)]
@@ -366,8 +366,8 @@ assert (deep_records.loc[deep_records["position"] == 0, "kl"] == 0).all()  # fro
 zeros = int((deep_records["kl"] == 0).sum())
 ratio_mean = d["mean KL"] / fp["mean KL"]
 median_word = "lower" if d["median KL"] < fp["median KL"] else "higher"
-paper_median = PAPER_SECTION_5["median KL"]
-paper_share = PAPER_SECTION_5["top 1% share of KL"]
+paper_median, paper_mean = SEC5_1["median KL"], SEC5_1["mean KL ratio"]
+paper_share = SEC5_1["top 1% share of KL"]
 Markdown(f"{zeros} of the deepest plane's {len(deep_records)} positions have KL exactly 0 and are not drawn, among "
          f"them the first generated position of every prompt: it comes from the prompt's prefill, which every bf16 "
          f"cache computes alike. "
@@ -375,7 +375,7 @@ Markdown(f"{zeros} of the deepest plane's {len(deep_records)} positions have KL 
          f"({d['median KL']:.2g} against {fp['median KL']:.2g}) and its mean is {ratio_mean:.2g} times fp32's. "
          f"The largest 1% of positions carry {d['top 1% share']:.0%} of the deepest plane's KL (fp32: "
          f"{fp['top 1% share']:.0%}). On Huginn-0125 the paper reports medians of {paper_median[0]:.1e} and "
-         f"{paper_median[1]:.1e}, a mean {PAPER_SECTION_5['mean KL ratio']} times higher and shares of "
+         f"{paper_median[1]:.1e}, a mean {paper_mean} times higher and shares of "
          f"{paper_share[0]:.0%} and {paper_share[1]:.0%}.")
 
 # %% [markdown]
@@ -408,7 +408,7 @@ display(bins_table.style.format({"ratio": "{:.2f}", "95% low": "{:.2f}", "95% hi
 labels_table.style.format({"largest bin ratio": "{:.2f}"})
 
 # %%
-paper_bin = PAPER_SECTION_5["exceeding bin ratio"]
+paper_bin, other_bins = SEC5_1["exceeding bin ratio"], SEC5_1["other bin ratios"]
 exceeding = [f"{bins_table.index[i]} ({r:.2f} [{lo:.2f}, {hi:.2f}])" for i, (r, lo, hi)
              in enumerate(zip(deep_fid.ratio, deep_fid.low, deep_fid.high, strict=True)) if deep_fid.exceeds[i]]
 window_labels = {fidelity[label].label for label in labels[1:4]}
@@ -423,14 +423,14 @@ Markdown(f"On this model the deepest plane is labelled **{deep_fid.label}**: bin
          + (f", and the bins of generated positions {', '.join(exceeding)} exceed the threshold. "
             if exceeding else f"; no bin's lower bound is above {deep_fid.threshold:g}. ")
          + windows_text + f"The paper labels Huginn-0125's deepest plane "
-         f"“{PAPER_SECTION_5['fidelity label']}” through one bin, {paper_bin[0]:.1f} [{paper_bin[1]:.2f}, "
-         f"{paper_bin[2]:.1f}], "
-         f"with other bins at {PAPER_SECTION_5['other bin ratios'][0]}–{PAPER_SECTION_5['other bin ratios'][1]}.")
+         f"“{SEC5_1['fidelity label']}” through one bin, {paper_bin[0]:.1f} "
+         f"[{paper_bin[1]:.2f}, {paper_bin[2]:.1f}], "
+         f"with other bins at {other_bins[0]}–{other_bins[1]}.")
 
 # %%
 deep_counts = tail_counts_by_prompt(records, labels[0], range(len(trajectories)), TAIL)
 mid_counts = tail_counts_by_prompt(records, labels[2], range(len(trajectories)), TAIL)
-paper_tail = PAPER_SECTION_5["tail ratio W = 64"]
+paper_tail = SEC5_1["tail ratio W = 64"]
 if deep_counts.sum() > 0:
     tail_ratio = paired_bootstrap_ratio(deep_counts, mid_counts)
     tail_ratio_text = (f"The tail ratio of W = {windows[1]} to the deepest plane is {tail_ratio.estimate:.2f} "
@@ -438,7 +438,8 @@ if deep_counts.sum() > 0:
 else:
     tail_ratio_text = f"There is no tail ratio: the deepest plane has no position with KL > {TAIL}"
 Markdown(f"{tail_ratio_text}; the paper's is {paper_tail[0]:.2f} [{paper_tail[1]:.2f}, {paper_tail[2]:.2f}] at "
-         f"W = 64, wide because four prompts carry all of Huginn's tail positions.")
+         f"W = {PAPER_WINDOWS[1]}, wide because {SEC5_1['tail prompts']} prompts "
+         f"carry all of Huginn's tail positions.")
 
 # %% [markdown]
 # ## Block dependence: Section 5.2
@@ -460,7 +461,7 @@ ripe_dep = block_dependence_ratio(dependence["full cache"], dependence[ripe_gamm
 dependence.style.format("{:.2e}")
 
 # %%
-paper_dep = PAPER_SECTION_5["block dependence ratio"]
+paper_dep = SEC5_2["block dependence ratio"]
 
 
 def ratio_text(result) -> str:
@@ -483,8 +484,8 @@ Markdown(f"In bf16 the deepest plane's block dependence over the full cache's is
          f"**{deep_dep.label}** (mean KL {deep_dep.arm_mean:.2e} against {deep_dep.reference_mean:.2e}). "
          + ripe_text
          + f"The paper measured {paper_dep[0]:.2f} [{paper_dep[1]:.2f}, {paper_dep[2]:.2f}] on Huginn-0125, "
-         f"“{PAPER_SECTION_5['block dependence label']}” against its threshold of "
-         f"{PAPER_SECTION_5['block dependence threshold']:g}.")
+         f"“{SEC5_2['block dependence label']}” against its threshold of "
+         f"{SEC5_2['block dependence threshold']:g}.")
 
 # %% [markdown]
 # ## What this chapter shows

@@ -48,7 +48,7 @@ import torch
 from IPython.display import Markdown
 
 import looped_kv
-from looped_kv import bench, book, data
+from looped_kv import bench, book, data, papers
 from looped_kv.analysis import measure
 from looped_kv.analysis.perf import acceptance_tau, fit_eta, speedup
 from looped_kv.decoding.speculative import acceptance_by_position
@@ -70,15 +70,14 @@ print(f"model: {model.source}  R = {R}  device: {model.device}")
 # the draft's own computation.
 
 # %%
-PAPER_TABLE6 = pd.DataFrame(  # DAS Table 6: draft-target agreement, d = 1, 2, 4, 8
-    {("Huginn", "aligned"): [0.4722, 0.6362, 0.7937, 0.9127], ("Huginn", "deep-v"): [0.6693, 0.7659, 0.8955, 0.9484],
-     ("Huginn", "deep-k"): [0.4683, 0.6045, 0.8016, 0.8968], ("Huginn", "deep-kv"): [0.6005, 0.7937, 0.8995, 0.9669],
-     ("Raven-Llama", "aligned"): [0.8399, 0.9034, 0.9590, 0.9841],
-     ("Raven-Llama", "deep-v"): [0.8796, 0.9471, 0.9841, 0.9947],
-     ("Raven-Llama", "deep-k"): [0.8585, 0.9114, 0.9656, 0.9881],
-     ("Raven-Llama", "deep-kv"): [0.9021, 0.9524, 0.9881, 0.9947]}, index=[1, 2, 4, 8]).T
-READS = ["aligned", "deep-v", "deep-k", "deep-kv"]
-DEPTHS = [1, 2, 4, 8]
+READ_LABELS = {"aligned": "Aligned", "deep-v": "Deep V", "deep-k": "Deep K",
+               "deep-kv": "Deep K/V"}  # prefix reads: DAS Table 6's policies
+PAPER_MODELS = (papers.HUGINN, papers.RAVEN_LLAMA)
+READS = list(READ_LABELS)
+DEPTHS = list(papers.DAS_TABLE_6_DEPTHS)  # d = 1, 2, 4, 8
+PAPER_TABLE6 = pd.DataFrame(  # DAS Table 6: draft-target agreement
+    {(m, read): papers.DAS_TABLE_6[m][label] for m in PAPER_MODELS
+     for read, label in READ_LABELS.items()}, index=DEPTHS).T
 
 probe_prompts = book.encode(model, data.prompts("problems", N_PROBE, "eval"))
 trajectories = measure.target_trajectories(model, probe_prompts, NEW_PROBE, progress=False)
@@ -91,7 +90,8 @@ for ids, trajectory in zip(probe_prompts, trajectories, strict=True):
     counts["n"] = counts.get("n", 0) + result["n"]
 agreement = pd.DataFrame({d: {read: counts[(d, read)] / counts["n"] for read in READS} for d in DEPTHS})
 agreement.columns.name = "draft loops d"
-table6 = pd.concat({"this model": agreement, **{m: PAPER_TABLE6.loc[m] for m in ("Huginn", "Raven-Llama")}})
+table6 = pd.concat({"this model": agreement,
+                    **{m: PAPER_TABLE6.loc[m] for m in PAPER_MODELS}})
 table6.style.format("{:.3f}")
 
 # %%
@@ -100,7 +100,8 @@ assert agreement.loc["aligned", 8] >= agreement.loc["aligned", 1]  # deeper draf
 best_at_1 = agreement[1].idxmax()
 gain_v = agreement.loc["deep-v", 1] - agreement.loc["aligned", 1]
 gain_k = agreement.loc["deep-k", 1] - agreement.loc["aligned", 1]
-paper_gain_v = PAPER_TABLE6.loc[("Huginn", "deep-v"), 1] - PAPER_TABLE6.loc[("Huginn", "aligned"), 1]
+paper_gain_v = (PAPER_TABLE6.loc[(papers.HUGINN, "deep-v"), 1]
+                - PAPER_TABLE6.loc[(papers.HUGINN, "aligned"), 1])
 Markdown(
     f"On {counts['n']} positions, a one-loop draft agrees with the target {agreement.loc['aligned', 1]:.1%} of the "
     f"time with aligned reads and {agreement.loc['deep-v', 1]:.1%} with mature values "
@@ -185,10 +186,12 @@ eq7 = pd.DataFrame({"mean alpha": alpha, "tau (Eq. 7)": tau_model, "tau measured
 eq7["error"] = eq7["tau (Eq. 7)"] / eq7["tau measured"] - 1
 assert (eq7["tau measured"] >= 1).all() and (eq7["tau measured"] <= GAMMA + 1).all()
 worst = eq7["error"].abs().max()
-PAPER_EQ7 = {"largest spread": 0.06, "largest tau error": 0.026}  # RIPE Table 9 and Sec. 5.4, batch-3 simulation
-Markdown(f"Across depths and read policies the acceptance varies along the block by at most "
-         f"{flatness['spread'].max():.2f} (the paper: at most {PAPER_EQ7['largest spread']}). Eq. (7) with the mean "
-         f"acceptance predicts the measured tokens per verification within {worst:.1%} (the paper: "
+PAPER_EQ7 = papers.RIPE_SEC_3_3_ACCEPTANCE  # RIPE Sec. 3.3, the batch-3 simulation
+paper_spread = max(PAPER_EQ7["largest spread"].values())  # of the two caches
+Markdown(f"Across depths and read policies the acceptance varies along the block by "
+         f"at most {flatness['spread'].max():.2f} (the paper: at most "
+         f"{paper_spread}). Eq. (7) with the mean acceptance predicts the measured "
+         f"tokens per verification within {worst:.1%} (the paper: "
          f"{PAPER_EQ7['largest tau error']:.1%}). "
          + ("Acceptance is close to flat here too, so the model of Eq. (7) applies."
             if worst < 0.1 else "Acceptance is not flat enough here for Eq. (7) to be accurate."))
@@ -229,7 +232,9 @@ for workload in data.WORKLOADS:
                  f"decoding [{summary.loc[(workload, 'Mature-Spec'), 'low']:.2f}, "
                  f"{summary.loc[(workload, 'Mature-Spec'), 'high']:.2f}]"
                  + (", so mature reads pay off." if mature > spec else ", so mature reads do not pay off here."))
-PAPER_SPEEDUPS = {"self-spec": 1.70, "Mature-Spec": 2.26}  # DAS Table 1, Huginn/GSM8K
+TABLE1_ROWS = {"self-spec": "Self-speculative", "Mature-Spec": "Mature-Spec"}
+PAPER_SPEEDUPS = {name: papers.DAS_TABLE_1[papers.HUGINN][row]["GSM8K"][0]  # Table 1
+                  for name, row in TABLE1_ROWS.items()}
 Markdown(" ".join(lines) + f" The paper measured {PAPER_SPEEDUPS['self-spec']:.2f}x and "
          f"{PAPER_SPEEDUPS['Mature-Spec']:.2f}x on Huginn/GSM8K (DAS Table 1).")
 
@@ -271,7 +276,9 @@ eta_table = pd.DataFrame({name: {"eta": f.eta, "largest per-prompt error": f.max
 eta_table.style.format("{:.3f}")
 
 # %%
-PAPER_ETA = {"eta": 1.07, "largest error": 0.054}  # RIPE Sec. 5.4, Eq. (8) fitted on Huginn
+SPEEDUP = papers.RIPE_SEC_3_4_SPEEDUP  # RIPE Sec. 3.4: Eq. (8) fitted on Huginn
+PAPER_ETA = {"eta": SPEEDUP["eta"],
+             "largest error": SPEEDUP["largest per-problem error"]}
 assert all(f.eta > 0 for f in etas.values())
 Markdown(f"One overhead factor per decoder reproduces the per-prompt speed-ups within "
          f"{max(f.max_relative_error for f in etas.values()):.1%} (η = "

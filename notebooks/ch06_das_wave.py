@@ -49,7 +49,7 @@ import torch
 from IPython.display import Markdown
 
 import looped_kv
-from looped_kv import bench, book, data
+from looped_kv import bench, book, data, papers
 from looped_kv.analysis.fits import interaction_effect
 from looped_kv.decoding.core import accept, new_cache, prefill
 from looped_kv.decoding.das_wave import DEEP_KV, das_wave, proposal_width, refine
@@ -115,10 +115,13 @@ Markdown(f"In this block the verifier accepts {k} of the {w} proposals"
 # number of committed tokens per verification (Eq. 10).
 
 # %%
-PAPER_TABLE1 = pd.DataFrame(  # DAS Table 1, Huginn rows: (speed-up, A) on GSM8K and HumanEval
-    {"GSM8K speed-up": [1.54, 1.70, 2.26, 4.12], "GSM8K A": [0.7, 5.2, 4.9, 15.6],
-     "HumanEval speed-up": [1.61, 1.64, 2.35, 4.00], "HumanEval A": [0.8, 4.6, 4.8, 14.9]},
-    index=["prompt lookup", "self-spec", "Mature-Spec", "DAS-Wave"])
+TABLE1_ROWS = {"prompt lookup": "PLD", "self-spec": "Self-speculative",
+               "Mature-Spec": "Mature-Spec", "DAS-Wave": "DAS-Wave"}  # ours: DAS's
+HUGINN1 = papers.DAS_TABLE_1[papers.HUGINN]  # DAS Table 1, Huginn rows
+PAPER_TABLE1 = pd.DataFrame(  # (speed-up, A) on GSM8K and HumanEval
+    {f"{task} {column}": [HUGINN1[row][task][i] for row in TABLE1_ROWS.values()]
+     for task in ("GSM8K", "HumanEval") for i, column in enumerate(("speed-up", "A"))},
+    index=list(TABLE1_ROWS))
 dev = book.encode(model, data.prompts("problems", N_DEV, "dev"))
 grids = {
     "prompt lookup": [{"method": "pld", "block": 8}],
@@ -163,9 +166,8 @@ Markdown(" ".join(
 # is positive when carry strengthens the complementarity of mature keys and values.
 
 # %%
-PAPER_FACTORIAL = {  # DAS Table 9: Huginn GSM8K, G by (carry, deep K, deep V)
-    (0, 0, 0): 2.38, (0, 0, 1): 3.14, (0, 1, 0): 2.11, (0, 1, 1): 3.42,
-    (1, 0, 0): 2.61, (1, 0, 1): 3.99, (1, 1, 0): 3.26, (1, 1, 1): 16.60}
+PAPER_FACTORIAL = dict(zip(  # DAS Table 9: Huginn GSM8K, G by (carry, deep K, deep V)
+    papers.DAS_TABLE_9_CELLS, papers.DAS_TABLE_9[papers.HUGINN]["GSM8K"], strict=True))
 wave_fixed = {k: v for k, v in chosen["DAS-Wave"].items() if k != "method"}
 factorial_prompts = book.encode(model, data.prompts("problems", 3, "eval"))
 cells = {}

@@ -42,10 +42,9 @@ import torch
 from IPython.display import Markdown, display
 
 import looped_kv
-from looped_kv import batched, book, data, gpu_check
+from looped_kv import batched, book, data, gpu_check, papers
 from looped_kv.analysis import perf
 from looped_kv.analysis.memory_bench import check_memory_model
-from looped_kv.analysis.ripe import PAPER_TABLE_2
 from looped_kv.runtime.memory import m_deep, m_full, memory_table
 
 model = book.chapter_model()
@@ -67,8 +66,8 @@ print(f"model: {model.source}  R = {R}  device: {model.device}")
 # %%
 table2 = pd.DataFrame(memory_table({"tiny": cfg, "Huginn": looped_kv.huginn_0125(),
                                     "Raven": looped_kv.raven_llama()}, length=1024)).set_index("cache")
-table2["Huginn MB (paper)"] = [PAPER_TABLE_2[c][0] for c in table2.index]  # RIPE Table 2, as printed
-table2["Raven MB (paper)"] = [PAPER_TABLE_2[c][2] for c in table2.index]
+table2["Huginn MB (paper)"] = [papers.RIPE_TABLE_2[c][0] for c in table2.index]
+table2["Raven MB (paper)"] = [papers.RIPE_TABLE_2[c][2] for c in table2.index]
 assert (table2["Huginn MB"].round() == table2["Huginn MB (paper)"]).all()
 assert (table2["Raven MB"].round() == table2["Raven MB (paper)"]).all()
 table2.style.format({c: "{:,.3f}" if c.startswith("tiny") else "{:,.1f}" for c in table2.columns})
@@ -83,55 +82,85 @@ table2.style.format({c: "{:,.3f}" if c.startswith("tiny") else "{:,.1f}" for c i
 
 # %%
 huginn = looped_kv.huginn_0125()
-per_seq = {"full": m_full(huginn, 808) / 1e9, "one plane": m_deep(huginn, 808) / 1e9}
-PRINTED = {"o0": 7.2, "o1 full": 0.18, "o1 one plane": 0.15, "B_max full": 36, "B_max one plane": 302}  # Sec. 3.5
-bmax_printed = {"full": perf.b_max(95, PRINTED["o0"], PRINTED["o1 full"], per_seq["full"]),
-                "one plane": perf.b_max(95, PRINTED["o0"], PRINTED["o1 one plane"], per_seq["one plane"])}
-# inputs inside the printed rounding (o0 in [7.15, 7.25), o1 in [0.175, 0.185) and [0.145, 0.155))
-consistent = [(o0, o1f, o1d) for o0 in np.arange(7.150, 7.250, 0.002) for o1f in np.arange(0.175, 0.185, 0.0002)
-              for o1d in np.arange(0.145, 0.155, 0.0002)
-              if perf.b_max(95, o0, o1f, per_seq["full"]) == 36 and perf.b_max(95, o0, o1d, per_seq["one plane"]) == 302
-              and round(perf.peak_memory(38, per_seq["full"], o0, o1f), 1) == 99.4]
+MEMORY = papers.RIPE_SEC_3_5_MEMORY  # RIPE Sec. 3.5, as printed
+BUDGET, O0, O1 = MEMORY["budget (GB)"], MEMORY["o0 (GB)"], MEMORY["o1 (GB)"]
+B_MAX = MEMORY["B_max"]  # by cache: "full" and "one slot"
+PEAK_38 = papers.RIPE_SEC_5_3["peak at B = 38 (GB)"]  # RIPE Sec. 5.3
+KB_PER_TOKEN = papers.RIPE_SEC_2_KV_PER_TOKEN[papers.HUGINN]  # RIPE Sec. 2
+seq_length = MEMORY["sequence length"]
+per_seq = {"full": m_full(huginn, seq_length) / 1e9,
+           "one slot": m_deep(huginn, seq_length) / 1e9}
+bmax_printed = {c: perf.b_max(BUDGET, O0, O1[c], per_seq[c]) for c in per_seq}
+
+
+def grid(printed: float, decimals: int, step: float) -> np.ndarray:
+    """Inputs inside a printed value's rounding interval, ``step`` apart."""
+    return np.arange(*perf.printed_interval(printed, decimals), step)
+
+
+consistent = [(o0, o1f, o1d) for o0 in grid(O0, 1, 0.002)
+              for o1f in grid(O1["full"], 2, 0.0002)
+              for o1d in grid(O1["one slot"], 2, 0.0002)
+              if perf.b_max(BUDGET, o0, o1f, per_seq["full"]) == B_MAX["full"]
+              and perf.b_max(BUDGET, o0, o1d, per_seq["one slot"]) == B_MAX["one slot"]
+              and round(perf.peak_memory(38, per_seq["full"], o0, o1f), 1) == PEAK_38]
 paper_models = pd.DataFrame({
-    "printed": [2788, 169, 36, 302],
-    "from printed inputs": [m_full(huginn, 1) / 1e3, m_deep(huginn, 1) / 1e3, bmax_printed["full"],
-                            bmax_printed["one plane"]]},
-    index=["KB/token, full (Eq. 3)", "KB/token, deepest (Eq. 3)", "B_max at 95 GB, full", "B_max at 95 GB, one plane"])
-assert round(paper_models.iloc[0, 1]) == 2788 and round(paper_models.iloc[1, 1]) == 169
-assert bmax_printed["full"] == 36 and consistent  # some inputs within the printed rounding give all of it
+    "printed": [KB_PER_TOKEN["full"], KB_PER_TOKEN["deepest"],
+                B_MAX["full"], B_MAX["one slot"]],
+    "from printed inputs": [m_full(huginn, 1) / 1e3, m_deep(huginn, 1) / 1e3,
+                            bmax_printed["full"], bmax_printed["one slot"]]},
+    index=["KB/token, full (Eq. 3)", "KB/token, deepest (Eq. 3)",
+           f"B_max at {BUDGET} GB, full", f"B_max at {BUDGET} GB, one slot"])
+assert (paper_models.iloc[:2, 1].round() == paper_models.iloc[:2, 0]).all()
+assert bmax_printed["full"] == B_MAX["full"] and consistent  # all, within rounding
 paper_models
 
 # %%
 o0s, o1fs, o1ds = zip(*consistent, strict=True)
-Markdown(f"With the printed $o_0 = 7.2$ GB and $o_1 = 0.15$ GB, the one-plane budget holds "
-         f"{bmax_printed['one plane']} sequences, not the printed 302: the printed fits are rounded. Inputs that "
-         f"still round to the printed ones, $o_0 \\in [{min(o0s):.3f}, {max(o0s):.3f}]$, full $o_1 \\in "
-         f"[{min(o1fs):.4f}, {max(o1fs):.4f}]$ and one-plane $o_1 \\in [{min(o1ds):.4f}, {max(o1ds):.4f}]$, give "
-         f"B_max = 36 and 302 and 99.4 GB at B = 38 together. `looped_kv/perf.py` documents every such case.")
+Markdown(f"With the printed $o_0 = {O0}$ GB and $o_1 = {O1['one slot']}$ GB, the "
+         f"one-slot budget holds {bmax_printed['one slot']} sequences, not the "
+         f"printed {B_MAX['one slot']}: the printed fits are rounded. Inputs that "
+         f"still round to the printed ones, "
+         f"$o_0 \\in [{min(o0s):.3f}, {max(o0s):.3f}]$, "
+         f"full $o_1 \\in [{min(o1fs):.4f}, {max(o1fs):.4f}]$ and one-slot $o_1 \\in "
+         f"[{min(o1ds):.4f}, {max(o1ds):.4f}]$, give B_max = {B_MAX['full']} and "
+         f"{B_MAX['one slot']} and {PEAK_38} GB at B = 38 together. "
+         "`looped_kv/analysis/perf.py` documents every such case.")
 
 # %%
-table9 = pd.DataFrame({"alpha": [0.637, 0.805, 0.932, 0.800, 0.928, 0.984],  # RIPE Table 9
-                       "tau model (printed)": [2.46, 3.40, 4.37, 3.36, 4.33, 4.84]},
-                      index=pd.MultiIndex.from_product([["full cache", "deepest plane"], [2, 4, 8]],
-                                                       names=["cache", "d"]))
-table9["Eq. (7), gamma = 4"] = perf.acceptance_tau(table9["alpha"].to_numpy(), 4)
+GAMMA = papers.RIPE_SEC_3_3_ACCEPTANCE["gamma"]  # Table 9's simulation: gamma = 4
+ETA = papers.RIPE_SEC_3_4_SPEEDUP["eta"]  # Figure 5b's eta
+alpha, tau_model = papers.ripe_table_9("alpha"), papers.ripe_table_9("tau model")
+table9 = pd.DataFrame(
+    {"alpha": [a for by_d in alpha.values() for a in by_d.values()],  # RIPE Table 9
+     "tau model (printed)": [t for by_d in tau_model.values() for t in by_d.values()]},
+    index=pd.MultiIndex.from_tuples(
+        [(c, d) for c, by_d in alpha.items() for d in by_d], names=["cache", "d"]))
+EQ7 = f"Eq. (7), gamma = {GAMMA}"
+table9[EQ7] = perf.acceptance_tau(table9["alpha"].to_numpy(), GAMMA)
 table9["within the alpha rounding"] = [
-    perf.rounds_to(perf.acceptance_tau(np.linspace(a - 5e-4, a + 5e-4, 201), 4), t, 2).any()
+    perf.rounds_to(perf.acceptance_tau(
+        np.linspace(*perf.printed_interval(a, 3), 201), GAMMA), t, 2).any()
     for a, t in zip(table9["alpha"], table9["tau model (printed)"], strict=True)]
 assert table9["within the alpha rounding"].all()
-curves = {cache: perf.speedup_curves(alphas, huginn, range(1, 9), eta=1.07)
+FIGURE_5B = papers.RIPE_SEC_3_4_SPEEDUP["figure 5b, d = 4"]  # (gamma, speed-up)
+gammas = range(1, FIGURE_5B["deepest"][0] + 1)
+curves = {cache: perf.speedup_curves(alphas, huginn, gammas, eta=ETA)
           for cache, alphas in perf.figure_5b_alphas("table9").items()}
 fig, ax = plt.subplots(figsize=(6, 3.5))
 for cache, style in (("full", "--"), ("deepest", "-")):
     for d, curve in curves[cache].items():
-        ax.plot(range(1, 9), curve, style, label=f"{cache}, d={d}")
-ax.set(xlabel="draft tokens per block γ", ylabel="speed-up (Eq. 8, η = 1.07)", title="RIPE Figure 5b from Table 9")
+        ax.plot(gammas, curve, style, label=f"{cache}, d={d}")
+ax.set(xlabel="draft tokens per block γ", ylabel=f"speed-up (Eq. 8, η = {ETA})",
+       title="RIPE Figure 5b from Table 9")
 ax.legend(fontsize=7, ncol=2)
 plt.show()
 full4, deep4 = curves["full"][4], curves["deepest"][4]
-assert int(np.argmax(full4)) + 1 == 5 and round(full4.max(), 2) == 1.98  # "the full cache peaks at gamma = 5 (1.98x)"
-assert np.all(np.diff(deep4) > 0) and round(deep4[-1], 2) == 2.87  # "the deepest plane still rises at gamma = 8"
-table9.style.format({"Eq. (7), gamma = 4": "{:.3f}"})
+# "at d = 4 the full cache peaks at gamma = 5 (1.98x), while the deepest plane still
+# rises at gamma = 8 (2.87x)"
+assert (int(np.argmax(full4)) + 1, round(full4.max(), 2)) == FIGURE_5B["full"]
+assert np.all(np.diff(deep4) > 0) and round(deep4[-1], 2) == FIGURE_5B["deepest"][1]
+table9.style.format({EQ7: "{:.3f}"})
 
 # %% [markdown]
 # ## Batched decoding on the model at hand
@@ -184,10 +213,12 @@ table8.style.format("{:.2f}")
 # %%
 assert all(c.tokens_per_s > 0 for cells in series.values() for c in cells)
 gain = {key: series[key][-1].tokens_per_s / series[key][0].tokens_per_s for key in series}
+batch6 = [r.residual for r in papers.RIPE_TABLE_8 if r.batch == 6]  # RIPE Table 8
 Markdown(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cache goes from "
          f"{series[('greedy', 'full')][0].tokens_per_s:.1f} to {series[('greedy', 'full')][-1].tokens_per_s:.1f} "
          f"tokens/s ({gain[('greedy', 'full')]:.1f}x). The largest relative residual of the T(B) fits is "
-         f"{max(f.max_relative_residual for f in fits.values()):.1%} (the paper: 2-10% on its batch 6, Table 8).")
+         f"{max(f.max_relative_residual for f in fits.values()):.1%} (the paper: "
+         f"{min(batch6):.0%}-{max(batch6):.0%} on its batch 6, Table 8).")
 
 # %% [markdown]
 # ## Peak memory against the memory model (RIPE Figure 3)
@@ -227,7 +258,8 @@ pd.DataFrame({cache: {"o0 (MB)": check.fit.o0 / 1e6, "o1 (MB/sequence)": check.f
 
 # %%
 Markdown(f"Fitted on B = {memory_sizes[0]} and {memory_sizes[1]}, the memory model predicts the held-out batches "
-         f"within {max(errors.values()):.1%} (the paper: 0.15% on another node, Figure 3).")
+         f"within {max(errors.values()):.1%} (the paper: "
+         f"{MEMORY['held-out error']:.2%} on another node, Figure 3).")
 
 # %% [markdown]
 # ## Fixed-memory throughput (RIPE Section 5.3)
@@ -238,8 +270,8 @@ Markdown(f"Fitted on B = {memory_sizes[0]} and {memory_sizes[1]}, the memory mod
 # throughputs, gives the printed factors.
 
 # %%
-PAPER_FIXED_MEMORY = {"best full, B = 32": 218, "shared, B = 32": 365, "shared, B = 64": 487}  # tokens/s, Sec. 3.5
-PAPER_FACTORS = {"same batch": 1.67, "batch": 1.34, "total": 2.24, "cache only": 1.63}  # as printed
+PAPER_FIXED_MEMORY = papers.RIPE_SEC_3_5_FIXED_MEMORY  # tokens/s, RIPE Sec. 3.5
+PAPER_FACTORS = papers.RIPE_SEC_3_5_FACTORS  # as printed
 paper_split = perf.fixed_memory_factors(*PAPER_FIXED_MEMORY.values())
 split = pd.DataFrame({"printed": PAPER_FACTORS,
                       "from the printed tokens/s": {"same batch": paper_split.same_batch, "batch": paper_split.batch,

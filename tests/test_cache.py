@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv import huginn_0125, m_deep, m_full, m_ripe, make_policy, memory_table, policy_bytes, raven_llama
+from looped_kv import huginn_0125, m_deep, m_full, m_ripe, make_policy, memory_table, papers, policy_bytes, raven_llama
 from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.decoding.greedy import greedy
 from looped_kv.runtime.config import raven_olmo
@@ -17,11 +17,12 @@ FAMILIES = ["huginn", "raven", "raven-olmo"]
 
 
 def test_per_token_memory_of_the_papers():
-    """Eq. (3): 2,788 vs 169 KB per token on Huginn-0125, 410 vs 28.7 KB on Raven-Llama (bf16)."""
-    assert round(per_token_kb(huginn_0125(), "full")) == 2788
-    assert round(per_token_kb(huginn_0125(), "deepest")) == 169
-    assert round(per_token_kb(raven_llama(), "full")) == 410
-    assert round(per_token_kb(raven_llama(), "deepest"), 1) == 28.7
+    """Eq. (3): KB per token of both caches on Huginn-0125 and Raven-Llama (bf16), to RIPE Sec. 2's precision."""
+    printed = papers.RIPE_SEC_2_KV_PER_TOKEN
+    for name, config in ((papers.HUGINN, huginn_0125()), (papers.RAVEN_LLAMA, raven_llama())):
+        for cache, kb in printed[name].items():
+            digits = 0 if float(kb).is_integer() else 1
+            assert round(per_token_kb(config, cache), digits) == kb, (name, cache)
 
 
 def test_per_token_memory_of_raven_olmo():
@@ -34,15 +35,13 @@ def test_per_token_memory_of_raven_olmo():
 
 
 def test_table_2_reproduced_from_configs():
-    """RIPE Table 2 (L = 1024, MB = 10^6 bytes) to its printed precision."""
-    printed = {  # cache: (Huginn MB, frac %, Raven MB, frac %)
-        "full": (2855, 100.0, 419, 100.0), "deepest plane": (173, 6.1, 29, 7.0), "two planes": (260, 9.1, 42, 10.0),
-        "RIPE, W = 16": (215, 7.5, 35, 8.5), "RIPE, W = 64": (341, 11.9, 54, 12.8),
-        "RIPE, W = 256": (843, 29.5, 127, 30.2)}
-    for row in memory_table({"Huginn": huginn_0125(), "Raven": raven_llama()}, length=1024):
-        h_mb, h_frac, r_mb, r_frac = printed[row["cache"]]
-        assert round(row["Huginn MB"]) == h_mb and round(100 * row["Huginn frac."], 1) == h_frac
-        assert round(row["Raven MB"]) == r_mb and round(100 * row["Raven frac."], 1) == r_frac
+    """RIPE Table 2 (L = 1024, MB = 10^6 bytes) to its printed precision (MB, and fractions to 0.1%)."""
+    rows = memory_table({"Huginn": huginn_0125(), "Raven": raven_llama()}, length=1024)
+    assert [row["cache"] for row in rows] == list(papers.RIPE_TABLE_2)
+    for row in rows:
+        h_mb, h_frac, r_mb, r_frac = papers.RIPE_TABLE_2[row["cache"]]
+        assert round(row["Huginn MB"]) == h_mb and round(row["Huginn frac."], 3) == h_frac
+        assert round(row["Raven MB"]) == r_mb and round(row["Raven frac."], 3) == r_frac
 
 
 @pytest.mark.parametrize("family", FAMILIES)

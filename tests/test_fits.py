@@ -1,7 +1,8 @@
 """Ripening, sensitivity and bootstrap statistics (RIPE Sec. 3.1-3.2, 5.1-5.2; DAS Eq. 8-11).
 
 Checks against printed numbers use the papers' printed inputs and printed precision; fits whose raw data
-are unpublished are checked for recovering known parameters from synthetic data.
+are unpublished are checked for recovering known parameters from synthetic data, with the papers' values
+(from ``looped_kv.papers``) as the known parameters where they exist.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from looped_kv import papers
 from looped_kv.analysis.fits import (
     EXCEEDS,
     INDISTINGUISHABLE,
@@ -38,6 +40,10 @@ from looped_kv.analysis.fits import (
 from looped_kv.analysis.perf import printed_interval, rounds_to
 
 LOOPS = np.arange(1, 32)  # planes 1..R-1 of R = 32; Delta_R = 0 by definition
+TABLE7 = papers.RIPE_TABLE_7
+HUGINN, RAVEN = TABLE7[papers.HUGINN], TABLE7[papers.RAVEN_LLAMA]
+RHO_HUGINN, RHO_RAVEN = HUGINN["rho"][0], RAVEN["rho"][0]  # keys: 0.88 and 0.81
+SENSITIVITY = papers.RIPE_SEC_3_1_SENSITIVITY[papers.HUGINN]
 
 
 # -- ripening (Sec. 3.2, Table 7) -----------------------------------------------------------------
@@ -45,8 +51,9 @@ LOOPS = np.arange(1, 32)  # planes 1..R-1 of R = 32; Delta_R = 0 by definition
 
 def test_table7_half_lives_follow_from_rho_within_rounding():
     """Half-life = ln 0.5 / ln rho: Raven's 3.3 exact from 0.81; Huginn's 5.2 / 5.1 only within rho's rounding."""
-    assert rounds_to(half_life(0.81), 3.3, 1)
-    for rho, printed in ((0.88, 5.2), (0.87, 5.1)):
+    for rho, printed in zip(RAVEN["rho"], RAVEN["half-life (loops)"], strict=True):
+        assert rounds_to(half_life(rho), printed, 1)
+    for rho, printed in zip(HUGINN["rho"], HUGINN["half-life (loops)"], strict=True):
         assert not rounds_to(half_life(rho), printed, 1)
         rhos = np.linspace(*printed_interval(rho, 2), 1001)
         assert any(rounds_to(half_life(r), printed, 1) for r in rhos)
@@ -55,18 +62,18 @@ def test_table7_half_lives_follow_from_rho_within_rounding():
 
 
 def test_fit_geometric_recovers_rho_and_c():
-    exact = fit_geometric(LOOPS, 0.3 * 0.88**LOOPS)
-    assert (exact.rho, exact.c) == pytest.approx((0.88, 0.3))
+    exact = fit_geometric(LOOPS, 0.3 * RHO_HUGINN**LOOPS)
+    assert (exact.rho, exact.c) == pytest.approx((RHO_HUGINN, 0.3))
     assert exact.loop_range == (8, 31) and exact.max_abs_log_residual < 1e-12
-    assert exact.half_life == pytest.approx(math.log(0.5) / math.log(0.88))
-    np.testing.assert_allclose(exact.predict([10, 20]), 0.3 * 0.88 ** np.array([10, 20]))
+    assert exact.half_life == pytest.approx(math.log(0.5) / math.log(RHO_HUGINN))
+    np.testing.assert_allclose(exact.predict([10, 20]), 0.3 * RHO_HUGINN ** np.array([10, 20]))
     rng = np.random.default_rng(0)
-    noisy = fit_geometric(LOOPS, 0.05 * 0.81**LOOPS * np.exp(rng.normal(0, 0.1, LOOPS.size)))
-    assert abs(noisy.rho - 0.81) < 0.01 and 0.1 < noisy.max_abs_log_residual < 0.4
+    noisy = fit_geometric(LOOPS, 0.05 * RHO_RAVEN**LOOPS * np.exp(rng.normal(0, 0.1, LOOPS.size)))
+    assert abs(noisy.rho - RHO_RAVEN) < 0.01 and 0.1 < noisy.max_abs_log_residual < 0.4
     # loops before 8 are ignored by default: a bent start does not move the fit
-    bent = 0.3 * 0.88**LOOPS * np.where(LOOPS < 8, 5.0, 1.0)
-    assert fit_geometric(LOOPS, bent).rho == pytest.approx(0.88)
-    assert fit_geometric(LOOPS, bent, loop_range=(1, 31)).rho != pytest.approx(0.88)
+    bent = 0.3 * RHO_HUGINN**LOOPS * np.where(LOOPS < 8, 5.0, 1.0)
+    assert fit_geometric(LOOPS, bent).rho == pytest.approx(RHO_HUGINN)
+    assert fit_geometric(LOOPS, bent, loop_range=(1, 31)).rho != pytest.approx(RHO_HUGINN)
 
 
 def test_fit_geometric_default_range_follows_num_loops():
@@ -77,11 +84,12 @@ def test_fit_geometric_default_range_follows_num_loops():
 
 def test_fit_floor_recovers_delta_inf_from_bf16_like_data():
     rng = np.random.default_rng(1)
-    bf16 = floor_model(LOOPS, 0.88, 0.3, 0.0072) * np.exp(rng.normal(0, 0.03, LOOPS.size))
-    fit = fit_floor(LOOPS, bf16, 0.88, 0.3)
-    assert abs(fit.delta_inf / 0.0072 - 1) < 0.03 and fit.max_abs_log_residual < 0.1
-    exact = fit_floor(LOOPS, floor_model(LOOPS, 0.81, 0.05, 0.0048), 0.81, 0.05)
-    assert exact.delta_inf == pytest.approx(0.0048, rel=1e-6) and exact.max_abs_log_residual < 1e-8
+    floor_huginn, floor_raven = HUGINN["Delta_inf (bf16)"][0], RAVEN["Delta_inf (bf16)"][0]  # keys
+    bf16 = floor_model(LOOPS, RHO_HUGINN, 0.3, floor_huginn) * np.exp(rng.normal(0, 0.03, LOOPS.size))
+    fit = fit_floor(LOOPS, bf16, RHO_HUGINN, 0.3)
+    assert abs(fit.delta_inf / floor_huginn - 1) < 0.03 and fit.max_abs_log_residual < 0.1
+    exact = fit_floor(LOOPS, floor_model(LOOPS, RHO_RAVEN, 0.05, floor_raven), RHO_RAVEN, 0.05)
+    assert exact.delta_inf == pytest.approx(floor_raven, rel=1e-6) and exact.max_abs_log_residual < 1e-8
 
 
 def test_deep_loops_and_deep_loop_delta():
@@ -92,23 +100,22 @@ def test_deep_loops_and_deep_loop_delta():
         deep_loop_delta(np.arange(1, 10), np.ones(9))
 
 
-@pytest.mark.parametrize(("model", "deep_bf16", "floor", "label"), [
-    ("Huginn keys", 0.0116, 0.0072, NOT_RIPE),
-    ("Huginn values", 0.0192, 0.0115, NOT_RIPE),
-    ("Raven keys", 0.0047, 0.0048, RIPE),
-    ("Raven values", 0.0098, 0.0101, RIPE),
+@pytest.mark.parametrize(("model", "kind", "label"), [
+    (papers.HUGINN, 0, NOT_RIPE), (papers.HUGINN, 1, NOT_RIPE), (papers.RAVEN_LLAMA, 0, RIPE),
+    (papers.RAVEN_LLAMA, 1, RIPE),
 ])
-def test_ripeness_labels_of_section32(model, deep_bf16, floor, label):
-    """Table 7: Huginn's deep loops sit above the bf16 floor, Raven's at it (Sec. 3.2, Remark 1)."""
-    result = ripeness(deep_bf16, floor)
-    assert result.label == label and result.ripe == (label == RIPE), model
+def test_ripeness_labels_of_section32(model, kind, label):
+    """Table 7 (kind 0: keys, 1: values): Huginn's deep loops sit above the bf16 floor, Raven's at it (Remark 1)."""
+    result = ripeness(TABLE7[model]["deep-loop Delta, bf16"][kind], TABLE7[model]["Delta_inf (bf16)"][kind])
+    assert result.label == label and result.ripe == (label == RIPE), (model, kind)
 
 
 def test_ripeness_tolerance_is_the_floor_model_boundary():
     # Eq. (5) with c rho^r = Delta_inf exactly sits on the boundary: ripe; a little more geometric part is not
-    assert ripeness(float(floor_model(0, 1.0 - 1e-9, 0.0072, 0.0072)) * (1 - 1e-9), 0.0072).ripe
-    assert not ripeness(float(floor_model(0, 0.5, 0.0073, 0.0072)), 0.0072).ripe
-    assert ripeness(0.0116, 0.0072, tolerance=2.0).ripe
+    floor, deep = HUGINN["Delta_inf (bf16)"][0], HUGINN["deep-loop Delta, bf16"][0]  # keys
+    assert ripeness(float(floor_model(0, 1.0 - 1e-9, floor, floor)) * (1 - 1e-9), floor).ripe
+    assert not ripeness(float(floor_model(0, 0.5, 1.01 * floor, floor)), floor).ripe
+    assert ripeness(deep, floor, tolerance=2.0).ripe
     with pytest.raises(ValueError, match="tolerance"):
         ripeness(0.01, 0.01, tolerance=0.5)
     with pytest.raises(ValueError, match="delta_inf"):
@@ -116,8 +123,8 @@ def test_ripeness_tolerance_is_the_floor_model_boundary():
 
 
 @pytest.mark.parametrize(("call", "name"), [
-    (lambda: fit_geometric(LOOPS, 0.3 * 0.88**LOOPS, loop_range=(40, 50)), "loop_range"),
-    (lambda: fit_geometric(LOOPS, 0.3 * 0.88**LOOPS, loop_range=(20, 10)), "loop_range"),
+    (lambda: fit_geometric(LOOPS, 0.3 * RHO_HUGINN**LOOPS, loop_range=(40, 50)), "loop_range"),
+    (lambda: fit_geometric(LOOPS, 0.3 * RHO_HUGINN**LOOPS, loop_range=(20, 10)), "loop_range"),
     (lambda: fit_geometric([], [], loop_range=(8, 31)), "loops"),
     (lambda: fit_geometric(LOOPS, np.where(LOOPS == 20, 0.0, 0.1)), "delta"),
     (lambda: fit_geometric(LOOPS, -np.ones(31)), "delta"),
@@ -135,8 +142,8 @@ def test_ripening_fits_reject_bad_input(call, name):
 # -- sensitivity (Sec. 3.1, Eq. 4 and 6) ------------------------------------------------------------
 
 
-def _sensitivity_rows(a=-8.0, b=15.0, g_shallow=2.0, g_deep=2.0, texts=40, noise=0.3, b_spread=0.0,
-                      seed=0) -> list[dict]:
+def _sensitivity_rows(a=-8.0, b=SENSITIVITY["b"][0], g_shallow=2.0, g_deep=2.0, texts=SENSITIVITY["texts"],
+                      noise=0.3, b_spread=0.0, seed=0) -> list[dict]:
     """Synthetic region arms: 6 substitutions per region and text, per-text offsets of a and b, and noise."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -150,18 +157,20 @@ def _sensitivity_rows(a=-8.0, b=15.0, g_shallow=2.0, g_deep=2.0, texts=40, noise
 
 
 def test_sensitivity_regression_recovers_known_coefficients():
+    b = SENSITIVITY["b"][0]
     fit = sensitivity_regression(_sensitivity_rows(g_shallow=2.5, g_deep=2.5))
     assert fit.ci_method == "ols" and fit.n_rows == 480 and fit.n_at_floor == 0
-    assert (fit.a, fit.b, fit.g) == pytest.approx((-8.0, 15.0, 2.5), abs=0.15)
-    assert fit.ci_b[0] < 15.0 < fit.ci_b[1] and fit.ci_g[0] < 2.5 < fit.ci_g[1]
+    assert (fit.a, fit.b, fit.g) == pytest.approx((-8.0, b, 2.5), abs=0.15)
+    assert fit.ci_b[0] < b < fit.ci_b[1] and fit.ci_g[0] < 2.5 < fit.ci_g[1]
     assert fit.exp_b == pytest.approx(math.exp(fit.b)) and fit.ci_exp_b[0] == pytest.approx(math.exp(fit.ci_b[0]))
 
 
 def test_sensitivity_regression_separates_region_slopes():
     """Huginn-like: shallow loops quadratic (2.06), deep steeper (2.71)."""
-    fit = sensitivity_regression(_sensitivity_rows(g_shallow=2.06, g_deep=2.71, noise=0.1))
+    g_shallow, g_deep = SENSITIVITY["shallow slope"], SENSITIVITY["deep slope"]
+    fit = sensitivity_regression(_sensitivity_rows(g_shallow=g_shallow, g_deep=g_deep, noise=0.1))
     shallow, deep = fit.slopes["shallow"], fit.slopes["deep"]
-    assert shallow.slope == pytest.approx(2.06, abs=0.05) and deep.slope == pytest.approx(2.71, abs=0.05)
+    assert shallow.slope == pytest.approx(g_shallow, abs=0.05) and deep.slope == pytest.approx(g_deep, abs=0.05)
     assert shallow.ci[1] < deep.ci[0] and shallow.n == deep.n == 240
     assert shallow.slope < fit.g < deep.slope
 
@@ -173,7 +182,7 @@ def test_sensitivity_regression_text_bootstrap_and_floor():
     kept = sensitivity_regression(rows, floor=floor, n_boot=300, seed=1)
     assert kept.ci_method == "text bootstrap" and kept.n_rows == len(rows)
     assert kept.n_at_floor == int(np.sum(kls <= floor)) and kept.frac_at_floor == pytest.approx(0.2, abs=0.01)
-    assert kept.ci_b[0] < 15.0 < kept.ci_b[1] and kept.ci_g[0] < 2.0 < kept.ci_g[1]
+    assert kept.ci_b[0] < SENSITIVITY["b"][0] < kept.ci_b[1] and kept.ci_g[0] < 2.0 < kept.ci_g[1]
     assert kept.slopes["deep"].ci[0] < 2.0 < kept.slopes["deep"].ci[1]
     dropped = sensitivity_regression(rows, floor=floor, drop_floor=True)
     assert dropped.n_rows == len(rows) - kept.n_at_floor and dropped.frac_at_floor == kept.frac_at_floor
@@ -201,8 +210,9 @@ def test_predict_deepest_kl_eq6():
     delta_v = 0.02 * np.ones(32)
     size = deep_perturbation_size(4, delta_k, delta_v, range(25, 32))
     assert size == pytest.approx(math.sqrt(4 * 7 * (0.01**2 + 0.02**2)))
-    kl = predict_deepest_kl(-1.0, 15.0, 2.7, 4, delta_k, delta_v, range(25, 32))
-    assert kl == pytest.approx(math.exp(14.0) * size**2.7)
+    b, g = SENSITIVITY["b"][0], SENSITIVITY["g"][0]
+    kl = predict_deepest_kl(-1.0, b, g, 4, delta_k, delta_v, range(25, 32))
+    assert kl == pytest.approx(math.exp(b - 1.0) * size**g)
     # only the deep loops count
     delta_k[:24] = 1.0
     assert deep_perturbation_size(4, delta_k, delta_v, range(25, 32)) == pytest.approx(size)
@@ -221,14 +231,18 @@ def test_tail_ratio_of_table4():
     9 tail positions lie in 4 of the 48 prompts, 5 of them in one problem (so 2, 1, 1 in the others), and
     W = 64 keeps one, in that problem (its max KL 0.13 is Table 4's).
     """
-    ref = np.zeros(48)
-    ref[:4] = [5, 2, 1, 1]
-    arm = np.zeros(48)
-    arm[0] = 1
+    section, table4, setup = papers.RIPE_SEC_5_1, papers.RIPE_TABLE_4, papers.RIPE_TABLE_4_SETUP
+    total, kept = table4["deepest plane (W = 0)"][0], table4["RIPE, W = 64"][0]  # 9 and 1 tail positions
+    in_one = section["tail positions in one problem"]  # 5; the other 4 lie in 3 prompts: 2, 1, 1
+    ref = np.zeros(setup["prompts"])
+    ref[:section["tail prompts"]] = [in_one, total - in_one - 2, 1, 1]
+    arm = np.zeros(setup["prompts"])
+    arm[0] = kept
+    estimate, low, high = section["tail ratio W = 64"]
     for seed in (0, 1):
         result = paired_bootstrap_ratio(ref, arm, seed=seed)
-        assert rounds_to(result.estimate, 0.11, 2)
-        assert rounds_to(result.low, 0.00, 2) and rounds_to(result.high, 0.20, 2)
+        assert rounds_to(result.estimate, estimate, 2)
+        assert rounds_to(result.low, low, 2) and rounds_to(result.high, high, 2)
         assert 0 < result.n_undefined < 300  # resamples without any reference tail position
 
 
@@ -340,18 +354,8 @@ def test_per_prompt_bin_means():
 # -- DAS progress metrics (Eq. 9-11, Table 9 of DAS) -----------------------------------------------
 
 # DAS Table 9, G by (carry, deep K, deep V), rows in the table's order 000, 001, 010, ..., 111.
-DAS_TABLE9 = {
-    ("Huginn", "GSM8K"): [2.38, 3.14, 2.11, 3.42, 2.61, 3.99, 3.26, 16.60],
-    ("Huginn", "MATH-500"): [4.37, 4.81, 2.69, 3.95, 4.51, 6.25, 4.71, 18.30],
-    ("Raven-Llama", "GSM8K"): [6.78, 7.98, 6.63, 8.50, 8.60, 11.45, 9.60, 17.97],
-    ("Raven-Llama", "MATH-500"): [9.59, 10.46, 9.04, 10.84, 10.28, 14.84, 11.06, 19.88],
-    ("Raven-OLMo", "GSM8K"): [7.73, 9.57, 8.04, 9.50, 9.52, 13.19, 10.39, 18.26],
-    ("Raven-OLMo", "MATH-500"): [8.33, 10.08, 7.94, 10.53, 9.43, 14.66, 9.41, 19.13],
-    ("Raven-TinyLlama", "GSM8K"): [9.07, 10.46, 8.72, 10.31, 10.55, 12.96, 11.35, 19.08],
-    ("Raven-TinyLlama", "MATH-500"): [8.46, 9.31, 8.44, 9.65, 10.46, 14.16, 10.76, 19.03],
-}
-DAS_ECKV = {("Huginn", "GSM8K"): 2.85, ("Raven-Llama", "GSM8K"): 1.20,
-            ("Huginn", "MATH-500"): 2.76, ("Raven-Llama", "MATH-500"): 0.83}
+DAS_TABLE9 = {(model, task): cells for model, by_task in papers.DAS_TABLE_9.items() for task, cells in by_task.items()}
+DAS_ECKV = papers.DAS_SEC_C_4_ECKV
 
 
 def test_interaction_effect_reproduces_das_eq11():
@@ -367,14 +371,15 @@ def test_interaction_effect_reproduces_das_eq11():
         low, high = printed_interval(printed, 2)
         assert extremes[1] - extremes[0] == pytest.approx(0.02)
         assert extremes[0] <= high and extremes[1] >= low, key
-    assert exact == set(DAS_ECKV) - {("Raven-Llama", "GSM8K")}
+    assert exact == set(DAS_ECKV) - {(papers.RAVEN_LLAMA, "GSM8K")}
     # "The interaction is positive across all evaluated model-task settings."
     assert all(interaction_effect(np.array(v).reshape(2, 2, 2)) > 0 for v in DAS_TABLE9.values())
 
 
 def test_interaction_effect_mapping_and_errors():
-    cells = DAS_TABLE9[("Huginn", "GSM8K")]
-    mapping = dict(zip(itertools.product((0, 1), repeat=3), cells, strict=True))
+    cells = DAS_TABLE9[(papers.HUGINN, "GSM8K")]
+    mapping = dict(zip(papers.DAS_TABLE_9_CELLS, cells, strict=True))
+    assert tuple(itertools.product((0, 1), repeat=3)) == papers.DAS_TABLE_9_CELLS
     assert interaction_effect(mapping) == interaction_effect(np.array(cells).reshape(2, 2, 2))
     assert interaction_effect(np.ones((2, 2, 2))) == 0.0
     with pytest.raises(ValueError, match="8 cells"):

@@ -15,14 +15,12 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv import huginn_0125, make_policy
+from looped_kv import huginn_0125, make_policy, papers
 from looped_kv.analysis.fits import BootstrapCI
 from looped_kv.analysis.measure import block_dependence, draft_agreement, kl, policy_logits, target_trajectories
 from looped_kv.analysis.ripe import (
     EXCEEDS_NUMERICS,
     INDISTINGUISHABLE_NUMERICS,
-    PAPER_TABLE_2,
-    PAPER_TABLE_4,
     batched_vs_sequential,
     block_dependence_ratio,
     extra_over_deepest,
@@ -198,10 +196,11 @@ def test_read_map_is_equation_9():
 
 
 def test_scale_windows():
-    assert scale_windows((16, 64, 256), 1000) == ((16, 64, 256), 1)
-    assert scale_windows((16, 64, 256), 256) == ((8, 32, 128), 2)
-    assert scale_windows((16, 64, 256), 100) == ((4, 16, 64), 4)
-    assert scale_windows((16, 64, 256), 2) == ((1, 1, 1), 256)
+    windows = papers.RIPE_TABLE_4_SETUP["windows"]  # 16, 64, 256
+    assert scale_windows(windows, 1000) == (windows, 1)
+    assert scale_windows(windows, 256) == ((8, 32, 128), 2)
+    assert scale_windows(windows, 100) == ((4, 16, 64), 4)
+    assert scale_windows(windows, 2) == ((1, 1, 1), 256)
     for bad in ([], [0, 4]):
         with pytest.raises(ValueError, match="windows must be"):
             scale_windows(bad, 100)
@@ -211,13 +210,15 @@ def test_scale_windows():
 
 def test_extra_memory_reproduces_table_4():
     """Table 4's "Extra MB" column (Huginn-0125, L = 1024, bf16) from the memory equations."""
-    cfg = huginn_0125()
+    cfg, setup = huginn_0125(), papers.RIPE_TABLE_4_SETUP
     policies = {"deepest plane (W = 0)": make_policy("deepest", 32),
-                **{f"RIPE, W = {w}": make_policy("ripe", 32, window=w) for w in (16, 64, 256)},
-                "+ 4 sinks": make_policy("sinks", 32, sinks=4), "two planes (s8)": make_policy("k-deepest", 32, k=2)}
+                **{f"RIPE, W = {w}": make_policy("ripe", 32, window=w) for w in setup["windows"]},
+                f"+ {setup['sinks']} sinks": make_policy("sinks", 32, sinks=setup["sinks"]),
+                "two planes (s8)": make_policy("k-deepest", 32, k=2)}
+    assert set(policies) == set(papers.RIPE_TABLE_4) - {"fp32 full cache"}
+    extra = papers.RIPE_TABLE_4_COLUMNS.index("extra MB")
     for label, policy in policies.items():
-        assert round(extra_over_deepest(cfg, policy, 1024) / 1e6) == PAPER_TABLE_4[label][3], label
-    assert set(PAPER_TABLE_2) >= {"full", "deepest plane", "RIPE, W = 64"}
+        assert round(extra_over_deepest(cfg, policy, setup["length"]) / 1e6) == papers.RIPE_TABLE_4[label][extra], label
 
 
 # -- ripe_measure: Proposition 1 ------------------------------------------------------------------

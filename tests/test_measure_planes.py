@@ -10,11 +10,10 @@ import pytest
 import torch
 from conftest import FAMILY_FIXTURES, FIXTURES, random_model
 
-from looped_kv import load, make_policy, policy_bytes
+from looped_kv import load, make_policy, papers, policy_bytes
 from looped_kv.analysis import planes as measure_planes
 from looped_kv.analysis.fits import NOT_RIPE, RIPE, SensitivityFit, sensitivity_regression
 from looped_kv.analysis.planes import (
-    PAPER_PLANES,
     ArmGrid,
     RipeningCurves,
     arm_grid,
@@ -107,7 +106,7 @@ def test_ripening_summary_recovers_table7_quantities():
 
 
 def test_paper_planes():
-    assert paper_planes(32) == PAPER_PLANES
+    assert paper_planes(32) == papers.RIPE_SEC_3_1_PLANES
     assert paper_planes(64) == (2, 8, 16, 32, 48, 64)
     assert paper_planes(6) == (1, 2, 3, 4, 6)  # 0.1875 -> 1 (clip), 0.75 -> 1, 1.5 -> 2, 3, 4.5 -> 4, 6
     with pytest.raises(ValueError, match="num_loops"):

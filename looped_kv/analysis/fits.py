@@ -46,6 +46,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import least_squares
 
 from looped_kv.analysis.perf import _same_length, _vector
+from looped_kv.papers import RIPE_SEC_5_2
 
 EXCEEDS = "exceeds a precision change"
 INDISTINGUISHABLE = "indistinguishable from a precision change"
@@ -459,7 +460,8 @@ class FidelityResult:
     label: str  # "exceeds a precision change" or "indistinguishable from a precision change"
 
 
-def fidelity_label(kl_ref_arm_by_bin: ArrayLike, kl_ref_fp32_by_bin: ArrayLike, threshold: float = 2.0,
+def fidelity_label(kl_ref_arm_by_bin: ArrayLike, kl_ref_fp32_by_bin: ArrayLike,
+                   threshold: float = float(RIPE_SEC_5_2["block dependence threshold"]),
                    n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> FidelityResult:
     """Per-bin ratio of mean KLs with a prompt-paired bootstrap and RIPE Sec. 5.1's label.
 

@@ -11,7 +11,8 @@ All functions are pure and work on numbers or numpy arrays:
 
 What the paper's printed inputs reproduce (``tests/test_perf.py`` checks every statement below;
 "within rounding" means that some inputs inside the printed inputs' rounding intervals give every
-printed output, while the printed values themselves do not):
+printed output, while the printed values themselves do not; the printed values are in
+``looped_kv.papers``):
 
 * Sec. 3.3 / Table 1: Eq. 7 with Table 9's alphas matches its simulated tau within 2.6% (exact) and the
   held-out batch-8 tau (3.34 / 4.47 and 3.61 / 4.53) within 6% (largest error 6.0%, full cache vs 3.61).
@@ -60,15 +61,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from looped_kv.papers import RIPE_SEC_3_4_SPEEDUP, RIPE_TABLE_9_REJECTION, ripe_table_9
 from looped_kv.runtime.config import LoopedConfig
-
-#: RIPE Table 9 (batch-3 simulation, Huginn, gamma = 4): mean conditional acceptance alpha_d by cache and depth.
-TABLE9_ALPHA: dict[str, dict[int, float]] = {
-    "full": {2: 0.637, 4: 0.805, 8: 0.932},
-    "deepest": {2: 0.800, 4: 0.928, 8: 0.984},
-}
-#: RIPE Table 9 caption: the rejection fit 1 - alpha_d = k rho_a^d, as (k, rho_a) by cache.
-TABLE9_REJECTION: dict[str, tuple[float, float]] = {"full": (0.62, 0.76), "deepest": (0.42, 0.66)}
 
 Passes = LoopedConfig | tuple[int, int, int]
 
@@ -262,16 +256,17 @@ def fit_eta(speedups: ArrayLike, taus: ArrayLike, d: ArrayLike, gamma: ArrayLike
 
 def figure_5b_alphas(source: Literal["table9", "rejection"]) -> dict[str, dict[int, float]]:
     """alpha_d by cache for Figure 5b: Table 9's measured means or the rejection model k rho_a^d of its caption."""
+    alphas = ripe_table_9("alpha")
     if source == "table9":
-        return {cache: dict(alphas) for cache, alphas in TABLE9_ALPHA.items()}
+        return alphas
     if source == "rejection":
-        return {cache: {d: float(rejection_model(d, *TABLE9_REJECTION[cache])) for d in alphas}
-                for cache, alphas in TABLE9_ALPHA.items()}
+        return {cache: {d: float(rejection_model(d, *RIPE_TABLE_9_REJECTION[cache])) for d in by_depth}
+                for cache, by_depth in alphas.items()}
     raise ValueError(f"source must be 'table9' or 'rejection', got {source!r}")
 
 
 def speedup_curves(alpha_by_depth: Mapping[int, float], model: Passes, gammas: Iterable[int] = range(1, 9),
-                   eta: float = 1.07, num_loops: int = 32) -> dict[int, np.ndarray]:
+                   eta: float = RIPE_SEC_3_4_SPEEDUP["eta"], num_loops: int = 32) -> dict[int, np.ndarray]:
     """Figure 5b: Eq. (8) with tau = Eq. (7) over block lengths ``gammas``, one curve per draft depth d."""
     if not alpha_by_depth:
         raise ValueError("alpha_by_depth must map at least one draft depth to an acceptance")

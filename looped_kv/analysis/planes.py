@@ -58,14 +58,15 @@ from looped_kv.analysis.replay import (
     substitute,
 )
 from looped_kv.decoding.core import new_cache, prefill, step
+from looped_kv.papers import RIPE_SEC_3_1_PLANES
 from looped_kv.runtime.attention import Site
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
 
-PAPER_PLANES = (1, 4, 8, 16, 24, 32)  # planes substituted in RIPE Sec. 3.1, of R = 32
-# RIPE Table 3: (row label, policy name, k of R = 32); k of share/first scales with R
+# RIPE Table 3's rows (labels of looped_kv.papers.RIPE_TABLE_3): (row label, policy name, k of R = 32);
+# k of share/first scales with R
 TABLE3_POLICIES = (("deepest plane", "deepest", None), ("two deepest planes", "k-deepest", 2),
                    ("share every 8 loops", "share", 8), ("first 4 loops", "first", 4),
                    ("share every 4 loops", "share", 4), ("first 8 loops", "first", 8))
@@ -198,7 +199,7 @@ def paper_planes(num_loops: int) -> tuple[int, ...]:
     """The substituted planes {1, 4, 8, 16, 24, 32} of RIPE Sec. 3.1 scaled to R: round(p R / 32) in 1..R."""
     if num_loops < 1:
         raise ValueError(f"num_loops must be >= 1, got {num_loops}")
-    return tuple(sorted({min(max(round(p * num_loops / 32), 1), num_loops) for p in PAPER_PLANES}))
+    return tuple(sorted({min(max(round(p * num_loops / 32), 1), num_loops) for p in RIPE_SEC_3_1_PLANES}))
 
 
 @dataclass

@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from looped_kv.papers import RIPE_SEC_3_1_REGIONS
 from looped_kv.runtime.attention import Site, attend
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.model import LoopedLM
 
 KINDS = ("q", "k", "v")
 SOFTMAX_DTYPES = (torch.float32, torch.float64)
-PAPER_REGIONS = {"shallow": (2, 9), "deep": (25, 32)}  # loops of R = 32 (RIPE Sec. 3.1)
 
 
 def _check_kinds(name: str, kinds: Iterable[str], allowed: tuple[str, ...] = KINDS) -> tuple[str, ...]:
@@ -176,11 +176,11 @@ def paper_region(name: str, num_loops: int) -> tuple[int, ...]:
     Each bound x becomes Python's ``round(x * R / 32)`` (half to even), clipped to 1..R; the
     region keeps at least one loop.
     """
-    if name not in PAPER_REGIONS:
-        raise ValueError(f"region name must be one of {tuple(PAPER_REGIONS)}, got {name!r}")
+    if name not in RIPE_SEC_3_1_REGIONS:
+        raise ValueError(f"region name must be one of {tuple(RIPE_SEC_3_1_REGIONS)}, got {name!r}")
     if num_loops < 1:
         raise ValueError(f"num_loops must be >= 1, got {num_loops}")
-    lo, hi = (min(max(round(x * num_loops / 32), 1), num_loops) for x in PAPER_REGIONS[name])
+    lo, hi = (min(max(round(x * num_loops / 32), 1), num_loops) for x in RIPE_SEC_3_1_REGIONS[name])
     return tuple(range(lo, max(hi, lo) + 1))
 
 

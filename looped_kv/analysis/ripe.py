@@ -9,8 +9,9 @@
   and :func:`survival` into the curves of Figure 4a/b. During the same replays it can measure the
   block dependence of Section 5.2 (:func:`replay_arm`), which :func:`block_dependence_ratio` and
   :func:`numerics_label` turn into the paper's ratio and label.
-* :data:`PAPER_TABLE_2`, :data:`PAPER_TABLE_4` and :data:`PAPER_SECTION_5` hold the paper's printed
-  values, as data with their source, for the chapter to show beside the measured ones.
+
+The paper's printed values (Tables 2 and 4, Sections 5.1-5.2) are in :mod:`looped_kv.papers`; the defaults
+of the tail threshold and of the block-dependence threshold come from there.
 """
 
 from __future__ import annotations
@@ -30,54 +31,17 @@ from looped_kv.analysis.fits import BootstrapCI, paired_bootstrap_ratio
 from looped_kv.analysis.measure import kl
 from looped_kv.analysis.planes import in_dtype
 from looped_kv.decoding.core import new_cache, prefill, run_block, step
+from looped_kv.papers import RIPE_SEC_5_2, RIPE_TABLE_4_SETUP
 from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
 
-#: RIPE Table 2: KV memory per sequence at L = 1024 (bf16, MB = 10^6 bytes) and its fraction of the full cache,
-#: as printed: cache -> (Huginn-0125 MB, fraction, Raven-Llama MB, fraction).
-PAPER_TABLE_2: dict[str, tuple[float, float, float, float]] = {
-    "full": (2855, 1.000, 419, 1.000),
-    "deepest plane": (173, 0.061, 29, 0.070),
-    "two planes": (260, 0.091, 42, 0.100),
-    "RIPE, W = 16": (215, 0.075, 35, 0.085),
-    "RIPE, W = 64": (341, 0.119, 54, 0.128),
-    "RIPE, W = 256": (843, 0.295, 127, 0.302),
-}
-
-#: RIPE Table 4 (Huginn-0125, batch 8, 48 prompts, bf16 full-cache reference) as printed: cache ->
-#: (tail positions with KL > 0.1, largest KL, top-1 flips, extra MB over the deepest plane at L = 1024).
-#: The fp32 full cache has no extra-memory entry ("—" in the paper).
-PAPER_TABLE_4: dict[str, tuple[int, float, int, float | None]] = {
-    "deepest plane (W = 0)": (9, 5.05, 35, 0),
-    "RIPE, W = 16": (5, 0.97, 37, 42),
-    "RIPE, W = 64": (1, 0.13, 31, 168),
-    "RIPE, W = 256": (0, 0.04, 10, 670),
-    "+ 4 sinks": (9, 5.03, 38, 10),
-    "two planes (s8)": (9, 5.24, 42, 87),
-    "fp32 full cache": (1, 0.23, 32, None),
-}
-
-#: RIPE Sections 5.1 and 5.2 (Huginn-0125), as printed.
-PAPER_SECTION_5: dict[str, object] = {
-    "fidelity label": "exceeds a precision change",  # 48 confirmatory prompts
-    "exceeding bin ratio": (13.8, 2.28, 21.2),  # ratio [95% interval] of the one bin that exceeds
-    "other bin ratios": (1.6, 3.3),  # range of the other bins' point ratios
-    "positions": 7130,  # Figure 4a, Huginn positions on 72 prompts
-    "top 1% share of KL": (0.74, 0.21),  # deepest plane, fp32
-    "tail ratio W = 64": (0.11, 0.00, 0.20),  # tail positions W = 64 / deepest plane [95% interval]
-    "block dependence ratio": (1.37, 1.20, 1.62),  # deepest-plane / full-cache batched-vs-sequential [95%]
-    "block dependence label": "indistinguishable from numerics",
-    "block dependence threshold": 2.0,
-    "batched trajectories equal": (28, 32),  # batched deepest-plane trajectories equal to the sequential ones
-    "median KL": (6.4e-5, 8.2e-5),  # deepest plane, fp32 (Huginn, all positions)
-    "mean KL ratio": 5.7,  # mean KL of the deepest plane / mean KL of fp32 (Huginn)
-}
-
 EXCEEDS_NUMERICS = "exceeds numerics"
 INDISTINGUISHABLE_NUMERICS = "indistinguishable from numerics"
+TAIL_KL: float = RIPE_TABLE_4_SETUP["tail KL"]  # RIPE Table 4's tail threshold
+NUMERICS_THRESHOLD = float(RIPE_SEC_5_2["block dependence threshold"])  # RIPE Sec. 5.2, pre-registered
 
 
 def with_dtype(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
@@ -297,7 +261,7 @@ def top_share(values: ArrayLike, fraction: float = 0.01) -> float:
     return float(x[:max(1, math.ceil(fraction * x.size))].sum() / x.sum())
 
 
-def tail_summary(records: pd.DataFrame, threshold: float = 0.1) -> pd.DataFrame:
+def tail_summary(records: pd.DataFrame, threshold: float = TAIL_KL) -> pd.DataFrame:
     """Table 4's columns per arm (in the records' order): tail count (KL > threshold), largest KL, top-1 flips,
     and the mean, median and top-1% share of the KL, with the prompts that hold a tail position."""
     missing = {"prompt", "arm", "kl", "flip"} - set(records.columns)
@@ -314,7 +278,7 @@ def tail_summary(records: pd.DataFrame, threshold: float = 0.1) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def tail_counts_by_prompt(records: pd.DataFrame, arm: str, prompts: Sequence[int], threshold: float = 0.1
+def tail_counts_by_prompt(records: pd.DataFrame, arm: str, prompts: Sequence[int], threshold: float = TAIL_KL
                           ) -> np.ndarray:
     """Number of positions with KL > threshold per prompt (in ``prompts`` order) for one arm."""
     r = records[records["arm"] == arm]
@@ -335,7 +299,7 @@ def survival(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 # -- Section 5.2: block dependence ------------------------------------------------------------------
 
 
-def numerics_label(ratio: BootstrapCI, threshold: float = 2.0) -> str:
+def numerics_label(ratio: BootstrapCI, threshold: float = NUMERICS_THRESHOLD) -> str:
     """RIPE Sec. 5.2's label: "exceeds numerics" when the ratio's lower bound is above the threshold (2).
 
     The paper prints 1.37 [1.20, 1.62] as "indistinguishable from numerics" against its pre-registered
@@ -356,8 +320,8 @@ class BlockDependence:
     arm_mean: float
 
 
-def block_dependence_ratio(reference: ArrayLike, arm: ArrayLike, threshold: float = 2.0, n_boot: int = 10_000,
-                           seed: int = 0) -> BlockDependence:
+def block_dependence_ratio(reference: ArrayLike, arm: ArrayLike, threshold: float = NUMERICS_THRESHOLD,
+                           n_boot: int = 10_000, seed: int = 0) -> BlockDependence:
     """Ratio of per-prompt mean block dependences, arm / reference, with a prompt-paired bootstrap, and the label.
 
     If the reference (batched against sequential full-cache verification) is bitwise zero on every prompt,

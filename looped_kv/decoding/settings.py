@@ -17,7 +17,7 @@ DRAFT_LOOPS = 4
 BLOCK = 4
 #: Prompt lookup: the longest n-gram matched.
 NGRAM = 3
-#: DAS-Wave: the paper's Huginn configuration (DAS Appendix B.2): gamma 32, J 24, W_init 2, k 2, carried states.
+#: DAS-Wave: the paper's Huginn configuration (DAS Sec. 4.1, Table 5): gamma 32, J 24, W_init 2, k 2, carried states.
 WAVE = {"block": 32, "rounds": 24, "initial_width": 2, "updates": 2, "carry": True}
 
 
