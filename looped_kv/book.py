@@ -1,10 +1,15 @@
-"""What every chapter needs: the model named by ``LOOPED_KV_MODEL`` on the best device, and text I/O."""
+"""What every chapter needs: the model named by ``LOOPED_KV_MODEL`` on the best device, text I/O, and the
+book's formatting (figures at the column's width, tables for reading, prose that renders math)."""
 
 from __future__ import annotations
 
+import math
 import os
 
+import numpy as np
+import pandas as pd
 import torch
+from IPython.display import Markdown
 from torch import Tensor
 
 from looped_kv.runtime.loading import load
@@ -69,3 +74,69 @@ def check_greedy_tokens(logits: Tensor, tokens: Tensor, ulps: int = 2) -> int:
                                              f"more than {ulps} ulps ({float(ulps * ulp):.3g}) in {logits.dtype}")
     return len(flips)
 
+
+
+#: Figure sizes in inches at the book's 100 dpi: the text column is about 7 inches (700 px) wide.
+COLUMN = (6.6, 3.6)
+WIDE = (6.6, 4.4)
+SQUARE = (4.8, 4.0)
+
+
+def setup() -> None:
+    """Matplotlib and pandas settings for the book: figures at the column's size with legible labels."""
+    import matplotlib as mpl
+
+    mpl.rcParams.update({"figure.figsize": COLUMN, "figure.dpi": 100, "savefig.dpi": 100, "font.size": 10,
+                         "axes.titlesize": 10.5, "axes.labelsize": 10, "legend.fontsize": 8.5,
+                         "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.constrained_layout.use": True})
+    pd.set_option("display.precision", 3)
+
+
+def environment(model: LoopedLM) -> str:
+    """One line: model, device, dtype, R, torch, threads and the attention backend a measurement runs with."""
+    if model.device.type == "cuda":
+        backend = "cuDNN SDPA " + ("on" if torch.backends.cuda.cudnn_sdp_enabled() else "off")
+    else:
+        backend = "PyTorch SDPA (CPU)"
+    return (f"model {model.source}, {model.config.family}, R = {model.config.mean_recurrence}; {model.device}, "
+            f"{str(model.dtype).removeprefix('torch.')}; torch {torch.__version__}, "
+            f"{torch.get_num_threads()} thread(s); attention: {backend}")
+
+
+def md(text: str) -> Markdown:
+    """Prose built from computed values; rendered as MyST, so $math$ in it renders (nb_render_markdown_format)."""
+    return Markdown(text)
+
+
+def _column_format(values: pd.Series, digits: int) -> str:
+    finite = values[np.isfinite(values.astype(float))].astype(float)
+    if finite.empty:
+        return "{}"
+    if np.allclose(finite, finite.round()) and finite.abs().max() < 1e15:
+        return "{:,.0f}"
+    largest = finite.abs().max()
+    smallest = finite[finite != 0].abs().min() if (finite != 0).any() else largest
+    if largest >= 1e5 or smallest < 10 ** -(digits + 1):
+        return f"{{:.{digits - 1}e}}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(smallest)))
+    return f"{{:,.{min(decimals, digits + 2)}f}}"
+
+
+def table(frame: pd.DataFrame | pd.Series, digits: int = 3, percent: tuple[str, ...] = (),
+          caption: str | None = None) -> pd.io.formats.style.Styler:
+    """A table for reading: padded cells, ``digits`` significant digits per numeric column, integers as
+    integers, ``percent`` columns as percentages, and a dash for a missing value (never NaN)."""
+    frame = frame.to_frame() if isinstance(frame, pd.Series) else frame
+    formats = {}
+    for column in frame.columns:
+        values = frame[column]
+        if column in percent:
+            formats[column] = "{:.1%}"
+        elif pd.api.types.is_bool_dtype(values):
+            formats[column] = lambda x: "yes" if x else "no"
+        elif pd.api.types.is_numeric_dtype(values):
+            formats[column] = _column_format(values, digits)
+    styler = frame.style.format(formats, na_rep="–").set_table_styles(
+        [{"selector": "th, td", "props": "padding: 0.3em 0.8em; text-align: right; white-space: nowrap"},
+         {"selector": "th.row_heading", "props": "text-align: left"}])
+    return styler.set_caption(caption) if caption else styler

@@ -186,7 +186,7 @@ def test_end_of_text_comes_from_the_tokenizer_by_default():
 
 
 def test_compiled_and_eager_greedy_give_the_same_tokens():
-    model = random_model("huginn", seed=8).float()
+    model = random_model("huginn", seed=8)
     prompts = ragged_prompts(model, (5, 3), seed=9)
     for cache in ("full", "deepest"):
         eager = generate(model, prompts, max_new_tokens=6, num_loops=3, cache=cache, stop_at_eos=False)

@@ -111,6 +111,12 @@ class Verdict:
         return (f"{self.label} ({self.claim.source}: {self.claim.statement}): {what} {self.interval()}, "
                 f"{self.level:.0%} paired bootstrap over {self.n}; {self.reason}")
 
+    def sentence(self, digits: int = 3) -> str:
+        """The verdict as a sentence for the chapter's prose (MyST markdown)."""
+        what = "ratio" if self.claim.scale == "log-ratio" else "difference"
+        return (f"**{self.label}** ({self.claim.source}: {self.claim.statement}): {what} {self.interval(digits)} "
+                f"({self.level:.0%} paired bootstrap interval over {self.n}); {self.reason}.")
+
     def row(self) -> dict[str, object]:
         """A table row: the claim, its source, the estimate and interval, the label and why."""
         return {"claim": self.claim.statement, "source": self.claim.source, "estimate": self.estimate,

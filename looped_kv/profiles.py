@@ -1,0 +1,163 @@
+"""What each chapter runs at, per model: prompts and tokens per arm, windows, dtypes, batch sizes.
+
+A chapter holds no sizes of its own: it reads ``profile = profiles.for_model(model)`` and takes
+``profile.ch05.acceptance_prompts`` and the like. The ``tiny`` profile is what CI executes on the
+shipped model on a CPU in minutes. The real checkpoints' profiles keep the papers' settings where a
+single GPU allows it: the RIPE windows W = 64 and 256 unscaled, bf16 decoding with fp32 and fp64
+replays whose records live in host memory, and enough generated tokens to reach the positions where
+the papers saw their effects. ``looped-kv plan`` checks that every chapter of a profile fits a GPU
+(:mod:`looped_kv.plan`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from looped_kv.runtime.config import LoopedConfig
+
+
+@dataclass(frozen=True)
+class Ch01:
+    """Looped models and planes: held-out loss against loops, a greedy generation."""
+
+    texts_per_workload: int = 6
+    text_chars: int = 900
+    loops: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+    new_tokens: int = 40
+
+
+@dataclass(frozen=True)
+class Ch02:
+    """Planes ripen: replays of texts recording every loop's queries, keys and values."""
+
+    texts_per_workload: int = 8
+    length: int = 256
+    decoded: int = 64
+    replay_dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    record_device: str = "model"  # where the replay's per-loop records are kept: "model" or "cpu"
+
+
+@dataclass(frozen=True)
+class Ch03:
+    """Prefix KV matters late: substitution arms (float32), Table 3 caches, the Eq. (6) check (float64)."""
+
+    texts_per_workload: int = 16
+    prefix: int = 95
+    decoded: int = 32
+    table3_texts_per_workload: int = 16
+    table3_length: int = 96
+    arm_dtype: str = "float32"
+    exact_dtype: str = "float64"
+    record_device: str = "model"
+
+
+@dataclass(frozen=True)
+class Ch04:
+    """RIPE caching: replayed trajectories (bf16 reference, fp32 floor), windows, Algorithm 1's acceptance."""
+
+    replay_prompts: int = 8
+    new_tokens: int = 24
+    bin: int = 8
+    windows: tuple[int, ...] = ()  # empty: the paper's windows scaled to the trajectory length
+    acceptance_prompts: int = 32  # per workload, decoded as one batch
+    acceptance_tokens: int = 32
+    block: int = 4
+    draft_loops: int = 4
+    reference_dtype: str = "bfloat16"
+    exact_dtype: str = "float64"
+
+
+@dataclass(frozen=True)
+class Ch05:
+    """Mature-V: draft agreement by read policy, acceptance of the read policies, speed-ups."""
+
+    probe_prompts: int = 4
+    probe_tokens: int = 40
+    acceptance_prompts: int = 32  # per workload, decoded as one batch
+    acceptance_tokens: int = 32
+    dev_prompts: int = 3
+    timing_prompts: int = 6
+    new_tokens: int = 48
+
+
+@dataclass(frozen=True)
+class Ch06:
+    """DAS-Wave: one block drawn, acceptance against the ceiling, speed-ups, the factorial."""
+
+    acceptance_prompts: int = 32
+    acceptance_tokens: int = 48
+    dev_prompts: int = 2
+    timing_prompts: int = 5
+    new_tokens: int = 64
+    drawn_block: dict = field(default_factory=lambda: {"block": 12, "rounds": 10, "initial_width": 2, "updates": 2})
+
+
+@dataclass(frozen=True)
+class Ch07:
+    """Memory and throughput: tokens/s and peak memory against the batch size, the fixed-memory comparison."""
+
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    memory_batch_sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    new_tokens: int = 16
+    prompts: int = 8
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes of every chapter for one model, and the precision decoding runs in."""
+
+    name: str
+    dtype: str  # weights dtype for decoding
+    ch01: Ch01 = field(default_factory=Ch01)
+    ch02: Ch02 = field(default_factory=Ch02)
+    ch03: Ch03 = field(default_factory=Ch03)
+    ch04: Ch04 = field(default_factory=Ch04)
+    ch05: Ch05 = field(default_factory=Ch05)
+    ch06: Ch06 = field(default_factory=Ch06)
+    ch07: Ch07 = field(default_factory=Ch07)
+
+    def chapters(self) -> dict[str, object]:
+        return {f"ch0{i}": getattr(self, f"ch0{i}") for i in range(1, 8)}
+
+
+TINY = Profile("tiny", "float32")
+
+#: Huginn-0125 on one 40 GB GPU (A100-40GB): bf16 decoding; replays in fp32 with their records on the host.
+HUGINN_0125 = Profile(
+    "huginn-0125", "bfloat16",
+    ch01=Ch01(texts_per_workload=4, text_chars=4000, new_tokens=64),
+    ch02=Ch02(texts_per_workload=4, length=256, decoded=64, record_device="cpu"),
+    ch03=Ch03(texts_per_workload=8, prefix=95, decoded=32, table3_texts_per_workload=8, table3_length=96,
+              record_device="cpu"),
+    ch04=Ch04(replay_prompts=8, new_tokens=256, bin=32, windows=(64, 256), acceptance_prompts=32,
+              acceptance_tokens=64),
+    ch05=Ch05(probe_prompts=4, probe_tokens=64, acceptance_prompts=32, acceptance_tokens=64, dev_prompts=4,
+              timing_prompts=8, new_tokens=128),
+    ch06=Ch06(acceptance_prompts=32, acceptance_tokens=128, dev_prompts=4, timing_prompts=8, new_tokens=128,
+              drawn_block={"block": 32, "rounds": 24, "initial_width": 2, "updates": 2}),
+    ch07=Ch07(batch_sizes=(1, 4, 16, 32), memory_batch_sizes=(1, 2, 4, 8, 16), new_tokens=64, prompts=32),
+)
+#: The Raven retrofits (Llama-3.2 1B, OLMo-2 1B): smaller, so the same sizes with longer replays.
+RAVEN = replace(HUGINN_0125, name="raven", ch02=replace(HUGINN_0125.ch02, length=512))
+
+PROFILES = {"tiny": TINY, "huginn-0125": HUGINN_0125, "raven-llama": replace(RAVEN, name="raven-llama"),
+            "raven-olmo": replace(RAVEN, name="raven-olmo")}
+
+
+def name_for(config: LoopedConfig, source: str = "") -> str:
+    """The profile a model runs at: 'tiny' for the shipped model, else by family and width."""
+    if source == "tiny" or config.n_embd <= 512:
+        return "tiny"
+    if config.family == "huginn":
+        return "huginn-0125"
+    return "raven-olmo" if config.family == "raven-olmo" else "raven-llama"
+
+
+def for_model(model: object) -> Profile:
+    """The profile of a loaded model (``$LOOPED_KV_PROFILE`` names another one)."""
+    import os
+
+    chosen = os.environ.get("LOOPED_KV_PROFILE") or name_for(model.config, getattr(model, "source", ""))
+    if chosen not in PROFILES:
+        raise ValueError(f"LOOPED_KV_PROFILE must be one of {tuple(PROFILES)}, got {chosen!r}")
+    return PROFILES[chosen]
