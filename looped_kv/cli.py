@@ -1,4 +1,4 @@
-"""The ``looped-kv`` command: generate, bench, batched, memory and pre-registered batches.
+"""The looped-kv command: generate, bench, batched, memory, plan and pre-registered batches.
 
     looped-kv generate --method mature-spec --cache ripe --window 16 "Question: ... Answer:"
     looped-kv bench --workloads problems --prompts 4
@@ -10,13 +10,14 @@
     looped-kv batch compare runs/regions runs/regions-torchrun   # byte for byte, else the largest differences
     looped-kv batch ledger runs/regions runs/windows
 
-Errors are one line on stderr (``looped-kv: error: ...``) and exit status 2 (3 when a self-test fails).
+Errors are one line on stderr (looped-kv: error: ...) and exit status 2 (3 when a self-test fails).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -33,13 +34,19 @@ from looped_kv.protocol import batches
 from looped_kv.protocol.reproducibility import check_device
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
-from looped_kv.runtime.loading import TINY_DIR, load
+from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
 
 PROG = "looped-kv"
 NAMED_CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo}
+
+
+def plain(doc: str | None) -> str:
+    """A docstring as plain help text: reST roles and double backticks removed."""
+    text = re.sub(r":(?:func|class|mod|data|meth|attr):`~?([^`]+)`", r"\1", doc or "")
+    return text.replace("``", "")
 
 
 class Parser(argparse.ArgumentParser):
@@ -105,7 +112,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text with any decoder and cache; prints the completion and "
-                                        "statistics", description=generate.__doc__,
+                                        "statistics", description=plain(generate.__doc__),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt", help="prompt text, or '-' to read it from stdin")
     _model_options(p)
@@ -177,13 +184,16 @@ def model_config(model: str) -> LoopedConfig:
         return LoopedConfig.from_file(path)
     if model == "tiny":
         raise FileNotFoundError(f"no config.json at {path} (the tiny model is not trained yet)")
+    what = f"--model {model!r} is not one of {tuple(NAMED_CONFIGS)}, 'tiny', a folder or a config.json"
+    reason = hub_unreachable()
+    if reason:
+        raise ValueError(f"{what}, and {reason}")
     from huggingface_hub import hf_hub_download
 
     try:
         return LoopedConfig.from_file(hf_hub_download(repo_id=model, filename="config.json"))
-    except Exception as error:  # offline, unknown id, ...: one clear line instead of a traceback
-        raise ValueError(f"--model {model!r} is not one of {tuple(NAMED_CONFIGS)}, 'tiny', a folder or config.json, "
-                         f"and its hub config.json could not be fetched ({type(error).__name__})") from None
+    except Exception as error:  # unknown id, no network, ...: one clear line instead of a traceback
+        raise ValueError(f"{what}, and its hub config.json could not be fetched ({type(error).__name__})") from None
 
 
 def parameter_count(config: LoopedConfig) -> int:
@@ -210,8 +220,11 @@ def memory_rows(config: LoopedConfig, contexts: list[int], num_loops: int, dtype
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    if any(L < 1 for L in args.context) or args.batch_size < 1 or any(w < 0 for w in args.windows):
-        raise ValueError("--context and --batch-size must be >= 1 and --windows >= 0")
+    for flag, values, low in (("--context", args.context, 1), ("--batch-size", [args.batch_size], 1),
+                              ("--windows", args.windows, 0)):
+        bad = [v for v in values if v < low]
+        if bad:
+            raise ValueError(f"{flag} must be >= {low}, got {bad[0]}")
     _at_least_one(num_loops=args.num_loops)
     config = model_config(args.model)
     R = config.mean_recurrence if args.num_loops is None else args.num_loops
@@ -308,7 +321,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 def _add_batch(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("batch", help="pre-registered batches: freeze, run, verify, compare, ledger (RIPE Sec. 5, "
                                      "App. A-B)",
-                       description=batches.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain(batches.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     steps = p.add_subparsers(dest="step", required=True, metavar="{freeze,run,verify,compare,ledger}")
     f = steps.add_parser("freeze", help="validate a spec and write its SHA-256 file table",
                          description="Validate a batch spec and write its file table: the SHA-256 of the spec, its "

@@ -43,13 +43,36 @@ def test_help_is_complete(command, capsys):
         assert word in out, (command, word)
 
 
+@pytest.mark.parametrize("command", list(HELP), ids=lambda c: " ".join(c) or "looped-kv")
+def test_help_is_plain_text(command, capsys):
+    """--help shows no reST markup (double backticks, :func: roles)."""
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and ":func:" not in out and ":mod:" not in out
+
+
+def test_an_unknown_model_name_fails_at_once_when_the_hub_is_unreachable(monkeypatch, capsys):
+    import looped_kv.cli
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.hf_hub_download",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("the hub was asked")))
+    assert looped_kv.cli.main(["memory", "--model", "nonsense"]) == 2
+    err = capsys.readouterr().err
+    assert "--model 'nonsense' is not one of" in err and "HF_HUB_OFFLINE" in err and len(err.splitlines()) == 1
+
+
 def test_console_script_is_installed():
     result = subprocess.run(["looped-kv", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "usage: looped-kv" in result.stdout
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["memory", "--context", "0"], "--context and --batch-size must be >= 1"),
+    (["memory", "--context", "0"], "--context must be >= 1, got 0"),
+    (["memory", "--context", "1024", "-5"], "--context must be >= 1, got -5"),
+    (["memory", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["memory", "--windows", "-1"], "--windows must be >= 0, got -1"),
     (["memory", "--model", "tiny", "--dtype", "int3"], "argument --dtype: invalid choice"),
     (["generate", "--method", "beam", "hi"], "argument --method: invalid choice"),
     (["batch", "freeze", "no-such-spec"], "no spec file 'no-such-spec'; shipped examples: ['regions', 'windows']"),

@@ -175,6 +175,29 @@ def test_missing_local_folder_is_not_a_hub_id(monkeypatch, source):
         load(source)
 
 
+@pytest.mark.parametrize("env, reason", [({"HF_HUB_OFFLINE": "1"}, "hub access is off"),
+                                         ({"HF_ENDPOINT": "https://no-such-host.invalid"}, "does not resolve")])
+def test_an_unreachable_hub_id_is_one_line_without_retries(monkeypatch, env, reason):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("the hub was contacted")))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(FileNotFoundError, match=rf"source 'does/not-exist' is neither 'tiny' nor an existing folder "
+                                                rf"\(here: .*\), and .*{reason}"):
+        load("does/not-exist")
+
+
+def test_a_folder_without_config_says_what_a_checkpoint_folder_holds(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"is not a checkpoint folder: it has no config.json \(a checkpoint "
+                                                r"folder holds config.json, model.safetensors"):
+        load(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="it has no model.safetensors"):
+        load(tmp_path)
+
+
 def test_missing_path_object_is_local(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"looks like a local path but folder .*nothing does not exist"):
         load(tmp_path / "nothing")

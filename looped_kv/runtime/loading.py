@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import torch
@@ -59,10 +60,48 @@ def resolve_source(source: str | Path) -> Path:
         raise FileNotFoundError(f"source {str(source)!r} looks like a local path but folder {path.absolute()} does "
                                 "not exist (source must be 'tiny', an existing checkpoint folder or a hub id "
                                 "'owner/name')")
-    from huggingface_hub import snapshot_download  # only needed for hub ids
+    return _download(str(source))
+
+
+def hub_unreachable() -> str | None:
+    """Why the hub cannot be asked right now (offline mode, or its host does not resolve), or None."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "hub access is off (HF_HUB_OFFLINE is set)"
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return f"the hub's host {host} does not resolve (no network?)"
+    return None
+
+
+def _download(repo_id: str) -> Path:
+    """A hub checkpoint's files, downloaded once; one line, and no retries, when the hub cannot be reached."""
+    where = f"source {repo_id!r} is neither 'tiny' nor an existing folder (here: {Path.cwd()})"
+    reason = hub_unreachable()
+    if reason:
+        raise FileNotFoundError(f"{where}, and {reason}")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
-    return Path(snapshot_download(repo_id=str(source), allow_patterns=patterns))
+    try:
+        return Path(snapshot_download(repo_id=repo_id, allow_patterns=patterns))
+    except RepositoryNotFoundError:
+        raise FileNotFoundError(f"{where}, and the hub has no repository {repo_id!r} (or it is private)") from None
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
+        raise FileNotFoundError(f"{where}, and the hub could not be reached ({type(error).__name__})") from None
+
+
+def _config_path(folder: Path) -> Path:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a checkpoint folder: it has no config.json (a checkpoint folder "
+                                f"holds config.json, model.safetensors or shards with model.safetensors.index.json, "
+                                f"and optionally a tokenizer)")
+    return path
 
 
 def load_state(folder: Path) -> dict[str, torch.Tensor]:
@@ -73,7 +112,8 @@ def load_state(folder: Path) -> dict[str, torch.Tensor]:
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors") if p.name != "reference.safetensors")
     if not files:
-        raise FileNotFoundError(f"no model safetensors in {folder}")
+        raise FileNotFoundError(f"{folder} is not a checkpoint folder: it has no model.safetensors (nor shards listed "
+                                f"by model.safetensors.index.json)")
     state: dict[str, torch.Tensor] = {}
     for name in files:
         state.update(load_file(folder / name))
@@ -110,8 +150,9 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
     """
     dtype = resolve_dtype(dtype)
     folder = resolve_source(source)
+    config_path = _config_path(folder)
     state = load_state(folder)
-    config = LoopedConfig.from_file(folder / "config.json", tensor_names=state)
+    config = LoopedConfig.from_file(config_path, tensor_names=state)
     with torch.device("meta"):  # no second copy of the weights: the checkpoint's tensors are assigned
         model = LoopedLM(config)
     check_state(model, state)
