@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -207,7 +209,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hold", type=int, default=700, help="steps of one-lookup chains before the depth grows")
     ap.add_argument("--ramp", type=int, default=2000, help="steps over which the chain depth then grows to its max")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="auto", help="torch CPU threads, or 'auto' (default): all cores while "
+                                                      "they are otherwise idle, one while other work runs; with "
+                                                      "--resume, the recorded setting unless given")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--checkpoint-every", type=int, default=100)
     return ap
@@ -215,7 +219,9 @@ def parser() -> argparse.ArgumentParser:
 
 def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """One-line errors before any work."""
-    for name in ("steps", "batch", "seq", "vocab", "n_embd", "heads", "mean_recurrence", "backprop", "threads",
+    if args.threads != "auto" and not (args.threads.isdigit() and int(args.threads) >= 1):
+        ap.error(f"--threads must be 'auto' or an integer >= 1, got {args.threads!r}")
+    for name in ("steps", "batch", "seq", "vocab", "n_embd", "heads", "mean_recurrence", "backprop",
                  "eval_every", "checkpoint_every"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -241,6 +247,17 @@ def build(args: argparse.Namespace, vocab_size: int) -> LoopedLM:
     return LoopedLM(config)
 
 
+def set_threads(setting: str) -> None:
+    """``'auto'``: every core while the machine is otherwise idle, one while other work runs (a CPU's threads
+    contending with other processes slow each step several times); else that many threads."""
+    if setting != "auto":
+        torch.set_num_threads(int(setting))
+        return
+    cores = os.cpu_count() or 1
+    others = os.getloadavg()[0] - torch.get_num_threads()
+    torch.set_num_threads(cores if others < 0.5 else 1)
+
+
 def save_checkpoint(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -252,10 +269,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     check_arguments(ap, args)
     checkpoint = None
-    if args.resume:
+    if args.resume:  # the recorded recipe; only the thread count may change (it changes no result but rounding)
+        given = {"threads": args.threads} if "--threads" in (argv if argv is not None else sys.argv) else {}
         checkpoint = torch.load(args.out / "checkpoint.pt", weights_only=False)
-        args = argparse.Namespace(**{**checkpoint["args"], "resume": True, "out": args.out})
-    torch.set_num_threads(args.threads)
+        args = argparse.Namespace(**{**checkpoint["args"], **given, "resume": True, "out": args.out})
+    set_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -300,6 +318,8 @@ def main(argv: list[str] | None = None) -> None:
         lr = args.lr * min(step / warmup, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for group in opt.param_groups:
             group["lr"] = lr
+        if step % 10 == 0:
+            set_threads(args.threads)
         batch, pad = mixed_batch(args, tokenizer, streams, step, generator)
         no_grad, with_grad = sample_loops(args.mean_recurrence, args.backprop, generator)
         state = random_state(config, (args.batch, args.seq), generator)

@@ -1,0 +1,170 @@
+"""Greedy decoding speed against the public Huginn reference code, measured side by side in one run.
+
+Both implementations decode the same prompt from the same random-weight checkpoint (the shipped tiny
+model's dimensions, written in the public checkpoint format), in float32 on one thread: looped_kv's
+eager decoder, its compiled decode step (``compile=True``), and the reference's ``generate_minimal``
+with its own cache. Runs are interleaved (A, B, C, A, B, C, ...) so that drifts in machine speed fall
+on every arm alike; each ratio is the median of the per-round ratios, with the range over rounds.
+Then looped_kv's tokens/s against the batch size.
+
+The reference is not part of this package: point ``--reference`` at a checkout of the public code
+(``git clone https://github.com/seal-rg/recurrent-pretraining``); its two modeling files are imported
+from there as they are. They were written for transformers 4.x (4.47): run the comparison in an
+environment with ``pip install "transformers<5"`` (looped_kv works with either).
+
+    python -m looped_kv.speed --reference ../recurrent-pretraining
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from looped_kv.decoding.generate import generate
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.loading import TINY_DIR, load
+from looped_kv.runtime.model import LoopedLM
+
+REFERENCE_FILES = ("raven_config_minimal.py", "raven_modeling_minimal.py")
+
+
+def random_checkpoint(folder: Path, config: LoopedConfig, seed: int = 0) -> Path:
+    """A random-weight checkpoint of ``config`` in the public format (config.json + model.safetensors)."""
+    torch.manual_seed(seed)
+    model = LoopedLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.8, 1.2)
+            else:
+                p.normal_(0, 0.05)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=1))
+    return folder
+
+
+def import_reference(checkout: Path):
+    """The reference's RavenForCausalLM and RavenConfig, imported from a checkout of the public code."""
+    source = next((p for p in (checkout, checkout / "recpre") if (p / REFERENCE_FILES[1]).exists()), None)
+    if source is None:
+        raise FileNotFoundError(f"--reference {checkout} holds no recpre/{REFERENCE_FILES[1]} (a checkout of "
+                                "https://github.com/seal-rg/recurrent-pretraining)")
+    package = Path(tempfile.mkdtemp()) / "huginn_reference"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in REFERENCE_FILES:
+        shutil.copy(source / name, package / name)
+    spec = importlib.util.spec_from_file_location("huginn_reference", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["huginn_reference"] = module
+    spec.loader.exec_module(module)
+    modeling = importlib.import_module("huginn_reference.raven_modeling_minimal")
+    return modeling.RavenForCausalLM, modeling.RavenConfig
+
+
+def reference_model(checkout: Path, folder: Path, config: LoopedConfig, num_loops: int):
+    """The reference's model of the same checkpoint, decoding with ``num_loops`` loops (its mean recurrence)."""
+    from safetensors.torch import load_file
+
+    model_class, config_class = import_reference(checkout)
+    model = model_class(config_class(
+        n_embd=config.n_embd, n_heads=config.n_heads, n_layers=config.n_layers, block_size=config.block_size,
+        vocab_size=config.vocab_size, padding_multiple=1, intermediate_size=config.intermediate_size,
+        n_layers_in_recurrent_block=config.n_core, n_layers_in_prelude=config.n_prelude,
+        n_layers_in_coda=config.n_coda, qk_bias=config.qk_bias, rope_base=config.rope_base,
+        mean_recurrence=num_loops, norm_eps=config.norm_eps))
+    missing, unexpected = model.load_state_dict(load_file(folder / "model.safetensors"), strict=False)
+    if unexpected or any(k not in ("lm_head.weight", "freqs_cis") for k in missing):
+        raise ValueError(f"the reference does not take this checkpoint: missing {missing}, unexpected {unexpected}")
+    return model.float().eval()
+
+
+def timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.speed", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reference", type=Path, help="checkout of seal-rg/recurrent-pretraining (omit: looped_kv only)")
+    ap.add_argument("--prompt", type=int, default=256, help="prompt tokens (default 256)")
+    ap.add_argument("--new-tokens", type=int, default=64, help="generated tokens (default 64)")
+    ap.add_argument("--num-loops", type=int, default=32, help="R (default 32)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 2, 4, 8, 16],
+                    help="batch sizes of the tokens/s table (default 1 2 4 8 16; none: skip)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the compiled decode step")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    args = ap.parse_args(argv)
+    for flag in ("prompt", "new_tokens", "num_loops", "rounds", "threads"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if any(b < 1 for b in args.batch_sizes):
+        ap.error(f"--batch-sizes must all be >= 1, got {args.batch_sizes}")
+    if args.reference is not None and not args.reference.is_dir():
+        ap.error(f"--reference {args.reference} is not a folder (a checkout of seal-rg/recurrent-pretraining)")
+    torch.set_num_threads(args.threads)
+    config = LoopedConfig.from_file(TINY_DIR / "config.json")
+    if args.prompt + args.new_tokens > config.block_size:
+        ap.error(f"--prompt + --new-tokens must be <= {config.block_size}, got {args.prompt + args.new_tokens}")
+    folder = random_checkpoint(Path(tempfile.mkdtemp()) / "checkpoint", config)
+    ours = load(folder, dtype=torch.float32)
+    prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+    R, n = args.num_loops, args.new_tokens
+    options = dict(max_new_tokens=n, num_loops=R, stop_at_eos=False)
+    arms = {"looped_kv eager": lambda: generate(ours, prompt, **options)}
+    if not args.no_compile:
+        generate(ours, prompt, compile=True, **options)  # compiles once; later runs reuse the compiled step
+        arms["looped_kv compiled"] = lambda: generate(ours, prompt, compile=True, **options)
+    if args.reference is not None:
+        from transformers import GenerationConfig
+
+        reference = reference_model(args.reference, folder, config, R)
+        greedy = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, use_cache=True)
+
+        def run_reference() -> None:
+            with torch.no_grad():
+                reference.generate_minimal(prompt, generation_config=greedy)
+
+        arms["reference generate_minimal"] = run_reference
+    for run in arms.values():
+        run()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(args.rounds):
+        for name, run in arms.items():
+            times[name].append(timed(run))
+    print(f"greedy decoding, random weights at the tiny model's dimensions (d = {config.n_embd}, "
+          f"{config.n_prelude}/{config.n_core}/{config.n_coda} layers), R = {R}, prompt {args.prompt}, {n} new tokens, "
+          f"float32, {torch.get_num_threads()} thread(s), {args.rounds} interleaved rounds")
+    for name, ts in times.items():
+        print(f"  {name:<28} {n / statistics.median(ts):8.1f} tokens/s (median of {len(ts)})")
+    base = "reference generate_minimal" if "reference generate_minimal" in times else None
+    if base:
+        for name in (k for k in times if k != base):
+            ratios = [b / a for a, b in zip(times[name], times[base], strict=True)]
+            print(f"  {name} / reference: {statistics.median(ratios):.2f}x "
+                  f"(rounds: {min(ratios):.2f}-{max(ratios):.2f})")
+    if args.batch_sizes:
+        print("looped_kv eager, tokens/s against the batch size (same prompt in every row):")
+        for b in args.batch_sizes:
+            seconds = timed(lambda b=b: generate(ours, prompt.expand(b, -1), **options))
+            print(f"  B = {b:<3} {b * n / seconds:8.1f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
