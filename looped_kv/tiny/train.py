@@ -47,6 +47,8 @@ from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.model import LoopedLM
 
 EOS = "<|endoftext|>"
+#: Options a resumed run may change: the thread count, and the length of the run and of its curriculum.
+RESUMABLE = ("threads", "steps", "ramp")
 EVAL_LOOPS = (1, 2, 4, 8, 16, 32)
 
 
@@ -269,9 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     check_arguments(ap, args)
     checkpoint = None
-    if args.resume:  # the recorded recipe; only the thread count may change (it changes no result but rounding)
-        given = {"threads": args.threads} if "--threads" in (argv if argv is not None else sys.argv) else {}
+    if args.resume:  # the recorded recipe, except the options given again (recorded in the log as changes)
+        words = argv if argv is not None else sys.argv
+        given = {name: getattr(args, name) for name in RESUMABLE if f"--{name}" in words}
         checkpoint = torch.load(args.out / "checkpoint.pt", weights_only=False)
+        changes = {k: (checkpoint["args"][k], v) for k, v in given.items() if checkpoint["args"][k] != v}
         args = argparse.Namespace(**{**checkpoint["args"], **given, "resume": True, "out": args.out})
     set_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -307,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
         opt.load_state_dict(checkpoint["optimizer"])
         generator.set_state(checkpoint["generator"])
         log, start_step, elapsed_before = checkpoint["log"], checkpoint["step"] + 1, checkpoint["elapsed_s"]
+        if changes:
+            log.append({"step": checkpoint["step"], "changed": {k: list(v) for k, v in changes.items()}})
     print(f"model: {params / 1e6:.2f}M parameters, {args.layers} layers, d={args.n_embd}; "
           f"steps {start_step}..{args.steps}", flush=True)
 
