@@ -30,22 +30,26 @@ class Ch01:
 class Ch02:
     """Planes ripen: replays of texts recording every loop's queries, keys and values."""
 
-    texts_per_workload: int = 8
+    texts_per_workload: int = 12  # 36 texts over the three workloads: at least verdicts.MIN_PROMPTS
     length: int = 256
     decoded: int = 64
-    replay_dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    replay_dtypes: tuple[str, ...] = ("float32", "bfloat16")  # the ripening fits' precision, then Eq. (5)'s
+    exact_dtype: str = "float64"  # the replay that measures the rounding in the float32 planes (their floor)
     record_device: str = "model"  # where the replay's per-loop records are kept: "model" or "cpu"
+    chunk: int = 12  # texts per replay: memory holds one chunk's planes
 
 
 @dataclass(frozen=True)
 class Ch03:
-    """Prefix KV matters late: substitution arms (float32), Table 3 caches, the Eq. (6) check (float64)."""
+    """Prefix KV matters late: substitution arms (float32) with their KL floor (a float64 replay), the Eq. (6)
+    check, and the Table 3 caches (in the model's own dtype, as the paper's bf16 Table 3)."""
 
-    texts_per_workload: int = 16
+    texts_per_workload: int = 11  # 33 texts over the three workloads: at least verdicts.MIN_PROMPTS
     prefix: int = 95
     decoded: int = 32
-    table3_texts_per_workload: int = 16
+    table3_texts_per_workload: int = 32  # 96 texts: a flip of one text's top-1 is about 1% of agreement
     table3_length: int = 96
+    table3_chunk: int = 96  # texts per Table 3 prefill: memory holds one chunk's full cache
     arm_dtype: str = "float32"
     exact_dtype: str = "float64"
     record_device: str = "model"
@@ -126,9 +130,9 @@ TINY = Profile("tiny", "float32")
 HUGINN_0125 = Profile(
     "huginn-0125", "bfloat16",
     ch01=Ch01(texts_per_workload=4, text_chars=4000, new_tokens=64),
-    ch02=Ch02(texts_per_workload=4, length=256, decoded=64, record_device="cpu"),
-    ch03=Ch03(texts_per_workload=8, prefix=95, decoded=32, table3_texts_per_workload=8, table3_length=96,
-              record_device="cpu"),
+    ch02=Ch02(texts_per_workload=11, length=256, decoded=64, record_device="cpu", chunk=2),
+    ch03=Ch03(texts_per_workload=11, prefix=95, decoded=32, table3_texts_per_workload=32, table3_length=96,
+              table3_chunk=8, record_device="cpu"),
     ch04=Ch04(replay_prompts=8, new_tokens=256, bin=32, windows=(64, 256), acceptance_prompts=32,
               acceptance_tokens=64),
     ch05=Ch05(probe_prompts=4, probe_tokens=64, acceptance_prompts=32, acceptance_tokens=64, dev_prompts=4,

@@ -22,6 +22,7 @@ from looped_kv.analysis.fits import (
     accepted_length,
     committed_progress,
     deep_loop_delta,
+    decay_laws,
     deep_loop_range,
     deep_perturbation_size,
     fidelity_label,
@@ -36,6 +37,7 @@ from looped_kv.analysis.fits import (
     predict_deepest_kl,
     ripeness,
     sensitivity_regression,
+    text_region_coefficients,
 )
 from looped_kv.analysis.perf import printed_interval, rounds_to
 
@@ -122,6 +124,23 @@ def test_ripeness_tolerance_is_the_floor_model_boundary():
         ripeness(0.01, 0.0)
 
 
+def test_decay_laws_tell_geometric_from_a_power_of_the_loop():
+    geometric = decay_laws(LOOPS, 0.3 * RHO_HUGINN**LOOPS)
+    assert geometric.rho == pytest.approx(RHO_HUGINN) and geometric.loop_range == (8, 31)
+    assert geometric.geometric_rms < 1e-12 < 0.05 < geometric.power_rms
+    power = decay_laws(LOOPS, 0.3 * LOOPS**-3.0)
+    assert power.exponent == pytest.approx(3.0) and power.power_rms < 1e-12 < 0.05 < power.geometric_rms
+    # a curve at its float floor: both laws fit the floor alike, and a rising curve is reported, not rejected
+    floor = 1e-3
+    flat = decay_laws(LOOPS, np.where(LOOPS < 8, 0.1, 1e-5), floor=floor)
+    assert flat.rho == pytest.approx(1.0) and max(flat.geometric_rms, flat.power_rms) < 1e-12
+    assert decay_laws(LOOPS, 0.1 * 1.1**LOOPS).rho == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="delta"):
+        decay_laws(LOOPS, np.zeros(31))  # zeros need a floor for the log
+    with pytest.raises(ValueError, match="floor"):
+        decay_laws(LOOPS, np.ones(31), floor=-1.0)
+
+
 @pytest.mark.parametrize(("call", "name"), [
     (lambda: fit_geometric(LOOPS, 0.3 * RHO_HUGINN**LOOPS, loop_range=(40, 50)), "loop_range"),
     (lambda: fit_geometric(LOOPS, 0.3 * RHO_HUGINN**LOOPS, loop_range=(20, 10)), "loop_range"),
@@ -203,6 +222,19 @@ def test_sensitivity_regression_text_bootstrap_and_floor():
 def test_sensitivity_regression_rejects_bad_input(rows, kwargs, name):
     with pytest.raises(ValueError, match=name):
         sensitivity_regression(rows, **kwargs)
+
+
+def test_text_region_coefficients_are_each_texts_own_b():
+    rows = _sensitivity_rows(noise=0.0, b_spread=1.0, texts=5, seed=2)
+    per_text = text_region_coefficients(rows)
+    assert list(per_text.index) == list(range(5)) and per_text.name == "b"
+    for text, b in per_text.items():  # without noise each text's rows lie exactly on its own plane (g = 2)
+        shallow, deep = (next(r for r in rows if r["text"] == text and r["deep"] == d) for d in (0, 1))
+        own = [math.log(r["kl"]) - 2 * math.log(r["size"]) for r in (shallow, deep)]
+        assert b == pytest.approx(own[1] - own[0], rel=1e-9)
+    assert per_text.std() > 0.3  # the texts differ in b
+    with pytest.raises(ValueError, match="distinct sizes"):
+        text_region_coefficients([{**r, "size": 1.0} if r["deep"] else r for r in rows])
 
 
 def test_predict_deepest_kl_eq6():

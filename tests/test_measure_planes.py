@@ -10,18 +10,23 @@ import pytest
 import torch
 from conftest import FAMILY_FIXTURES, FIXTURES, random_model
 
-from looped_kv import load, make_policy, papers, policy_bytes
+from looped_kv import data, load, make_policy, papers, policy_bytes
 from looped_kv.analysis import planes as measure_planes
 from looped_kv.analysis.fits import NOT_RIPE, RIPE, SensitivityFit, sensitivity_regression
 from looped_kv.analysis.planes import (
     ArmGrid,
     RipeningCurves,
     arm_grid,
+    cast_in_place,
     eq6_check,
+    exact_replay,
     first_position_agreement,
+    free_memory,
     in_dtype,
     paper_planes,
     precision_floor,
+    record_device,
+    region_contrast,
     regression_rows,
     resolved_slope,
     restrict,
@@ -30,6 +35,8 @@ from looped_kv.analysis.planes import (
     table3_policies,
     table7_column,
     text_batch,
+    text_ripening,
+    workload_batch,
 )
 from looped_kv.analysis.replay import (
     SubstitutionRouter,
@@ -40,6 +47,7 @@ from looped_kv.analysis.replay import (
     perturbation_size,
     replay,
     ripening,
+    rounding,
     substitute,
 )
 from looped_kv.decoding.core import new_cache, prefill, step
@@ -63,15 +71,22 @@ def setup(request):
 def test_chunked_ripening_equals_one_replay(setup):
     model, ids, R = setup
     ref = replay(model, ids, R, softmax_dtype=torch.float64, record=("q", "k", "v"), decoded=4)
-    curves = ripening_curves(model, ids, R, decoded=4, softmax_dtype=torch.float64, chunk=2)
+    curves = ripening_curves(model, ids, R, decoded=4, softmax_dtype=torch.float64, chunk=2, record_device="cpu")
     assert curves.texts == B and curves.num_loops == R and list(curves.loops) == list(range(1, R + 1))
     for X, d in ripening(ref).items():
         np.testing.assert_allclose(curves.delta[X], d.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(curves.text_delta[X], ripening(ref, per_text=True)[X].numpy(), rtol=1e-12)
         assert curves.delta[X][-1] == 0 and (curves.delta[X][:-1] > 0).all()
     for X, m in maturity(ref).items():
         np.testing.assert_allclose(curves.maturity[X], m.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(curves.text_maturity[X], maturity(ref, per_text=True)[X].numpy(), rtol=1e-12)
     keys_only = ripening_curves(model, ids, R, decoded=4, maturity_kinds=(), chunk=5)
     assert keys_only.maturity == {}
+    np.testing.assert_array_equal(curves.fitted("k", (2, 3)), curves.text_delta["k"][:, 1:3])
+    with pytest.raises(ValueError, match="loop_range"):
+        curves.fitted("k", (0, 3))
+    with pytest.raises(ValueError, match="kind"):
+        curves.fitted("q")
 
 
 def _synthetic(R: int, rho: float, c: float, floor: float, dtype: torch.dtype) -> RipeningCurves:
@@ -79,7 +94,7 @@ def _synthetic(R: int, rho: float, c: float, floor: float, dtype: torch.dtype) -
     fp32 = c * rho**r
     delta = fp32 if dtype == torch.float32 else np.hypot(fp32, floor)
     delta[-1] = 0
-    return RipeningCurves(R, {"k": delta, "v": 2 * delta}, {}, dtype, texts=1)
+    return RipeningCurves(R, {"k": delta[None], "v": 2 * delta[None]}, {}, dtype)
 
 
 def test_ripening_summary_recovers_table7_quantities():
@@ -100,6 +115,83 @@ def test_ripening_summary_recovers_table7_quantities():
     assert column["rho"] == "0.80 (0.80)" and column["ripeness (Remark 1)"] == f"{RIPE} ({RIPE})"
     with pytest.raises(ValueError, match="same R"):
         ripening_summary(fp32, _synthetic(16, 0.8, 0.5, 0.004, torch.bfloat16))
+
+
+def test_text_ripening_pairs_texts():
+    R = 32
+    r = np.arange(1, R + 1, dtype=float)
+    keys = np.stack([0.5 * 0.8**r, 0.5 * r**-3.0])  # text 0 geometric, text 1 a power of the loop
+    keys[:, -1] = 0
+    maturity = {X: np.tile(np.linspace(c, 1, R), (2, 1)) for X, c in (("q", 0.9), ("k", 0.8), ("v", 0.5))}
+    curves = RipeningCurves(R, {"k": keys, "v": 2 * keys}, maturity, torch.float32)
+    table = text_ripening(curves, {"k": 1e-12, "v": 1e-12})
+    assert len(table) == 2 and table.index.name == "text"
+    assert table.rho_k[0] == pytest.approx(0.8) and table.geometric_rms_k[0] < 1e-9 < table.power_rms_k[0]
+    assert table.power_rms_v[1] < 1e-9 < table.geometric_rms_v[1]
+    np.testing.assert_allclose(table.deep_v, 2 * table.deep_k)
+    assert table.deep_k[0] == pytest.approx(np.mean(0.5 * 0.8 ** np.arange(25, 32)))
+    assert [list(table[f"cos1_{X}"]) for X in "qkv"] == [[0.9, 0.9], [0.8, 0.8], [0.5, 0.5]]
+    floored = text_ripening(curves, {"k": 1.0, "v": 1.0})  # every distance at the floor: both laws fit it
+    assert (floored.geometric_rms_k < 1e-12).all() and np.allclose(floored.rho_k, 1)
+    with pytest.raises(ValueError, match="floors"):
+        text_ripening(curves, {"k": 1e-12})
+
+
+@torch.no_grad()
+def test_float_floor_from_an_exact_replay(setup):
+    model, ids, R = setup
+    model32 = in_dtype(model, torch.float32)
+    before = {name: t.clone() for name, t in model32.state_dict().items()}
+    curves = ripening_curves(model32, ids, R, decoded=4, maturity_kinds=(), exact_dtype=torch.float64, chunk=2)
+    assert model32.dtype == torch.float32  # cast back, bit for bit
+    assert all(torch.equal(t, before[name]) for name, t in model32.state_dict().items())
+    rounded = replay(model32, ids, R, decoded=4)
+    exact = replay(in_dtype(model32, torch.float64), ids, R, softmax_dtype=torch.float64, decoded=4)
+    for X, e in rounding(rounded, exact).items():
+        np.testing.assert_allclose(curves.text_rounding[X], e.numpy(), rtol=1e-9)
+        assert e.shape == (B, R) and (e > 0).all() and (e < 1e-5).all()
+        eps = e.numpy()
+        assert curves.float_floor(X) == pytest.approx((eps + eps[:, -1:]).max(), rel=1e-9)
+    with pytest.raises(ValueError, match="exact_dtype"):
+        ripening_curves(model32, ids, R, decoded=4, maturity_kinds=()).float_floor("k")
+    with pytest.raises(ValueError, match="same texts"):
+        rounding(rounded, replay(model, ids.flip(0), R, decoded=4))
+    with pytest.raises(ValueError, match="loops"):
+        rounding(rounded, replay(model, ids, R, loops=(1, R), decoded=4))
+
+
+def test_cast_in_place_restores_the_weights():
+    model = random_model().to(torch.float32)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    with cast_in_place(model, torch.float64) as wide:
+        assert wide is model and model.dtype == torch.float64
+    assert model.dtype == torch.float32
+    assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
+    for narrower in (torch.bfloat16, torch.float16, torch.int64):
+        with pytest.raises(ValueError, match="at least as wide"), cast_in_place(model, narrower):
+            pass
+    assert model.dtype == torch.float32
+
+
+def test_record_device_and_free_memory():
+    model = random_model()
+    assert record_device(model, "model") == model.device and record_device(model, "cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="where must be one of"):
+        record_device(model, "gpu")
+    free_memory(model.device)  # collects garbage; empties the CUDA cache only on a CUDA device
+
+
+def test_workload_batch():
+    model = random_model()
+    model.tokenizer = CharTokenizer()
+    ids, labels = workload_batch(model, data.WORKLOADS, 3, 40)
+    assert ids.shape == (9, 40) and list(labels) == [w for w in data.WORKLOADS for _ in range(3)]
+    expected = text_batch(model, data.texts("code", 3, chars=320), 40)
+    assert torch.equal(ids[3:6], expected)
+    with pytest.raises(ValueError, match="workloads"):
+        workload_batch(model, ("poems",), 3, 40)
+    with pytest.raises(ValueError, match="per_workload"):
+        workload_batch(model, data.WORKLOADS, 0, 40)
 
 
 # -- the arm grid ----------------------------------------------------------------------------------
@@ -134,6 +226,9 @@ def test_arm_grid_rows_are_the_arms(setup):
         np.testing.assert_allclose(by_position, kl_per_position(grid.reference.logits[:, t:], arm[:, t:]).numpy(),
                                    rtol=1e-9)
     assert len(grid.positions) == 2 * len(planes) * B * 2
+    on_host = arm_grid(model, ids, R, softmax_dtype=torch.float64, decoded=2, record_device="cpu", progress=False)
+    assert on_host.reference.core["k"].device == torch.device("cpu")
+    np.testing.assert_array_equal(on_host.rows.kl, grid.rows.kl)
     medians = grid.medians()
     assert len(medians) == 2 * len(planes) and list(medians.columns) == ["region", "deep", "plane", "size", "kl"]
     with pytest.raises(ValueError, match="regions"):
@@ -189,10 +284,25 @@ def test_regression_rows_floor_and_fit():
     steep = resolved_slope(fitted, "deep", floor)
     assert steep.slope == pytest.approx(2, abs=0.2) and steep.ci[0] < steep.slope < steep.ci[1]
     assert steep.n == 24 and resolved_slope(fitted, "shallow", floor).n == 23  # the row at the floor is left out
-    with pytest.raises(ValueError, match="too few rows above the floor"):
-        resolved_slope(fitted, "deep", 1.0)
+    assert resolved_slope(fitted, "deep", 1.0) is None  # nothing above the floor: no slope
     with pytest.raises(ValueError, match="region"):
         resolved_slope(fitted, "middle", floor)
+
+
+def test_region_contrast_pairs_regions_at_matched_planes():
+    import pandas as pd
+
+    rows = pd.DataFrame([{"text": t, "region": region, "plane": p, "kl": kl}
+                         for t in range(2) for region, kls in (("shallow", (1e-9, 1e-12)), ("deep", (1e-4, 1e-6)))
+                         for p, kl in zip((1, 8), kls, strict=True)])
+    contrast = region_contrast(rows, floor=1e-10)
+    assert list(contrast.columns) == ["shallow", "deep"] and list(contrast.index) == [0, 1]
+    assert contrast.shallow[0] == pytest.approx(math.sqrt(1e-9 * 1e-10))  # 1e-12 enters at the floor
+    assert contrast.deep[1] == pytest.approx(1e-5)
+    with pytest.raises(ValueError, match="same planes"):
+        region_contrast(rows[(rows.region == "deep") | (rows.plane == 1)], floor=1e-10)
+    with pytest.raises(ValueError, match="floor"):
+        region_contrast(rows, floor=0.0)
 
 
 def test_precision_floor(setup):
@@ -209,6 +319,9 @@ def test_precision_floor(setup):
     np.testing.assert_allclose(precision_floor(model32, rounded, exact=exact), floor, rtol=1e-6)
     with pytest.raises(ValueError, match="same texts"):
         precision_floor(model32, rounded, exact=replay(model, ids.flip(0), R, record=(), decoded=2))
+    exact32 = exact_replay(model32, ids, R, decoded=2, device="cpu")  # a float64 copy of the float32 weights
+    assert exact32.logits.dtype == torch.float64 and exact32.core == {}
+    np.testing.assert_array_equal(precision_floor(model32, rounded, exact=exact32), floor)
 
 
 # -- equal-storage caches (Table 3) -------------------------------------------------------------------
@@ -266,8 +379,12 @@ def test_first_position_agreement_is_the_policy_arm(setup):
     policies = {"full": make_policy("full", R), **table3_policies(R)}
     result = first_position_agreement(model, ids, policies)
     slow = first_position_agreement(model, ids, policies, prefill_once=False)
+    chunked = first_position_agreement(model, ids, policies, chunk=2)
     for label in policies:
         np.testing.assert_array_equal(result.kl[label], slow.kl[label])
+        np.testing.assert_allclose(chunked.kl[label], result.kl[label], rtol=1e-9, atol=1e-30)
+        np.testing.assert_array_equal(chunked.matches[label], result.matches[label])
+    assert chunked.table[["bytes", "formula bytes"]].equals(result.table[["bytes", "formula bytes"]])
     t = N - 1
     assert result.table.loc["full", "agreement"] == 1 and np.abs(result.kl["full"]).max() < 1e-20
     torch.testing.assert_close(result.full_logits, model(ids, R)[:, t], rtol=0, atol=1e-10)
@@ -309,8 +426,10 @@ def test_eq6_check(setup):
     arm = deepest_plane_arm(model, grid.reference)[:, t]
     np.testing.assert_allclose(check.measured, kl_per_position(grid.reference.logits[:, t], arm).numpy(), rtol=1e-12)
     assert check.measured_median == pytest.approx(np.median(check.measured))
-    shallow = grid.rows[(grid.rows.region == "shallow") & (grid.rows.plane == R)].kl.median()
-    assert check.shallow_only_median == pytest.approx(shallow) and check.factor >= 1
+    shallow = grid.rows[(grid.rows.region == "shallow") & (grid.rows.plane == R)].sort_values("text").kl
+    np.testing.assert_array_equal(check.shallow_only, shallow.to_numpy())
+    assert check.shallow_only_median == pytest.approx(shallow.median()) and check.factor >= 1
+    assert math.isnan(eq6_check(model, grid.reference, fit).shallow_only_median)
 
 
 # -- text windows -------------------------------------------------------------------------------------

@@ -183,8 +183,20 @@ def test_measurements_against_loops(setup):
         for r in (1, R - 1):
             expected = sum(rel(X, r, R, layer, text) for layer in range(n_core) for text in range(B)) / (n_core * B)
             assert delta[X][r - 1].item() == pytest.approx(expected, rel=1e-12)
+    per_text = ripening(ref, per_text=True)
+    for X in "kv":
+        assert per_text[X].shape == (B, R)
+        torch.testing.assert_close(per_text[X].mean(0), delta[X], rtol=1e-12, atol=0)
+        expected = sum(rel(X, 1, R, layer, 1) for layer in range(n_core)) / n_core
+        assert per_text[X][1, 0].item() == pytest.approx(expected, rel=1e-12)
     mature = maturity(ref)
+    mature_per_text = maturity(ref, per_text=True)
     for X in "qkv":
+        assert mature_per_text[X].shape == (B, R)
+        torch.testing.assert_close(mature_per_text[X].mean(0), mature[X], rtol=1e-12, atol=0)
+        a, b = ref.plane(X, 1)[:, 1], ref.plane(X, R)[:, 1]  # text 1
+        expected = ((a / a.norm(dim=-1, keepdim=True)) * (b / b.norm(dim=-1, keepdim=True))).sum(-1).mean()
+        assert mature_per_text[X][1, 0].item() == pytest.approx(expected.item(), rel=1e-12)
         assert mature[X][-1].item() == pytest.approx(1, abs=1e-12)
         a, b = ref.plane(X, 1), ref.plane(X, R)
         expected = ((a / a.norm(dim=-1, keepdim=True)) * (b / b.norm(dim=-1, keepdim=True))).sum(-1).mean()

@@ -1,9 +1,11 @@
 """Statistical fits and decision labels of the RIPE and DAS papers, as pure functions on arrays.
 
 * Ripening (RIPE Sec. 3.2, Eq. 5, Table 7): Delta_r = c rho^r fitted to fp32 distances, a bf16 floor
-  Delta_inf with rho and c fixed, the deep-loop distance and the ripeness test of Remark 1.
+  Delta_inf with rho and c fixed, the deep-loop distance and the ripeness test of Remark 1; per curve, the
+  geometric law against a power of the loop (``decay_laws``).
 * Sensitivity (RIPE Sec. 3.1, Eq. 4 and 6): log KL = a + b [deep] + g log ||delta|| by OLS, with a
-  text-cluster bootstrap option, and the deepest-plane prediction KL_deep ~ e^(a+b) S^g.
+  text-cluster bootstrap option, each text's own b (paired measurements for a verdict), and the
+  deepest-plane prediction KL_deep ~ e^(a+b) S^g.
 * Paired bootstrap statistics: ratio of means (RIPE Sec. 5.1-5.2), the DAS mean speed-up (DAS Eq. 8,
   Appendix A.3), the fidelity label of RIPE Sec. 5.1, and the DAS progress metrics A, G and the
   carry/K/V interaction E_cKV (DAS Eq. 9-11).
@@ -128,6 +130,45 @@ def fit_geometric(loops: ArrayLike, delta: ArrayLike, num_loops: int = 32,
     residual = np.log(dist) - (intercept + slope * r)
     return GeometricFit(rho=rho, c=float(np.exp(intercept)), loop_range=chosen,
                         max_abs_log_residual=float(np.max(np.abs(residual))))
+
+
+@dataclass(frozen=True)
+class DecayLaws:
+    """Two two-parameter laws fitted to one ripening curve on a log scale over the same loops (RIPE Sec. 3.2):
+    geometric, log Delta_r = log c + r log rho, and a power of the loop, log Delta_r = log s - k log r.
+
+    The paper's claim that planes ripen geometrically is the claim that the first describes the curve better
+    than a decay that slows down with depth, such as the second: ``geometric_rms < power_rms``.
+    """
+
+    rho: float
+    geometric_rms: float  # root-mean-square log residual of c rho^r
+    exponent: float  # k of s r^-k
+    power_rms: float  # root-mean-square log residual of s r^-k
+    loop_range: tuple[int, int]
+
+
+def decay_laws(loops: ArrayLike, delta: ArrayLike, num_loops: int = 32, loop_range: tuple[int, int] | None = None,
+               floor: float = 0.0) -> DecayLaws:
+    """Fit c rho^r and s r^-k to one curve of Delta_r (default loops 8 to R - 1, as Table 7 fits c rho^r).
+
+    Distances at or below ``floor`` (a float floor, >= 0) enter the fits at the floor, as the KL rows at the
+    floor enter the sensitivity regression. Unlike
+    :func:`fit_geometric` this never rejects a curve that does not decrease (rho >= 1 is reported), so it can
+    run on every text of a set.
+    """
+    if not (math.isfinite(floor) and floor >= 0):
+        raise ValueError(f"floor must be finite and >= 0, got {floor}")
+    dist = _vector("delta", delta, nonnegative=True)
+    r, clipped, chosen = _loop_selection(loops, np.maximum(dist, floor), num_loops, loop_range, "delta")
+    y = np.log(clipped)
+    rms, slopes = {}, {}
+    for law, x in (("geometric", r), ("power", np.log(r))):
+        slope, intercept = np.polyfit(x, y, 1)
+        slopes[law] = float(slope)
+        rms[law] = float(np.sqrt(np.mean((y - intercept - slope * x) ** 2)))
+    return DecayLaws(rho=float(np.exp(slopes["geometric"])), geometric_rms=rms["geometric"],
+                     exponent=-slopes["power"], power_rms=rms["power"], loop_range=chosen)
 
 
 def floor_model(loops: ArrayLike, rho: float, c: float, delta_inf: float) -> np.ndarray:
@@ -316,6 +357,25 @@ def sensitivity_regression(rows: object, floor: float | None = None, drop_floor:
     return SensitivityFit(a=a, b=b, g=g, ci_b=tuple(float(v) for v in ci_b), ci_g=tuple(float(v) for v in ci_g),
                           slopes=slopes, n_rows=len(frame), n_at_floor=int(at_floor.sum()),
                           floor_rows_dropped=drop_floor, ci_method="text bootstrap" if n_boot else "ols")
+
+
+def text_region_coefficients(rows: object) -> pd.Series:
+    """Each text's own b of log KL = a + b [deep] + g log ||delta|| (RIPE Sec. 3.1), fitted to its arms alone.
+
+    ``rows`` as for :func:`sensitivity_regression`, with ``text``; KLs at a floor should already be set to it
+    (``planes.regression_rows``). Returns b per text (index: text): paired per-text measurements of how much
+    more sensitive the deep region is at equal perturbation size, for a verdict over texts.
+    """
+    frame = _sensitivity_frame(rows, need_text=True)
+    out = {}
+    for text, group in frame.groupby("text", sort=True):
+        for deep in (0, 1):
+            if group.loc[group["deep"].astype(int) == deep, "size"].nunique() < 2:
+                raise ValueError(f"text {text!r} needs at least 2 distinct sizes in each region, "
+                                 f"got fewer in the {'deep' if deep else 'shallow'} region")
+        x, y = _design(group)
+        out[text] = float(np.linalg.lstsq(x, y, rcond=None)[0][1])
+    return pd.Series(out, name="b").rename_axis("text")
 
 
 def _text_bootstrap(frame: pd.DataFrame, regions: dict[str, np.ndarray], n_boot: int, seed: int) -> np.ndarray:

@@ -3,26 +3,34 @@
 The single-replay measurements live in :mod:`~looped_kv.analysis.replay` and the fits in
 :mod:`~looped_kv.analysis.fits`; this module runs them over many texts and collects the results the chapters tabulate:
 
-* :func:`ripening_curves`: Delta_r of keys and values (RIPE Sec. 3.2) and the Q/K/V maturity of DAS Sec. 3.1,
-  replayed in chunks of texts; :func:`ripening_summary` adds the Table 7 fits (Eq. 5 and Remark 1).
+* :func:`workload_batch`: token windows of one length from every workload, with each text's workload.
+* :func:`ripening_curves`: Delta_r of keys and values (RIPE Sec. 3.2) and the Q/K/V maturity of DAS Sec. 3.1 per
+  text, replayed in chunks of texts, with the float floor of the distances from a float64 replay of the same texts;
+  :func:`ripening_summary` adds the Table 7 fits (Eq. 5 and Remark 1) and :func:`text_ripening` the per-text
+  quantities the chapter's verdicts pair.
 * :func:`arm_grid`: the plane substitution arms of RIPE Sec. 3.1 (regions x planes), one row per (arm, text)
   with the KL at the first decoded position and ||delta||, ready for ``fits.sensitivity_regression``;
-  :func:`precision_floor` gives the KL resolution of the replay's dtype, :func:`regression_rows` sets rows at
-  that floor the paper's way and :func:`resolved_slope` fits one region over the rows above it.
+  :func:`exact_replay` and :func:`precision_floor` give the KL resolution of the replay's dtype,
+  :func:`regression_rows` sets rows at that floor the paper's way, :func:`resolved_slope` fits one region over the
+  rows above it and :func:`region_contrast` pairs the two regions' KLs per text at matched planes.
 * :func:`first_position_agreement`: RIPE Table 3, the first-decoded-position top-1 agreement of equal-storage
   cache policies with the full cache, through real :class:`~looped_kv.runtime.cache.PlaneCache` objects.
 * :func:`eq6_check`: the deepest-plane prediction of Eq. (6) against the deepest-plane arm's measured KL.
 
 Texts are token windows of one common length (``text_batch``), so that a batch is one tensor and every text
-has the same first decoded position.
+has the same first decoded position. Replays keep their per-loop records where :func:`record_device` says
+(host memory for a real checkpoint), :func:`cast_in_place` lends one model copy a wider dtype for an exact
+replay, and :func:`free_memory` returns a freed copy's memory to the device.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -31,12 +39,15 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from looped_kv import data
 from looped_kv.analysis.fits import (
+    DecayLaws,
     FloorFit,
     GeometricFit,
     RegionSlope,
     Ripeness,
     SensitivityFit,
+    decay_laws,
     deep_loop_delta,
     deep_loop_range,
     deep_perturbation_size,
@@ -55,6 +66,7 @@ from looped_kv.analysis.replay import (
     perturbation_size,
     replay,
     ripening,
+    rounding,
     substitute,
 )
 from looped_kv.decoding.core import new_cache, prefill, step
@@ -77,6 +89,46 @@ def _check_ids(ids: Tensor) -> None:
         raise ValueError(f"ids must be (texts, length) with length >= 2, got shape {tuple(ids.shape)}")
 
 
+RECORD_DEVICES = ("model", "cpu")
+
+
+def record_device(model: LoopedLM, where: str) -> torch.device:
+    """Where a replay keeps its per-loop records: on the model's device (``"model"``) or in host memory
+    (``"cpu"``, what a real checkpoint's profile asks for: Huginn-0125's planes of one text fill gigabytes)."""
+    if where not in RECORD_DEVICES:
+        raise ValueError(f"where must be one of {RECORD_DEVICES}, got {where!r}")
+    return model.device if where == "model" else torch.device("cpu")
+
+
+def free_memory(device: torch.device | str) -> None:
+    """Return the memory of deleted tensors: collect garbage, and empty PyTorch's cache on a CUDA device."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+@contextmanager
+def cast_in_place(model: LoopedLM, dtype: torch.dtype) -> Iterator[LoopedLM]:
+    """The model itself, cast to the wider ``dtype`` for the block and cast back after it.
+
+    Widening a float (float32 to float64) and narrowing it back restore every weight bit for bit, so one copy
+    of a real checkpoint serves a float32 and a float64 replay without a second copy's memory.
+    """
+    original = model.dtype
+    wider = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+    if wider:  # every value of the model's dtype is a value of ``dtype``: finer steps and a larger range
+        wide, narrow = torch.finfo(dtype), torch.finfo(original)
+        wider = wide.eps <= narrow.eps and wide.max >= narrow.max
+    if not wider:
+        raise ValueError(f"dtype must be a floating-point dtype at least as wide as the model's {original}, "
+                         f"got {dtype!r}")
+    model.to(dtype)
+    try:
+        yield model
+    finally:
+        model.to(original)
+
+
 def text_batch(model: LoopedLM, texts: Sequence[str], length: int) -> Tensor:
     """Token windows (B, ``length``): each text's first ``length`` tokens; texts shorter than that are skipped."""
     if length < 2:
@@ -91,6 +143,23 @@ def text_batch(model: LoopedLM, texts: Sequence[str], length: int) -> Tensor:
     return torch.stack(kept).to(model.device)
 
 
+def workload_batch(model: LoopedLM, workloads: Sequence[str], per_workload: int, length: int,
+                   split: str = "eval") -> tuple[Tensor, np.ndarray]:
+    """Token windows (B, ``length``) of ``per_workload`` texts of each workload (``looped_kv.data.texts``, cut to
+    ``8 * length`` characters), and each row's workload. Texts shorter than ``length`` tokens are skipped, so a
+    workload may bring fewer rows (the labels say how many)."""
+    if per_workload < 1:
+        raise ValueError(f"per_workload must be >= 1, got {per_workload}")
+    unknown = [w for w in workloads if w not in data.WORKLOADS]
+    if not workloads or unknown:
+        raise ValueError(f"workloads must be a non-empty subset of {data.WORKLOADS}, got {tuple(workloads)!r}")
+    parts = [text_batch(model, data.texts(w, per_workload, split=split, chars=8 * length), length)
+             for w in workloads]
+    labels = np.concatenate([np.full(part.shape[0], w, dtype=object) for w, part in zip(workloads, parts,
+                                                                                         strict=True)])
+    return torch.cat(parts), labels
+
+
 def _chunks(ids: Tensor, chunk: int) -> list[Tensor]:
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
@@ -102,48 +171,129 @@ def _chunks(ids: Tensor, chunk: int) -> list[Tensor]:
 
 @dataclass(frozen=True)
 class RipeningCurves:
-    """Per-loop curves of one replay precision: ``delta[kind][r - 1]`` = Delta_r, ``maturity[kind][r - 1]`` the
-    mean cosine to plane R; loops 1..R, averaged over core layers and texts."""
+    """Per-text curves of one replay precision, loops 1..R: ``text_delta[kind][i, r - 1]`` is Delta_r of text i
+    (averaged over core layers), ``text_maturity[kind][i, r - 1]`` its mean cosine to loop R. ``delta`` and
+    ``maturity`` are their means over texts: the averages over layers and texts of RIPE Sec. 3.2 and of DAS
+    Fig. 2 (top). ``text_rounding[kind][i, r - 1]``, when measured, is the rounding in plane r of text i
+    (:func:`~looped_kv.analysis.replay.rounding`), from which :meth:`float_floor` follows."""
 
     num_loops: int
-    delta: dict[str, np.ndarray]
-    maturity: dict[str, np.ndarray]
+    text_delta: dict[str, np.ndarray]
+    text_maturity: dict[str, np.ndarray]
     dtype: torch.dtype
-    texts: int
+    text_rounding: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def loops(self) -> np.ndarray:
         return np.arange(1, self.num_loops + 1)
 
+    @property
+    def texts(self) -> int:
+        return next(iter(self.text_delta.values())).shape[0]
+
+    @property
+    def delta(self) -> dict[str, np.ndarray]:
+        return {X: d.mean(0) for X, d in self.text_delta.items()}
+
+    @property
+    def maturity(self) -> dict[str, np.ndarray]:
+        return {X: m.mean(0) for X, m in self.text_maturity.items()}
+
+    def _check_kind(self, kind: str, measured: Mapping[str, np.ndarray]) -> None:
+        if kind not in measured:
+            raise ValueError(f"kind must be one of {tuple(measured)}, got {kind!r}")
+
+    def fitted(self, kind: str, loop_range: tuple[int, int] | None = None) -> np.ndarray:
+        """Every text's Delta_r of ``kind`` over the loops a ripening fit uses (default 8..R-1, as Table 7):
+        (texts, loops)."""
+        self._check_kind(kind, self.text_delta)
+        low, high = loop_range if loop_range is not None else (8, self.num_loops - 1)
+        if not 1 <= low <= high <= self.num_loops:
+            raise ValueError(f"loop_range must be (low, high) with 1 <= low <= high <= {self.num_loops}, "
+                             f"got {loop_range}")
+        return self.text_delta[kind][:, low - 1:high]
+
+    def float_floor(self, kind: str) -> float:
+        """The float floor of Delta_r: the largest distance rounding alone can put between two planes r and R of
+        one text, the rounding of plane r plus plane R's, over texts and loops. Distances at or below it measure
+        rounding, not ripening."""
+        if not self.text_rounding:
+            raise ValueError("the float floor needs the rounding of the planes: replay with exact_dtype")
+        self._check_kind(kind, self.text_rounding)
+        eps = self.text_rounding[kind]
+        return float((eps + eps[:, -1:]).max())
+
 
 @torch.no_grad()
 def ripening_curves(model: LoopedLM, ids: Tensor, num_loops: int, *, decoded: int,
                     softmax_dtype: torch.dtype = torch.float32, maturity_kinds: Iterable[str] = ("q", "k", "v"),
-                    chunk: int = 8, progress: bool = False) -> RipeningCurves:
-    """Delta_r (RIPE Sec. 3.2) of keys and values and the maturity (DAS Fig. 2 top) over texts ``ids`` (B, n).
+                    exact_dtype: torch.dtype | None = None, chunk: int = 8,
+                    record_device: torch.device | str | None = None, progress: bool = False) -> RipeningCurves:
+    """Delta_r (RIPE Sec. 3.2) of keys and values and the maturity (DAS Fig. 2 top) of every text of ``ids`` (B, n).
 
-    The texts are replayed ``chunk`` at a time in the model's dtype (softmax in ``softmax_dtype``), so memory
-    stays at one chunk's planes. Chunk results are weighted by their number of texts, which gives exactly the
-    average over all layers and texts of :func:`~looped_kv.analysis.replay.ripening` and
-    :func:`~looped_kv.analysis.replay.maturity`.
+    The texts are replayed ``chunk`` at a time in the model's dtype (softmax in ``softmax_dtype``), with their
+    records on ``record_device`` (default the model's), so memory holds one chunk's planes. Per text the results
+    are :func:`~looped_kv.analysis.replay.ripening` and :func:`~looped_kv.analysis.replay.maturity` with
+    ``per_text``; their means over texts are the averages over layers and texts. With ``exact_dtype`` (e.g.
+    float64) each chunk is replayed a second time by the model cast to it in place (:func:`cast_in_place`, float64
+    softmax), which measures the rounding in every plane (``text_rounding``) and so the float floor.
     """
     _check_ids(ids)
     maturity_kinds = _check_kinds("maturity_kinds", maturity_kinds)  # before any replay
+    if exact_dtype is not None and not (isinstance(exact_dtype, torch.dtype) and exact_dtype.is_floating_point):
+        raise ValueError(f"exact_dtype must be None or a floating-point torch dtype, got {exact_dtype!r}")
     record = tuple(X for X in ("q", "k", "v") if X in ("k", "v") or X in maturity_kinds)
-    sums = {("delta", X): 0.0 for X in ("k", "v")} | {("maturity", X): 0.0 for X in maturity_kinds}
+    parts: dict[tuple[str, str], list[np.ndarray]] = {(name, X): [] for name in ("delta", "rounding")
+                                                       for X in ("k", "v")}
+    parts |= {("maturity", X): [] for X in maturity_kinds}
     for part in tqdm(_chunks(ids, chunk), desc=f"replay {model.dtype}".replace("torch.", ""), disable=not progress,
                      leave=False):
-        ref = replay(model, part, num_loops, softmax_dtype=softmax_dtype, record=record, decoded=decoded)
-        weight = part.shape[0]
-        for X, d in ripening(ref).items():
-            sums["delta", X] = sums["delta", X] + weight * d.cpu().numpy()
+        ref = replay(model, part, num_loops, softmax_dtype=softmax_dtype, record=record, decoded=decoded,
+                     device=record_device)
+        for X, d in ripening(ref, per_text=True).items():
+            parts["delta", X].append(d.cpu().numpy())
         if maturity_kinds:
-            for X, m in maturity(ref, kinds=maturity_kinds).items():
-                sums["maturity", X] = sums["maturity", X] + weight * m.cpu().numpy()
+            for X, m in maturity(ref, kinds=maturity_kinds, per_text=True).items():
+                parts["maturity", X].append(m.cpu().numpy())
+        if exact_dtype is not None:
+            with cast_in_place(model, exact_dtype):
+                exact = replay(model, part, num_loops, softmax_dtype=torch.float64, decoded=decoded,
+                               device=record_device)
+            for X, e in rounding(ref, exact).items():
+                parts["rounding", X].append(e.cpu().numpy())
+            del exact
         del ref
-    B = ids.shape[0]
-    return RipeningCurves(num_loops=num_loops, delta={X: sums["delta", X] / B for X in ("k", "v")},
-                          maturity={X: sums["maturity", X] / B for X in maturity_kinds}, dtype=model.dtype, texts=B)
+    measured = ("k", "v") if exact_dtype is not None else ()
+    return RipeningCurves(num_loops=num_loops, text_delta={X: np.concatenate(parts["delta", X]) for X in ("k", "v")},
+                          text_maturity={X: np.concatenate(parts["maturity", X]) for X in maturity_kinds},
+                          dtype=model.dtype, text_rounding={X: np.concatenate(parts["rounding", X]) for X in measured})
+
+
+def text_ripening(curves: RipeningCurves, floors: Mapping[str, float],
+                  loop_range: tuple[int, int] | None = None) -> pd.DataFrame:
+    """One row per text of the quantities the ripening claims pair over texts (RIPE Sec. 3.2, DAS Sec. 3.1).
+
+    Per kind X in k, v: ``rho_X``, ``geometric_rms_X`` and ``power_rms_X`` (:func:`fits.decay_laws` over
+    ``loop_range``, default loops 8 to R - 1, distances at or below ``floors[X]`` set to it), and ``deep_X``,
+    the mean Delta_r over the deep loops of Table 7 (25..31 of R = 32, scaled). Per recorded maturity kind:
+    ``cos1_X``, the cosine of loop 1 to loop R.
+    """
+    missing = [X for X in ("k", "v") if X not in floors]
+    if missing:
+        raise ValueError(f"floors must give a floor for keys and values ('k', 'v'), missing {missing}")
+    R, loops = curves.num_loops, curves.loops
+    deep = deep_loop_range(R)
+    rows = []
+    for i in range(curves.texts):
+        row = {}
+        for X in ("k", "v"):
+            laws: DecayLaws = decay_laws(loops, curves.text_delta[X][i], R, loop_range, floor=floors[X])
+            row |= {f"rho_{X}": laws.rho, f"geometric_rms_{X}": laws.geometric_rms,
+                    f"power_rms_{X}": laws.power_rms,
+                    f"deep_{X}": float(curves.text_delta[X][i, deep.start - 1:deep.stop - 1].mean())}
+        row |= {f"cos1_{X}": float(m[i, 0]) for X, m in curves.text_maturity.items()}
+        rows.append(row)
+    return pd.DataFrame(rows).rename_axis("text")
 
 
 @dataclass(frozen=True)
@@ -223,12 +373,14 @@ class ArmGrid:
 def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[int] | None = None,
              regions: Mapping[str, Iterable[int]] | None = None, decoded: int = 1,
              softmax_dtype: torch.dtype = torch.float32, kinds: Iterable[str] = ("k", "v"),
-             progress: bool = True) -> ArmGrid:
+             record_device: torch.device | str | None = None, progress: bool = True) -> ArmGrid:
     """Replay texts ``ids`` (B, n) once and run every (region, plane) arm (RIPE Sec. 3.1, Fig. 2a-b).
 
     ``regions`` defaults to the paper's shallow (loops 2-9) and deep (25-32) regions scaled to R, ``planes``
     to :func:`paper_planes`. An arm's KL is taken at the first decoded position ``n - decoded`` (``rows``) and
-    at every decoded position (``positions``).
+    at every decoded position (``positions``). The reference's planes stay on ``record_device`` (default the
+    model's; ``"cpu"`` keeps a real checkpoint's planes in host memory, and each arm copies in the planes it
+    reads, one layer at a time).
     """
     _check_ids(ids)
     if num_loops < 1:
@@ -244,7 +396,8 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
     kinds = _check_kinds("kinds", kinds, ("k", "v"))
     if not kinds:
         raise ValueError("kinds must name at least one of ('k', 'v')")
-    ref = replay(model, ids, num_loops, softmax_dtype=softmax_dtype, record=kinds, decoded=decoded)
+    ref = replay(model, ids, num_loops, softmax_dtype=softmax_dtype, record=kinds, decoded=decoded,
+                 device=record_device)
     t = ref.first_decoded
     records, per_position = [], []
     arms = [(name, p) for name in ("shallow", "deep") for p in planes]
@@ -260,25 +413,42 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
 
 
 @torch.no_grad()
+def exact_replay(model: LoopedLM, ids: Tensor, num_loops: int, *, decoded: int,
+                 dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> Replay:
+    """A replay of ``ids`` that records nothing, by a copy of the model in ``dtype`` with a float64 softmax.
+
+    The copy is freed before returning (:func:`free_memory`), and the logits are moved to ``device`` (default the
+    model's), so a chapter holds the float64 weights only while this runs, never next to a float32 copy.
+    """
+    twin = in_dtype(model, dtype)
+    exact = replay(twin, ids, num_loops, softmax_dtype=torch.float64, record=(), decoded=decoded)
+    if device is not None:
+        exact.logits = exact.logits.to(device)
+    if twin is not model:
+        del twin
+        free_memory(model.device)
+    return exact
+
+
+@torch.no_grad()
 def precision_floor(model: LoopedLM, reference: Replay, *, exact: Replay | None = None,
                     exact_dtype: torch.dtype = torch.float64) -> np.ndarray:
     """Per-text KL(exact || reference) at the first decoded position: the KL the reference's own rounding causes.
 
-    ``exact`` is a replay of the same texts in a higher precision; without it the texts are replayed by a copy of
-    the model in ``exact_dtype`` (float64 softmax). A KL below this resolution cannot be told from rounding: such
-    rows sit "at the floor" of the sensitivity regression (RIPE Sec. 3.1 counts its rows at the bf16 floor).
+    ``exact`` is a replay of the same texts in a higher precision (:func:`exact_replay`); without it the texts are
+    replayed by a copy of the model in ``exact_dtype``. A KL below this resolution cannot be told from rounding:
+    such rows sit "at the floor" of the sensitivity regression (RIPE Sec. 3.1 counts its rows at the bf16 floor).
     """
     ids, t = reference.input_ids, reference.first_decoded
     if exact is not None:
         if not torch.equal(exact.input_ids.to(ids.device), ids):
             raise ValueError("exact must be a replay of the same texts as reference")
-        logits = exact.logits
     else:
         if model.dtype == exact_dtype:
             raise ValueError(f"the model is already in exact_dtype {exact_dtype}: pass a more precise replay as exact")
-        logits = replay(_copy_in(model, exact_dtype), ids, reference.num_loops, softmax_dtype=torch.float64,
-                        record=(), decoded=reference.decoded).logits
-    return kl_per_position(logits[:, t].to(reference.logits.device), reference.logits[:, t]).cpu().numpy()
+        exact = exact_replay(model, ids, reference.num_loops, decoded=reference.decoded, dtype=exact_dtype)
+    logits = exact.logits[:, t].to(reference.logits.device)
+    return kl_per_position(logits, reference.logits[:, t]).cpu().numpy()
 
 
 def _copy_in(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
@@ -309,20 +479,38 @@ def regression_rows(grid: ArmGrid, floor: float) -> pd.DataFrame:
     return rows
 
 
-def resolved_slope(rows: pd.DataFrame, region: str, floor: float, level: float = 0.95) -> RegionSlope:
+def region_contrast(rows: pd.DataFrame, floor: float) -> pd.DataFrame:
+    """Per text, the shallow and the deep region's KL at matched planes (RIPE Sec. 3.1, Fig. 2a-b).
+
+    ``rows`` are :class:`ArmGrid` rows (text, region, plane, kl); KLs at or below ``floor`` are set to it. Each
+    column is the geometric mean over the substituted planes of one region's KL, so the ratio deep / shallow of
+    a text is the geometric mean of its per-plane ratios. Index: text; columns: shallow, deep.
+    """
+    if not (math.isfinite(floor) and floor > 0):
+        raise ValueError(f"floor must be > 0 (logs of KLs are averaged), got {floor}")
+    missing = [c for c in ("text", "region", "plane", "kl") if c not in rows.columns]
+    if missing:
+        raise ValueError(f"rows must have columns text, region, plane and kl, missing {missing}")
+    logs = rows.assign(log_kl=np.log(rows["kl"].clip(lower=floor)))
+    table = logs.pivot_table(index=["text", "plane"], columns="region", values="log_kl", aggfunc="first")
+    if list(table.columns) != ["deep", "shallow"] or table.isna().any().any():
+        raise ValueError("rows must hold, for every text, the same planes in the 'shallow' and 'deep' regions")
+    return np.exp(table.groupby(level="text").mean())[["shallow", "deep"]]
+
+
+def resolved_slope(rows: pd.DataFrame, region: str, floor: float, level: float = 0.95) -> RegionSlope | None:
     """log KL = intercept + slope log ||delta|| over one region's rows *above* the KL floor (RIPE Sec. 3.1).
 
     The paper keeps rows at the floor in its regression, where they flatten the slope; this is the slope of what
-    was resolved. The interval is a t-interval with standard errors clustered by text (the arms of one text are
-    not independent).
+    was resolved, or None when fewer than 3 distinct sizes of at least 2 texts lie above the floor. The interval
+    is a t-interval with standard errors clustered by text (the arms of one text are not independent).
     """
     _check_level_open(level)
     if region not in ("shallow", "deep"):
         raise ValueError(f"region must be 'shallow' or 'deep', got {region!r}")
     chosen = rows[(rows["deep"] == int(region == "deep")) & (rows["kl"] > floor)]
     if chosen["size"].nunique() < 3 or chosen["text"].nunique() < 2:
-        raise ValueError(f"the {region} region has too few rows above the floor {floor:.3g} for a slope "
-                         f"({len(chosen)} rows, {chosen['size'].nunique()} sizes)")
+        return None
     x = sm.add_constant(np.log(chosen["size"].to_numpy(dtype=float)))
     fit = sm.OLS(np.log(chosen["kl"].to_numpy(dtype=float)), x).fit(
         cov_type="cluster", cov_kwds={"groups": pd.factorize(chosen["text"])[0]})
@@ -383,7 +571,7 @@ class Agreement:
 
 @torch.no_grad()
 def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str, CachePolicy], *,
-                             first: int | None = None, prefill_once: bool = True,
+                             first: int | None = None, prefill_once: bool = True, chunk: int | None = None,
                              progress: bool = False) -> Agreement:
     """Top-1 agreement with the full cache at the first decoded position ``first`` (default the last) (Table 3).
 
@@ -392,7 +580,8 @@ def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str
     over prefix and token the token would read the in-block prefix at its own loop and the policy would not
     apply.) With ``prefill_once`` the prefix is prefilled once into a full cache and :func:`restrict`-ed to each
     policy, which stores bit for bit what a prefill under the policy stores; otherwise each policy prefills.
-    The table reports each cache's bytes after the step (all B texts) and the formula's (B x
+    Texts run ``chunk`` at a time (default all at once), so memory holds one chunk's full cache. The table
+    reports the caches' bytes after the step (summed over chunks: all B texts) and the formula's (B x
     ``memory.policy_bytes`` at first + 1 positions).
 
     The step reads the prefix's coda keys/values as the prefill stored them; the replay arms of RIPE Sec. 3.1
@@ -408,25 +597,36 @@ def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str
     if len(R) != 1:
         raise ValueError(f"all policies must share one R, got {sorted(R)}")
     R = R.pop()
-    prefix, token = ids[:, :first], ids[:, first:first + 1]
-    full = new_cache(model, make_policy("full", R), B, first + 1)
-    prefill(model, full, prefix, R)
-    base = step(model, restrict(full, full.policy), token, R)[:, -1]
-    rows, matches, kls = [], {}, {}
-    for label, policy in tqdm(policies.items(), desc="policies", disable=not progress, leave=False):
-        if prefill_once:
-            cache = restrict(full, policy)
-        else:
-            cache = new_cache(model, policy, B, first + 1)
-            prefill(model, cache, prefix, R)
-        logits = step(model, cache, token, R)[:, -1]
-        matches[label] = (logits.argmax(-1) == base.argmax(-1)).cpu().numpy()
-        kls[label] = kl_per_position(base, logits).cpu().numpy()
-        rows.append({"cache": label, "policy": policy.name, "planes": len(policy.kept), "bytes": cache.nbytes,
-                     "formula bytes": B * policy_bytes(model.config, policy, first + 1, model.dtype),
-                     "agreement": float(matches[label].mean()), "KL mean": float(kls[label].mean()),
-                     "KL median": float(np.median(kls[label]))})
-    return Agreement(pd.DataFrame(rows).set_index("cache"), matches, kls, base)
+    parts = _chunks(ids, B if chunk is None else chunk)
+    matches = {label: [] for label in policies}
+    kls = {label: [] for label in policies}
+    nbytes = dict.fromkeys(policies, 0)
+    bases = []
+    for part in tqdm(parts, desc="chunks", disable=not progress or len(parts) == 1, leave=False):
+        prefix, token = part[:, :first], part[:, first:first + 1]
+        full = new_cache(model, make_policy("full", R), part.shape[0], first + 1)
+        prefill(model, full, prefix, R)
+        base = step(model, restrict(full, full.policy), token, R)[:, -1]
+        for label, policy in tqdm(policies.items(), desc="policies", disable=not progress, leave=False):
+            if prefill_once:
+                cache = restrict(full, policy)
+            else:
+                cache = new_cache(model, policy, part.shape[0], first + 1)
+                prefill(model, cache, prefix, R)
+            logits = step(model, cache, token, R)[:, -1]
+            matches[label].append((logits.argmax(-1) == base.argmax(-1)).cpu().numpy())
+            kls[label].append(kl_per_position(base, logits).cpu().numpy())
+            nbytes[label] += cache.nbytes
+            del cache
+        bases.append(base)
+        del full
+    matches = {label: np.concatenate(m) for label, m in matches.items()}
+    kls = {label: np.concatenate(k) for label, k in kls.items()}
+    rows = [{"cache": label, "policy": policy.name, "planes": len(policy.kept), "bytes": nbytes[label],
+             "formula bytes": B * policy_bytes(model.config, policy, first + 1, model.dtype),
+             "agreement": float(matches[label].mean()), "KL mean": float(kls[label].mean()),
+             "KL median": float(np.median(kls[label]))} for label, policy in policies.items()]
+    return Agreement(pd.DataFrame(rows).set_index("cache"), matches, kls, torch.cat(bases))
 
 
 # -- Eq. (6) ------------------------------------------------------------------------------------------
@@ -438,12 +638,22 @@ class Eq6Check:
 
     from_curve: float  # S from the ripening curve Delta_r (keys and values), deep loops
     from_size: float  # median over texts of e^(a+b) ||delta||^g, ||delta|| measured over the deep loops
-    measured_median: float  # deepest-plane arm (every loop r < R reads plane R)
-    measured_mean: float
-    shallow_only_median: float  # plane R substituted in the shallow region alone
     S_curve: float
     S_measured: np.ndarray  # per text
-    measured: np.ndarray  # per text
+    measured: np.ndarray  # per text: the deepest-plane arm (every loop r < R reads plane R)
+    shallow_only: np.ndarray | None  # per text: plane R substituted in the shallow region alone (from a grid)
+
+    @property
+    def measured_median(self) -> float:
+        return float(np.median(self.measured))
+
+    @property
+    def measured_mean(self) -> float:
+        return float(self.measured.mean())
+
+    @property
+    def shallow_only_median(self) -> float:
+        return float("nan") if self.shallow_only is None else float(np.median(self.shallow_only))
 
     @property
     def factor(self) -> float:
@@ -458,8 +668,8 @@ def eq6_check(model: LoopedLM, reference: Replay, fit: SensitivityFit, grid: Arm
 
     The curve's S uses Delta_r of this reference (``replay.ripening``) over the deep loops 25..31 (scaled);
     the measured S is each text's ||delta|| of plane R over the same loops. The measurement is the arm of
-    :func:`looped_kv.analysis.replay.deepest_plane_arm`, which the fit did not use. With ``grid``, the shallow region's
-    plane-R arm gives the cost of substituting plane R in the shallow loops alone.
+    :func:`looped_kv.analysis.replay.deepest_plane_arm`, which the fit did not use. With ``grid``, the shallow
+    region's plane-R arm gives each text's cost of substituting plane R in the shallow loops alone.
     """
     R, t = reference.num_loops, reference.first_decoded
     deep = list(deep_loop_range(R))
@@ -468,11 +678,13 @@ def eq6_check(model: LoopedLM, reference: Replay, fit: SensitivityFit, grid: Arm
     S_curve = deep_perturbation_size(n_core, delta["k"].cpu().numpy(), delta["v"].cpu().numpy(), deep)
     S_measured = perturbation_size(reference, R, deep).cpu().numpy()
     scale = math.exp(fit.a + fit.b)
-    measured = kl_per_position(reference.logits[:, t], deepest_plane_arm(model, reference)[:, t]).cpu().numpy()
-    shallow = float("nan")
+    arm = deepest_plane_arm(model, reference)[:, t]
+    measured = kl_per_position(reference.logits[:, t], arm).cpu().numpy()
+    shallow = None
     if grid is not None:
-        rows = grid.rows[(grid.rows.region == "shallow") & (grid.rows.plane == R)]
-        shallow = float(rows.kl.median()) if len(rows) else float("nan")
+        rows = grid.rows[(grid.rows.region == "shallow") & (grid.rows.plane == R)].sort_values("text")
+        if len(rows) != len(measured):
+            raise ValueError(f"grid must hold the shallow region's plane-{R} arm for every text of the reference")
+        shallow = rows.kl.to_numpy()
     return Eq6Check(from_curve=scale * S_curve**fit.g, from_size=float(np.median(scale * S_measured**fit.g)),
-                    measured_median=float(np.median(measured)), measured_mean=float(measured.mean()),
-                    shallow_only_median=shallow, S_curve=S_curve, S_measured=S_measured, measured=measured)
+                    S_curve=S_curve, S_measured=S_measured, measured=measured, shallow_only=shallow)

@@ -8,7 +8,8 @@ prefix position j < t of query t, the reference's plane p instead of their own p
 query's own position j = t always comes from the arm's current computation, and loops outside
 the region are computed normally (so they read the arm's own, possibly perturbed, planes).
 The measurements are KL(reference || arm) per position, the perturbation size ||delta|| (Sec. 3.1),
-the ripening distances Delta_r (Sec. 3.2) and the Q/K/V maturity of DAS Section 3.1 (Fig. 2 top).
+the ripening distances Delta_r (Sec. 3.2) with the rounding in each plane that sets their float floor,
+and the Q/K/V maturity of DAS Section 3.1 (Fig. 2 top).
 """
 
 from __future__ import annotations
@@ -249,20 +250,45 @@ def perturbation_size(reference: Replay, plane: int, region: Iterable[int], *,
     return torch.stack(squares).sum(0).sqrt()
 
 
-def ripening(reference: Replay, *, kinds: Iterable[str] = ("k", "v")) -> dict[str, Tensor]:
+def ripening(reference: Replay, *, kinds: Iterable[str] = ("k", "v"), per_text: bool = False) -> dict[str, Tensor]:
     """Delta_r = ||X^(r) - X^(R)|| / ||X^(R)|| over prefix positions, averaged over core layers and texts
-    (RIPE Sec. 3.2), for each recorded loop: kind -> (len(reference.loops),) float64."""
+    (RIPE Sec. 3.2), for each recorded loop: kind -> (len(reference.loops),) float64, or with ``per_text``
+    kind -> (B, len(reference.loops)), averaged over core layers only (its mean over texts is the average)."""
     kinds = _check_kinds("kinds", kinds)
     stop, R = reference.first_decoded, reference.num_loops
-    return {X: torch.stack([_relative(reference.plane(X, r), reference.plane(X, R), stop).mean()
-                            for r in reference.loops]) for X in kinds}
+    out = {X: torch.stack([_relative(reference.plane(X, r), reference.plane(X, R), stop).mean(0)
+                           for r in reference.loops], dim=-1) for X in kinds}
+    return out if per_text else {X: d.mean(0) for X, d in out.items()}
 
 
-def maturity(reference: Replay, *, kinds: Iterable[str] = ("q", "k", "v")) -> dict[str, Tensor]:
+def rounding(reference: Replay, exact: Replay, *, kinds: Iterable[str] = ("k", "v")) -> dict[str, Tensor]:
+    """What rounding puts into each plane: ||X^(r) - X_exact^(r)|| / ||X_exact^(r)|| over prefix positions,
+    averaged over core layers, per text, where ``exact`` replays the same texts in a higher precision:
+    kind -> (B, len(reference.loops)) float64. Two planes r and R of one text that agree exactly in ``exact``
+    lie at most the sum of their two values apart in ``reference``: the float floor of Delta_r (RIPE Sec. 3.2).
+    """
+    kinds = _check_kinds("kinds", kinds)
+    if not torch.equal(exact.input_ids.to(reference.input_ids.device), reference.input_ids):
+        raise ValueError("exact must be a replay of the same texts as reference")
+    if exact.loops != reference.loops or exact.decoded != reference.decoded:
+        raise ValueError(f"exact must record the reference's loops {reference.loops} with decoded = "
+                         f"{reference.decoded}, got loops {exact.loops} and decoded = {exact.decoded}")
+    stop = reference.first_decoded
+    return {X: torch.stack([_relative(reference.plane(X, r), exact.plane(X, r).to(reference.plane(X, r).device),
+                                      stop).mean(0) for r in reference.loops], dim=-1) for X in kinds}
+
+
+def maturity(reference: Replay, *, kinds: Iterable[str] = ("q", "k", "v"), per_text: bool = False) -> dict[str, Tensor]:
     """Mean cosine similarity of each recorded loop's vectors to loop R's, averaged over core layers,
     texts, heads and all positions, decoded ones included (DAS Sec. 3.1, Fig. 2 top):
-    kind -> (len(reference.loops),) float64."""
+    kind -> (len(reference.loops),) float64, or with ``per_text`` kind -> (B, len(reference.loops)), averaged
+    over everything but the text (its mean over texts is the average)."""
     kinds = _check_kinds("kinds", kinds)
     R = reference.num_loops
-    return {X: torch.stack([F.cosine_similarity(reference.plane(X, r).double(), reference.plane(X, R).double(),
-                                                dim=-1).mean() for r in reference.loops]) for X in kinds}
+
+    def cosine(X: str, r: int) -> Tensor:  # (B,): mean over core layers, heads and positions
+        cos = F.cosine_similarity(reference.plane(X, r).double(), reference.plane(X, R).double(), dim=-1)
+        return cos.transpose(0, 1).flatten(1).mean(-1)
+
+    out = {X: torch.stack([cosine(X, r) for r in reference.loops], dim=-1) for X in kinds}
+    return out if per_text else {X: m.mean(0) for X, m in out.items()}
