@@ -18,11 +18,14 @@ from looped_kv.runtime.config import LoopedConfig
 
 @dataclass(frozen=True)
 class Ch01:
-    """Looped models and planes: held-out loss against loops, a greedy generation."""
+    """Looped models and planes: held-out loss and chain answers against loops, greedy samples, draft agreement."""
 
-    texts_per_workload: int = 6
-    text_chars: int = 900
-    loops: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+    texts_per_workload: int = 32  # held-out texts per workload, paired across loop counts
+    text_chars: int = 400
+    loops: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    shallow_loops: int = 4  # the loop count set against R (the tiny model's gate compares R = 4 with R = 32)
+    chain_programs: int = 48  # evaluation chain programs whose answers are scored by loop count
+    prompts_per_workload: int = 32  # greedy generations per workload (one batch); drafts are scored on them
     new_tokens: int = 40
 
 
@@ -59,12 +62,14 @@ class Ch03:
 class Ch04:
     """RIPE caching: replayed trajectories (bf16 reference, fp32 floor), windows, Algorithm 1's acceptance."""
 
-    replay_prompts: int = 8
-    new_tokens: int = 24
-    bin: int = 8
+    replay_prompts: int = 32  # per workload
+    replay_batch: int = 32  # trajectories replayed together per cache arm (the cache holds them all)
+    new_tokens: int = 16  # generated tokens per replayed trajectory (fewer where a row ends its text)
     windows: tuple[int, ...] = ()  # empty: the paper's windows scaled to the trajectory length
+    drawn: tuple[int, int] = (40, 8)  # the query t and window W of the drawn policy maps
+    exact_prompts: int = 2  # per workload: Algorithm 1 against sequential RIPE decoding in exact_dtype
     acceptance_prompts: int = 32  # per workload, decoded as one batch
-    acceptance_tokens: int = 32
+    acceptance_tokens: int = 24
     block: int = 4
     draft_loops: int = 4
     reference_dtype: str = "bfloat16"
@@ -129,12 +134,12 @@ TINY = Profile("tiny", "float32")
 #: Huginn-0125 on one 40 GB GPU (A100-40GB): bf16 decoding; replays in fp32 with their records on the host.
 HUGINN_0125 = Profile(
     "huginn-0125", "bfloat16",
-    ch01=Ch01(texts_per_workload=4, text_chars=4000, new_tokens=64),
+    ch01=Ch01(texts_per_workload=32, text_chars=2000, chain_programs=64, new_tokens=64),
     ch02=Ch02(texts_per_workload=11, length=256, decoded=64, record_device="cpu", chunk=2),
     ch03=Ch03(texts_per_workload=11, prefix=95, decoded=32, table3_texts_per_workload=32, table3_length=96,
               table3_chunk=8, record_device="cpu"),
-    ch04=Ch04(replay_prompts=8, new_tokens=256, bin=32, windows=(64, 256), acceptance_prompts=32,
-              acceptance_tokens=64),
+    ch04=Ch04(replay_prompts=32, replay_batch=8, new_tokens=256, windows=(16, 64, 256),
+              acceptance_prompts=32, acceptance_tokens=64),
     ch05=Ch05(probe_prompts=4, probe_tokens=64, acceptance_prompts=32, acceptance_tokens=64, dev_prompts=4,
               timing_prompts=8, new_tokens=128),
     ch06=Ch06(acceptance_prompts=32, acceptance_tokens=128, dev_prompts=4, timing_prompts=8, new_tokens=128,

@@ -15,18 +15,28 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv import huginn_0125, make_policy, papers
-from looped_kv.analysis.fits import BootstrapCI
-from looped_kv.analysis.measure import block_dependence, draft_agreement, kl, policy_logits, target_trajectories
+from looped_kv import generate, huginn_0125, make_policy, papers
+from looped_kv.analysis import verdicts
+from looped_kv.analysis.measure import (
+    KL_RESOLUTION,
+    block_dependence,
+    draft_agreement,
+    draft_agreement_rows,
+    kl,
+    policy_logits,
+    row_tau,
+    target_trajectories,
+)
 from looped_kv.analysis.ripe import (
-    EXCEEDS_NUMERICS,
-    INDISTINGUISHABLE_NUMERICS,
+    acceptance_by_cache,
     batched_vs_sequential,
-    block_dependence_ratio,
+    block_starts,
     extra_over_deepest,
-    numerics_label,
+    kl_by_prompt,
+    kl_ratio_verdict,
+    prompt_planes,
     read_map,
-    replay_arm,
+    replay_batch,
     replay_records,
     scale_windows,
     survival,
@@ -298,19 +308,39 @@ def test_survival_and_top_share():
         top_share([1.0, 2.0], fraction=0)
 
 
-def test_replay_arm_is_policy_logits_and_block_dependence_in_one_pass(model_and_tokens):
+def test_replay_batch_is_policy_logits_and_block_dependence_of_every_row(model_and_tokens):
     model, tokens = model_and_tokens
-    for policy in (make_policy("full", R), make_policy("deepest", R), make_policy("ripe", R, window=2)):
-        for block in (3, 4):  # blocks ending at and before the trajectory's last token
-            arm = replay_arm(model, tokens, 9, policy, block)
-            assert torch.equal(arm.logits, policy_logits(model, tokens, 9, policy))
-            assert torch.equal(arm.block_kl, block_dependence(model, tokens, 9, policy, block))
-    assert replay_arm(model, tokens, 9, make_policy("full", R)).block_kl is None
-    assert replay_arm(model, tokens[:, :12], 9, make_policy("full", R), 3).block_kl.numel() == 0
-    with pytest.raises(ValueError, match="prompt_length must be in"):
-        replay_arm(model, tokens, 0, make_policy("full", R))
+    other = trajectory(model, prompt_length=5, new=9, seed=2)  # shorter prompt, fewer generated tokens
+    rows, prompts = [tokens, other, tokens[:, :11]], [9, 5, 9]  # the last row holds no block of 4
+    policies = (make_policy("full", R), make_policy("deepest", R), make_policy("ripe", R, window=2),
+                make_policy("sinks", R, sinks=2), make_policy("k-deepest", R, k=2))
+    for policy in policies:  # each policy stores its part of the shared prefill
+        for block in (3, 4):  # blocks ending at and before a trajectory's last token
+            replays = replay_batch(model, rows, prompts, policy, block)
+            for arm, row, p in zip(replays, rows, prompts, strict=True):
+                alone = policy_logits(model, row, p, policy)
+                assert arm.logits.shape == alone.shape
+                assert (arm.logits.double() - alone).abs().max() < 1e-10, policy.name
+                expected = block_dependence(model, row, p, policy, block)
+                assert arm.block_kl.shape == expected.shape
+                assert torch.allclose(arm.block_kl, expected, rtol=1e-6, atol=1e-14), policy.name
+    assert all(r.block_kl is None for r in replay_batch(model, rows, prompts, make_policy("full", R)))
+    shared = prompt_planes(model, rows, prompts, R)  # one prefill serves every policy
+    own, reused = (replay_batch(model, rows, prompts, policies[1], 3, planes) for planes in (None, shared))
+    for a, b in zip(own, reused, strict=True):
+        assert torch.equal(a.logits, b.logits) and torch.equal(a.block_kl, b.block_kl)
+    with pytest.raises(ValueError, match="prompts must hold the planes of the 2 trajectories"):
+        replay_batch(model, rows[:2], prompts[:2], make_policy("full", R), prompts=shared)
+    with pytest.raises(ValueError, match=r"prompt_lengths\[0\] must be in"):
+        replay_batch(model, [tokens], [0], make_policy("full", R))
     with pytest.raises(ValueError, match=r"block \(gamma\) must be >= 1"):
-        replay_arm(model, tokens, 9, make_policy("full", R), 0)
+        replay_batch(model, [tokens], [9], make_policy("full", R), 0)
+
+
+def test_block_starts_cut_the_generated_tokens_into_whole_blocks():
+    assert list(block_starts(12, 3)) == [0, 4, 8]  # blocks 0-3, 4-7, 8-11
+    assert list(block_starts(11, 3)) == [0, 4]
+    assert list(block_starts(4, 4)) == []
 
 
 def test_replay_records_with_block_dependence(model_and_tokens):
@@ -327,21 +357,21 @@ def test_replay_records_with_block_dependence(model_and_tokens):
     expected = block_dependence(model, other, 5, deepest, 3).clamp_min(0).mean()
     assert frame.loc[1, "deepest"] == pytest.approx(float(expected))
     assert replay_records([tokens], [9], (model, full), arms).block_dependence is None
-    with pytest.raises(ValueError, match="hold no verification block"):
-        replay_records([tokens[:, :12]], [9], (model, full), arms, block=3)
+    short = replay_records([tokens[:, :12]], [9], (model, full), arms, block=3, block_arms=["deepest"])
+    assert short.block_dependence.isna().all().all()  # 3 generated tokens hold no block of 4
+    chunked = replay_records([tokens, other], [9, 5], (model, full), arms, block=3, block_arms=["deepest", "W = 3"],
+                             reference_label="full", batch_size=1)
+    pd.testing.assert_frame_equal(chunked.block_dependence, frame, rtol=1e-6)
+    together = out.records.sort_values(["prompt", "arm", "position"], ignore_index=True)
+    alone = chunked.records.sort_values(["prompt", "arm", "position"], ignore_index=True)
+    assert together[["prompt", "arm", "position", "flip"]].equals(alone[["prompt", "arm", "position", "flip"]])
+    assert np.allclose(together["kl"], alone["kl"], rtol=1e-6, atol=1e-14)
+    with pytest.raises(ValueError, match="batch_size must be"):
+        replay_records([tokens], [9], (model, full), arms, batch_size=0)
     with pytest.raises(ValueError, match=r"block \(gamma\) must be >= 1"):
         replay_records([tokens], [9], (model, full), arms, block=0)
     with pytest.raises(ValueError, match="block_arms must name arms"):
         replay_records([tokens], [9], (model, full), arms, block=3, block_arms=["two planes"])
-
-
-def test_numerics_label():
-    ci = lambda low: BootstrapCI(estimate=low + 0.5, low=low, high=low + 1, level=0.95, n_boot=10)  # noqa: E731
-    assert numerics_label(ci(1.2)) == INDISTINGUISHABLE_NUMERICS  # the paper's 1.37 [1.20, 1.62]
-    assert numerics_label(ci(2.5)) == EXCEEDS_NUMERICS
-    assert numerics_label(ci(2.5), threshold=3) == INDISTINGUISHABLE_NUMERICS
-    with pytest.raises(ValueError, match="threshold"):
-        numerics_label(ci(1.0), threshold=0)
 
 
 def test_with_dtype_copies_only_when_needed():
@@ -355,15 +385,71 @@ def test_with_dtype_copies_only_when_needed():
     assert torch.equal(up.transformer.wte.weight, low.transformer.wte.weight.float())
 
 
-def test_block_dependence_ratio():
-    result = block_dependence_ratio([1.0, 2.0, 1.0], [3.0, 6.0, 3.0], n_boot=200)
-    assert result.ratio.estimate == pytest.approx(3.0) and result.ratio.low == pytest.approx(3.0)
-    assert result.label == EXCEEDS_NUMERICS and result.arm_mean == pytest.approx(4.0)
-    assert block_dependence_ratio([1.0, 2.0, 1.0], [1.0, 3.0, 1.0], n_boot=200).label == INDISTINGUISHABLE_NUMERICS
-    bitwise = block_dependence_ratio([0.0, 0.0], [0.0, 1e-3])
-    assert bitwise.ratio is None and bitwise.label == EXCEEDS_NUMERICS
-    assert block_dependence_ratio([0.0, 0.0], [0.0, 0.0]).label == INDISTINGUISHABLE_NUMERICS
-    with pytest.raises(ValueError, match="paired"):
-        block_dependence_ratio([0.0, 0.0], [1.0])
-    with pytest.raises(ValueError, match="same length"):
-        block_dependence_ratio([1.0, 0.0], [1.0, 2.0, 3.0])
+# -- batched draft agreement and acceptance -----------------------------------------------------------
+
+
+def test_draft_agreement_rows_equals_draft_agreement_row_by_row(model_and_tokens):
+    model, _ = model_and_tokens
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 50, (n,), generator=generator) for n in (9, 5, 7)]
+    out = generate(model, prompts, max_new_tokens=[10, 7, 1], stop_at_eos=False)
+    frame = draft_agreement_rows(model, out, [1, 2, R], ["aligned", "deep-kv"])
+    assert frame["n"].tolist() == [9, 6, 0]
+    assert frame.loc[2].drop("n").isna().all()  # one generated token: nothing to draft
+    for row in (0, 1):
+        alone = draft_agreement(model, out.sequences[row][None], out.prompt_lengths[row], [1, 2, R],
+                                ["aligned", "deep-kv"])
+        for key, value in alone.items():
+            if key != "n":
+                assert frame.loc[row, key] == pytest.approx(value), (row, key)
+    assert (frame.loc[[0, 1], (R, "aligned")] == 1.0).all()
+    with pytest.raises(ValueError, match="draft_loops must be in"):
+        draft_agreement_rows(model, out, [R + 1])
+
+
+def test_acceptance_by_cache_pairs_each_prompts_tau():
+    model = random_model("huginn", seed=5)
+    generator = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 50, (n,), generator=generator) for n in (6, 9, 4)]
+    caches = {"full": {"cache": "full"}, "RIPE, W = 4": {"cache": "ripe", "window": 4},
+              "deepest": {"cache": "deepest", "exact": False, "prefix_reads": "deep-kv"}}
+    out = acceptance_by_cache(model, prompts, caches, 8, draft_loops=2, block=4)
+    assert list(out.tau.columns) == list(caches) and len(out.tau) == 3
+    assert ((out.tau >= 1) & (out.tau <= 5)).all().all()
+    for label, run in out.runs.items():
+        assert np.allclose(out.tau[label], row_tau(run))
+        pooled = sum(sum(a) + sum(u) for a, u in zip(run.row_accepted, run.row_retained, strict=True))
+        assert run.tau == pytest.approx(pooled / run.verifications)
+        assert out.tau[label].to_numpy() @ np.array([len(a) for a in run.row_accepted]) == pytest.approx(pooled)
+    with pytest.raises(ValueError, match="cache arguments only"):
+        acceptance_by_cache(model, prompts, {"x": {"block": 3}}, 8, draft_loops=2, block=4)
+    with pytest.raises(ValueError, match="at least one cache"):
+        acceptance_by_cache(model, prompts, {}, 8, draft_loops=2, block=4)
+    with pytest.raises(ValueError, match="speculative decoder"):
+        row_tau(generate(model, prompts, max_new_tokens=3))
+
+
+def test_kl_by_prompt_and_kl_ratio_verdict():
+    records = synthetic_records()
+    assert kl_by_prompt(records, "a").to_dict() == pytest.approx({0: 0.255, 1: 0.1})
+    with pytest.raises(ValueError, match="no records"):
+        kl_by_prompt(records, "c")
+    claim = verdicts.Claim("a exceeds b", "test", "greater", "log-ratio")
+    rng = np.random.default_rng(0)
+    reference = rng.uniform(1e-6, 2e-6, 40)
+    higher = kl_ratio_verdict(claim, 3 * reference, reference, ("a", "b"))
+    assert higher.label == verdicts.AGREES and higher.estimate == pytest.approx(3.0)
+    assert higher.n == 40
+    few = kl_ratio_verdict(claim, 3 * reference[:10], reference[:10], ("a", "b"))
+    assert few.label == verdicts.INCONCLUSIVE and "fewer than 32" in few.reason
+    at_floor = np.where(np.arange(40) < 30, 0.0, reference)  # most prompts below the resolution
+    floored = kl_ratio_verdict(claim, 3 * reference, at_floor, ("a", "b"))
+    assert floored.label == verdicts.INCONCLUSIVE and "float floor" in floored.reason
+    assert np.isfinite(floored.estimate)  # zeros enter at KL_RESOLUTION
+    with_nan = kl_ratio_verdict(claim, np.r_[3 * reference, np.nan], np.r_[reference, 1.0], ("a", "b"))
+    assert with_nan.n == 40
+    assert KL_RESOLUTION > 0
+    with pytest.raises(ValueError, match="log-ratio"):
+        kl_ratio_verdict(verdicts.Claim("x", "y"), reference, reference, ("a", "b"))
+    with pytest.raises(ValueError, match="paired per prompt"):
+        kl_ratio_verdict(claim, reference, reference[:3], ("a", "b"))

@@ -2,9 +2,11 @@
 
 These are the measurements behind the tiny model's gates and the book's training page:
 
-* :func:`loss_by_loops`: mean next-token loss of teacher-forced texts after R loops;
+* :func:`loss_by_loops`: mean next-token loss of teacher-forced texts after R loops, and
+  :func:`loss_by_text` the same per text (paired measurements for a verdict);
 * :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.data.chain_programs`),
   how often the argmax after ``x?`` is x's value, and its loss, by R and by the binding depth;
+  :func:`answer_hits` gives the same per query;
 * :func:`state_changes` and :func:`fit_state_rho`: the median per-position relative change of the
   recurrent state, ||s(r) - s(r-1)|| / ||s(r)||, and the geometric rate at which it shrinks
   (the convergence that RIPE Table 7 summarizes as rho for the planes).
@@ -40,6 +42,13 @@ def _pad(rows: Sequence[Sequence[int]], fill: int) -> tuple[Tensor, Tensor]:
     return ids, real
 
 
+def encode_texts(tokenizer, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+    """Tokenize texts into right-padded ids (n, longest) and the mask of real tokens."""
+    if not texts:
+        raise ValueError("texts must hold at least one text")
+    return _pad([tokenizer(t)["input_ids"] for t in texts], tokenizer.eos_token_id or 0)
+
+
 def _check_loops(loops: Sequence[int]) -> list[int]:
     loops = list(loops)
     if not loops or any(not isinstance(r, int) or r < 1 for r in loops):
@@ -65,6 +74,27 @@ def loss_by_loops(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tens
         logits = model(ids[:, :-1], num_loops=R)
         out[R] = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100).item()
     return pd.Series(out, name="loss").rename_axis("loops")
+
+
+@torch.no_grad()
+def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tensor | None = None) -> pd.DataFrame:
+    """Mean next-token loss (nats) of each text (row of ``ids``, (B, n)) after each R: rows texts, columns R.
+
+    ``real`` (B, n) marks real tokens; padding targets are left out of each text's mean.
+    """
+    loops = _check_loops(loops)
+    if ids.dim() != 2 or ids.shape[1] < 2:
+        raise ValueError(f"ids must be (batch, length >= 2), got shape {tuple(ids.shape)}")
+    ids = ids.to(model.device)
+    keep = torch.ones_like(ids[:, 1:], dtype=torch.bool) if real is None else real[:, 1:].to(model.device)
+    if not keep.any(1).all():
+        raise ValueError("every text must hold at least two real tokens")
+    out = {}
+    for R in loops:
+        logits = model(ids[:, :-1], num_loops=R).float()
+        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        out[R] = ((nll * keep).sum(1) / keep.sum(1)).cpu().numpy()
+    return pd.DataFrame(out).rename_axis(index="text", columns="loops")
 
 
 @dataclass(frozen=True)
@@ -100,21 +130,39 @@ def encode_chains(tokenizer, programs: Sequence[ChainProgram]) -> ChainBatch:
     return ChainBatch(ids, real, r, p, ids[r, p + 1], torch.tensor(depths))
 
 
+def depth_bucket(depth: int) -> str:
+    """The :data:`DEPTH_BUCKETS` name of a binding depth."""
+    for name, (lo, hi) in DEPTH_BUCKETS.items():
+        if lo <= depth <= hi:
+            return name
+    raise ValueError(f"depth must be >= 1, got {depth}")
+
+
+@torch.no_grad()
+def answer_hits(model: LoopedLM, batch: ChainBatch, loops: Sequence[int]) -> pd.DataFrame:
+    """Every query's teacher-forced answer after each R: one row per (R, query) with its program, binding
+    depth and depth bucket, ``hit`` (the argmax is the answer) and ``nll`` (the answer's loss, nats)."""
+    loops = _check_loops(loops)
+    frames = []
+    for R in loops:
+        logits = model(batch.ids.to(model.device), num_loops=R)[batch.rows, batch.positions].float().cpu()
+        frames.append(pd.DataFrame({
+            "loops": R, "query": np.arange(len(batch.answers)), "program": batch.rows.numpy(),
+            "depth": batch.depths.numpy(), "bucket": [depth_bucket(int(d)) for d in batch.depths],
+            "hit": (logits.argmax(-1) == batch.answers).numpy().astype(float),
+            "nll": F.cross_entropy(logits, batch.answers, reduction="none").numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
 @torch.no_grad()
 def answer_accuracy(model: LoopedLM, batch: ChainBatch, loops: Sequence[int]) -> pd.DataFrame:
     """Teacher-forced answer accuracy and answer loss after R loops: one row per R, overall and by depth bucket."""
-    loops = _check_loops(loops)
-    rows = []
-    for R in loops:
-        logits = model(batch.ids.to(model.device), num_loops=R)[batch.rows, batch.positions].float().cpu()
-        hit = (logits.argmax(-1) == batch.answers).float()
-        nll = F.cross_entropy(logits, batch.answers, reduction="none")
-        row = {"loops": R, "accuracy": hit.mean().item(), "answer loss": nll.mean().item()}
-        for name, (lo, hi) in DEPTH_BUCKETS.items():
-            sel = (batch.depths >= lo) & (batch.depths <= hi)
-            row[f"depth {name}"] = hit[sel].mean().item() if sel.any() else float("nan")
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("loops")
+    hits = answer_hits(model, batch, loops)
+    table = hits.groupby("loops", sort=False).agg(accuracy=("hit", "mean"), **{"answer loss": ("nll", "mean")})
+    by_bucket = hits.pivot_table(index="loops", columns="bucket", values="hit", aggfunc="mean", sort=False)
+    for name in DEPTH_BUCKETS:
+        table[f"depth {name}"] = by_bucket[name] if name in by_bucket else float("nan")
+    return table
 
 
 @torch.no_grad()

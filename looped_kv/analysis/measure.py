@@ -6,18 +6,22 @@
 * :func:`block_dependence` compares verification targets of one batched pass with sequential
   decoding at identical contexts (RIPE Section 5.2).
 * :func:`draft_agreement` follows the full-depth target trajectory and asks how often a
-  d-loop draft with given prefix reads predicts the target's token (DAS Table 6, Figure 4).
+  d-loop draft with given prefix reads predicts the target's token (DAS Table 6, Figure 4);
+  :func:`draft_agreement_rows` does the same for every row of a batched generation at once.
+* :func:`row_tau` gives each row's tokens per verification (RIPE Eq. 7's tau, DAS Eq. 10's G).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.decoding.core import new_cache, prefill, run_block, step
+from looped_kv.decoding.core import Generation, block_positions, new_cache, prefill, run_block, step
 from looped_kv.decoding.greedy import greedy
 from looped_kv.runtime.cache import BlockBuffer, BlockPass
 from looped_kv.runtime.model import LoopedLM
@@ -40,6 +44,10 @@ def policy_logits(model: LoopedLM, tokens: Tensor, prompt_length: int, policy: C
     for t in range(prompt_length, n - 1):
         out.append(step(model, cache, tokens[:, t:t + 1], policy.num_loops)[0])
     return torch.cat(out).double()
+
+
+#: Smallest KL that :func:`kl` resolves (float64 logits): a KL below it is indistinguishable from 0.
+KL_RESOLUTION = 1e-30
 
 
 def kl(reference: Tensor, arm: Tensor) -> Tensor:
@@ -126,3 +134,73 @@ def target_trajectories(model: LoopedLM, prompts: Sequence[Tensor], max_new_toke
             for ids in tqdm(prompts, desc="target trajectories", disable=not progress, leave=False)]
 
 
+def padded_prompts(sequences: Sequence[Tensor], prompt_lengths: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """Right-padded prompts (B, longest prompt) and their lengths (B,)."""
+    width = max(prompt_lengths)
+    ids = torch.stack([torch.nn.functional.pad(s[:p], (0, width - p)) for s, p in zip(sequences, prompt_lengths,
+                                                                                         strict=True)])
+    return ids, torch.tensor(list(prompt_lengths), device=ids.device)
+
+
+def tokens_after_prompt(sequences: Sequence[Tensor], prompt_lengths: Sequence[int], offset: int,
+                        width: int = 1) -> Tensor:
+    """Tokens ``offset .. offset + width - 1`` after each row's prompt (B, width); 0 past a row's end."""
+    out = torch.zeros(len(sequences), width, dtype=torch.long, device=sequences[0].device)
+    for b, (s, p) in enumerate(zip(sequences, prompt_lengths, strict=True)):
+        part = s[p + offset:p + offset + width]
+        out[b, :len(part)] = part
+    return out
+
+
+@torch.no_grad()
+def draft_agreement_rows(model: LoopedLM, generation: Generation, draft_loops: Sequence[int],
+                         reads: Iterable[str | tuple[int, int]] = ("aligned",),
+                         policy: CachePolicy | None = None) -> pd.DataFrame:
+    """:func:`draft_agreement` for every row of a batched greedy ``generation`` at once (DAS Table 6).
+
+    All rows are replayed together: the prompts are prefilled, then each row's generated tokens are
+    decoded one at a time under ``policy`` (default full) while, before each step, a d-loop draft of the
+    pending token reads the cached prefix per ``reads``. Returns one row per generated sequence with the
+    agreement in [0, 1] for every (d, read) and the number of drafted positions ``n`` (NaN agreement when a
+    row generated fewer than two tokens).
+    """
+    R = model.config.mean_recurrence if policy is None else policy.num_loops
+    policy = policy or make_policy("full", R)
+    reads = list(reads)
+    read_policies = {spec: make_prefix_reads(spec, R) for spec in reads}
+    for d in draft_loops:
+        if not 1 <= d <= R:
+            raise ValueError(f"draft_loops must be in [1, {R}], got {d}")
+    sequences, prompt_lengths = generation.sequences, generation.prompt_lengths
+    generated = [len(s) - p for s, p in zip(sequences, prompt_lengths, strict=True)]
+    positions = [max(g - 1, 0) for g in generated]  # row b drafts tokens 1 .. g - 1 after its prompt
+    cache = new_cache(model, policy, len(sequences), max(prompt_lengths) + max(generated))
+    ids, lengths = padded_prompts(sequences, prompt_lengths)
+    prefill(model, cache, ids, R, None if len(set(prompt_lengths)) == 1 else lengths)
+    hits = {(d, spec): torch.zeros(len(sequences), dtype=torch.long) for d in draft_loops for spec in reads}
+    for i in range(max(positions)):
+        pair = tokens_after_prompt(sequences, prompt_lengths, i, 2)
+        token, target = pair[:, :1], pair[:, 1]
+        valid = torch.tensor([i < n for n in positions])
+        for d in draft_loops:
+            for spec, read in read_policies.items():
+                router = BlockPass(cache, block_positions(cache, 1), reads=read, store=None)
+                draft, _ = run_block(model, token, router, d)
+                hits[(d, spec)] += ((draft[:, -1].argmax(-1) == target).cpu() & valid).long()
+        step(model, cache, token, R)
+    n = np.array(positions, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frame = pd.DataFrame({key: np.where(n > 0, value.numpy() / n, np.nan) for key, value in hits.items()})
+    frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["draft loops", "reads"])
+    frame["n"] = n.astype(int)
+    frame.index.name = "row"
+    return frame
+
+
+def row_tau(generation: Generation) -> np.ndarray:
+    """Tokens committed per verification of each row (accepted drafts plus the verifier's kept token; RIPE Eq. 7,
+    DAS Eq. 10), NaN for a row that needed no verification."""
+    if not any(generation.row_accepted):
+        raise ValueError("generation must come from a speculative decoder (it holds no verification)")
+    return np.array([(sum(a) + sum(u)) / len(a) if a else np.nan
+                     for a, u in zip(generation.row_accepted, generation.row_retained, strict=True)])

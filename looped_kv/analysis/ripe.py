@@ -6,12 +6,15 @@
 * :func:`replay_records` replays target trajectories through cache arms (teacher forcing, RIPE
   Section 2 "Generation" mode) and returns KL(reference || arm), top-1 flips and the reference's
   top-2 margin per generated position; :func:`tail_summary` turns them into the rows of Table 4
-  and :func:`survival` into the curves of Figure 4a/b. During the same replays it can measure the
-  block dependence of Section 5.2 (:func:`replay_arm`), which :func:`block_dependence_ratio` and
-  :func:`numerics_label` turn into the paper's ratio and label.
+  and :func:`survival` into the curves of Figure 4a/b. During the same replays it measures the
+  block dependence of Section 5.2 per prompt (:func:`replay_batch`); the chapter's verdicts on these
+  paired per-prompt measurements come from :func:`looped_kv.analysis.verdicts.verdict`
+  (:func:`kl_by_prompt`, :func:`kl_ratio_verdict`).
+* :func:`acceptance_by_cache` runs Algorithm 1 (and self-speculation over other caches) on one batch of
+  prompts per cache and returns each prompt's tokens per verification.
 
-The paper's printed values (Tables 2 and 4, Sections 5.1-5.2) are in :mod:`looped_kv.papers`; the defaults
-of the tail threshold and of the block-dependence threshold come from there.
+The paper's printed values (Tables 2 and 4, Sections 5.1-5.2) are in :mod:`looped_kv.papers`; the default
+of the tail threshold comes from there.
 """
 
 from __future__ import annotations
@@ -27,21 +30,19 @@ from numpy.typing import ArrayLike
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.analysis.fits import BootstrapCI, paired_bootstrap_ratio
-from looped_kv.analysis.measure import kl
+from looped_kv.analysis.measure import KL_RESOLUTION, kl, padded_prompts, row_tau, tokens_after_prompt
 from looped_kv.analysis.planes import in_dtype
-from looped_kv.decoding.core import new_cache, prefill, run_block, step
-from looped_kv.papers import RIPE_SEC_5_2, RIPE_TABLE_4_SETUP
+from looped_kv.analysis.verdicts import Check, Claim, Verdict, above_floor, discrimination, enough_units, verdict
+from looped_kv.decoding.core import Generation, block_positions, new_buffer, new_cache, prefill, run_block, step
+from looped_kv.decoding.generate import generate
+from looped_kv.papers import RIPE_TABLE_4_SETUP
 from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
 
-EXCEEDS_NUMERICS = "exceeds numerics"
-INDISTINGUISHABLE_NUMERICS = "indistinguishable from numerics"
 TAIL_KL: float = RIPE_TABLE_4_SETUP["tail KL"]  # RIPE Table 4's tail threshold
-NUMERICS_THRESHOLD = float(RIPE_SEC_5_2["block dependence threshold"])  # RIPE Sec. 5.2, pre-registered
 
 
 def with_dtype(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
@@ -147,48 +148,96 @@ def _check_trajectories(trajectories: Sequence[Tensor], prompt_lengths: Sequence
 class ArmReplay:
     """One trajectory replayed under one cache policy."""
 
-    logits: Tensor  # (n - prompt_length, V) float64: :func:`~looped_kv.analysis.measure.policy_logits`
+    logits: Tensor  # (n - prompt_length, V) in the model's dtype: the logits sequential decoding computes
     block_kl: Tensor | None  # KL(sequential || batched) per block position (measure.block_dependence)
 
 
-@torch.no_grad()
-def replay_arm(model: LoopedLM, tokens: Tensor, prompt_length: int, policy: CachePolicy,
-               block: int | None = None) -> ArmReplay:
-    """Teacher-forced sequential replay, and with ``block`` the Section 5.2 block check, in one pass.
+def block_starts(generated: int, block: int) -> range:
+    """Offsets after the prompt of the verification blocks of gamma + 1 = ``block`` + 1 tokens that fit in
+    ``generated`` tokens (RIPE Sec. 5.2: the trajectory cut into consecutive blocks)."""
+    return range(0, generated - block, block + 1)
 
-    The replay is :func:`~looped_kv.analysis.measure.policy_logits`. With ``block`` = gamma, the trajectory after the
-    prompt is cut into verification blocks of gamma + 1 tokens as in
-    :func:`~looped_kv.analysis.measure.block_dependence`;
-    at the start of each block, before the block's sequential steps, one batched pass over the block reads the
-    same cache (its planes go to a scratch buffer). The sequential logits serve both measurements, so the block
-    check costs one batched pass per block instead of a second replay.
+
+@dataclass(frozen=True)
+class PromptPlanes:
+    """The prompts of B trajectories processed once (:func:`prompt_planes`): every site's keys and values, which
+    any cache policy can store, and the logits of each prompt's last position."""
+
+    keys_values: dict  # Site -> (keys, values) of shape (B, Hkv, longest prompt, D)
+    last_logits: Tensor  # (B, V)
+    lengths: Tensor  # (B,) prompt lengths
+
+
+@torch.no_grad()
+def prompt_planes(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths: Sequence[int],
+                  num_loops: int) -> PromptPlanes:
+    """Process the prompts of ``trajectories`` once and keep every site's keys and values.
+
+    A prefill reads only the prompt itself, each loop at its own plane, so its keys, values and logits are
+    the same under every cache policy; the policies differ only in what they keep. Replays of several arms
+    of the same model (:func:`replay_records`) share one prefill this way.
     """
-    n, p, R = tokens.shape[1], prompt_length, policy.num_loops
-    if tokens.dim() != 2 or tokens.shape[0] != 1:
-        raise ValueError(f"tokens must be (1, n), got shape {tuple(tokens.shape)}")
-    if not 1 <= p < n:
-        raise ValueError(f"prompt_length must be in [1, {n - 1}], got {p}")
+    _check_trajectories(trajectories, prompt_lengths)
+    sequences = [t[0] for t in trajectories]
+    ids, lengths = padded_prompts(sequences, prompt_lengths)
+    cache = new_cache(model, make_policy("full", num_loops), len(sequences), ids.shape[1])
+    record: dict = {}
+    counts = None if len(set(prompt_lengths)) == 1 else lengths
+    logits, _ = run_block(model, ids, BlockPass(cache, range(0, ids.shape[1]), counts=counts, record=record),
+                          num_loops)
+    last = logits[torch.arange(len(sequences), device=logits.device), lengths - 1]
+    return PromptPlanes(record, last, lengths)
+
+
+@torch.no_grad()
+def replay_batch(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths: Sequence[int],
+                 policy: CachePolicy, block: int | None = None, prompts: PromptPlanes | None = None
+                 ) -> list[ArmReplay]:
+    """Teacher-forced sequential replay of B trajectories at once, and with ``block`` the Section 5.2 check.
+
+    Row b is :func:`~looped_kv.analysis.measure.policy_logits` of ``trajectories[b]`` (its prompt prefilled,
+    then every generated token decoded one at a time under ``policy``); the rows run together, each at its own
+    positions, so rows of different lengths share every forward. ``prompts`` (:func:`prompt_planes` of the
+    same model and trajectories) stands in for the prefill. With ``block`` = gamma, each row's generated
+    tokens are cut into verification blocks of gamma + 1 tokens (:func:`block_starts`), as in
+    :func:`~looped_kv.analysis.measure.block_dependence`; before a block's sequential steps, one batched pass
+    over the block reads the same cache (its planes go to a scratch buffer), and the block's KL(sequential ||
+    batched) is recorded. Rows too short for one block get an empty ``block_kl``.
+    """
+    _check_trajectories(trajectories, prompt_lengths)
     if block is not None and block < 1:
         raise ValueError(f"block (gamma) must be >= 1, got {block}")
-    cache = new_cache(model, policy, 1, n)
-    replay = [prefill(model, cache, tokens[:, :p], R)[0, -1:]]
-    starts = list(range(p, n - block, block + 1)) if block else []
-    buffer = (BlockBuffer(model.config, R, batch=1, capacity=block + 1, dtype=model.dtype, device=model.device)
-              if starts else None)
-    sequential, batched = {}, {}
-    for t in range(p, max(n - 1, starts[-1] + block + 1 if starts else 0)):
-        if t in starts:
-            router = BlockPass(cache, range(t, t + block + 1), buffer=buffer, store="buffer")
-            batched[t], _ = run_block(model, tokens[:, t:t + block + 1], router, R)
-        logits = step(model, cache, tokens[:, t:t + 1], R)[0]
-        sequential[t] = logits
-        if t < n - 1:
-            replay.append(logits)
-    block_kl = None
-    if block is not None:
-        block_kl = torch.cat([kl(torch.cat([sequential[t] for t in range(s, s + block + 1)]), batched[s][0])
-                              for s in starts]) if starts else torch.empty(0, dtype=torch.float64)
-    return ArmReplay(torch.cat(replay).double(), block_kl)
+    R, B = policy.num_loops, len(trajectories)
+    if prompts is not None and prompts.last_logits.shape[0] != B:
+        raise ValueError(f"prompts must hold the planes of the {B} trajectories, got {prompts.last_logits.shape[0]}")
+    prompts = prompts or prompt_planes(model, trajectories, prompt_lengths, R)
+    sequences = [t[0] for t in trajectories]
+    generated = [len(s) - p for s, p in zip(sequences, prompt_lengths, strict=True)]
+    starts = [block_starts(g, block) if block else range(0) for g in generated]
+    last = max([g - 2 for g in generated] + [s[-1] + block for s in starts if len(s)])  # last step offset
+    cache = new_cache(model, policy, B, max(prompt_lengths) + max(generated))
+    width = max(prompt_lengths)
+    writes = cache.plan_writes(torch.arange(width, device=cache.lengths.device).expand(B, -1), prompts.lengths)
+    for site, (k, v) in prompts.keys_values.items():
+        cache.write(site, writes, k, v)
+    cache.advance(prompts.lengths)
+    steps = [prompts.last_logits[:, None]]
+    buffer = new_buffer(model, R, B, block + 1) if block else None
+    batched = {}
+    for i in range(last + 1):
+        if block and any(i in s for s in starts):
+            router = BlockPass(cache, block_positions(cache, block + 1), buffer=buffer, store="buffer")
+            batched[i], _ = run_block(model, tokens_after_prompt(sequences, prompt_lengths, i, block + 1), router, R)
+        steps.append(step(model, cache, tokens_after_prompt(sequences, prompt_lengths, i), R))
+    steps = torch.cat(steps, dim=1)  # (B, last + 2, V): column i + 1 comes from decoding generated token i
+    out = []
+    for b, g in enumerate(generated):
+        block_kl = None
+        if block is not None:
+            block_kl = torch.cat([kl(steps[b, s + 1:s + block + 2], batched[s][b]) for s in starts[b]]
+                                 ) if len(starts[b]) else torch.empty(0, dtype=torch.float64)
+        out.append(ArmReplay(steps[b, :g], block_kl))
+    return out
 
 
 @dataclass(frozen=True)
@@ -202,16 +251,18 @@ class Replays:
 def replay_records(trajectories: Sequence[Tensor], prompt_lengths: Sequence[int],
                    reference: tuple[LoopedLM, CachePolicy], arms: Mapping[str, tuple[LoopedLM, CachePolicy]], *,
                    block: int | None = None, block_arms: Sequence[str] = (), reference_label: str = "reference",
-                   progress: bool = False) -> Replays:
-    """Teacher-forced replay of each trajectory through the reference and every arm (RIPE Sec. 2, 5.1, 5.2).
+                   batch_size: int | None = None, progress: bool = False) -> Replays:
+    """Teacher-forced replay of the trajectories through the reference and every arm (RIPE Sec. 2, 5.1, 5.2).
 
     ``reference`` and each arm are a (model, cache policy) pair; the model fixes the arithmetic (a bf16
-    model for L0 and the cache arms, an fp32 copy for the precision floor). The records have one row per
-    (prompt, generated position, arm): ``kl`` = KL(reference || arm) in float64 (rounding below 0 clipped to
-    0), ``flip`` (the arm's top-1 token differs from the reference's), ``margin`` (the reference's top-2
-    probability margin) and ``position`` (0 for the first generated token). With ``block`` = gamma, the
-    reference and the arms named in ``block_arms`` also measure their block dependence during the same replay
-    (:func:`replay_arm`); a trajectory too short for one block is then an error.
+    model for L0 and the cache arms, an fp32 copy for the precision floor). The trajectories are replayed in
+    batches of ``batch_size`` (default: all at once) per arm (:func:`replay_batch`); the arms of one model
+    share each batch's prefill (:func:`prompt_planes`). The records have one row per (prompt, generated
+    position, arm): ``kl`` = KL(reference || arm) in float64 (rounding below 0 clipped to 0), ``flip`` (the
+    arm's top-1 token differs from the reference's), ``margin`` (the reference's top-2 probability margin) and
+    ``position`` (0 for the first generated token). With ``block`` = gamma, the reference and the arms named
+    in ``block_arms`` also measure their block dependence during the same replay: the mean KL(sequential ||
+    batched) per prompt, NaN for a prompt that generated fewer than gamma + 1 tokens.
     """
     _check_trajectories(trajectories, prompt_lengths)
     if not arms:
@@ -219,36 +270,89 @@ def replay_records(trajectories: Sequence[Tensor], prompt_lengths: Sequence[int]
     unknown = [label for label in block_arms if label not in arms]
     if unknown:
         raise ValueError(f"block_arms must name arms, got {unknown}")
-    if block is not None:
-        if block < 1:
-            raise ValueError(f"block (gamma) must be >= 1, got {block}")
-        short = [i for i, (t, p) in enumerate(zip(trajectories, prompt_lengths, strict=True))
-                 if t.shape[1] - p < block + 1]
-        if short:
-            raise ValueError(f"trajectories {short} hold no verification block of {block + 1} generated tokens")
-    ref_model, ref_policy = reference
+    if block is not None and block < 1:
+        raise ValueError(f"block (gamma) must be >= 1, got {block}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be None or >= 1, got {batch_size}")
+    size = batch_size or len(trajectories)
     frames, dependence = [], []
-    for i, (tokens, p) in enumerate(tqdm(list(zip(trajectories, prompt_lengths, strict=True)), disable=not progress,
-                                         desc="replay", leave=False)):
-        ref = replay_arm(ref_model, tokens, p, ref_policy, block)
-        top2 = ref.logits.softmax(-1).topk(2, dim=-1).values
-        margin = (top2[:, 0] - top2[:, 1]).cpu().numpy()
-        top1 = ref.logits.argmax(-1)
-        means = {reference_label: float(ref.block_kl.clamp_min(0).mean())} if block is not None else {}
-        for label, (model, policy) in arms.items():
-            arm = replay_arm(model, tokens, p, policy, block if label in block_arms else None)
-            if arm.block_kl is not None:
-                means[label] = float(arm.block_kl.clamp_min(0).mean())
-            frames.append(pd.DataFrame({
-                "prompt": i, "position": np.arange(ref.logits.shape[0]), "arm": label,
-                "kl": kl(ref.logits, arm.logits).clamp_min(0).cpu().numpy(),
-                "flip": (arm.logits.argmax(-1) != top1).cpu().numpy(), "margin": margin}))
+    for first in tqdm(range(0, len(trajectories), size), disable=not progress, desc="replay", leave=False):
+        rows, lengths = list(trajectories[first:first + size]), list(prompt_lengths[first:first + size])
+        frame, means = _replay_rows(rows, lengths, reference, arms, block, block_arms, reference_label)
+        frame["prompt"] += first
+        frames.append(frame)
         dependence.append(means)
     block_frame = None
     if block is not None:
-        block_frame = pd.DataFrame(dependence)
+        block_frame = pd.concat(dependence, ignore_index=True)
         block_frame.index.name = "prompt"
     return Replays(pd.concat(frames, ignore_index=True), block_frame)
+
+
+def _replay_rows(trajectories: list[Tensor], prompt_lengths: list[int], reference: tuple[LoopedLM, CachePolicy],
+                 arms: Mapping[str, tuple[LoopedLM, CachePolicy]], block: int | None, block_arms: Sequence[str],
+                 reference_label: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One batch of :func:`replay_records`: its records and its per-prompt block dependence."""
+    shared: dict[int, PromptPlanes] = {}
+
+    def replay(model: LoopedLM, policy: CachePolicy, with_block: bool) -> list[ArmReplay]:
+        if id(model) not in shared:
+            shared[id(model)] = prompt_planes(model, trajectories, prompt_lengths, policy.num_loops)
+        return replay_batch(model, trajectories, prompt_lengths, policy, block if with_block else None,
+                            shared[id(model)])
+
+    ref = replay(*reference, True)
+    references = [r.logits.double() for r in ref]
+    dependence = {reference_label: [_mean_kl(r.block_kl) for r in ref]} if block is not None else {}
+    frames = []
+    for label, (model, policy) in arms.items():
+        replays = replay(model, policy, label in block_arms)
+        if label in block_arms:
+            dependence[label] = [_mean_kl(r.block_kl) for r in replays]
+        for i, (reference_logits, arm) in enumerate(zip(references, replays, strict=True)):
+            top2 = reference_logits.softmax(-1).topk(2, dim=-1).values
+            frames.append(pd.DataFrame({
+                "prompt": i, "position": np.arange(reference_logits.shape[0]), "arm": label,
+                "kl": kl(reference_logits, arm.logits).clamp_min(0).cpu().numpy(),
+                "flip": (arm.logits.argmax(-1) != reference_logits.argmax(-1)).cpu().numpy(),
+                "margin": (top2[:, 0] - top2[:, 1]).cpu().numpy()}))
+    return pd.concat(frames, ignore_index=True), pd.DataFrame(dependence)
+
+
+def _mean_kl(values: Tensor) -> float:
+    return float(values.clamp_min(0).mean()) if values.numel() else float("nan")
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Self-speculative runs of one batch of prompts under several caches (:func:`acceptance_by_cache`)."""
+
+    tau: pd.DataFrame  # tokens per verification, one row per prompt, one column per cache
+    runs: dict[str, Generation]
+
+
+def acceptance_by_cache(model: LoopedLM, prompts: Sequence[Tensor], caches: Mapping[str, Mapping[str, object]],
+                        max_new_tokens: int, *, draft_loops: int, block: int) -> Acceptance:
+    """Greedy self-speculative decoding of ``prompts`` as one batch per cache: each prompt's tau (RIPE Eq. 7).
+
+    ``caches`` maps a label to the cache arguments of :func:`looped_kv.generate` (``cache``, ``window``,
+    ``prefix_reads``, ``exact``, ...). With ``cache="ripe"`` and drafts reading plane R this is RIPE
+    Algorithm 1; with ``cache="deepest"`` it is the deepest-plane decoder of RIPE Sec. 3.3 (W = 0, so
+    ``exact=False``). Every cache decodes the same prompts with the same d and gamma, so the taus are paired
+    by prompt.
+    """
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    if not caches:
+        raise ValueError("caches must name at least one cache")
+    fixed = {"method", "draft_loops", "block", "max_new_tokens"} & {k for spec in caches.values() for k in spec}
+    if fixed:
+        raise ValueError(f"caches must give cache arguments only, got {sorted(fixed)}")
+    runs = {label: generate(model, list(prompts), max_new_tokens=max_new_tokens, method="self-spec",
+                            draft_loops=draft_loops, block=block, **spec) for label, spec in caches.items()}
+    tau = pd.DataFrame({label: row_tau(run) for label, run in runs.items()})
+    tau.index.name = "prompt"
+    return Acceptance(tau, runs)
 
 
 def top_share(values: ArrayLike, fraction: float = 0.01) -> float:
@@ -288,52 +392,38 @@ def tail_counts_by_prompt(records: pd.DataFrame, arm: str, prompts: Sequence[int
     return counts.reindex(list(prompts), fill_value=0).to_numpy(dtype=float)
 
 
+def kl_by_prompt(records: pd.DataFrame, arm: str) -> pd.Series:
+    """Mean KL(reference || arm) of each prompt over its generated positions (the unit of a paired verdict)."""
+    r = records[records["arm"] == arm]
+    if r.empty:
+        raise ValueError(f"no records for arm {arm!r}")
+    return r.groupby("prompt", sort=False)["kl"].mean()
+
+
+def kl_ratio_verdict(claim: Claim, arm: ArrayLike, reference: ArrayLike, names: tuple[str, str],
+                     *checks: Check) -> Verdict:
+    """The verdict on a claim about the ratio of two arms' paired per-prompt mean KLs (RIPE Sec. 5.1-5.2).
+
+    Before the verdict, the experiment must be able to discriminate: enough prompts, and most prompts of each
+    arm (``names``) above :data:`~looped_kv.analysis.measure.KL_RESOLUTION` (else the ratio compares
+    rounding); ``checks`` add others. A prompt whose mean is below the resolution enters the log ratio at it.
+    Prompts where either arm is NaN (no measurement) are left out of the pairs.
+    """
+    if claim.scale != "log-ratio":
+        raise ValueError(f"claim.scale must be 'log-ratio' for a KL ratio, got {claim.scale!r}")
+    a, b = np.asarray(arm, dtype=float), np.asarray(reference, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"arm and reference must be paired per prompt, got {a.size} and {b.size} values")
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    bundle = discrimination(enough_units(a.size), above_floor(a, KL_RESOLUTION, names[0]),
+                            above_floor(b, KL_RESOLUTION, names[1]), *checks)
+    return verdict(claim, np.maximum(a, KL_RESOLUTION), np.maximum(b, KL_RESOLUTION), discrimination=bundle)
+
+
 def survival(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Empirical survival function (Figure 4a/b): sorted values x and the fraction of values >= x."""
     x = np.sort(np.asarray(values, dtype=float).ravel())
     if x.size == 0:
         raise ValueError("values must not be empty")
     return x, 1.0 - np.arange(x.size) / x.size
-
-
-# -- Section 5.2: block dependence ------------------------------------------------------------------
-
-
-def numerics_label(ratio: BootstrapCI, threshold: float = NUMERICS_THRESHOLD) -> str:
-    """RIPE Sec. 5.2's label: "exceeds numerics" when the ratio's lower bound is above the threshold (2).
-
-    The paper prints 1.37 [1.20, 1.62] as "indistinguishable from numerics" against its pre-registered
-    threshold of 2; the lower-bound rule is the one :func:`looped_kv.analysis.fits.fidelity_label` uses.
-    """
-    if not (math.isfinite(threshold) and threshold > 0):
-        raise ValueError(f"threshold must be > 0, got {threshold}")
-    return EXCEEDS_NUMERICS if ratio.low > threshold else INDISTINGUISHABLE_NUMERICS
-
-
-@dataclass(frozen=True)
-class BlockDependence:
-    """Section 5.2: mean block dependence of an arm over that of the reference (the full cache)."""
-
-    ratio: BootstrapCI | None  # None when the reference is exactly 0 for every prompt (no ratio exists)
-    label: str
-    reference_mean: float
-    arm_mean: float
-
-
-def block_dependence_ratio(reference: ArrayLike, arm: ArrayLike, threshold: float = NUMERICS_THRESHOLD,
-                           n_boot: int = 10_000, seed: int = 0) -> BlockDependence:
-    """Ratio of per-prompt mean block dependences, arm / reference, with a prompt-paired bootstrap, and the label.
-
-    If the reference (batched against sequential full-cache verification) is bitwise zero on every prompt,
-    the numerics contribute nothing: the arm "exceeds numerics" if it is above zero anywhere, and there is
-    no ratio.
-    """
-    ref, arm_values = np.asarray(reference, dtype=float), np.asarray(arm, dtype=float)
-    means = float(ref.mean()), float(arm_values.mean())
-    if ref.size and not ref.any():
-        if ref.shape != arm_values.shape or np.any(arm_values < 0):
-            raise ValueError("reference and arm must be paired per-prompt values >= 0")
-        label = EXCEEDS_NUMERICS if arm_values.any() else INDISTINGUISHABLE_NUMERICS
-        return BlockDependence(None, label, *means)
-    ratio = paired_bootstrap_ratio(ref, arm_values, n_boot=n_boot, seed=seed)
-    return BlockDependence(ratio, numerics_label(ratio, threshold), *means)

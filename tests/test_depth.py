@@ -1,0 +1,79 @@
+"""Does a looped model use its depth (looped_kv.analysis.depth): loss per text, answers per query."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from looped_kv import data, load
+from looped_kv.analysis.depth import (
+    DEPTH_BUCKETS,
+    answer_accuracy,
+    answer_hits,
+    depth_bucket,
+    encode_chains,
+    encode_texts,
+    loss_by_loops,
+    loss_by_text,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load("tiny", dtype=torch.float32)
+
+
+def test_encode_texts_pads_and_marks_real_tokens(tiny):
+    texts = ["a = 1\n", "def f(x):\n    return x\n"]
+    ids, real = encode_texts(tiny.tokenizer, texts)
+    lengths = [len(tiny.tokenizer(t)["input_ids"]) for t in texts]
+    assert ids.shape == (2, max(lengths)) and real.sum(1).tolist() == lengths
+    assert ids[0, :lengths[0]].tolist() == tiny.tokenizer(texts[0])["input_ids"]
+    with pytest.raises(ValueError, match="at least one text"):
+        encode_texts(tiny.tokenizer, [])
+
+
+def test_loss_by_text_is_each_texts_mean_loss(tiny):
+    texts = data.texts("code", 3, split="eval", chars=200)
+    ids, real = encode_texts(tiny.tokenizer, texts)
+    table = loss_by_text(tiny, ids, [1, 4], real)
+    assert table.shape == (3, 2) and list(table.columns) == [1, 4]
+    for i, text in enumerate(texts):  # each text alone, without padding
+        alone = torch.tensor([tiny.tokenizer(text)["input_ids"]])
+        logits = tiny(alone[:, :-1], num_loops=4)[0].float()
+        assert table.loc[i, 4] == pytest.approx(F.cross_entropy(logits, alone[0, 1:]).item(), rel=1e-4)
+    same = ids[:, :20]  # texts of equal length: the mean of the per-text means is the token mean
+    assert loss_by_text(tiny, same, [2]).mean()[2] == pytest.approx(loss_by_loops(tiny, same, [2])[2], rel=1e-5)
+    with pytest.raises(ValueError, match="loops must be"):
+        loss_by_text(tiny, ids, [0], real)
+    with pytest.raises(ValueError, match="two real tokens"):
+        loss_by_text(tiny, ids, [1], torch.zeros_like(real))
+
+
+def test_answer_hits_and_accuracy(tiny):
+    batch = encode_chains(tiny.tokenizer, data.chain_programs(6, split="eval"))
+    hits = answer_hits(tiny, batch, [1, 4])
+    assert len(hits) == 2 * len(batch.answers)
+    assert set(hits["bucket"]) <= set(DEPTH_BUCKETS) and hits["hit"].isin([0.0, 1.0]).all()
+    logits = tiny(batch.ids, num_loops=4)[batch.rows, batch.positions].float()
+    four = hits[hits["loops"] == 4]
+    assert np.array_equal(four["hit"].to_numpy(), (logits.argmax(-1) == batch.answers).numpy().astype(float))
+    assert np.array_equal(four["program"].to_numpy(), batch.rows.numpy())
+    table = answer_accuracy(tiny, batch, [1, 4])
+    assert list(table.columns) == ["accuracy", "answer loss", *(f"depth {b}" for b in DEPTH_BUCKETS)]
+    assert table.loc[4, "accuracy"] == pytest.approx(four["hit"].mean())
+    assert table.loc[4, "answer loss"] == pytest.approx(four["nll"].mean(), rel=1e-6)
+    for name in DEPTH_BUCKETS:
+        chosen = four[four["bucket"] == name]["hit"]
+        expected = chosen.mean() if len(chosen) else np.nan
+        assert table.loc[4, f"depth {name}"] == pytest.approx(expected, nan_ok=True)
+    assert isinstance(table, pd.DataFrame) and table.index.name == "loops"
+
+
+def test_depth_bucket():
+    assert [depth_bucket(d) for d in (1, 2, 3, 4, 6, 7, 20)] == ["1", "2-3", "2-3", "4-6", "4-6", "7+", "7+"]
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        depth_bucket(0)
