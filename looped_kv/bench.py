@@ -1,143 +1,384 @@
-"""Speed-up benchmarks: every decoder against paired greedy decoding, measured in one run.
+"""Speed-ups and acceptance of every decoder against paired greedy decoding (DAS Table 1, Eq. 8-10).
 
-Each prompt is decoded by greedy full-depth decoding and by every method in turn, in the same
-process, so each method's speed-up is paired with its own greedy reference. The reported
-speed-up is DAS Eq. (8): the mean over prompts of (n/t)_method / (n/t)_greedy, prefill
-included, with a paired prompt bootstrap interval; A (Eq. 9), G (Eq. 10) and tau come from
-the same runs. Configurations are chosen on development prompts and reported on disjoint
-evaluation prompts (DAS Appendix A.2).
+Two kinds of runs, one row per (prompt, method) each:
 
-    python -m looped_kv.bench --workloads problems code --prompts 8
+* timing (:func:`run_paired`): each prompt is decoded alone (batch 1) by greedy full-depth
+  decoding and by every method, in the same process, so each method's speed-up is paired with
+  its own greedy reference. The speed-up is DAS Eq. (8): the mean over prompts of
+  (n/t)_method / (n/t)_greedy, prefill included, with a paired prompt bootstrap interval
+  (:func:`looped_kv.analysis.fits.mean_speedup`);
+* acceptance (:func:`acceptance_runs`): each method decodes all prompts as one batch. Every row is
+  what decoding that prompt alone gives, so the per-prompt accepted length A (Eq. 9), committed
+  progress G (Eq. 10) and tokens per verification tau cost a fraction of the timing runs.
+
+Methods are named by :data:`looped_kv.decoding.settings.METHODS` (``ar``, ``self-spec``,
+``mature-spec``, ``pld``, ``das-wave``); :data:`~looped_kv.decoding.settings.DISPLAY` labels
+tables only. Each drafter's acceptance has a ceiling: tau <= gamma + 1 for the sequential
+drafters (self-spec, mature-spec, pld) and A <= w for DAS-Wave, w = min(gamma, W_init + J - 1)
+(DAS Eq. 5). An arm at its ceiling cannot be beaten, so every verdict here
+(:mod:`looped_kv.analysis.verdicts`) checks the ceilings first.
+
+    looped-kv bench --workloads problems --prompts 32 --max-new-tokens 128
 """
 
 from __future__ import annotations
 
-import argparse
-import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from looped_kv import data
-from looped_kv.analysis.fits import accepted_length, mean_speedup
-from looped_kv.decoding.core import Generation
+from looped_kv.analysis.fits import accepted_length, committed_progress, interaction_effect, mean_speedup
+from looped_kv.analysis.verdicts import (
+    Check,
+    Claim,
+    Verdict,
+    below_ceiling,
+    discrimination,
+    enough_units,
+    varies,
+    verdict,
+)
+from looped_kv.decoding import settings
+from looped_kv.decoding.core import Generation, check_prompts
+from looped_kv.decoding.das_wave import check_wave, proposal_width
 from looped_kv.decoding.generate import generate
 from looped_kv.protocol.reproducibility import measurement_mode
-from looped_kv.runtime.loading import load
 from looped_kv.runtime.model import LoopedLM
 
-#: Each method's configuration on the shipped tiny model, chosen on development prompts with
-#: ``select_configs``: the sequential drafters by chapter 5 (d = 2, gamma = 8), prompt lookup and
-#: DAS-Wave by chapter 6 (the paper's schedule gamma 32, J 24, W_init 2, with k = 1).
-DEFAULT_METHODS: dict[str, dict] = {
-    "greedy": {"method": "ar"},
-    "prompt lookup": {"method": "pld", "block": 8},
-    "self-spec": {"method": "self-spec", "draft_loops": 2, "block": 8},
-    "Mature-Spec": {"method": "mature-spec", "draft_loops": 2, "block": 8},
-    "DAS-Wave": {"method": "das-wave", "block": 32, "rounds": 24, "initial_width": 2, "updates": 1},
-}
+#: DAS Sec. 4.3 and Table 2: with the same draft depth and block, deep K/V prefix reads accept more drafts.
+MATURE_SPEC_ACCEPTS_MORE = Claim("Mature-Spec accepts more drafts per verification than self-speculation "
+                                 "(same d and gamma)", "DAS Sec. 4.3, Table 2")
+#: DAS Sec. 4.2 and Table 1: Mature-Spec improves over sequential self-speculation in all sixteen settings.
+MATURE_SPEC_FASTER = Claim("Mature-Spec decodes faster than self-speculation", "DAS Sec. 4.2, Table 1",
+                           scale="log-ratio")
+#: DAS Sec. 4.2 and Table 1: DAS-Wave produces the longest accepted blocks in every setting.
+WAVE_ACCEPTS_MORE = Claim("DAS-Wave accepts more drafts per verification than Mature-Spec",
+                          "DAS Sec. 4.2, Table 1")
+#: DAS Sec. 4.2 and Table 1: DAS-Wave obtains the largest measured speed-up in every setting.
+WAVE_FASTER = Claim("DAS-Wave decodes faster than Mature-Spec", "DAS Sec. 4.2, Table 1", scale="log-ratio")
+#: DAS Sec. C.4, Eq. (11) and Table 9: the three-way interaction of carry, deep K and deep V is positive.
+INTERACTION = Claim("carry strengthens the complementarity of mature keys and values: E_cKV > 0",
+                    "DAS Sec. C.4, Eq. 11, Table 9")
+
+#: The DAS-Wave prefix reads of the carry x K x V factorial, by (deep K, deep V) (DAS Eq. 4).
+FACTORIAL_READS = {(0, 0): "aligned", (0, 1): "deep-v", (1, 0): "deep-k", (1, 1): "deep-kv"}
+WAVE_KEYS = ("block", "rounds", "initial_width", "updates", "carry")
 
 
-def encode_prompts(model: LoopedLM, workload: str, n: int, split: str) -> list[Tensor]:
-    texts = data.prompts(workload, n, split)
-    return [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device) for p in texts]
+def method_configs(draft_loops: int = settings.DRAFT_LOOPS, block: int = settings.BLOCK,
+                   wave: dict | None = None) -> dict[str, dict]:
+    """generate() settings of every method of :data:`~looped_kv.decoding.settings.METHODS`.
+
+    Self-spec and Mature-Spec draft ``draft_loops`` (d) loops and verify blocks of ``block`` (gamma)
+    drafts, so that they differ only in their prefix reads (DAS Sec. 4.3 compares reads at one draft
+    depth); prompt lookup drafts up to ``block`` tokens; DAS-Wave runs
+    :data:`~looped_kv.decoding.settings.WAVE` (the paper's Huginn schedule) updated by ``wave``.
+    """
+    if draft_loops < 1:
+        raise ValueError(f"draft_loops must be >= 1, got {draft_loops}")
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    unknown = sorted(set(wave or {}) - set(WAVE_KEYS))
+    if unknown:
+        raise ValueError(f"wave must set only {WAVE_KEYS}, got {unknown}")
+    schedule = {**settings.WAVE, **(wave or {})}
+    check_wave(schedule["block"], schedule["rounds"], schedule["initial_width"], schedule["updates"])
+    sequential = {"draft_loops": draft_loops, "block": block}
+    return {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", **sequential},
+            "mature-spec": {"method": "mature-spec", **sequential},
+            "pld": {"method": "pld", "block": block, "ngram": settings.NGRAM},
+            "das-wave": {"method": "das-wave", **schedule}}
 
 
-def progress_of(out: Generation) -> float:
-    """G of one run (DAS Eq. 10): committed tokens per verification, which is the run's tau."""
-    return out.tau
+def label(key: Hashable) -> str:
+    """A method's table label (:data:`~looped_kv.decoding.settings.DISPLAY`), or the key itself."""
+    return settings.DISPLAY.get(key, str(key)) if isinstance(key, str) else str(key)
 
 
-def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[str, dict], max_new_tokens: int,
+@dataclass(frozen=True)
+class Ceiling:
+    """The statistic that bounds a drafter's acceptance and its range [floor, value]."""
+
+    statistic: str  # "tau" (sequential drafters) or "A" (DAS-Wave)
+    value: int
+    floor: int
+
+    def __str__(self) -> str:
+        return f"{self.statistic} <= {self.value}"
+
+
+def ceiling(config: dict) -> Ceiling | None:
+    """tau <= gamma + 1 for a sequential drafter, A <= w for DAS-Wave (DAS Eq. 5), None for greedy decoding."""
+    method = settings.check_method(config.get("method", ""))
+    if method == "ar":
+        return None
+    if method == "das-wave":
+        wave = {**settings.WAVE, **{k: v for k, v in config.items() if k in WAVE_KEYS}}
+        return Ceiling("A", proposal_width(wave["block"], wave["rounds"], wave["initial_width"]), 0)
+    return Ceiling("tau", config.get("block", settings.BLOCK) + 1, 1)
+
+
+def _rows(out: Generation, key: Hashable, config: dict) -> list[dict]:
+    """One row per prompt of a run: its tokens, verifications, A, G (= tau) and the fraction of its ceiling."""
+    bound = ceiling(config)
+    rows = []
+    for i, (accepted, retained, new, stopped) in enumerate(
+            zip(out.row_accepted, out.row_retained, out.new_rows, out.stopped, strict=True)):
+        a = float(np.mean(accepted)) if accepted else float("nan")
+        g = float(np.mean(np.add(accepted, retained))) if accepted else float("nan")
+        stat = {"tau": g, "A": a}[bound.statistic] if bound else float("nan")
+        rows.append({"prompt": i, "method": key, "new_tokens": len(new), "verifications": len(accepted), "A": a,
+                     "G": g, "tau": g, "accepted": list(accepted), "retained": list(retained), "stopped": stopped,
+                     "statistic": bound.statistic if bound else "", "ceiling": bound.value if bound else np.nan,
+                     "floor": bound.floor if bound else np.nan,
+                     "of ceiling": stat / bound.value if bound else float("nan")})
+    return rows
+
+
+def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
+                    progress: bool = False) -> pd.DataFrame:
+    """Each drafting method decodes all ``prompts`` as one batch; one row per (prompt, method) (see :func:`_rows`)."""
+    rows = []
+    for key, config in tqdm(methods.items(), desc="acceptance", disable=not progress, leave=False):
+        if config.get("method") != "ar":
+            out = generate(model, list(prompts), max_new_tokens=max_new_tokens, **config)
+            rows += _rows(out, key, config)
+    return pd.DataFrame(rows)
+
+
+def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
                progress: bool = True) -> pd.DataFrame:
-    """One row per (prompt, method): time, tokens/s, tau, A, G, and whether the tokens equal greedy's."""
+    """Timing runs: every prompt alone, greedy first, then each method; one row per (prompt, method) with its time,
+    tokens/s, per-prompt speed-up over the paired greedy run (DAS Eq. 8), A, G, tau and whether it equals greedy."""
     generate(model, prompts[0], max_new_tokens=4)  # warm-up
     rows = []
     for i, ids in enumerate(tqdm(prompts, desc="prompts", disable=not progress, leave=False)):
         reference = generate(model, ids, max_new_tokens=max_new_tokens, method="ar")
-        for name, kwargs in methods.items():
-            out = reference if kwargs.get("method") == "ar" else generate(model, ids, max_new_tokens=max_new_tokens,
-                                                                          **kwargs)
-            rows.append({"prompt": i, "method": name, "time_s": out.wall_time, "new_tokens": out.num_new,
-                         "tokens_per_s": out.tokens_per_s, "greedy_time_s": reference.wall_time,
-                         "tau": out.tau, "A": out.mean_accepted, "G": progress_of(out),
-                         "verifications": out.verifications, "accepted": out.accepted,
+        for key, config in methods.items():
+            out = reference if config.get("method") == "ar" else generate(model, ids, max_new_tokens=max_new_tokens,
+                                                                          **config)
+            (row,) = _rows(out, key, config)
+            rows.append({**row, "prompt": i, "time_s": out.wall_time, "tokens_per_s": out.tokens_per_s,
+                         "greedy_time_s": reference.wall_time, "greedy_tokens": reference.num_new,
+                         "speed-up": out.tokens_per_s / reference.tokens_per_s,
                          "same_as_greedy": bool(torch.equal(out.tokens, reference.tokens))})
     return pd.DataFrame(rows)
 
 
-def summarize(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
-    """Per method: tokens/s, mean speed-up over paired greedy (DAS Eq. 8) with its 95% interval, A, G, tau."""
+def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot: int = 2000) -> pd.DataFrame:
+    """Per method: tokens/s, the mean speed-up over paired greedy decoding (DAS Eq. 8) with its 95% interval, A
+    (Eq. 9), G (Eq. 10), tau, the ceiling and the fraction of it reached, and the runs equal to greedy's.
+
+    ``runs`` are timing runs (:func:`run_paired`); A, G, tau and the ceiling come from ``acceptance``
+    (:func:`acceptance_runs`) where given, else from the timing runs. Index: the methods' table labels.
+    """
     out = []
-    for name, group in runs.groupby("method", sort=False):
-        speed = mean_speedup(group["greedy_time_s"], group["time_s"], n_boot=n_boot)
-        accepted = [a for a in group["accepted"] if len(a)]
-        out.append({"method": name, "tokens/s": group["tokens_per_s"].mean(), "speed-up": speed.estimate,
-                    "low": speed.low, "high": speed.high,
-                    "A": accepted_length(accepted) if accepted else float("nan"),
-                    "G": group["G"].mean(), "tau": group["tau"].mean(),
-                    "same as greedy": f"{int(group['same_as_greedy'].sum())}/{len(group)}"})
+    for key, group in runs.groupby("method", sort=False):
+        speed = mean_speedup(group["greedy_time_s"], group["time_s"], group["greedy_tokens"], group["new_tokens"],
+                             n_boot=n_boot)
+        source = group if acceptance is None else acceptance[acceptance["method"] == key]
+        drafted = source[source["verifications"] > 0]
+        row = {"method": label(key), "tokens/s": group["tokens_per_s"].mean(), "speed-up": speed.estimate,
+               "low": speed.low, "high": speed.high, "A": np.nan, "G": np.nan, "tau": np.nan, "ceiling": "–",
+               "of ceiling": np.nan, "same as greedy": f"{int(group['same_as_greedy'].sum())}/{len(group)}"}
+        if len(drafted):
+            row |= {"A": accepted_length(drafted["accepted"].tolist()),
+                    "G": committed_progress(drafted["accepted"].tolist(), drafted["retained"].tolist()),
+                    "tau": drafted["tau"].mean(), "of ceiling": drafted["of ceiling"].mean(),
+                    "ceiling": f"{drafted['statistic'].iloc[0]} <= {int(drafted['ceiling'].iloc[0])}"}
+        out.append(row)
     return pd.DataFrame(out).set_index("method")
 
 
-def select_configs(model: LoopedLM, dev_prompts: Sequence[Tensor], grids: dict[str, list[dict]],
-                   max_new_tokens: int, progress: bool = True) -> tuple[dict[str, dict], pd.DataFrame]:
-    """For each method, the grid configuration with the highest mean speed-up on development prompts."""
-    chosen, tables = {}, []
-    for name, grid in grids.items():
-        candidates = {f"{name} {i}": config for i, config in enumerate(grid)}
-        table = summarize(run_paired(model, dev_prompts, candidates, max_new_tokens, progress), n_boot=200)
-        best = table["speed-up"].idxmax()
-        chosen[name] = candidates[best]
-        table.insert(0, "config", [str(c) for c in candidates.values()])
-        tables.append(table)
-    return chosen, pd.concat(tables)
+# -- verdicts -------------------------------------------------------------------------------------------------
 
 
-def grid(**axes: list) -> list[dict]:
-    """All combinations of the given settings, as generate() keyword arguments."""
-    keys = list(axes)
-    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
+def _arm(runs: pd.DataFrame, key: Hashable) -> pd.DataFrame:
+    arm = runs[runs["method"].map(lambda m: m == key)]
+    if arm.empty:
+        raise ValueError(f"the runs hold no method {key!r}; they hold {list(runs['method'].unique())}")
+    return arm.set_index("prompt")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="'tiny', a checkpoint folder or a hub id (default: tiny)")
-    ap.add_argument("--workloads", nargs="+", default=list(data.WORKLOADS), choices=data.WORKLOADS)
-    ap.add_argument("--prompts", type=int, default=8, help="evaluation prompts per workload (default: 8)")
-    ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
-    ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(DEFAULT_METHODS))
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1, see looped_kv.book)")
-    args = ap.parse_args(argv)
-    if args.prompts < 1:
-        ap.error(f"--prompts must be >= 1, got {args.prompts}")
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
-    if args.max_new_tokens < 1:
-        ap.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    torch.set_num_threads(args.threads)
-    model = load(args.model, device="cuda" if torch.cuda.is_available() else None)
-    report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods)
+def room(runs: pd.DataFrame, key: Hashable) -> Check:
+    """The check that method ``key``'s acceptance (tau or A, per :func:`ceiling`) stays below its ceiling."""
+    arm = _arm(runs, key)
+    arm = arm[arm["verifications"] > 0]
+    if arm.empty:
+        raise ValueError(f"method {key!r} made no verification in these runs")
+    first = arm.iloc[0]
+    return below_ceiling(arm[first["statistic"]], first["ceiling"], f"{first['statistic']} of {label(key)}",
+                         floor=first["floor"])
+
+
+def _most_accepted(runs: pd.DataFrame, key: Hashable) -> float:
+    """The most drafts one verification of ``key`` can accept: gamma (tau <= gamma + 1) or w (A <= w)."""
+    first = _arm(runs, key).iloc[0]
+    return first["ceiling"] - 1 if first["statistic"] == "tau" else first["ceiling"]
+
+
+def _rooms(runs: pd.DataFrame, method: Hashable, baseline: Hashable) -> list[Check]:
+    """A baseline at its ceiling cannot be beaten by a method that accepts no more per verification (same
+    gamma); DAS-Wave's A must stay below w before any verdict on it."""
+    checks = [room(runs, baseline)] if _most_accepted(runs, method) <= _most_accepted(runs, baseline) else []
+    return checks + [room(runs, key) for key in (method, baseline) if key == "das-wave"]
+
+
+def acceptance_verdict(claim: Claim, runs: pd.DataFrame, method: Hashable, baseline: Hashable) -> Verdict:
+    """``claim`` on the paired per-prompt accepted length A (DAS Eq. 9) of ``method`` against ``baseline``.
+
+    Discrimination: enough prompts (:data:`~looped_kv.analysis.verdicts.MIN_PROMPTS`), the baseline below its
+    ceiling where the method can accept no more per verification than the baseline, DAS-Wave below w, and
+    values that are not all equal.
+    """
+    a, b = _arm(runs, method)["A"], _arm(runs, baseline)["A"]
+    both = a.notna() & b.reindex(a.index).notna()
+    a, b = a[both].to_numpy(), b.reindex(a.index)[both].to_numpy()
+    checks = discrimination(enough_units(len(a)), *_rooms(runs, method, baseline),
+                            varies(np.r_[a, b], f"A of {label(method)} and {label(baseline)}"))
+    return verdict(claim, a, b, discrimination=checks)
+
+
+def speed_verdict(claim: Claim, timing: pd.DataFrame, method: Hashable, baseline: Hashable,
+                  acceptance: pd.DataFrame | None = None) -> Verdict:
+    """``claim`` on the paired per-prompt speed-ups (DAS Eq. 8) of ``method`` and ``baseline``, as a ratio.
+
+    The timing prompts may be few (each is decoded alone); their interval says how far the ratio is
+    known. The ceiling checks use ``acceptance`` runs where given (more prompts), else the timing runs.
+    """
+    a, b = _arm(timing, method)["speed-up"], _arm(timing, baseline)["speed-up"]
+    checks = discrimination(*_rooms(timing if acceptance is None else acceptance, method, baseline))
+    return verdict(claim, a.to_numpy(), b.reindex(a.index).to_numpy(), discrimination=checks)
+
+
+def mature_spec_verdicts(timing: pd.DataFrame, acceptance: pd.DataFrame | None = None) -> dict[str, Verdict]:
+    """The two verdicts on "Mature-Spec beats self-speculation": acceptance (:data:`MATURE_SPEC_ACCEPTS_MORE`, on
+    ``acceptance`` runs where given, else the timing runs) and speed (:data:`MATURE_SPEC_FASTER`)."""
+    runs = timing if acceptance is None else acceptance
+    if set(_arm(runs, "self-spec")["ceiling"]) != set(_arm(runs, "mature-spec")["ceiling"]):
+        raise ValueError("self-spec and mature-spec must verify blocks of the same gamma to compare acceptance")
+    return {"acceptance": acceptance_verdict(MATURE_SPEC_ACCEPTS_MORE, runs, "mature-spec", "self-spec"),
+            "speed": speed_verdict(MATURE_SPEC_FASTER, timing, "mature-spec", "self-spec", acceptance)}
+
+
+# -- the carry x K x V factorial (DAS Table 9, Eq. 11) ----------------------------------------------------------
+
+
+def factorial_configs(wave: dict | None = None) -> dict[tuple[int, int, int], dict]:
+    """DAS-Wave settings of the eight cells (carry, deep K, deep V) at one schedule (default settings.WAVE)."""
+    schedule = method_configs(wave=wave)["das-wave"]
+    return {(c, k, v): {**schedule, "carry": bool(c), "prefix_reads": FACTORIAL_READS[(k, v)]}
+            for c in (0, 1) for k in (0, 1) for v in (0, 1)}
+
+
+def interaction_by_prompt(runs: pd.DataFrame) -> np.ndarray:
+    """Per-prompt E_cKV (DAS Eq. 11) from the G of the eight cells of :func:`factorial_configs`' acceptance runs,
+    on the prompts with a verification in every cell."""
+    g = runs.pivot(index="prompt", columns="method", values="G")
+    cells = list(factorial_configs())
+    missing = [c for c in cells if c not in g.columns]
+    if missing:
+        raise ValueError(f"runs must hold the eight cells (carry, K, V); missing {missing}")
+    g = g[cells].dropna()
+    return np.array([interaction_effect(dict(zip(cells, row, strict=True))) for row in g.to_numpy()])
+
+
+def interaction_verdict(runs: pd.DataFrame) -> Verdict:
+    """:data:`INTERACTION` on the per-prompt E_cKV, against no interaction.
+
+    Discrimination: enough prompts; the carried cells' G below the ceiling w (when every carried cell
+    commits all w proposals, carry's K/V interaction is zero by saturation, whatever the reads do); and
+    G that is not the same in every cell.
+    """
+    e = interaction_by_prompt(runs)
+    carried = runs[runs["method"].map(lambda cell: cell[0] == 1)]
+    w = int(carried["ceiling"].iloc[0])
+    per_prompt = carried.groupby("prompt")["G"].mean().dropna()
+    checks = discrimination(enough_units(len(e)), below_ceiling(per_prompt, w, "G of the carried cells"),
+                            varies(runs["G"].dropna(), "G of the eight cells"))
+    return verdict(INTERACTION, e, null=0.0, discrimination=checks)
+
+
+# -- the command line (looped-kv bench) -------------------------------------------------------------------------
+
+
+def check_options(prompts: int, max_new_tokens: int, draft_loops: int, block: int, methods: Sequence[str],
+                  workloads: Sequence[str]) -> None:
+    """The bench's arguments, before any model is loaded: one-line ValueErrors naming the option and the value."""
+    if prompts < 2:
+        raise ValueError(f"--prompts must be >= 2 (paired intervals need two prompts), got {prompts}")
+    for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-loops", draft_loops), ("--block", block)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    for flag, names, allowed in (("--methods", methods, settings.METHODS), ("--workloads", workloads, data.WORKLOADS)):
+        bad = [n for n in names if n not in allowed]
+        if bad or not names:
+            raise ValueError(f"{flag} must name some of {allowed}, got {list(names)}")
+
+
+def check_model(model_loops: int, draft_loops: int) -> None:
+    """The arguments that need the model's config: d < R."""
+    if not draft_loops < model_loops:
+        raise ValueError(f"--draft-loops must be in [1, {model_loops - 1}] (fewer than the model's R = "
+                         f"{model_loops} loops), got {draft_loops}")
 
 
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
-           progress: bool = True) -> None:
-    """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts,
-    measured with cuDNN attention off (:func:`looped_kv.protocol.reproducibility.measurement_mode`)."""
-    chosen = {name: DEFAULT_METHODS[name] for name in methods}
-    pd.set_option("display.width", 160)
+           draft_loops: int = settings.DRAFT_LOOPS, block: int = settings.BLOCK, progress: bool = True,
+           n_boot: int = 10_000) -> None:
+    """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts
+    (each decoded alone, stopping at end-of-text), tau or A as a fraction of its ceiling, and the verdicts on
+    "Mature-Spec beats self-speculation", measured with cuDNN attention off
+    (:func:`looped_kv.protocol.reproducibility.measurement_mode`). Every prompt is checked before decoding."""
+    check_options(prompts, max_new_tokens, draft_loops, block, methods, workloads)
+    check_model(model.config.mean_recurrence, draft_loops)
+    configs = {name: config for name, config in method_configs(draft_loops, block).items() if name in methods}
+    margin = max(config.get("block", 0) + 1 for config in configs.values())
+    encoded = {}
+    for workload in workloads:
+        encoded[workload] = [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device)
+                             for p in data.prompts(workload, prompts, "eval")]
+        if len(encoded[workload]) < 2:
+            raise ValueError(f"--workloads {workload}: only {len(encoded[workload])} evaluation prompt(s) exist")
+        try:
+            check_prompts(model, encoded[workload], max_new_tokens, margin=margin)
+        except ValueError as error:
+            raise ValueError(f"--max-new-tokens {max_new_tokens} on {workload}: {error}") from None
+    pd.set_option("display.width", 200)
     with measurement_mode() as record:
-        print(f"model {model.source} on {model.device}; torch {record['torch']}, cuDNN attention: "
-              f"{record['cudnn_sdp']}")
-        for workload in workloads:
-            encoded = encode_prompts(model, workload, prompts, "eval")
-            table = summarize(run_paired(model, encoded, chosen, max_new_tokens, progress=progress))
-            print(f"\n{workload}: {len(encoded)} evaluation prompts, {max_new_tokens} new tokens each")
-            print(table.to_string(float_format=lambda x: f"{x:.2f}"))
+        print(f"model {model.source} on {model.device} ({str(model.dtype).removeprefix('torch.')}), R = "
+              f"{model.config.mean_recurrence}; torch {record['torch']}, cuDNN attention: {record['cudnn_sdp']}; "
+              f"self-spec and mature-spec: d = {draft_loops}, gamma = {block}; pld: up to {block} drafts of "
+              f"{settings.NGRAM}-grams; das-wave: {', '.join(f'{k} {settings.WAVE[k]}' for k in WAVE_KEYS)}")
+        for workload, ids in encoded.items():
+            runs = run_paired(model, ids, configs, max_new_tokens, progress=progress)
+            table = summarize(runs, n_boot=n_boot)
+            print(f"\n{workload}: {len(ids)} evaluation prompts, each decoded alone, up to {max_new_tokens} new "
+                  f"tokens (stopping at end-of-text); speed-up: DAS Eq. (8) over paired greedy decoding, 95% paired "
+                  f"bootstrap interval")
+            print(table.to_string(float_format=lambda x: f"{x:.2f}", na_rep="–",
+                                  formatters={"of ceiling": lambda x: "–" if np.isnan(x) else f"{x:.0%}"}))
+            if {"self-spec", "mature-spec"} <= set(methods):
+                for name, v in mature_spec_verdicts(runs).items():
+                    print(f"  Mature-Spec beats self-speculation, {name}: {v}")
+            else:
+                print("  Mature-Spec beats self-speculation: needs --methods self-spec mature-spec")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m looped_kv.bench ...`` is ``looped-kv bench ...``."""
+    from looped_kv.cli import main as cli_main
+
+    return cli_main(["bench", *(argv or [])])
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

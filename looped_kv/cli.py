@@ -1,7 +1,7 @@
 """The looped-kv command: generate, bench, batched, memory, plan and pre-registered batches.
 
     looped-kv generate --method mature-spec --cache ripe --window 16 "Question: ... Answer:"
-    looped-kv bench --workloads problems --prompts 4
+    looped-kv bench --workloads problems --prompts 32 --methods ar self-spec mature-spec
     looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.analysis.throughput
     looped-kv memory --model huginn-0125 --context 1024 4096
     looped-kv batch freeze regions                     # the shipped example, or a spec file
@@ -27,14 +27,16 @@ import torch
 
 from looped_kv import bench, data
 from looped_kv.analysis import throughput
+from looped_kv.analysis.verdicts import MIN_PROMPTS
 from looped_kv.book import DTYPES
+from looped_kv.decoding import settings
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import METHODS
 from looped_kv.protocol import batches
 from looped_kv.protocol.reproducibility import check_device
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
-from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load
+from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load, resolve_source
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
@@ -144,28 +146,46 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.prompts < 1 or args.max_new_tokens < 1:
-        raise ValueError(f"--prompts and --max-new-tokens must be >= 1, got {args.prompts} and "
-                         f"{args.max_new_tokens}")
+    bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.block, args.methods, args.workloads)
+    try:  # the config first (no weights): R is known before the model is loaded
+        config = LoopedConfig.from_file(resolve_source(args.model) / "config.json")
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {args.model!r}: {error}") from None
+    bench.check_model(config.mean_recurrence, args.draft_loops)
     model = _load(args)
-    bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, progress=not args.quiet)
+    if model.tokenizer is None:
+        raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
+    bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops, args.block,
+                 progress=not args.quiet)
     return 0
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="speed-ups of every decoder over paired greedy decoding, one sequence at a "
-                                     "time (chapters 5-6; batched throughput and memory: looped-kv batched)",
-                       description="Each evaluation prompt is decoded greedily and by every method in the same "
-                                   "process; the speed-up is DAS Eq. (8), the mean over prompts of the tokens/s "
-                                   "ratio to the paired greedy run, with a paired bootstrap interval, and A, G and "
-                                   "tau (DAS Eq. 9-10).")
+                                     "time, and the verdict on Mature-Spec against self-speculation (chapters 5-6; "
+                                     "batched throughput and memory: looped-kv batched)",
+                       description="Each evaluation prompt is decoded alone, greedily and by every method, in the "
+                                   "same process, stopping at end-of-text. The speed-up is DAS Eq. (8), the mean "
+                                   "over prompts of the tokens/s ratio to the paired greedy run, with a 95% paired "
+                                   "bootstrap interval; beside it, tau (sequential drafters) or A (das-wave) as a "
+                                   "fraction of its ceiling (gamma + 1, or w = min(gamma, W_init + J - 1)), A and G "
+                                   "(DAS Eq. 9-10). Per workload it prints the paired-bootstrap verdicts on "
+                                   "'Mature-Spec beats self-speculation' (acceptance, DAS Table 2; speed, DAS "
+                                   "Table 1).")
     _model_options(p)
     p.add_argument("--workloads", nargs="+", default=list(data.WORKLOADS), choices=data.WORKLOADS,
                    help="prompt workloads (default: all)")
-    p.add_argument("--prompts", type=int, default=8, help="evaluation prompts per workload (default: 8)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
-    p.add_argument("--methods", nargs="+", default=list(bench.DEFAULT_METHODS), choices=list(bench.DEFAULT_METHODS),
-                   help="decoders (default: all, with the configurations of looped_kv.bench.DEFAULT_METHODS)")
+    p.add_argument("--prompts", type=int, default=MIN_PROMPTS,
+                   help=f"evaluation prompts per workload, >= 2 (default: {MIN_PROMPTS}, the fewest an acceptance "
+                        f"verdict accepts)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens generated per prompt (default: 128)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                   help="decoders (default: all); greedy decoding (ar) always runs as the reference")
+    p.add_argument("--draft-loops", type=int, default=settings.DRAFT_LOOPS,
+                   help=f"d of self-spec and mature-spec, in [1, R - 1] (default: {settings.DRAFT_LOOPS})")
+    p.add_argument("--block", type=int, default=settings.BLOCK,
+                   help=f"gamma of self-spec, mature-spec and pld (default: {settings.BLOCK}); das-wave runs "
+                        f"looped_kv.decoding.settings.WAVE")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_bench)
 

@@ -78,27 +78,32 @@ class Ch04:
 
 @dataclass(frozen=True)
 class Ch05:
-    """Mature-V: draft agreement by read policy, acceptance of the read policies, speed-ups."""
+    """Mature-V: draft agreement by read policy, the read-depth grid, acceptance along the block, speed-ups."""
 
-    probe_prompts: int = 4
-    probe_tokens: int = 40
+    agreement_prompts: int = 32  # per workload, decoded as one batch (DAS Table 6)
+    agreement_tokens: int = 24
+    grid_prompts: int = 8  # a separate cohort, as DAS Figure 4's 8 prompts (descriptive)
+    grid_tokens: int = 24
     acceptance_prompts: int = 32  # per workload, decoded as one batch
     acceptance_tokens: int = 32
-    dev_prompts: int = 3
-    timing_prompts: int = 6
-    new_tokens: int = 48
+    draft_loops: int = 4  # d of self-spec and Mature-Spec (DAS Sec. 4.3 compares the reads at d = 4)
+    block: int = 8  # gamma (DAS Table 5: Mature-Spec on Huginn)
+    timing_prompts: int = 4  # per workload, each decoded alone
+    new_tokens: int = 32  # per timing run
 
 
 @dataclass(frozen=True)
 class Ch06:
-    """DAS-Wave: one block drawn, acceptance against the ceiling, speed-ups, the factorial."""
+    """DAS-Wave: one block drawn, speed-ups, A against the ceiling, the factorial, the refinement budget."""
 
-    acceptance_prompts: int = 32
-    acceptance_tokens: int = 48
-    dev_prompts: int = 2
-    timing_prompts: int = 5
-    new_tokens: int = 64
     drawn_block: dict = field(default_factory=lambda: {"block": 12, "rounds": 10, "initial_width": 2, "updates": 2})
+    acceptance_prompts: int = 32  # per workload, decoded as one batch (A against w, the factorial)
+    acceptance_tokens: int = 24  # one DAS-Wave block commits up to w = 25 of them
+    timing_prompts: int = 3  # per workload, each decoded alone
+    new_tokens: int = 32  # per timing run
+    sweep_prompts: int = 2  # word problems, each decoded alone (DAS Tables 11-12 use GSM8K)
+    sweep: dict = field(default_factory=lambda: {"updates": (1, 2, 4, 8), "block": (8, 16, 32),
+                                                 "initial_width": (1, 2, 4, 8)})
 
 
 @dataclass(frozen=True)
@@ -140,10 +145,10 @@ HUGINN_0125 = Profile(
               table3_chunk=8, record_device="cpu"),
     ch04=Ch04(replay_prompts=32, replay_batch=8, new_tokens=256, windows=(16, 64, 256),
               acceptance_prompts=32, acceptance_tokens=64),
-    ch05=Ch05(probe_prompts=4, probe_tokens=64, acceptance_prompts=32, acceptance_tokens=64, dev_prompts=4,
-              timing_prompts=8, new_tokens=128),
-    ch06=Ch06(acceptance_prompts=32, acceptance_tokens=128, dev_prompts=4, timing_prompts=8, new_tokens=128,
-              drawn_block={"block": 32, "rounds": 24, "initial_width": 2, "updates": 2}),
+    ch05=Ch05(agreement_prompts=32, agreement_tokens=64, grid_prompts=8, grid_tokens=48, acceptance_prompts=32,
+              acceptance_tokens=128, timing_prompts=8, new_tokens=128),
+    ch06=Ch06(drawn_block={"block": 32, "rounds": 24, "initial_width": 2, "updates": 2}, acceptance_prompts=32,
+              acceptance_tokens=128, timing_prompts=8, new_tokens=128, sweep_prompts=8),
     ch07=Ch07(batch_sizes=(1, 4, 16, 32), memory_batch_sizes=(1, 2, 4, 8, 16), new_tokens=64, prompts=32),
 )
 #: The Raven retrofits (Llama-3.2 1B, OLMo-2 1B): smaller, so the same sizes with longer replays.

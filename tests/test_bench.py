@@ -1,37 +1,152 @@
-"""The paired benchmark: one row per (prompt, method), speed-ups with intervals, configuration selection."""
+"""The paired benchmark: timing and batched acceptance runs, ceilings, summaries and the DAS verdicts."""
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+import pytest
 import torch
 from conftest import random_model
 
 from looped_kv import bench
+from looped_kv.analysis.fits import interaction_effect
+from looped_kv.analysis.verdicts import AGREES, DISAGREES, INCONCLUSIVE
+from looped_kv.decoding import settings
+
+SMALL_WAVE = {"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}
+
+
+def prompts(model, lengths=(5, 3, 7)):
+    return [torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+            for n in lengths]
+
+
+def test_method_configs_use_one_vocabulary():
+    configs = bench.method_configs(draft_loops=2, block=3, wave={"updates": 1})
+    assert tuple(configs) == settings.METHODS
+    assert all(c["method"] == name for name, c in configs.items())
+    spec, mature = configs["self-spec"], configs["mature-spec"]
+    assert (spec["draft_loops"], spec["block"]) == (mature["draft_loops"], mature["block"]) == (2, 3)
+    assert configs["das-wave"] == {"method": "das-wave", **settings.WAVE, "updates": 1}
+    for kwargs, message in (({"draft_loops": 0}, "draft_loops must be >= 1"), ({"block": 0}, "block must be >= 1"),
+                            ({"wave": {"width": 2}}, "wave must set only"), ({"wave": {"rounds": 0}}, "rounds")):
+        with pytest.raises(ValueError, match=message):
+            bench.method_configs(**kwargs)
+
+
+def test_ceilings():
+    assert bench.ceiling({"method": "ar"}) is None
+    assert bench.ceiling({"method": "self-spec", "block": 8}) == bench.Ceiling("tau", 9, 1)
+    assert bench.ceiling({"method": "pld"}) == bench.Ceiling("tau", settings.BLOCK + 1, 1)
+    assert bench.ceiling({"method": "das-wave", **SMALL_WAVE}) == bench.Ceiling("A", 4, 0)  # min(4, 2 + 3 - 1)
+    assert bench.ceiling({"method": "das-wave"}).value == 25  # the paper's gamma 32, J 24, W_init 2
+    with pytest.raises(ValueError, match="method must be one of"):
+        bench.ceiling({"method": "beam"})
 
 
 def test_run_paired_and_summarize():
     model = random_model("huginn", seed=5, mean_recurrence=4)
-    prompts = [torch.randint(0, model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(i))
-               for i in range(3)]
-    methods = {"greedy": {"method": "ar"}, "spec": {"method": "self-spec", "draft_loops": 2, "block": 3},
-               "wave": {"method": "das-wave", "block": 4, "rounds": 3, "updates": 1}}
-    runs = bench.run_paired(model, prompts, methods, max_new_tokens=8, progress=False)
+    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 2, "block": 3},
+               "das-wave": {"method": "das-wave", **SMALL_WAVE}}
+    runs = bench.run_paired(model, prompts(model), methods, max_new_tokens=8, progress=False)
     assert len(runs) == 9 and runs["same_as_greedy"].all()
+    greedy = runs[runs["method"] == "ar"]
+    assert np.allclose(greedy["speed-up"], 1.0) and greedy["A"].isna().all()
     summary = bench.summarize(runs, n_boot=200)
-    assert list(summary.index) == ["greedy", "spec", "wave"]
-    greedy = summary.loc["greedy"]
-    assert greedy["speed-up"] == 1.0 and greedy["same as greedy"] == "3/3"
-    spec = summary.loc["spec"]
+    assert list(summary.index) == ["greedy", "self-spec", "DAS-Wave"]  # table labels: settings.DISPLAY
+    assert summary.loc["greedy", "speed-up"] == 1.0 and summary.loc["greedy", "same as greedy"] == "3/3"
+    spec, wave = summary.loc["self-spec"], summary.loc["DAS-Wave"]
     assert spec["low"] <= spec["speed-up"] <= spec["high"]
-    assert 1 <= spec["tau"] <= 4 and 0 <= spec["A"] <= 3
+    assert 1 <= spec["tau"] <= 4 and 0 <= spec["A"] <= 3 and spec["ceiling"] == "tau <= 4"
+    assert spec["of ceiling"] == pytest.approx(runs[runs["method"] == "self-spec"]["tau"].mean() / 4)
+    assert wave["ceiling"] == "A <= 4" and 0 <= wave["of ceiling"] <= 1
 
 
-def test_select_configs_picks_from_the_grid():
+def test_batched_acceptance_equals_decoding_each_prompt_alone():
     model = random_model("raven", seed=6, mean_recurrence=4)
-    prompts = [torch.randint(0, model.config.vocab_size, (1, 4))]
-    configs = [{"method": "self-spec", **c} for c in bench.grid(draft_loops=[1, 2], block=[2])]
-    chosen, table = bench.select_configs(model, prompts, {"spec": configs}, max_new_tokens=6, progress=False)
-    assert chosen["spec"] in configs and len(table) == 2
+    methods = {"mature-spec": {"method": "mature-spec", "draft_loops": 1, "block": 3},
+               "das-wave": {"method": "das-wave", **SMALL_WAVE}}
+    batched = bench.acceptance_runs(model, prompts(model), methods, max_new_tokens=7)
+    alone = bench.run_paired(model, prompts(model), methods, max_new_tokens=7, progress=False)
+    columns = ["prompt", "method", "new_tokens", "verifications", "A", "G", "of ceiling"]
+    def ordered(runs):
+        return runs[columns].sort_values(["method", "prompt"]).reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(ordered(batched), ordered(alone))
+    summary = bench.summarize(alone, batched, n_boot=200)
+    assert summary.loc["Mature-Spec", "A"] == pytest.approx(batched[batched["method"] == "mature-spec"]["A"].mean())
 
 
-def test_grid():
-    assert bench.grid(a=[1, 2], b=["x"]) == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]
+def frame(method, values, statistic, ceiling, **extra):
+    """Runs of one method: per-prompt A (and tau = G = A + 1 for a sequential drafter)."""
+    values = np.asarray(values, dtype=float)
+    tau = values + 1 if statistic == "tau" else values
+    return pd.DataFrame({"prompt": range(len(values)), "method": [method] * len(values), "A": values, "G": tau,
+                         "tau": tau, "verifications": 4, "statistic": statistic, "ceiling": ceiling,
+                         "floor": 1 if statistic == "tau" else 0, **extra})
+
+
+def test_mature_spec_verdicts_check_the_ceiling_first():
+    rng = np.random.default_rng(0)
+    spec = rng.uniform(1, 3, 40)
+    runs = pd.concat([frame("self-spec", spec, "tau", 9), frame("mature-spec", spec + 2, "tau", 9)])
+    runs["speed-up"] = np.where(runs["method"] == "mature-spec", 1.5, 1.2) * rng.uniform(0.95, 1.05, 80)
+    verdicts = bench.mature_spec_verdicts(runs)
+    assert verdicts["acceptance"].label == AGREES and verdicts["acceptance"].n == 40
+    assert verdicts["speed"].label == AGREES and verdicts["speed"].estimate == pytest.approx(1.25, rel=0.05)
+    slower = runs.assign(**{"speed-up": np.where(runs["method"] == "mature-spec", 0.8, 1.2)})
+    assert bench.mature_spec_verdicts(slower)["speed"].label == DISAGREES
+    saturated = pd.concat([frame("self-spec", np.full(40, 8.0), "tau", 9), frame("mature-spec", np.full(40, 8.0),
+                                                                                 "tau", 9)])
+    saturated["speed-up"] = 1.0
+    for v in bench.mature_spec_verdicts(saturated).values():
+        assert v.label == INCONCLUSIVE and "within 5% of its ceiling 9" in v.reason
+    few = runs[runs["prompt"] < 8]
+    assert "8 prompts, fewer than 32" in bench.mature_spec_verdicts(few)["acceptance"].reason
+    with pytest.raises(ValueError, match="same gamma"):
+        bench.mature_spec_verdicts(pd.concat([frame("self-spec", spec, "tau", 9), frame("mature-spec", spec, "tau",
+                                                                                        5)]))
+
+
+def test_a_verdict_on_das_wave_needs_its_a_below_w():
+    rng = np.random.default_rng(1)
+    mature = frame("mature-spec", rng.uniform(1, 4, 40), "tau", 9)
+    for wave_a, label in ((rng.uniform(10, 15, 40), AGREES), (np.full(40, 24.9), INCONCLUSIVE)):
+        runs = pd.concat([mature, frame("das-wave", wave_a, "A", 25)])
+        v = bench.acceptance_verdict(bench.WAVE_ACCEPTS_MORE, runs, "das-wave", "mature-spec")
+        assert v.label == label
+    assert "A of DAS-Wave is 24.9, within 5% of its ceiling 25" in v.reason
+    # Mature-Spec at its ceiling (8 of 8 drafts) can still be beaten by DAS-Wave's 25 proposals
+    full = pd.concat([frame("mature-spec", np.full(40, 8.0), "tau", 9),
+                      frame("das-wave", rng.uniform(10, 15, 40), "A", 25)])
+    assert bench.acceptance_verdict(bench.WAVE_ACCEPTS_MORE, full, "das-wave", "mature-spec").label == AGREES
+
+
+def test_factorial_cells_and_interaction_verdict():
+    cells = bench.factorial_configs(SMALL_WAVE)
+    assert len(cells) == 8 and cells[(1, 1, 1)]["carry"] and cells[(0, 1, 0)]["prefix_reads"] == "deep-k"
+    rng = np.random.default_rng(2)
+    n, w = 40, 25
+    base = {cell: 2 + 2 * sum(cell) + rng.normal(0, 0.3, n) for cell in cells}
+    base[(1, 1, 1)] = base[(1, 1, 1)] + 8  # carry with both mature channels: far more than the sum
+    runs = pd.concat([frame(cell, g, "A", w) for cell, g in base.items()])
+    e = bench.interaction_by_prompt(runs)
+    assert e[0] == pytest.approx(interaction_effect({cell: g[0] for cell, g in base.items()}))
+    assert bench.interaction_verdict(runs).label == AGREES
+    saturated = pd.concat([frame(cell, np.full(n, w - 0.5 if cell[0] else 3.0) + rng.normal(0, 0.1, n), "A", w)
+                           for cell in cells])
+    v = bench.interaction_verdict(saturated)
+    assert v.label == INCONCLUSIVE and "G of the carried cells" in v.reason
+
+
+def test_check_options_name_the_option_and_the_value():
+    good = dict(prompts=32, max_new_tokens=128, draft_loops=4, block=4, methods=list(settings.METHODS),
+                workloads=["problems"])
+    bench.check_options(**good)
+    for change, message in (({"prompts": 1}, "--prompts must be >= 2"), ({"block": 0}, "--block must be >= 1, got 0"),
+                            ({"methods": ["greedy"]}, "--methods must name some of"),
+                            ({"workloads": []}, "--workloads must name some of")):
+        with pytest.raises(ValueError, match=message):
+            bench.check_options(**{**good, **change})
+    with pytest.raises(ValueError, match=r"--draft-loops must be in \[1, 31\]"):
+        bench.check_model(32, 32)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import random_model
+from looped_kv.batched import fixed_memory_comparison, memory_cells
 
 from looped_kv.analysis.memory_bench import MemoryCell, check_memory_model, peak_bytes
-from looped_kv.batched import fixed_memory_comparison, memory_cells
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.policy import make_policy
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_batches import model_source, small_spec  # noqa: F401  (model_source is a fixture)
 
+from looped_kv.bench import main as bench_main
 from looped_kv.cli import main
 from looped_kv.protocol import batches
 from looped_kv.runtime.config import huginn_0125
@@ -20,7 +21,8 @@ HELP = {
     (): ["generate", "bench", "batched", "memory", "batch"],
     ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--block", "--prefix-reads", "--inexact",
                     "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
-    ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--model", "--quiet"],
+    ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--draft-loops", "--block", "--model",
+                 "--quiet", "Mature-Spec beats self-speculation"],
     ("batched",): ["looped-kv batched", "--batch-sizes", "--max-new-tokens", "--draft-loops", "--block", "--budget-mb",
                    "--memory-batch-sizes", "--fit-on", "--device"],
     ("memory",): ["--model", "--context", "--dtype", "--num-loops", "--windows", "--batch-size"],
@@ -83,6 +85,10 @@ def test_console_script_is_installed():
     (["generate", "--num-loops", "0", "hi"], "--num-loops must be >= 1, got 0"),
     (["generate", "--device", "foo", "hi"], "--device 'foo' is not a torch device name; available here: cpu"),
     (["bench", "--device", "cuda:99"], "--device 'cuda:99'"),
+    (["bench", "--prompts", "1"], "--prompts must be >= 2 (paired intervals need two prompts), got 1"),
+    (["bench", "--block", "0"], "--block must be >= 1, got 0"),
+    (["bench", "--methods", "greedy"], "argument --methods: invalid choice: 'greedy'"),
+    (["bench", "--model", "./no-such-folder"], "--model './no-such-folder'"),
     pytest.param(["generate", "--device", "cuda", "hi"], "--device 'cuda': no cuda device is available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
     (["batched", "--fit-on", "1", "9"], "--fit-on must name at least 2 distinct values of --memory-batch-sizes"),
@@ -144,11 +150,16 @@ def test_generate_text_in_text_out(model_source, capsys):  # noqa: F811
     assert "RIPE Proposition 1" in capsys.readouterr().err
 
 
-def test_bench_prints_a_table(model_source, capsys):  # noqa: F811
+def test_bench_prints_speedups_ceilings_and_the_mature_spec_verdicts(model_source, capsys):  # noqa: F811
     assert main(["bench", "--model", model_source, "--workloads", "problems", "--prompts", "2", "--max-new-tokens",
-                 "4", "--methods", "greedy", "self-spec", "--quiet"]) == 0
+                 "4", "--methods", "ar", "self-spec", "mature-spec", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "speed-up" in out and "self-spec" in out and "2/2" in out
+    for text in ("speed-up", "of ceiling", "greedy", "self-spec", "Mature-Spec", "2/2", "tau <= 5",
+                 "Mature-Spec beats self-speculation, acceptance: inconclusive", "2 prompts, fewer than 32",
+                 "Mature-Spec beats self-speculation, speed: "):
+        assert text in out, text
+    with pytest.raises(SystemExit):  # the bench's own entry point is the same command
+        bench_main(["--help"])
 
 
 def test_batch_commands_end_to_end(model_source, tmp_path, capsys):  # noqa: F811

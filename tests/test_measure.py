@@ -19,7 +19,9 @@ from looped_kv import generate, huginn_0125, make_policy, papers
 from looped_kv.analysis import verdicts
 from looped_kv.analysis.measure import (
     KL_RESOLUTION,
+    agreement_by_prompt,
     block_dependence,
+    channel_verdict,
     draft_agreement,
     draft_agreement_rows,
     kl,
@@ -45,6 +47,7 @@ from looped_kv.analysis.ripe import (
     top_share,
     with_dtype,
 )
+from looped_kv.analysis.verdicts import AGREES, DISAGREES, INCONCLUSIVE
 from looped_kv.decoding.greedy import greedy
 
 FAMILIES = ["huginn", "raven"]
@@ -157,6 +160,48 @@ def test_target_trajectories_are_greedy_full_cache_runs():
     out = target_trajectories(model, prompts, 6, progress=False)
     for ids, tokens in zip(prompts, out, strict=True):
         assert torch.equal(tokens, greedy(model, ids, 6, policy=make_policy("full", R)).tokens)
+
+
+def test_agreement_by_prompt_is_draft_agreement_of_each_prompt_decoded_alone():
+    model = random_model("raven", seed=3)
+    prompts = [torch.randint(0, 50, (1, n), generator=torch.Generator().manual_seed(n)) for n in (4, 7, 5)]
+    reads = ["aligned", "deep-v", (3, R)]
+    frame = agreement_by_prompt(model, prompts, 9, [1, 2, R], reads, stop_at_eos=False)
+    assert len(frame) == 3 * 3 * len(reads) and (frame["positions"] == 8).all()
+    for i, tokens in enumerate(target_trajectories(model, prompts, 9, progress=False)):
+        alone = draft_agreement(model, tokens, prompts[i].shape[1], [1, 2, R], reads)
+        for (d, spec), value in ((k, v) for k, v in alone.items() if k != "n"):
+            row = frame[(frame["prompt"] == i) & (frame["d"] == d) & frame["read"].map(lambda r, s=spec: r == s)]
+            assert row["agreement"].item() == value, (i, d, spec)
+    assert (frame[(frame["d"] == R) & (frame["read"] == "aligned")]["agreement"] == 1).all()
+
+
+def test_agreement_by_prompt_stops_rows_at_end_of_text():
+    model = random_model("huginn", seed=4)
+    prompts = [torch.randint(0, 50, (1, n), generator=torch.Generator().manual_seed(n)) for n in (3, 6)]
+    first = greedy(model, prompts[0], 1, policy=make_policy("full", R)).new_tokens[0, 0].item()
+    frame = agreement_by_prompt(model, prompts, 6, [1], ["aligned"], eos_token_id=first)
+    assert frame.set_index("prompt").loc[0, "positions"] == 0 and np.isnan(frame.loc[0, "agreement"])
+    assert frame.set_index("prompt").loc[1, "positions"] >= 1
+
+
+def test_channel_verdict_pairs_prompts_and_checks_the_ceiling():
+    rng = np.random.default_rng(0)
+    n = 40
+    k = rng.uniform(0.3, 0.6, n)
+    frame = pd.DataFrame([{"prompt": p, "d": 1, "read": read, "agreement": value, "positions": 10}
+                          for read, values in (("deep-v", k + 0.2), ("deep-k", k)) for p, value in enumerate(values)])
+    result = channel_verdict(frame)
+    assert result.label == AGREES and result.estimate == pytest.approx(0.2) and result.n == n
+    assert channel_verdict(frame, a="deep-k", b="deep-v").label == DISAGREES
+    ceiling = frame.assign(agreement=np.where(frame["read"] == "deep-k", 0.99, 0.995))
+    saturated = channel_verdict(ceiling)
+    assert saturated.label == INCONCLUSIVE and "agreement of deep-k drafts at d = 1" in saturated.reason
+    assert "fewer than 32" in channel_verdict(frame[frame["prompt"] < 10]).reason
+    with pytest.raises(ValueError, match="d must be one of"):
+        channel_verdict(frame, d=2)
+    with pytest.raises(ValueError, match="b must be one of"):
+        channel_verdict(frame, b="aligned")
 
 
 # -- bad arguments ---------------------------------------------------------------------------------

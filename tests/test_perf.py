@@ -17,6 +17,7 @@ from looped_kv import papers
 from looped_kv.analysis.perf import (
     acceptance_tau,
     b_max,
+    block_acceptance,
     figure_5b_alphas,
     fit_eta,
     fit_peak_memory,
@@ -79,6 +80,24 @@ def test_acceptance_tau_is_the_geometric_sum():
 def test_acceptance_tau_rejects_bad_input(alpha, gamma, name):
     with pytest.raises(ValueError, match=name):
         acceptance_tau(alpha, gamma)
+
+
+def test_block_acceptance_rates_and_eq7():
+    result = block_acceptance([4, 0, 2, 4, 1], 4)
+    # draft 1 reached by 5 blocks, accepted by 4; draft 2: 4 reached, 3 accepted; 3: 3/3 -> 2 accepted; 4: 2 -> 2
+    np.testing.assert_allclose(result.rates, [4 / 5, 3 / 4, 2 / 3, 2 / 2])
+    assert result.alpha == pytest.approx(np.mean([4 / 5, 3 / 4, 2 / 3, 1]))
+    assert result.spread == pytest.approx(1 - 2 / 3) and result.blocks == 5
+    assert result.tau_measured == pytest.approx(1 + 11 / 5)
+    assert result.tau_model == pytest.approx(acceptance_tau(result.alpha, 4))
+    assert result.error == pytest.approx(result.tau_model / result.tau_measured - 1)
+    everything = block_acceptance([3, 3], 3)
+    assert everything.alpha == 1 and everything.tau_model == everything.tau_measured == 4
+    assert np.isnan(block_acceptance([0, 0], 2).rates[1])  # no block reached draft 2
+    for accepted, gamma, message in (([5], 4, "at most gamma"), ([1.5], 4, "integers"), ([], 4, "at least 1"),
+                                     ([1], 0, "gamma must be")):
+        with pytest.raises(ValueError, match=message):
+            block_acceptance(accepted, gamma)
 
 
 def test_table9_tau_model_column():

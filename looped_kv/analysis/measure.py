@@ -9,6 +9,8 @@
   d-loop draft with given prefix reads predicts the target's token (DAS Table 6, Figure 4);
   :func:`draft_agreement_rows` does the same for every row of a batched generation at once.
 * :func:`row_tau` gives each row's tokens per verification (RIPE Eq. 7's tau, DAS Eq. 10's G).
+  :func:`agreement_by_prompt` does the same for a batch of prompts decoded together, one
+  agreement per prompt, and :func:`channel_verdict` compares two read policies on them.
 """
 
 from __future__ import annotations
@@ -21,11 +23,27 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.decoding.core import Generation, block_positions, new_cache, prefill, run_block, step
+from looped_kv.analysis.verdicts import Claim, Verdict, below_ceiling, discrimination, enough_units, varies, verdict
+from looped_kv.decoding.core import (
+    Generation,
+    Rows,
+    block_positions,
+    check_prompts,
+    eos_id,
+    new_cache,
+    prefill,
+    prefill_rows,
+    run_block,
+    step,
+)
 from looped_kv.decoding.greedy import greedy
-from looped_kv.runtime.cache import BlockBuffer, BlockPass
+from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
 from looped_kv.runtime.model import LoopedLM
-from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
+from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy, make_prefix_reads
+
+#: DAS Sec. 3.1 and Table 6: at draft depth 1, mature prefix values help a shallow draft more than mature keys.
+MATURE_V_CLAIM = Claim("at d = 1, drafts reading full-depth prefix values (deep V) agree with the target more "
+                       "often than drafts reading full-depth prefix keys (deep K)", "DAS Sec. 3.1, Table 6")
 
 
 @torch.no_grad()
@@ -92,6 +110,36 @@ def block_dependence(model: LoopedLM, tokens: Tensor, prompt_length: int, policy
     return torch.cat(divergences) if divergences else torch.empty(0, dtype=torch.float64)
 
 
+def _check_depths(draft_loops: Sequence[int], num_loops: int) -> list[int]:
+    depths = sorted(set(draft_loops))
+    if not depths:
+        raise ValueError("draft_loops must name at least one draft depth")
+    for d in depths:
+        if not isinstance(d, (int, np.integer)) or not 1 <= d <= num_loops:
+            raise ValueError(f"draft_loops must be in [1, {num_loops}], got {d}")
+    return depths
+
+
+def _draft_tokens(model: LoopedLM, cache: PlaneCache, pending: Tensor, depths: list[int],
+                  reads: dict[object, PrefixReads]) -> dict[tuple[int, object], Tensor]:
+    """Greedy d-loop drafts (B,) of the token after ``pending`` (B, 1), for every depth and prefix read.
+
+    One pass per read runs the deepest depth and reads out the shallower ones on the way: a d-loop draft
+    is the first d loops of a deeper one (the same ops as ``run_block`` with d loops). Nothing is stored.
+    """
+    out = {}
+    for spec, read in reads.items():
+        router = BlockPass(cache, block_positions(cache, 1), reads=read, store=None)
+        positions = router.positions
+        embedded = model.embed(pending, positions, router)
+        state = model.initial_state(positions, pending.shape[0], last=router.last_position)
+        for r in range(1, depths[-1] + 1):
+            state = model.loop(state, embedded, positions, router, r)
+            if r in depths:
+                out[(r, spec)] = model.readout(state, positions, router)[:, -1].argmax(-1)
+    return out
+
+
 @torch.no_grad()
 def draft_agreement(model: LoopedLM, tokens: Tensor, prompt_length: int, draft_loops: Sequence[int],
                     reads: Iterable[str | tuple[int, int]], policy: CachePolicy | None = None) -> dict:
@@ -103,27 +151,102 @@ def draft_agreement(model: LoopedLM, tokens: Tensor, prompt_length: int, draft_l
     """
     R = model.config.mean_recurrence if policy is None else policy.num_loops
     policy = policy or make_policy("full", R)
-    reads = list(reads)
     read_policies = {spec: make_prefix_reads(spec, R) for spec in reads}
-    for d in draft_loops:
-        if not 1 <= d <= R:
-            raise ValueError(f"draft_loops must be in [1, {R}], got {d}")
+    depths = _check_depths(draft_loops, R)
     n = tokens.shape[1]
     if not 1 <= prompt_length < n - 1:
         raise ValueError(f"prompt_length must be in [1, {n - 2}] (at least one position to draft), got {prompt_length}")
     cache = new_cache(model, policy, 1, n)
     prefill(model, cache, tokens[:, :prompt_length], R)
-    hits = {(d, spec): 0 for d in draft_loops for spec in reads}
+    hits = {(d, spec): 0 for d in depths for spec in read_policies}
     for t in range(prompt_length, n - 1):
         token = tokens[:, t:t + 1]
-        for d in draft_loops:
-            for spec, read in read_policies.items():
-                router = BlockPass(cache, range(t, t + 1), reads=read, store=None)
-                draft, _ = run_block(model, token, router, d)
-                hits[(d, spec)] += int(draft[0, -1].argmax() == tokens[0, t + 1])
+        for key, draft in _draft_tokens(model, cache, token, depths, read_policies).items():
+            hits[key] += int(draft[0] == tokens[0, t + 1])
         step(model, cache, token, R)
     total = n - 1 - prompt_length
     return {key: value / total for key, value in hits.items()} | {"n": total}
+
+
+@torch.no_grad()
+def agreement_by_prompt(model: LoopedLM, prompts: Sequence[Tensor], max_new_tokens: int,
+                        draft_loops: Sequence[int], reads: Iterable[str | tuple[int, int]], *,
+                        policy: CachePolicy | None = None, stop_at_eos: bool = True,
+                        eos_token_id: int | None = None) -> pd.DataFrame:
+    """Draft-target agreement per prompt, the prompts decoded together as one batch (DAS Table 6, Figure 4).
+
+    The B prompts (any lengths) are decoded greedily at full depth; a row stops after ``max_new_tokens``
+    or after emitting the end-of-text token (as :func:`looped_kv.generate` does, with the same
+    ``stop_at_eos`` and ``eos_token_id``), and each row is what decoding it alone gives. At every
+    generated position the cache holds the target's planes of the prefix, and a d-loop draft of the
+    next token reads them per each of ``reads`` (``"aligned"``, ``"deep-v"``, ``"deep-k"``,
+    ``"deep-kv"`` or a (kappa, nu) pair of planes). Returns one row per (prompt, d, read):
+    ``agreement`` (the fraction of the prompt's drafted positions where the draft's argmax is the
+    target's token; NaN for a prompt with none) and ``positions`` (drafted positions).
+    """
+    R = model.config.mean_recurrence if policy is None else policy.num_loops
+    policy = policy or make_policy("full", R)
+    specs = list(reads)
+    if not specs:
+        raise ValueError("reads must name at least one prefix read policy")
+    read_policies = {spec: make_prefix_reads(spec, R) for spec in specs}
+    depths = _check_depths(draft_loops, R)
+    rows_in, budgets = check_prompts(model, prompts, max_new_tokens)
+    B = len(rows_in)
+    cache = new_cache(model, policy, B, max(len(p) for p in rows_in) + max_new_tokens)
+    rows = Rows(rows_in, budgets, eos_id(model, eos_token_id, stop_at_eos), False, "agreement")
+    pending = prefill_rows(model, cache, rows_in, R)
+    rows.emit(list(pending))
+    hits = {key: np.zeros(B) for key in ((d, spec) for d in depths for spec in specs)}
+    positions = np.zeros(B, dtype=int)
+    while True:
+        (pending,) = rows.drop_stopped(cache, pending)
+        if not rows.active:
+            break
+        drafts = _draft_tokens(model, cache, pending, depths, read_policies)
+        target = step(model, cache, pending, R)[:, -1].argmax(-1, keepdim=True)
+        active = np.asarray(rows.active)
+        for key, draft in drafts.items():
+            hits[key][active] += (draft == target[:, 0]).cpu().numpy()
+        positions[active] += 1
+        rows.emit(list(target))
+        pending = target
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return pd.DataFrame([{"prompt": p, "d": d, "read": spec, "agreement": hits[(d, spec)][p] / positions[p]
+                              if positions[p] else float("nan"), "positions": int(positions[p])}
+                             for d in depths for spec in specs for p in range(B)])
+
+
+def paired_agreement(frame: pd.DataFrame, d: int, a: str | tuple[int, int],
+                     b: str | tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-prompt agreements of reads ``a`` and ``b`` at depth ``d`` from :func:`agreement_by_prompt`,
+    on the prompts with at least one drafted position."""
+    at_d = frame[frame["d"] == d]
+    if at_d.empty:
+        raise ValueError(f"d must be one of the frame's depths {sorted(frame['d'].unique())}, got {d}")
+    by_read = {}
+    for name, spec in (("a", a), ("b", b)):
+        rows = at_d[at_d["read"].map(lambda r, s=spec: r == s)]
+        if rows.empty:
+            raise ValueError(f"{name} must be one of the frame's reads {list(at_d['read'].unique())}, got {spec!r}")
+        by_read[name] = rows.set_index("prompt")
+    drafted = by_read["a"]["positions"] > 0
+    return (by_read["a"]["agreement"][drafted].to_numpy(),
+            by_read["b"]["agreement"].loc[drafted[drafted].index].to_numpy())
+
+
+def channel_verdict(frame: pd.DataFrame, d: int = 1, a: str = "deep-v", b: str = "deep-k",
+                    claim: Claim = MATURE_V_CLAIM) -> Verdict:
+    """The verdict on ``claim`` (default: deep-V drafts agree more than deep-K drafts at d = 1, DAS Sec. 3.1).
+
+    Paired per-prompt agreements from :func:`agreement_by_prompt`. Discrimination: enough prompts, the
+    agreement of the arm to beat (``b``) below its ceiling of 1 (else ``a`` cannot agree more), and
+    agreements that are not all equal.
+    """
+    x, y = paired_agreement(frame, d, a, b)
+    checks = discrimination(enough_units(len(x)), below_ceiling(y, 1.0, f"agreement of {b} drafts at d = {d}"),
+                            varies(np.r_[x, y], f"agreement of {a} and {b} drafts at d = {d}"))
+    return verdict(claim, x, y, discrimination=checks)
 
 
 def target_trajectories(model: LoopedLM, prompts: Sequence[Tensor], max_new_tokens: int,

@@ -2,8 +2,9 @@
 
 All functions are pure and work on numbers or numpy arrays:
 
-* acceptance: tau(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha)          (Eq. 7)
-  and the rejection model 1 - alpha_d = k rho_a^d                              (Sec. 3.3, Table 9)
+* acceptance: tau(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha)          (Eq. 7),
+  the rejection model 1 - alpha_d = k rho_a^d                                  (Sec. 3.3, Table 9)
+  and the acceptance along the block of measured verifications                  (Sec. 3.3, Figure 5a)
 * cost: S(d, gamma) = tau c(R) / (eta (gamma c(d) + c(R))),
   c(r) = n_pre + r n_core + n_coda                                              (Eq. 8)
 * peak memory: cache per sequence x B + o0 + o1 B, and the largest batch B_max  (Sec. 3.5)
@@ -172,6 +173,50 @@ def fit_rejection(d: ArrayLike, alpha: ArrayLike) -> RejectionFit:
         raise ValueError("d must hold at least 2 distinct depths")
     slope, intercept = np.polyfit(depth, np.log1p(-acc), 1)
     return RejectionFit(k=float(np.exp(intercept)), rho_a=float(np.exp(slope)))
+
+
+
+@dataclass(frozen=True)
+class BlockAcceptance:
+    """Acceptance along the block of measured verifications, and Eq. (7) at its mean (RIPE Sec. 3.3).
+
+    ``rates[i]`` is P(draft i + 1 accepted | drafts 1..i accepted), NaN where no block reached draft i + 1;
+    ``alpha`` is their mean, ``spread`` their range; ``tau_measured`` is 1 + the mean accepted drafts per
+    block, ``tau_model`` Eq. (7) at ``alpha``.
+    """
+
+    rates: np.ndarray
+    alpha: float
+    spread: float
+    blocks: int
+    tau_measured: float
+    tau_model: float
+
+    @property
+    def error(self) -> float:
+        """Eq. (7)'s relative error against the measured tau."""
+        return self.tau_model / self.tau_measured - 1
+
+
+def block_acceptance(accepted: ArrayLike, gamma: int) -> BlockAcceptance:
+    """Per-position acceptance of blocks of ``gamma`` drafts with ``accepted`` drafts each (RIPE Sec. 3.3)."""
+    if not _is_positive_int(gamma):
+        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    k = _check_integer_array("accepted", _vector("accepted", accepted), 0)
+    if np.any(k > gamma):
+        raise ValueError(f"accepted must be at most gamma = {gamma} per block, got {int(k.max())}")
+    reached = np.array([(k >= i - 1).sum() for i in range(1, gamma + 1)], dtype=float)
+    passed = np.array([(k >= i).sum() for i in range(1, gamma + 1)], dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = np.where(reached > 0, passed / reached, np.nan)
+    alpha = float(np.nanmean(rates))
+    return BlockAcceptance(rates=rates, alpha=alpha, spread=float(np.nanmax(rates) - np.nanmin(rates)),
+                           blocks=int(k.size), tau_measured=float(1 + k.mean()),
+                           tau_model=float(acceptance_tau(alpha, gamma)))
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
 # -- cost and speed-up (Eq. 8, Figure 5b) ------------------------------------------------------------
