@@ -290,7 +290,7 @@ def _add_batched(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("batched", add_help=False,
                        help="batched decoding: tokens/s against batch size, the peak-memory model and the "
                             "fixed-memory throughput ratio (chapter 7; see looped-kv batched --help)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m looped_kv.batched")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m looped_kv.analysis.throughput")
     p.set_defaults(func=cmd_batched)
 
 
@@ -404,7 +404,7 @@ def parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["batched"]:  # its options go to looped_kv.batched's own parser (argparse cannot pass them on)
+    if argv[:1] == ["batched"]:  # its options go to the throughput parser (argparse cannot pass them on)
         return cmd_batched(argparse.Namespace(args=argv[1:]))
     args = parser().parse_args(argv)
     try:

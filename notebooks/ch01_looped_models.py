@@ -16,27 +16,37 @@
 # %% [markdown]
 # # 1. Looped models from the inside
 #
-# A looped language model embeds a token with a **prelude** $P$, runs a **core** block $B$
-# of $n_\text{core}$ layers $R$ times on a recurrent state that starts at random, and reads
-# the result out with a **coda** $C$ (RIPE Eq. 1-2):
+# A looped language model embeds a token with a **prelude** $P$, runs a **core** block
+# $B$ of $n_\text{core}$ layers $R$ times on a recurrent state that starts at random,
+# and reads the result out with a **coda** $C$ (RIPE Eq. 1-2):
 #
-# $$ s_t^{(r)} = B\big(s_t^{(r-1)}, P(x_t); \mathcal{C}_{<t}\big), \quad r = 1, \dots, R,
+# $$ s_t^{(r)} = B\big(s_t^{(r-1)}, P(x_t); \mathcal{C}_{<t}\big),
+#    \quad r = 1, \dots, R,
 #    \qquad z_t = C\big(s_t^{(R)}\big). $$
 #
 # Every attention call writes keys and values. In the core, loop $r$ of core layer $l$
-# writes its own keys and values for every token. Loop $r$'s keys and values over all core
-# layers form **plane** $r$. A full KV cache therefore holds $R$ planes per core layer. This
-# chapter looks at these pieces on the model at hand, counts the planes and the bytes they
-# cost (RIPE Eq. 3), checks whether the model uses its depth, and decodes from it.
+# writes its own keys and values for every token. Loop $r$'s keys and values over all
+# core layers form **plane** $r$. A full KV cache therefore holds $R$ planes per core
+# layer. This chapter looks at these pieces on the model at hand, counts the planes and
+# the bytes they cost (RIPE Eq. 3), checks whether the model uses its depth, and decodes
+# from it.
 
 # %% tags=["remove-cell"]
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:  # on Colab only: install the package
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv"],
-                   check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv",
+        ],
+        check=True,
+    )
 
 # %%
 import matplotlib.pyplot as plt
@@ -77,19 +87,31 @@ print(book.environment(model))
 
 # %%
 def shape(config: looped_kv.LoopedConfig, params: int | None = None) -> dict:
-    return {"family": config.family, "prelude": config.n_prelude, "core": config.n_core,
-            "coda": config.n_coda, "d_model": config.n_embd, "heads": config.n_heads,
-            "KV heads": config.n_kv_heads, "head dim": config.head_dim,
-            "vocab": config.vocab_size, "R": config.mean_recurrence,
-            "parameters (M)": params / 1e6 if params else None}
+    return {
+        "family": config.family,
+        "prelude": config.n_prelude,
+        "core": config.n_core,
+        "coda": config.n_coda,
+        "d_model": config.n_embd,
+        "heads": config.n_heads,
+        "KV heads": config.n_kv_heads,
+        "head dim": config.head_dim,
+        "vocab": config.vocab_size,
+        "R": config.mean_recurrence,
+        "parameters (M)": params / 1e6 if params else None,
+    }
 
 
-public = {papers.HUGINN: looped_kv.huginn_0125(), papers.RAVEN_LLAMA: looped_kv.raven_llama(),
-          papers.RAVEN_OLMO: looped_kv.raven_olmo()}
+public = {
+    papers.HUGINN: looped_kv.huginn_0125(),
+    papers.RAVEN_LLAMA: looped_kv.raven_llama(),
+    papers.RAVEN_OLMO: looped_kv.raven_olmo(),
+}
 params = sum(p.numel() for p in model.parameters())
 architectures = pd.DataFrame.from_dict(
     {"this model": shape(cfg, params)} | {name: shape(c) for name, c in public.items()},
-    orient="index")
+    orient="index",
+)
 book.table(architectures)
 
 # %% [markdown]
@@ -114,34 +136,46 @@ with torch.no_grad():
     logits = model.readout(state, positions, router)
     forward = model(ids, num_loops=R)
 tolerance = 1e-5 if model.dtype in (torch.float32, torch.float64) else 1e-2
-assert torch.allclose(logits.float(), forward.float(), atol=tolerance * forward.abs().max())
+assert torch.allclose(
+    logits.float(), forward.float(), atol=tolerance * forward.abs().max()
+)
 
-core_sites = sorted((s for s in record if s.stage == "core"), key=lambda s: (s.loop, s.layer))
-assert len(record) == cfg.layer_passes(R)  # n_pre + R n_core + n_coda calls, each with K/V
+core_sites = sorted(
+    (s for s in record if s.stage == "core"), key=lambda s: (s.loop, s.layer)
+)
+assert len(record) == cfg.layer_passes(
+    R
+)  # n_pre + R n_core + n_coda calls, each with K/V
 assert {s.loop for s in core_sites} == set(range(1, R + 1))
 k, v = record[core_sites[0]]
 
 # %% tags=["remove-input"]
 book.md(
-    f"The prompt has {ids.shape[1]} tokens. One forward at $R$ = {R} makes {len(record)} "
-    f"attention calls: {cfg.n_prelude} in the prelude, {len(core_sites)} in the core ({R} "
-    f"loops × {cfg.n_core} layers) and {cfg.n_coda} in the coda. Each call writes keys and "
-    f"values of shape {tuple(k.shape)} (batch, KV heads, positions, head dim). Plane $r$ "
-    f"is the {cfg.n_core} core calls of loop $r$.")
+    f"The prompt has {ids.shape[1]} tokens. One forward at $R$ = {R} makes "
+    f"{len(record)} "
+    f"attention calls: {cfg.n_prelude} in the prelude, {len(core_sites)} in the core "
+    f"({R} "
+    f"loops × {cfg.n_core} layers) and {cfg.n_coda} in the coda. Each call writes keys "
+    "and "
+    f"values of shape {tuple(k.shape)} (batch, KV heads, positions, head dim). Plane "
+    "$r$ "
+    f"is the {cfg.n_core} core calls of loop $r$."
+)
 
 # %% [markdown]
 # ## What a plane costs: RIPE Eq. (3)
 #
-# With $b = 2 H_\text{kv} d_h \times$ (bytes per element) for one layer's key and value of
-# one token, a sequence of $L$ tokens needs
+# With $b = 2 H_\text{kv} d_h \times$ (bytes per element) for one layer's key and value
+# of one token, a sequence of $L$ tokens needs
 #
 # $$ M_\text{full}(L) = b L (n_\text{pre} + n_\text{coda} + R\, n_\text{core}), \qquad
 #    M_\text{deep}(L) = b L (n_\text{pre} + n_\text{coda} + n_\text{core}). $$
 #
-# The package computes both from a config. It also allocates caches that hold exactly that
-# many bytes: the full cache keeps every plane and the deepest-plane cache keeps plane $R$
-# only (Huginn's `compress-s4` is exactly this cache, `tests/test_conformance.py`). The
-# paper's column gives the per-token figures RIPE Section 2 prints.
+# The package computes both from a config. It also allocates caches that hold exactly
+# that many bytes: the full cache keeps every plane and the deepest-plane cache keeps
+# plane $R$ only (Huginn's `compress-s4` is exactly this cache,
+# `tests/test_conformance.py`). The paper's column gives the per-token figures RIPE
+# Section 2 prints.
 
 # %%
 rows = {}
@@ -149,36 +183,60 @@ for name, config in {"this model": cfg, **public}.items():
     full_kb = m_full(config, 1, config.mean_recurrence, "bf16") / 1e3
     deep_kb = m_deep(config, 1, "bf16") / 1e3
     printed = papers.RIPE_SEC_2_KV_PER_TOKEN.get(name, {})
-    rows[name] = {"full KB/token": full_kb, "deepest KB/token": deep_kb,
-                  "deepest / full": deep_kb / full_kb,
-                  "full (paper)": printed.get("full"), "deepest (paper)": printed.get("deepest")}
+    rows[name] = {
+        "full KB/token": full_kb,
+        "deepest KB/token": deep_kb,
+        "deepest / full": deep_kb / full_kb,
+        "full (paper)": printed.get("full"),
+        "deepest (paper)": printed.get("deepest"),
+    }
 memory = pd.DataFrame.from_dict(rows, orient="index")
-for name, printed in papers.RIPE_SEC_2_KV_PER_TOKEN.items():  # Eq. (3) gives the paper's
+for (
+    name,
+    printed,
+) in papers.RIPE_SEC_2_KV_PER_TOKEN.items():  # Eq. (3) gives the paper's
     for cache, value in printed.items():
         decimals = len(str(value).partition(".")[2])
         assert round(memory.loc[name, f"{cache} KB/token"], decimals) == value, name
 
-for policy_name in ("full", "deepest"):  # real allocations equal the equation, byte for byte
-    cache = looped_kv.PlaneCache(cfg, looped_kv.make_policy(policy_name, R), batch=1,
-                                 capacity=ids.shape[1], dtype=model.dtype, device=model.device)
+for policy_name in (
+    "full",
+    "deepest",
+):  # real allocations equal the equation, byte for byte
+    cache = looped_kv.PlaneCache(
+        cfg,
+        looped_kv.make_policy(policy_name, R),
+        batch=1,
+        capacity=ids.shape[1],
+        dtype=model.dtype,
+        device=model.device,
+    )
     with torch.no_grad():
         prefill(model, cache, ids, R)
     L = ids.shape[1]
-    equation = (m_full(cfg, L, R, model.dtype) if policy_name == "full"
-                else m_deep(cfg, L, model.dtype))
+    equation = (
+        m_full(cfg, L, R, model.dtype)
+        if policy_name == "full"
+        else m_deep(cfg, L, model.dtype)
+    )
     assert cache.nbytes == cache.allocated_bytes == equation
 book.table(memory, percent=("deepest / full",))
 
 # %% tags=["remove-input"]
 huginn, llama, olmo = (memory.loc[n] for n in public)
 book.md(
-    f"In bf16, Huginn-0125 stores {huginn['full KB/token']:,.0f} KB per token with the full "
+    f"In bf16, Huginn-0125 stores {huginn['full KB/token']:,.0f} KB per token with the "
+    "full "
     f"cache and {huginn['deepest KB/token']:,.0f} KB with the deepest plane alone "
-    f"({huginn['deepest / full']:.1%}); Raven-Llama {llama['full KB/token']:,.0f} against "
-    f"{llama['deepest KB/token']:,.1f} KB ({llama['deepest / full']:.1%}), and Raven-OLMo, "
+    f"({huginn['deepest / full']:.1%}); Raven-Llama {llama['full KB/token']:,.0f} "
+    "against "
+    f"{llama['deepest KB/token']:,.1f} KB ({llama['deepest / full']:.1%}), and "
+    "Raven-OLMo, "
     f"whose 16 KV heads are twice Raven-Llama's, {olmo['full KB/token']:,.0f} against "
-    f"{olmo['deepest KB/token']:,.1f} KB ({olmo['deepest / full']:.1%}). The first two are "
-    "the RIPE paper's figures (asserted above), computed from the configs alone.")
+    f"{olmo['deepest KB/token']:,.1f} KB ({olmo['deepest / full']:.1%}). The first two "
+    "are "
+    "the RIPE paper's figures (asserted above), computed from the configs alone."
+)
 
 # %% [markdown]
 # ## Does the model use its depth?
@@ -187,34 +245,55 @@ book.md(
 # premise of Huginn, Geiping et al. 2025, on which both papers build). We measure the
 # next-token loss of evaluation texts of the three workloads for a range of loop counts:
 # word problems with worked answers, standard-library code, and variable chains, whose
-# answers need one lookup per binding and so are where depth should pay (`looped_kv.data`).
-# The claim is tested per workload on paired per-text losses: the loss after $R$ loops is
-# lower than after a few.
+# answers need one lookup per binding and so are where depth should pay
+# (`looped_kv.data`). The claim is tested per workload on paired per-text losses: the
+# loss after $R$ loops is lower than after a few.
 
 # %%
 SHALLOW = profile.shallow_loops
 loops = sorted({*profile.loops, SHALLOW, R})
-texts = {w: encode_texts(model.tokenizer, data.texts(w, profile.texts_per_workload,
-                                                     split="eval", chars=profile.text_chars))
-         for w in data.WORKLOADS}
-losses = {w: loss_by_text(model, ids_w, loops, real) for w, (ids_w, real) in texts.items()}
+texts = {
+    w: encode_texts(
+        model.tokenizer,
+        data.texts(
+            w, profile.texts_per_workload, split="eval", chars=profile.text_chars
+        ),
+    )
+    for w in data.WORKLOADS
+}
+losses = {
+    w: loss_by_text(model, ids_w, loops, real) for w, (ids_w, real) in texts.items()
+}
 curve = pd.DataFrame({w: table.mean() for w, table in losses.items()})
 fig, ax = plt.subplots(figsize=book.COLUMN)
 for w in curve:
     ax.plot(curve.index, curve[w], marker="o", label=w)
 ax.axvline(R, color="grey", ls=":", lw=1)
-ax.set(xscale="log", xlabel="loops R", ylabel="next-token loss (nats)",
-       title="Held-out loss against depth")
+ax.set(
+    xscale="log",
+    xlabel="loops R",
+    ylabel="next-token loss (nats)",
+    title="Held-out loss against depth",
+)
 ax.set_xticks(loops, [str(n) for n in loops])
 ax.minorticks_off()
 ax.legend()
 plt.show()
 
-depth_pays = V.Claim(f"more loops lower held-out loss: loss after R = {R} < after "
-                     f"{SHALLOW} loops", "Geiping et al. (2025); RIPE Eq. (1)", "less")
-loss_verdicts = {f"{w}: loss, R = {R} vs {SHALLOW}": V.verdict(
-    depth_pays, table[R], table[SHALLOW], discrimination=V.discrimination(
-        V.enough_units(len(table), what="texts"))) for w, table in losses.items()}
+depth_pays = V.Claim(
+    f"more loops lower held-out loss: loss after R = {R} < after {SHALLOW} loops",
+    "Geiping et al. (2025); RIPE Eq. (1)",
+    "less",
+)
+loss_verdicts = {
+    f"{w}: loss, R = {R} vs {SHALLOW}": V.verdict(
+        depth_pays,
+        table[R],
+        table[SHALLOW],
+        discrimination=V.discrimination(V.enough_units(len(table), what="texts")),
+    )
+    for w, table in losses.items()
+}
 book.table(curve.T.rename_axis("workload"), digits=4)
 
 # %% tags=["remove-input"]
@@ -226,28 +305,36 @@ def gain(w: str, a: int, b: int) -> float:
 
 
 book.md(
-    " ".join(f"On {w}, the mean loss falls by {gain(w, 1, R):.3g} nats from one loop to "
-             f"{R} and by {gain(w, SHALLOW, R):.3g} from {SHALLOW} to {R}; from {R} to "
-             f"{deepest_loops} loops it changes by {-gain(w, R, deepest_loops):.2g}."
-             for w in curve)
-    + "\n\n" + " ".join(f"On {name.split(':')[0]}, {v.sentence()}"
-                        for name, v in loss_verdicts.items()))
+    " ".join(
+        f"On {w}, the mean loss falls by {gain(w, 1, R):.3g} nats from one loop to "
+        f"{R} and by {gain(w, SHALLOW, R):.3g} from {SHALLOW} to {R}; from {R} to "
+        f"{deepest_loops} loops it changes by {-gain(w, R, deepest_loops):.2g}."
+        for w in curve
+    )
+    + "\n\n"
+    + " ".join(
+        f"On {name.split(':')[0]}, {v.sentence()}" for name, v in loss_verdicts.items()
+    )
+)
 
 # %% [markdown]
 # ## Answers that need depth: chain programs
 #
 # A chain program binds variables to digits or to other variables and then asks for the
-# value of some of them (`k=4;b=k;x=9;m=b;` then `m?4;`). A query $d$ bindings away from its
-# digit takes $d$ serial lookups, with no intermediate steps written out, so a looped model
-# should need more loops for deeper queries. Teacher-forced, the model reads each program
-# and its queries, and we score whether its argmax after `x?` is $x$'s value, by loop count
-# and by the depth of the query. The claims, on paired per-program accuracies: more loops
-# answer more queries, overall and on the deep queries (depth 4 and more).
+# value of some of them (`k=4;b=k;x=9;m=b;` then `m?4;`). A query $d$ bindings away from
+# its digit takes $d$ serial lookups, with no intermediate steps written out, so a
+# looped model should need more loops for deeper queries. Teacher-forced, the model
+# reads each program and its queries, and we score whether its argmax after `x?` is
+# $x$'s value, by loop count and by the depth of the query. The claims, on paired
+# per-program accuracies: more loops answer more queries, overall and on the deep
+# queries (depth 4 and more).
 
 # %%
 programs = data.chain_programs(profile.chain_programs, split="eval")
 hits = answer_hits(model, encode_chains(model.tokenizer, programs), loops)
-by_depth = hits.pivot_table(index="loops", columns="bucket", values="hit", aggfunc="mean")
+by_depth = hits.pivot_table(
+    index="loops", columns="bucket", values="hit", aggfunc="mean"
+)
 by_depth = by_depth[[b for b in DEPTH_BUCKETS if b in by_depth]]
 by_depth.columns = [f"depth {b}" for b in by_depth.columns]
 by_depth.insert(0, "all", hits.groupby("loops")["hit"].mean())
@@ -255,11 +342,21 @@ queries = hits[hits["loops"] == R]["bucket"].value_counts()
 
 fig, ax = plt.subplots(figsize=book.COLUMN)
 for column in by_depth:
-    ax.plot(by_depth.index, by_depth[column], marker="o", label=column,
-            lw=2 if column == "all" else 1)
+    ax.plot(
+        by_depth.index,
+        by_depth[column],
+        marker="o",
+        label=column,
+        lw=2 if column == "all" else 1,
+    )
 ax.axvline(R, color="grey", ls=":", lw=1)
-ax.set(xscale="log", xlabel="loops R", ylabel="answer accuracy", ylim=(-0.02, 1.02),
-       title="Chain answers against depth")
+ax.set(
+    xscale="log",
+    xlabel="loops R",
+    ylabel="answer accuracy",
+    ylim=(-0.02, 1.02),
+    title="Chain answers against depth",
+)
 ax.set_xticks(loops, [str(n) for n in loops])
 ax.minorticks_off()
 ax.legend()
@@ -268,118 +365,169 @@ plt.show()
 deep = hits["depth"] >= DEPTH_BUCKETS["4-6"][0]
 chain_verdicts = {}
 for name, selected in (("all queries", hits), ("depth ≥ 4", hits[deep])):
-    per_program = selected.pivot_table(index="program", columns="loops", values="hit",
-                                       aggfunc="mean")
-    claim = V.Claim(f"more loops answer more chain queries ({name}): accuracy after "
-                    f"R = {R} > after {SHALLOW} loops", "Geiping et al. (2025)", "greater")
+    per_program = selected.pivot_table(
+        index="program", columns="loops", values="hit", aggfunc="mean"
+    )
+    claim = V.Claim(
+        f"more loops answer more chain queries ({name}): accuracy after "
+        f"R = {R} > after {SHALLOW} loops",
+        "Geiping et al. (2025)",
+        "greater",
+    )
     chain_verdicts[f"chains: {name}, R = {R} vs {SHALLOW}"] = V.verdict(
-        claim, per_program[R], per_program[SHALLOW], discrimination=V.discrimination(
+        claim,
+        per_program[R],
+        per_program[SHALLOW],
+        discrimination=V.discrimination(
             V.enough_units(len(per_program), what="programs"),
             V.varies(per_program.to_numpy(), f"answer accuracy ({name}) by loops"),
-            V.below_ceiling(per_program[SHALLOW], 1.0, f"accuracy after {SHALLOW} loops")))
+            V.below_ceiling(
+                per_program[SHALLOW], 1.0, f"accuracy after {SHALLOW} loops"
+            ),
+        ),
+    )
 book.table(by_depth, digits=3)
 
 # %% tags=["remove-input"]
 book.md(
     f"{len(programs)} programs hold {int(queries.sum())} queries: "
     + ", ".join(f"{int(queries.get(b, 0))} of depth {b}" for b in DEPTH_BUCKETS)
-    + f". After {SHALLOW} loops the model answers {by_depth.loc[SHALLOW, 'all']:.0%} of "
+    + f". After {SHALLOW} loops the model answers {by_depth.loc[SHALLOW, 'all']:.0%} "
+      "of "
     f"them, after {R} loops {by_depth.loc[R, 'all']:.0%}. "
-    + " ".join(f"On {name.split(': ')[1]}, {v.sentence()}"
-               for name, v in chain_verdicts.items()))
+    + " ".join(
+        f"On {name.split(': ')[1]}, {v.sentence()}"
+        for name, v in chain_verdicts.items()
+    )
+)
 
 # %% [markdown]
 # ## Greedy generations
 #
 # Greedy full-depth decoding is the baseline of every later chapter. Each workload's
-# prompts are decoded as one batch with the full cache; a row stops at end-of-text or after
-# its token budget. With the full cache every token must be the argmax of a cache-free
-# forward over the growing sequence (in bfloat16 on a GPU, up to near-ties that the two
-# computations round differently, which `book.check_greedy_tokens` counts). The
-# deepest-plane cache is a different model of the prefix, and its text may differ. A few
-# samples show what the model writes (after the `|`).
+# prompts are decoded as one batch with the full cache; a row stops at end-of-text or
+# after its token budget. With the full cache every token must be the argmax of a
+# cache-free forward over the growing sequence (in bfloat16 on a GPU, up to near-ties
+# that the two computations round differently, which `book.check_greedy_tokens` counts).
+# The deepest-plane cache is a different model of the prefix, and its text may differ. A
+# few samples show what the model writes (after the `|`).
 
 # %%
-prompts = {w: book.encode(model, data.prompts(w, profile.prompts_per_workload))
-           for w in data.WORKLOADS}
-runs = {w: looped_kv.generate(model, p, max_new_tokens=profile.new_tokens)
-        for w, p in prompts.items()}
-deepest_runs = {w: looped_kv.generate(model, p, max_new_tokens=profile.new_tokens,
-                                      cache="deepest") for w, p in prompts.items()}
+prompts = {
+    w: book.encode(model, data.prompts(w, profile.prompts_per_workload))
+    for w in data.WORKLOADS
+}
+runs = {
+    w: looped_kv.generate(model, p, max_new_tokens=profile.new_tokens)
+    for w, p in prompts.items()
+}
+deepest_runs = {
+    w: looped_kv.generate(model, p, max_new_tokens=profile.new_tokens, cache="deepest")
+    for w, p in prompts.items()
+}
 near_ties = 0
-for w, run in runs.items():
+for run in runs.values():
     with torch.no_grad():
         no_cache = model(run.tokens[:, :-1], num_loops=R)
     for row, (seq, p) in enumerate(zip(run.sequences, run.prompt_lengths, strict=True)):
-        near_ties += book.check_greedy_tokens(no_cache[row, p - 1:len(seq) - 1], seq[p:])
+        near_ties += book.check_greedy_tokens(
+            no_cache[row, p - 1 : len(seq) - 1], seq[p:]
+        )
 for w, run in runs.items():
     for row in range(2):  # two samples per workload
-        text = book.decode(model, run.sequences[row][:run.prompt_lengths[row]])
+        text = book.decode(model, run.sequences[row][: run.prompt_lengths[row]])
         print(f"--- {w} ---\n{text}|{book.decode(model, run.new_rows[row])}\n")
 
 # %% tags=["remove-input"]
-same_rows = {w: sum(torch.equal(a, b) for a, b in zip(
-    runs[w].sequences, deepest_runs[w].sequences, strict=True)) for w in runs}
+same_rows = {
+    w: sum(
+        torch.equal(a, b)
+        for a, b in zip(runs[w].sequences, deepest_runs[w].sequences, strict=True)
+    )
+    for w in runs
+}
 stopped = {w: run.stopped.count("eos") for w, run in runs.items()}
-ratio = {w: deepest_runs[w].extra["cache_bytes"] / runs[w].extra["cache_bytes"]
-         for w in runs}
+ratio = {
+    w: deepest_runs[w].extra["cache_bytes"] / runs[w].extra["cache_bytes"] for w in runs
+}
 book.md(
     f"Every generated token of the {sum(r.batch for r in runs.values())} rows is the "
     f"argmax of the cache-free forward, up to {near_ties} near-tie flips. "
-    + "; ".join(f"on {w}, {stopped[w]} of {runs[w].batch} rows end with end-of-text, and "
-                f"the deepest-plane cache emits the same text as the full cache in "
-                f"{same_rows[w]} rows while holding {ratio[w]:.1%} of its bytes"
-                for w in runs) + ".")
+    + "; ".join(
+        f"on {w}, {stopped[w]} of {runs[w].batch} rows end with end-of-text, and "
+        f"the deepest-plane cache emits the same text as the full cache in "
+        f"{same_rows[w]} rows while holding {ratio[w]:.1%} of its bytes"
+        for w in runs
+    )
+    + "."
+)
 
 # %% [markdown]
 # ## How much of its depth does a token need?
 #
 # A $d$-loop draft reads the cached prefix of the full-depth trajectory and predicts the
 # next token; along each greedy generation above we count how often it agrees with the
-# full-depth token, at the draft depths of DAS Table 6 (aligned prefix reads: loop $r$ of
-# the draft reads plane $r$). The paper's claim: agreement rises with draft depth, so a
-# one-loop draft agrees less often than an eight-loop one. A draft that already agrees
+# full-depth token, at the draft depths of DAS Table 6 (aligned prefix reads: loop $r$
+# of the draft reads plane $r$). The paper's claim: agreement rises with draft depth, so
+# a one-loop draft agrees less often than an eight-loop one. A draft that already agrees
 # almost always at one loop cannot show it.
 
 # %%
 depths = papers.DAS_TABLE_6_DEPTHS
 agreement = {w: draft_agreement_rows(model, run, depths) for w, run in runs.items()}
 shallow_d, deep_d = min(depths), max(depths)
-draft_claim = V.Claim(f"a {shallow_d}-loop draft agrees with the full-depth token less often "
-                      f"than a {deep_d}-loop draft", "DAS Table 6", "less")
+draft_claim = V.Claim(
+    f"a {shallow_d}-loop draft agrees with the full-depth token less often "
+    f"than a {deep_d}-loop draft",
+    "DAS Table 6",
+    "less",
+)
 draft_verdicts = {}
 for w, table in agreement.items():
     table = table[table["n"] > 0]
     one, eight = table[(shallow_d, "aligned")], table[(deep_d, "aligned")]
     draft_verdicts[f"{w}: agreement, d = {shallow_d} vs {deep_d}"] = V.verdict(
-        draft_claim, one, eight, discrimination=V.discrimination(
+        draft_claim,
+        one,
+        eight,
+        discrimination=V.discrimination(
             V.enough_units(len(table)),
-            V.below_ceiling(one, 1.0, f"{shallow_d}-loop agreement")))
-pooled = {w: [(t[(d, "aligned")] * t["n"]).sum() / t["n"].sum() for d in depths]
-          for w, t in agreement.items()}
+            V.below_ceiling(one, 1.0, f"{shallow_d}-loop agreement"),
+        ),
+    )
+pooled = {
+    w: [(t[(d, "aligned")] * t["n"]).sum() / t["n"].sum() for d in depths]
+    for w, t in agreement.items()
+}
 paper6 = {f"{m} (DAS)": list(papers.DAS_TABLE_6[m]["Aligned"]) for m in public}
-agree_table = pd.DataFrame({**{f"this model, {w}": v for w, v in pooled.items()}, **paper6},
-                           index=[f"d = {d}" for d in depths]).T
+agree_table = pd.DataFrame(
+    {**{f"this model, {w}": v for w, v in pooled.items()}, **paper6},
+    index=[f"d = {d}" for d in depths],
+).T
 book.table(agree_table, percent=tuple(agree_table.columns))
 
 # %% tags=["remove-input"]
 book.md(
-    "The table gives the share of drafted positions where the draft agrees, pooled over "
+    "The table gives the share of drafted positions where the draft agrees, pooled "
+    "over "
     "each workload's rows, beside DAS Table 6's aligned row for the public models. "
-    + " ".join(f"On {name.split(':')[0]}, {v.sentence()}"
-               for name, v in draft_verdicts.items()))
+    + " ".join(
+        f"On {name.split(':')[0]}, {v.sentence()}" for name, v in draft_verdicts.items()
+    )
+)
 
 # %% [markdown]
 # ## What the tiny model is, and is not
 #
 # The shipped model was trained on a 2-core CPU with Huginn's recipe
-# (`looped_kv/tiny/train.py`): a recurrence count per step drawn from a Poisson-lognormal
-# and truncated backpropagation through the last loops, on the book's workloads
-# (`looped_kv.data`). The next chapters measure on it the phenomena the papers report
-# (planes that ripen with depth, deep loops that matter more, drafts that agree with the
-# target) and give for each a verdict: agrees with the paper, disagrees, or inconclusive on
-# this model, with the reason. It is far too small to match the papers' magnitudes: every
-# chapter prints the papers' numbers beside the tiny model's. This chapter's verdicts:
+# (`looped_kv/tiny/train.py`): a recurrence count per step drawn from a
+# Poisson-lognormal and truncated backpropagation through the last loops, on the book's
+# workloads (`looped_kv.data`). The next chapters measure on it the phenomena the papers
+# report (planes that ripen with depth, deep loops that matter more, drafts that agree
+# with the target) and give for each a verdict: agrees with the paper, disagrees, or
+# inconclusive on this model, with the reason. It is far too small to match the papers'
+# magnitudes: every chapter prints the papers' numbers beside the tiny model's. This
+# chapter's verdicts:
 
 # %%
 chapter_verdicts = loss_verdicts | chain_verdicts | draft_verdicts
@@ -387,10 +535,25 @@ book.table(V.verdict_table(chapter_verdicts))
 
 # %%
 training = cfg.extra.get("training", {})
-fields = ("parameters", "steps", "batch", "seq", "train_mean_recurrence", "backprop_loops",
-          "mix", "minutes")
-summary = pd.Series({k: str(training[k]) if isinstance(training[k], dict) else training[k]
-                     for k in fields if k in training}, name="training", dtype=object)
+fields = (
+    "parameters",
+    "steps",
+    "batch",
+    "seq",
+    "train_mean_recurrence",
+    "backprop_loops",
+    "mix",
+    "minutes",
+)
+summary = pd.Series(
+    {
+        k: str(training[k]) if isinstance(training[k], dict) else training[k]
+        for k in fields
+        if k in training
+    },
+    name="training",
+    dtype=object,
+)
 log_file = looped_kv.runtime.loading.TINY_DIR / "training_log.json"
 fastest = None
 if book.is_tiny(model) and log_file.exists():
@@ -401,8 +564,13 @@ book.table(summary.to_frame())
 
 # %% tags=["remove-input"]
 book.md(
-    "" if fastest is None else
-    f"Training took {training['minutes']} minutes of wall time on cores that other work "
-    f"shared part of the time; its fastest stretch ran at {fastest:.2f} s per step, which "
-    f"is {fastest * training['steps'] / 60:.0f} minutes for all {training['steps']} steps "
-    "on idle cores.")
+    ""
+    if fastest is None
+    else f"Training took {training['minutes']} minutes of wall time on cores that "
+         "other work "
+    f"shared part of the time; its fastest stretch ran at {fastest:.2f} s per step, "
+    "which "
+    f"is {fastest * training['steps'] / 60:.0f} minutes for all {training['steps']} "
+    "steps "
+    "on idle cores."
+)

@@ -16,19 +16,29 @@
 # %% [markdown]
 # # 7. Memory and throughput
 #
-# The weights of a looped model are small; its KV cache is not. This chapter puts the memory equations
-# next to real allocations, measures throughput as a function of batch size, and asks what a smaller
-# cache buys at a fixed memory budget (RIPE Sections 3.3-3.5 and 5.3). It also reproduces the papers'
-# performance-model numbers from their published inputs, and says where the published inputs are not
-# enough to reproduce them.
+# The weights of a looped model are small; its KV cache is not. This chapter puts the
+# memory equations next to real allocations, measures throughput as a function of batch
+# size, and asks what a smaller cache buys at a fixed memory budget (RIPE Sections
+# 3.3-3.5 and 5.3). It also reproduces the papers' performance-model numbers from their
+# published inputs, and says where the published inputs are not enough to reproduce
+# them.
 
 # %% tags=["remove-cell"]
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:  # on Colab only: install the package
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv",
+        ],
+        check=True,
+    )
 
 # %%
 import itertools
@@ -42,43 +52,54 @@ import torch
 from IPython.display import Markdown, display
 
 import looped_kv
-from looped_kv import batched, book, data, gpu_check, papers
-from looped_kv.analysis import perf
+from looped_kv import book, data, gpu_check, papers, profiles
+from looped_kv.analysis import perf, throughput
 from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.runtime.memory import m_deep, m_full, memory_table
 
+book.setup()
 model = book.chapter_model()
+P = profiles.for_model(model).ch07
 cfg, R = model.config, model.config.mean_recurrence
-BATCH_SIZES = [1, 2, 4, 8]
-NEW_TOKENS = 16
-DRAFT = {"draft_loops": 4, "block": 4, "prefix_reads": "deep-kv"}  # Mature-Spec drafts of 4 loops, 4 per block
-prompts = book.encode(model, data.prompts("problems", 8, "eval"))
-print(f"model: {model.source}  R = {R}  device: {model.device}")
+BATCH_SIZES = list(P.batch_sizes)
+NEW_TOKENS = P.new_tokens
+# Mature-Spec drafts: 4 loops each, 4 per block
+DRAFT = {"draft_loops": 4, "block": 4, "prefix_reads": "deep-kv"}
+prompts = book.encode(model, data.prompts("problems", P.prompts, "eval"))
+print(book.environment(model))
 
 # %% [markdown]
 # ## KV bytes per sequence (RIPE Eq. 3 and 10, Table 2)
 #
-# Every cache policy stores $b\,L\,(n_\text{pre} + n_\text{coda} + |\text{kept}|\, n_\text{core})$ bytes
-# plus $b\, n_\text{core}$ times the planes it keeps only for a recent window or sinks. The package
-# computes this from a config alone, and its caches allocate exactly that many bytes
-# (`tests/test_cache.py`).
+# Every cache policy stores $b\,L\,(n_\text{pre} + n_\text{coda} + |\text{kept}|\,
+# n_\text{core})$ bytes plus $b\, n_\text{core}$ times the planes it keeps only for a
+# recent window or sinks. The package computes this from a config alone, and its caches
+# allocate exactly that many bytes (`tests/test_cache.py`).
 
 # %%
-table2 = pd.DataFrame(memory_table({"tiny": cfg, "Huginn": looped_kv.huginn_0125(),
-                                    "Raven": looped_kv.raven_llama()}, length=1024)).set_index("cache")
+configs = {
+    "tiny": cfg,
+    "Huginn": looped_kv.huginn_0125(),
+    "Raven": looped_kv.raven_llama(),
+    "Raven-OLMo": looped_kv.raven_olmo(),
+}
+table2 = pd.DataFrame(memory_table(configs, length=1024)).set_index("cache")
 table2["Huginn MB (paper)"] = [papers.RIPE_TABLE_2[c][0] for c in table2.index]
 table2["Raven MB (paper)"] = [papers.RIPE_TABLE_2[c][2] for c in table2.index]
 assert (table2["Huginn MB"].round() == table2["Huginn MB (paper)"]).all()
 assert (table2["Raven MB"].round() == table2["Raven MB (paper)"]).all()
-table2.style.format({c: "{:,.3f}" if c.startswith("tiny") else "{:,.1f}" for c in table2.columns})
+table2.style.format(
+    {c: "{:,.3f}" if c.startswith("tiny") else "{:,.1f}" for c in table2.columns}
+)
 
 # %% [markdown]
 # ## The papers' performance numbers from their published inputs
 #
-# The package's models are plain functions, so they can be run on the paper's own inputs. Eq. (3)
-# gives the per-token memory. The memory model $\text{peak}(B) = \text{cache}\cdot B + o_0 + o_1 B$ gives the
-# largest batch under a 95 GB budget. Eq. (7) gives Table 9's $\tau$ column from its $\alpha$ column, and
-# Eq. (8) with $\eta = 1.07$ gives Figure 5b.
+# The package's models are plain functions, so they can be run on the paper's own
+# inputs. Eq. (3) gives the per-token memory. The memory model $\text{peak}(B) =
+# \text{cache}\cdot B + o_0 + o_1 B$ gives the largest batch under a 95 GB budget. Eq.
+# (7) gives Table 9's $\tau$ column from its $\alpha$ column, and Eq. (8) with $\eta =
+# 1.07$ gives Figure 5b.
 
 # %%
 huginn = looped_kv.huginn_0125()
@@ -88,8 +109,10 @@ B_MAX = MEMORY["B_max"]  # by cache: "full" and "one slot"
 PEAK_38 = papers.RIPE_SEC_5_3["peak at B = 38 (GB)"]  # RIPE Sec. 5.3
 KB_PER_TOKEN = papers.RIPE_SEC_2_KV_PER_TOKEN[papers.HUGINN]  # RIPE Sec. 2
 seq_length = MEMORY["sequence length"]
-per_seq = {"full": m_full(huginn, seq_length) / 1e9,
-           "one slot": m_deep(huginn, seq_length) / 1e9}
+per_seq = {
+    "full": m_full(huginn, seq_length) / 1e9,
+    "one slot": m_deep(huginn, seq_length) / 1e9,
+}
 bmax_printed = {c: perf.b_max(BUDGET, O0, O1[c], per_seq[c]) for c in per_seq}
 
 
@@ -98,61 +121,94 @@ def grid(printed: float, decimals: int, step: float) -> np.ndarray:
     return np.arange(*perf.printed_interval(printed, decimals), step)
 
 
-consistent = [(o0, o1f, o1d) for o0 in grid(O0, 1, 0.002)
-              for o1f in grid(O1["full"], 2, 0.0002)
-              for o1d in grid(O1["one slot"], 2, 0.0002)
-              if perf.b_max(BUDGET, o0, o1f, per_seq["full"]) == B_MAX["full"]
-              and perf.b_max(BUDGET, o0, o1d, per_seq["one slot"]) == B_MAX["one slot"]
-              and round(perf.peak_memory(38, per_seq["full"], o0, o1f), 1) == PEAK_38]
-paper_models = pd.DataFrame({
-    "printed": [KB_PER_TOKEN["full"], KB_PER_TOKEN["deepest"],
-                B_MAX["full"], B_MAX["one slot"]],
-    "from printed inputs": [m_full(huginn, 1) / 1e3, m_deep(huginn, 1) / 1e3,
-                            bmax_printed["full"], bmax_printed["one slot"]]},
-    index=["KB/token, full (Eq. 3)", "KB/token, deepest (Eq. 3)",
-           f"B_max at {BUDGET} GB, full", f"B_max at {BUDGET} GB, one slot"])
+consistent = [
+    (o0, o1f, o1d)
+    for o0 in grid(O0, 1, 0.002)
+    for o1f in grid(O1["full"], 2, 0.0002)
+    for o1d in grid(O1["one slot"], 2, 0.0002)
+    if perf.b_max(BUDGET, o0, o1f, per_seq["full"]) == B_MAX["full"]
+    and perf.b_max(BUDGET, o0, o1d, per_seq["one slot"]) == B_MAX["one slot"]
+    and round(perf.peak_memory(38, per_seq["full"], o0, o1f), 1) == PEAK_38
+]
+paper_models = pd.DataFrame(
+    {
+        "printed": [
+            KB_PER_TOKEN["full"],
+            KB_PER_TOKEN["deepest"],
+            B_MAX["full"],
+            B_MAX["one slot"],
+        ],
+        "from printed inputs": [
+            m_full(huginn, 1) / 1e3,
+            m_deep(huginn, 1) / 1e3,
+            bmax_printed["full"],
+            bmax_printed["one slot"],
+        ],
+    },
+    index=[
+        "KB/token, full (Eq. 3)",
+        "KB/token, deepest (Eq. 3)",
+        f"B_max at {BUDGET} GB, full",
+        f"B_max at {BUDGET} GB, one slot",
+    ],
+)
 assert (paper_models.iloc[:2, 1].round() == paper_models.iloc[:2, 0]).all()
 assert bmax_printed["full"] == B_MAX["full"] and consistent  # all, within rounding
 paper_models
 
 # %%
 o0s, o1fs, o1ds = zip(*consistent, strict=True)
-Markdown(f"With the printed $o_0 = {O0}$ GB and $o_1 = {O1['one slot']}$ GB, the "
-         f"one-slot budget holds {bmax_printed['one slot']} sequences, not the "
-         f"printed {B_MAX['one slot']}: the printed fits are rounded. Inputs that "
-         f"still round to the printed ones, "
-         f"$o_0 \\in [{min(o0s):.3f}, {max(o0s):.3f}]$, "
-         f"full $o_1 \\in [{min(o1fs):.4f}, {max(o1fs):.4f}]$ and one-slot $o_1 \\in "
-         f"[{min(o1ds):.4f}, {max(o1ds):.4f}]$, give B_max = {B_MAX['full']} and "
-         f"{B_MAX['one slot']} and {PEAK_38} GB at B = 38 together. "
-         "`looped_kv/analysis/perf.py` documents every such case.")
+Markdown(
+    f"With the printed $o_0 = {O0}$ GB and $o_1 = {O1['one slot']}$ GB, the "
+    f"one-slot budget holds {bmax_printed['one slot']} sequences, not the "
+    f"printed {B_MAX['one slot']}: the printed fits are rounded. Inputs that "
+    f"still round to the printed ones, "
+    f"$o_0 \\in [{min(o0s):.3f}, {max(o0s):.3f}]$, "
+    f"full $o_1 \\in [{min(o1fs):.4f}, {max(o1fs):.4f}]$ and one-slot $o_1 \\in "
+    f"[{min(o1ds):.4f}, {max(o1ds):.4f}]$, give B_max = {B_MAX['full']} and "
+    f"{B_MAX['one slot']} and {PEAK_38} GB at B = 38 together. "
+    "`looped_kv/analysis/perf.py` documents every such case."
+)
 
 # %%
 GAMMA = papers.RIPE_SEC_3_3_ACCEPTANCE["gamma"]  # Table 9's simulation: gamma = 4
 ETA = papers.RIPE_SEC_3_4_SPEEDUP["eta"]  # Figure 5b's eta
 alpha, tau_model = papers.ripe_table_9("alpha"), papers.ripe_table_9("tau model")
 table9 = pd.DataFrame(
-    {"alpha": [a for by_d in alpha.values() for a in by_d.values()],  # RIPE Table 9
-     "tau model (printed)": [t for by_d in tau_model.values() for t in by_d.values()]},
+    {
+        "alpha": [a for by_d in alpha.values() for a in by_d.values()],  # RIPE Table 9
+        "tau model (printed)": [
+            t for by_d in tau_model.values() for t in by_d.values()
+        ],
+    },
     index=pd.MultiIndex.from_tuples(
-        [(c, d) for c, by_d in alpha.items() for d in by_d], names=["cache", "d"]))
+        [(c, d) for c, by_d in alpha.items() for d in by_d], names=["cache", "d"]
+    ),
+)
 EQ7 = f"Eq. (7), gamma = {GAMMA}"
 table9[EQ7] = perf.acceptance_tau(table9["alpha"].to_numpy(), GAMMA)
 table9["within the alpha rounding"] = [
-    perf.rounds_to(perf.acceptance_tau(
-        np.linspace(*perf.printed_interval(a, 3), 201), GAMMA), t, 2).any()
-    for a, t in zip(table9["alpha"], table9["tau model (printed)"], strict=True)]
+    perf.rounds_to(
+        perf.acceptance_tau(np.linspace(*perf.printed_interval(a, 3), 201), GAMMA), t, 2
+    ).any()
+    for a, t in zip(table9["alpha"], table9["tau model (printed)"], strict=True)
+]
 assert table9["within the alpha rounding"].all()
 FIGURE_5B = papers.RIPE_SEC_3_4_SPEEDUP["figure 5b, d = 4"]  # (gamma, speed-up)
 gammas = range(1, FIGURE_5B["deepest"][0] + 1)
-curves = {cache: perf.speedup_curves(alphas, huginn, gammas, eta=ETA)
-          for cache, alphas in perf.figure_5b_alphas("table9").items()}
+curves = {
+    cache: perf.speedup_curves(alphas, huginn, gammas, eta=ETA)
+    for cache, alphas in perf.figure_5b_alphas("table9").items()
+}
 fig, ax = plt.subplots(figsize=(6, 3.5))
 for cache, style in (("full", "--"), ("deepest", "-")):
     for d, curve in curves[cache].items():
         ax.plot(gammas, curve, style, label=f"{cache}, d={d}")
-ax.set(xlabel="draft tokens per block γ", ylabel=f"speed-up (Eq. 8, η = {ETA})",
-       title="RIPE Figure 5b from Table 9")
+ax.set(
+    xlabel="draft tokens per block γ",
+    ylabel=f"speed-up (Eq. 8, η = {ETA})",
+    title="RIPE Figure 5b from Table 9",
+)
 ax.legend(fontsize=7, ncol=2)
 plt.show()
 full4, deep4 = curves["full"][4], curves["deepest"][4]
@@ -165,153 +221,289 @@ table9.style.format({EQ7: "{:.3f}"})
 # %% [markdown]
 # ## Batched decoding on the model at hand
 #
-# Several sequences decode together. Each sequence has its own length, its own acceptance (with
-# draft-then-verify) and its own RIPE window. A sequence that has finished leaves the batch, so it stops
-# costing work. Batching must not change what is decoded: each sequence's tokens equal those of decoding
-# it alone.
+# Several sequences decode together. Each sequence has its own length, its own
+# acceptance (with draft-then-verify) and its own RIPE window. A sequence that has
+# finished leaves the batch, so it stops costing work. Batching must not change what is
+# decoded: each sequence's tokens equal those of decoding it alone.
+
 
 # %%
-alone = [looped_kv.generate(model, p, max_new_tokens=NEW_TOKENS, method="ar").new_tokens for p in prompts[:4]]
-together = batched.batched_generate(model, prompts[:4], max_new_tokens=NEW_TOKENS, method="greedy")
-dtv = batched.batched_generate(model, prompts[:4], max_new_tokens=NEW_TOKENS, method="dtv", **DRAFT)
-same = sum(int(torch.equal(a.reshape(-1), b.reshape(-1))) for a, b in zip(alone, together.new_tokens, strict=True))
-same_dtv = sum(int(torch.equal(a.reshape(-1), b.reshape(-1))) for a, b in zip(alone, dtv.new_tokens, strict=True))
-assert same >= 3 and same_dtv >= 3  # float32: a near-tie may flip a rare token; float64 equality is tested
-Markdown(f"Batched greedy decoding reproduces {same} of 4 sequences decoded alone, and batched draft-then-verify "
-         f"{same_dtv} of 4 (float32 here; the float64 equality is a test).")
+def decode(prompts, method, **options):
+    out = looped_kv.generate(
+        model, prompts, max_new_tokens=NEW_TOKENS, method=method, **options
+    )
+    return [row.reshape(-1) for row in out.new_rows]
+
+
+alone = [decode([p], "ar")[0] for p in prompts[:4]]
+together = decode(prompts[:4], "ar")
+spec = decode(prompts[:4], "self-spec", **DRAFT)
+same = sum(int(torch.equal(a, b)) for a, b in zip(alone, together, strict=True))
+same_spec = sum(int(torch.equal(a, b)) for a, b in zip(alone, spec, strict=True))
+# float32: a near-tie may flip a rare token; float64 equality is tested
+assert same >= 3 and same_spec >= 3
+book.md(
+    f"Batched greedy decoding reproduces {same} of 4 sequences decoded alone, and "
+    f"batched self-speculation {same_spec} of 4 (float32 here; the float64 "
+    "equality is a test)."
+)
 
 # %% [markdown]
 # ## Throughput against batch size (RIPE Table 8, Figure 5c)
 #
-# Tokens per second of batched greedy decoding and draft-then-verify (Mature-Spec drafts) with the full,
-# deepest-plane and RIPE caches, measured in one run, fitted with $T(B) = B / (a + bB)$: a fixed time per
-# step plus a time per sequence.
+# Tokens per second of batched greedy decoding and draft-then-verify (Mature-Spec
+# drafts) with the full, deepest-plane and RIPE caches, measured in one run, fitted with
+# $T(B) = B / (a + bB)$: a fixed time per step plus a time per sequence.
 
 # %%
 series = {}
-for method, options in (("greedy", {}), ("dtv", DRAFT)):
-    for cache, params in (("full", {}), ("deepest", {"exact": False}), ("ripe", {"window": 8})):
-        cells = batched.throughput_cells(model, prompts, BATCH_SIZES, method, cache, max_new_tokens=NEW_TOKENS,
-                                         **params, **options)
-        series[(method, cache)] = cells
-fits = {key: perf.fit_throughput([c.batch for c in cells], [c.tokens_per_s for c in cells])
-        for key, cells in series.items()}
-table8 = pd.DataFrame({key: {"T_inf (tokens/s)": f.t_inf, "B_1/2": f.b_half,
-                             "largest residual": f.max_relative_residual,
-                             **{f"B={c.batch}": c.tokens_per_s for c in series[key]}} for key, f in fits.items()}).T
+CACHES = (("full", {}), ("deepest", {"exact": False}), ("ripe", {"window": 8}))
+for (method, options), (cache, params) in itertools.product(
+    (("ar", {}), ("self-spec", DRAFT)), CACHES
+):
+    series[(method, cache)] = throughput.throughput_cells(
+        model,
+        prompts,
+        BATCH_SIZES,
+        method,
+        cache,
+        max_new_tokens=NEW_TOKENS,
+        **params,
+        **options,
+    )
+fits = {
+    key: perf.fit_throughput([c.batch for c in cells], [c.tokens_per_s for c in cells])
+    for key, cells in series.items()
+}
+table8 = pd.DataFrame(
+    {
+        key: {
+            "T_inf (tokens/s)": f.t_inf,
+            "B_1/2": f.b_half,
+            "largest residual": f.max_relative_residual,
+            **{f"B={c.batch}": c.tokens_per_s for c in series[key]},
+        }
+        for key, f in fits.items()
+    }
+).T
 table8.index.names = ["decoder", "cache"]
 fig, ax = plt.subplots(figsize=(6.5, 4))
 grid_b = np.linspace(1, max(BATCH_SIZES), 50)
 for (key, cells), color in zip(series.items(), plt.cm.tab10.colors, strict=False):
     ax.plot([c.batch for c in cells], [c.tokens_per_s for c in cells], "o", color=color)
-    ax.plot(grid_b, fits[key].predict(grid_b), "-", color=color, label=f"{key[0]}, {key[1]}")
-ax.set(xlabel="batch size B", ylabel="tokens/s", title="Throughput on this machine; lines: T(B) = B/(a+bB)")
+    ax.plot(
+        grid_b, fits[key].predict(grid_b), "-", color=color, label=f"{key[0]}, {key[1]}"
+    )
+ax.set(
+    xlabel="batch size B",
+    ylabel="tokens/s",
+    title="Throughput on this machine; lines: T(B) = B/(a+bB)",
+)
 ax.legend(fontsize=8)
 plt.show()
 table8.style.format("{:.2f}")
 
 # %%
 assert all(c.tokens_per_s > 0 for cells in series.values() for c in cells)
-gain = {key: series[key][-1].tokens_per_s / series[key][0].tokens_per_s for key in series}
+gain = {
+    key: series[key][-1].tokens_per_s / series[key][0].tokens_per_s for key in series
+}
 batch6 = [r.residual for r in papers.RIPE_TABLE_8 if r.batch == 6]  # RIPE Table 8
-Markdown(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cache goes from "
-         f"{series[('greedy', 'full')][0].tokens_per_s:.1f} to {series[('greedy', 'full')][-1].tokens_per_s:.1f} "
-         f"tokens/s ({gain[('greedy', 'full')]:.1f}x). The largest relative residual of the T(B) fits is "
-         f"{max(f.max_relative_residual for f in fits.values()):.1%} (the paper: "
-         f"{min(batch6):.0%}-{max(batch6):.0%} on its batch 6, Table 8).")
+Markdown(
+    f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cache goes "
+    "from "
+    f"{series[('ar', 'full')][0].tokens_per_s:.1f} to "
+    f"{series[('ar', 'full')][-1].tokens_per_s:.1f} "
+    f"tokens/s ({gain[('ar', 'full')]:.1f}x). The largest relative residual of the "
+    "T(B) fits is "
+    f"{max(f.max_relative_residual for f in fits.values()):.1%} (the paper: "
+    f"{min(batch6):.0%}-{max(batch6):.0%} on its batch 6, Table 8)."
+)
 
 # %% [markdown]
 # ## Peak memory against the memory model (RIPE Figure 3)
 #
-# Peak memory of batched decoding is measured from PyTorch's own allocator events (on a GPU,
-# `torch.cuda.max_memory_reserved`; see `looped_kv.analysis.memory_bench`). It is compared with the cache bytes
-# from the equations plus $o_0 + o_1 B$, where $o_0$ and $o_1$ are fitted on the two smallest batches and
-# the larger batches are held out.
+# Peak memory of batched decoding is measured from PyTorch's own allocator events (on a
+# GPU, `torch.cuda.max_memory_reserved`; see `looped_kv.analysis.memory_bench`). It is
+# compared with the cache bytes from the equations plus $o_0 + o_1 B$, where $o_0$ and
+# $o_1$ are fitted on the two smallest batches and the larger batches are held out.
 
 # %%
-memory_sizes = [1, 2, 3, 4, 6, 8]
+memory_sizes = list(P.memory_batch_sizes)
 shortest = min(p.shape[-1] for p in prompts)
-same_length = [p[..., :shortest] for p in prompts]  # activations grow with the longest prompt of a batch
+same_length = [
+    p[..., :shortest] for p in prompts
+]  # activations grow with the longest prompt of a batch
 checks = {}
 for cache, params in (("full", {}), ("deepest", {})):
-    cells = batched.memory_cells(model, same_length, memory_sizes, "greedy", cache, max_new_tokens=NEW_TOKENS,
-                                 **params)
-    checks[cache] = (cells, check_memory_model(cells, fit_on=memory_sizes[:2], budget=float(cells[-1].peak_bytes)))
+    cells = throughput.memory_cells(
+        model,
+        same_length,
+        memory_sizes,
+        "ar",
+        cache,
+        max_new_tokens=NEW_TOKENS,
+        **params,
+    )
+    checks[cache] = (
+        cells,
+        check_memory_model(
+            cells, fit_on=memory_sizes[:2], budget=float(cells[-1].peak_bytes)
+        ),
+    )
 fig, ax = plt.subplots(figsize=(4.5, 4))
 for (cache, (cells, check)), color in zip(checks.items(), ("C0", "C1"), strict=True):
     model_peak = check.fit.predict([c.batch for c in cells])
     fitted = np.array([c.batch in check.fitted for c in cells])
     measured = np.array([c.peak_bytes for c in cells])
-    ax.plot(model_peak[fitted] / 1e6, measured[fitted] / 1e6, "o", color=color, label=f"{cache} (fit)")
-    ax.plot(model_peak[~fitted] / 1e6, measured[~fitted] / 1e6, "o", mfc="none", color=color,
-            label=f"{cache} (held out)")
+    ax.plot(
+        model_peak[fitted] / 1e6,
+        measured[fitted] / 1e6,
+        "o",
+        color=color,
+        label=f"{cache} (fit)",
+    )
+    ax.plot(
+        model_peak[~fitted] / 1e6,
+        measured[~fitted] / 1e6,
+        "o",
+        mfc="none",
+        color=color,
+        label=f"{cache} (held out)",
+    )
 top = max(c.peak_bytes for cells, _ in checks.values() for c in cells) / 1e6 * 1.1
 ax.plot([0, top], [0, top], "k:", lw=1)
 ax.set(xlabel="model peak (MB)", ylabel="measured peak (MB)", title="Peak memory")
 ax.legend(fontsize=8)
 plt.show()
 errors = {cache: check.max_held_out_error for cache, (_, check) in checks.items()}
-pd.DataFrame({cache: {"o0 (MB)": check.fit.o0 / 1e6, "o1 (MB/sequence)": check.fit.o1 / 1e6,
-                      "cache (MB/sequence)": check.fit.cache_per_seq / 1e6,
-                      "largest held-out error": check.max_held_out_error}
-              for cache, (_, check) in checks.items()}).T
+pd.DataFrame(
+    {
+        cache: {
+            "o0 (MB)": check.fit.o0 / 1e6,
+            "o1 (MB/sequence)": check.fit.o1 / 1e6,
+            "cache (MB/sequence)": check.fit.cache_per_seq / 1e6,
+            "largest held-out error": check.max_held_out_error,
+        }
+        for cache, (_, check) in checks.items()
+    }
+).T
 
 # %%
-Markdown(f"Fitted on B = {memory_sizes[0]} and {memory_sizes[1]}, the memory model predicts the held-out batches "
-         f"within {max(errors.values()):.1%} (the paper: "
-         f"{MEMORY['held-out error']:.2%} on another node, Figure 3).")
+Markdown(
+    f"Fitted on B = {memory_sizes[0]} and {memory_sizes[1]}, the memory model predicts "
+    "the held-out batches "
+    f"within {max(errors.values()):.1%} (the paper: "
+    f"{MEMORY['held-out error']:.2%} on another node, Figure 3)."
+)
 
 # %% [markdown]
 # ## Fixed-memory throughput (RIPE Section 5.3)
 #
-# Under one memory budget, the deepest-plane cache can gain twice: it may decode faster at the same batch
-# (less to read, and on Huginn higher acceptance), and it fits a larger batch. The paper splits its 2.24x
-# into these two factors from three measured throughputs; the package's split, applied to the printed
-# throughputs, gives the printed factors.
+# Under one memory budget, the deepest-plane cache can gain twice: it may decode faster
+# at the same batch (less to read, and on Huginn higher acceptance), and it fits a
+# larger batch. The paper splits its 2.24x into these two factors from three measured
+# throughputs; the package's split, applied to the printed throughputs, gives the
+# printed factors.
 
 # %%
 PAPER_FIXED_MEMORY = papers.RIPE_SEC_3_5_FIXED_MEMORY  # tokens/s, RIPE Sec. 3.5
 PAPER_FACTORS = papers.RIPE_SEC_3_5_FACTORS  # as printed
 paper_split = perf.fixed_memory_factors(*PAPER_FIXED_MEMORY.values())
-split = pd.DataFrame({"printed": PAPER_FACTORS,
-                      "from the printed tokens/s": {"same batch": paper_split.same_batch, "batch": paper_split.batch,
-                                                    "total": paper_split.total, "cache only": np.nan}})
+split = pd.DataFrame(
+    {
+        "printed": PAPER_FACTORS,
+        "from the printed tokens/s": {
+            "same batch": paper_split.same_batch,
+            "batch": paper_split.batch,
+            "total": paper_split.total,
+            "cache only": np.nan,
+        },
+    }
+)
 FACTOR_NAMES = {"same batch": "same_batch", "batch": "batch", "total": "total"}
 GRID = 21  # throughputs per printed cell, spread over its rounding interval
-grid_factors = [perf.fixed_memory_factors(*cells) for cells in itertools.product(
-    *(np.linspace(*perf.printed_interval(v, 0), GRID) for v in PAPER_FIXED_MEMORY.values()))]
-within_rounding = [f for f in grid_factors if all(perf.rounds_to(getattr(f, attr), PAPER_FACTORS[name], 2)
-                                                  for name, attr in FACTOR_NAMES.items())]
-split["exact"] = [name in FACTOR_NAMES and bool(perf.rounds_to(split.loc[name, "from the printed tokens/s"],
-                                                               PAPER_FACTORS[name], 2)) for name in split.index]
-assert split.loc["same batch", "exact"] and within_rounding  # all three factors from tokens/s that round as printed
+grid_factors = [
+    perf.fixed_memory_factors(*cells)
+    for cells in itertools.product(
+        *(
+            np.linspace(*perf.printed_interval(v, 0), GRID)
+            for v in PAPER_FIXED_MEMORY.values()
+        )
+    )
+]
+within_rounding = [
+    f
+    for f in grid_factors
+    if all(
+        perf.rounds_to(getattr(f, attr), PAPER_FACTORS[name], 2)
+        for name, attr in FACTOR_NAMES.items()
+    )
+]
+split["exact"] = [
+    name in FACTOR_NAMES
+    and bool(
+        perf.rounds_to(
+            split.loc[name, "from the printed tokens/s"], PAPER_FACTORS[name], 2
+        )
+    )
+    for name in split.index
+]
+assert (
+    split.loc["same batch", "exact"] and within_rounding
+)  # all three factors from tokens/s that round as printed
 split
 
 # %%
 derived = split["from the printed tokens/s"]
-Markdown(f"The same-batch factor follows exactly from the printed throughputs. The batch factor and the total "
-         f"({derived['batch']:.4f} and {derived['total']:.4f}) reach the printed values only for throughputs within "
-         f"their rounding ({len(within_rounding)} of {len(grid_factors)} grid points there give all three): the "
-         f"printed total is the product {PAPER_FACTORS['same batch']} x {PAPER_FACTORS['batch']}.")
+Markdown(
+    "The same-batch factor follows exactly from the printed throughputs. The batch "
+    "factor and the total "
+    f"({derived['batch']:.4f} and {derived['total']:.4f}) reach the printed values "
+    "only for throughputs within "
+    f"their rounding ({len(within_rounding)} of {len(grid_factors)} grid points there "
+    "give all three): the "
+    f"printed total is the product {PAPER_FACTORS['same batch']} x "
+    f"{PAPER_FACTORS['batch']}."
+)
 
 # %% [markdown]
-# The paper also reports that with the same scheduler and acceptance rate the shared slot alone is 1.63x
-# faster at B = 32, "the cache size being the only difference": on Huginn the same-batch factor is almost
-# all cache size. Its input, the full cache's throughput under WaveFront's scheduler, is not printed, so
-# that factor can only be quoted. On the model at hand, the budget is what the full cache needs for a
-# few sequences; both caches' B_max come from their fitted memory models.
+# The paper also reports that with the same scheduler and acceptance rate the shared
+# slot alone is 1.63x faster at B = 32, "the cache size being the only difference": on
+# Huginn the same-batch factor is almost all cache size. Its input, the full cache's
+# throughput under WaveFront's scheduler, is not printed, so that factor can only be
+# quoted. On the model at hand, the budget is what the full cache needs for a few
+# sequences; both caches' B_max come from their fitted memory models.
 
 # %%
-FULL_BATCH_IN_BUDGET = 4  # the budget lies halfway between draft-then-verify's full-cache peaks at B = 4 and 5
-dtv_cells = batched.memory_cells(model, same_length, [1, 2], "dtv", "full", max_new_tokens=NEW_TOKENS, **DRAFT)
-dtv_fit = perf.fit_peak_memory([c.batch for c in dtv_cells], [c.peak_bytes for c in dtv_cells],
-                               dtv_cells[0].cache_bytes / dtv_cells[0].batch)
-budget = float(dtv_fit.predict(FULL_BATCH_IN_BUDGET + 0.5))
-comparison = batched.fixed_memory_comparison(model, prompts, budget, method="dtv", max_new_tokens=NEW_TOKENS,
-                                             exact=False, repeats=2, **DRAFT)
+# the budget: halfway between self-speculation's full-cache peaks at B = 4 and 5
+FULL_BATCH_IN_BUDGET = 4
+spec_cells = throughput.memory_cells(
+    model, same_length, [1, 2], "self-spec", "full", max_new_tokens=NEW_TOKENS, **DRAFT
+)
+spec_fit = perf.fit_peak_memory(
+    [c.batch for c in spec_cells],
+    [c.peak_bytes for c in spec_cells],
+    spec_cells[0].cache_bytes / spec_cells[0].batch,
+)
+budget = float(spec_fit.predict(FULL_BATCH_IN_BUDGET + 0.5))
+comparison = throughput.fixed_memory_comparison(
+    model,
+    prompts,
+    budget,
+    method="self-spec",
+    max_new_tokens=NEW_TOKENS,
+    exact=False,
+    repeats=2,
+    **DRAFT,
+)
 factors = comparison.factors
-pd.DataFrame({name: {"batch": cell.batch, "tokens/s": cell.tokens_per_s, "tau": cell.tau}
-              for name, cell in comparison.cells.items()}).T
+pd.DataFrame(
+    {
+        name: {"batch": cell.batch, "tokens/s": cell.tokens_per_s, "tau": cell.tau}
+        for name, cell in comparison.cells.items()
+    }
+).T
 
 # %%
 assert comparison.memory["deepest"].b_max >= comparison.memory["full"].b_max
@@ -319,59 +511,102 @@ b_full, b_deep = comparison.memory["full"].b_max, comparison.memory["deepest"].b
 fig, ax = plt.subplots(figsize=(6.5, 4))
 grid_b = np.linspace(1, b_deep, 100)
 for cache, color in (("full", "C0"), ("deepest", "C1")):
-    cells = series[("dtv", cache)]
+    cells = series[("self-spec", cache)]
     ax.plot([c.batch for c in cells], [c.tokens_per_s for c in cells], "o", color=color)
-    ax.plot(grid_b, fits[("dtv", cache)].predict(grid_b), "-", color=color,
-            label=f"draft-then-verify, {cache}: T(B) fit")
+    ax.plot(
+        grid_b,
+        fits[("self-spec", cache)].predict(grid_b),
+        "-",
+        color=color,
+        label=f"self-spec, {cache}: T(B) fit",
+    )
     ax.axvline(comparison.memory[cache].b_max, color=color, ls=":", lw=1.5)
-    ax.annotate(f"B_max {cache} = {comparison.memory[cache].b_max}", (comparison.memory[cache].b_max, 0),
-                xycoords=("data", "axes fraction"), xytext=(3, 8), textcoords="offset points", color=color, fontsize=8)
+    ax.annotate(
+        f"B_max {cache} = {comparison.memory[cache].b_max}",
+        (comparison.memory[cache].b_max, 0),
+        xycoords=("data", "axes fraction"),
+        xytext=(3, 8),
+        textcoords="offset points",
+        color=color,
+        fontsize=8,
+    )
 for name, cell in comparison.cells.items():
     ax.plot(cell.batch, cell.tokens_per_s, "k*", ms=10)
-    ax.annotate(name, (cell.batch, cell.tokens_per_s), xytext=(6, -12 if name.startswith("full") else 5),
-                textcoords="offset points", fontsize=8)
-ax.set(xlabel="batch size B", ylabel="tokens/s",
-       title=f"Fixed memory ({budget / 1e6:.1f} MB): fits from B ≤ {max(BATCH_SIZES)}, stars measured at B_max")
+    ax.annotate(
+        name,
+        (cell.batch, cell.tokens_per_s),
+        xytext=(6, -12 if name.startswith("full") else 5),
+        textcoords="offset points",
+        fontsize=8,
+    )
+ax.set(
+    xlabel="batch size B",
+    ylabel="tokens/s",
+    title=f"Fixed memory ({budget / 1e6:.1f} MB): fits from B ≤ {max(BATCH_SIZES)}, "
+          "stars measured at B_max",
+)
 ax.legend(fontsize=8, loc="upper left")
 plt.show()
+# the comparison's memory fit (B = 1..4) agrees with the fit that set the budget
 assert comparison.memory["full"].b_max == FULL_BATCH_IN_BUDGET
-Markdown(f"Under a budget of {budget / 1e6:.1f} MB "
-         f"the full cache fits {b_full} sequences and the deepest plane {b_deep}. At the same batch the deepest "
-         f"plane decodes {factors.same_batch:.2f}x as fast; the larger batch adds {factors.batch:.2f}x, for "
-         f"{factors.total:.2f}x in all (the paper, on Huginn with WaveFront's scheduler: "
-         f"{PAPER_FACTORS['same batch']}x, {PAPER_FACTORS['batch']}x and {PAPER_FACTORS['total']}x).")
+Markdown(
+    f"Under a budget of {budget / 1e6:.1f} MB "
+    f"the full cache fits {b_full} sequences and the deepest plane {b_deep}. At the "
+    "same batch the deepest "
+    f"plane decodes {factors.same_batch:.2f}x as fast; the larger batch adds "
+    f"{factors.batch:.2f}x, for "
+    f"{factors.total:.2f}x in all (the paper, on Huginn with WaveFront's scheduler: "
+    f"{PAPER_FACTORS['same batch']}x, {PAPER_FACTORS['batch']}x and "
+    f"{PAPER_FACTORS['total']}x)."
+)
 
 # %% [markdown]
-# Each factor has its own source. The same-batch factor is what a smaller cache saves per step, plus any
-# change in acceptance; the batch factor is what the throughput curve still has to give above B_full. The
-# T(B) fit of draft-then-verify with the deepest plane (measured on the batches of the throughput
-# section, extrapolated beyond them) says how much that is on this machine.
+# Each factor has its own source. The same-batch factor is what a smaller cache saves
+# per step, plus any change in acceptance; the batch factor is what the throughput curve
+# still has to give above B_full. The T(B) fit of draft-then-verify with the deepest
+# plane (measured on the batches of the throughput section, extrapolated beyond them)
+# says how much that is on this machine.
 
 # %%
-tau_full, tau_deep = comparison.cells[f"full@{b_full}"].tau, comparison.cells[f"deepest@{b_full}"].tau
-dtv_deep = fits[("dtv", "deepest")]
-fit_batch_factor = float(dtv_deep.predict(b_deep) / dtv_deep.predict(b_full))
-than_paper = {name: "above" if value > PAPER_FACTORS[name] else "below"
-              for name, value in (("same batch", factors.same_batch), ("batch", factors.batch))}
-Markdown(f"The same-batch factor is {than_paper['same batch']} the paper's and the batch factor "
-         f"{than_paper['batch']} it. At B = {b_full}, draft-then-verify commits {tau_full:.2f} tokens per "
-         f"verification with the full cache and {tau_deep:.2f} with the deepest plane (at most "
-         f"{DRAFT['block'] + 1}), a ratio of {tau_deep / tau_full:.2f}"
-         + (", so acceptance plays no part in the same-batch factor here" if abs(tau_deep / tau_full - 1) < 0.01
-            else ", the part of the same-batch factor that acceptance explains")
-         + f". The fitted T(B) has $B_{{1/2}}$ = {dtv_deep.b_half:.1f}: it predicts {fit_batch_factor:.2f}x from "
-         f"B = {b_full} to B = {b_deep}, against {factors.batch:.2f}x measured.")
+tau_full, tau_deep = (
+    comparison.cells[f"full@{b_full}"].tau,
+    comparison.cells[f"deepest@{b_full}"].tau,
+)
+spec_deep = fits[("self-spec", "deepest")]
+fit_batch_factor = float(spec_deep.predict(b_deep) / spec_deep.predict(b_full))
+than_paper = {
+    name: "above" if value > PAPER_FACTORS[name] else "below"
+    for name, value in (("same batch", factors.same_batch), ("batch", factors.batch))
+}
+Markdown(
+    f"The same-batch factor is {than_paper['same batch']} the paper's and the batch "
+    "factor "
+    f"{than_paper['batch']} it. At B = {b_full}, self-speculation commits "
+    f"{tau_full:.2f} tokens per "
+    f"verification with the full cache and {tau_deep:.2f} with the deepest plane (at "
+    "most "
+    f"{DRAFT['block'] + 1}), a ratio of {tau_deep / tau_full:.2f}"
+    + (
+        ", so acceptance plays no part in the same-batch factor here"
+        if abs(tau_deep / tau_full - 1) < 0.01
+        else ", the part of the same-batch factor that acceptance explains"
+    )
+    + f". The fitted T(B) has $B_{{1/2}}$ = {spec_deep.b_half:.1f}: it predicts "
+      f"{fit_batch_factor:.2f}x from "
+    f"B = {b_full} to B = {b_deep}, against {factors.batch:.2f}x measured."
+)
 
 # %% [markdown]
 # ## On a GPU
 #
-# Allocation and timing do not depend on the weights, so a full-size Huginn-0125 config with random bf16
-# weights measures the real memory and the real cost of $d$ loops against $R$ loops. The script
-# `python -m looped_kv.gpu_check --out book/data/gpu_check_huginn-0125.json` does this in one run (cache
-# bytes and peak reserved memory against the memory model for a few batch sizes, and the time of a forward
-# of $d$ loops against $R$ loops at batch 1 against Eq. (8)'s cost assumption
-# $c(d) = n_\text{pre} + d\, n_\text{core} + n_\text{coda}$). A recorded run is shown below with its date and
-# card.
+# Allocation and timing do not depend on the weights, so a full-size Huginn-0125 config
+# with random bf16 weights measures the real memory and the real cost of $d$ loops
+# against $R$ loops. The script `python -m looped_kv.gpu_check --out
+# book/data/gpu_check_huginn-0125.json` does this in one run (cache bytes and peak
+# reserved memory against the memory model for a few batch sizes, and the time of a
+# forward of $d$ loops against $R$ loops at batch 1 against Eq. (8)'s cost assumption
+# $c(d) = n_\text{pre} + d\, n_\text{core} + n_\text{coda}$). A recorded run is shown
+# below with its date and card.
 
 # %%
 GPU_RECORD = "book/data/gpu_check_huginn-0125.json"
@@ -379,10 +614,20 @@ found = [path for path in (Path(GPU_RECORD), Path("..") / GPU_RECORD) if path.ex
 if found:
     record = json.loads(found[0].read_text())
     gpu_tables = gpu_check.record_tables(record)
-    display(Markdown(f"**Measured on {record['card']} on {record['date']}, on random {record['dtype']} weights** "
-                     f"(config {record['config']}, torch {record['environment']['torch']})."))
+    display(
+        Markdown(
+            f"**Measured on {record['card']} on {record['date']}, on random "
+            f"{record['dtype']} weights** "
+            f"(config {record['config']}, torch {record['environment']['torch']})."
+        )
+    )
     display(gpu_tables["memory"])
     display(gpu_tables["cost"])
 else:
-    display(Markdown(f"No GPU measurement is recorded in this book yet (`{GPU_RECORD}` is absent): its machines "
-                     f"had no GPU. Run the script above on one to fill this section."))
+    display(
+        Markdown(
+            f"No GPU measurement is recorded in this book yet (`{GPU_RECORD}` is "
+            "absent): its machines "
+            f"had no GPU. Run the script above on one to fill this section."
+        )
+    )

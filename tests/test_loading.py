@@ -209,6 +209,7 @@ def test_training_defaults_are_the_shipped_recipe():
 
     record = json.loads((TINY_DIR / "config.json").read_text())["training"]
     defaults = vars(parser().parse_args([]))
-    names = {"seed": "seed", "steps": "steps", "batch": "batch", "seq": "seq", "lr": "lr", "threads": "threads",
-             "mean_recurrence": "train_mean_recurrence", "backprop": "backprop_loops"}
+    names = {"seed": "seed", "steps": "steps", "batch": "batch", "seq": "seq", "lr": "lr",
+             "mean_recurrence": "train_mean_recurrence", "backprop": "backprop_loops", "hold": "curriculum_hold",
+             "ramp": "curriculum_ramp", "precision": "precision"}  # threads change rounding only
     assert {arg: defaults[arg] for arg in names} == {arg: record[key] for arg, key in names.items()}

@@ -24,12 +24,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from looped_kv import data
 from looped_kv.analysis.depth import answer_accuracy, encode_chains, fit_state_rho, loss_by_loops, state_changes
+from looped_kv.decoding import settings
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.generate import generate
 from looped_kv.runtime.loading import TINY_DIR, load
@@ -81,14 +81,11 @@ def measure(model: LoopedLM, programs: int = 96, prompts: int = 32, progress: bo
     rho = fit_state_rho(state_changes(model, chains.ids, 16, chains.real)).rho
     bar.update()
     eos = model.tokenizer.eos_token_id
-    ids = [model.tokenizer(p, return_tensors="pt").input_ids for p in data.prompts("chains", prompts, "eval")]
-    accepted = drafted = 0
-    for x in ids:
-        out = generate(model, x, max_new_tokens=48, method="self-spec", draft_loops=4, block=4, eos_token_id=eos)
-        accepted, drafted = accepted + sum(out.accepted), drafted + sum(out.drafted)
+    ids = [model.tokenizer(p, return_tensors="pt").input_ids[0] for p in data.prompts("chains", prompts, "eval")]
+    spec = generate(model, ids, max_new_tokens=48, method="self-spec", draft_loops=4, block=4, eos_token_id=eos)
     bar.update()
-    wave = [generate(model, x, max_new_tokens=48, method="das-wave", eos_token_id=eos) for x in ids]
-    ceiling = proposal_width(32, 24, 2)
+    wave = generate(model, ids, max_new_tokens=48, method="das-wave", eos_token_id=eos)
+    ceiling = proposal_width(settings.WAVE["block"], settings.WAVE["rounds"], settings.WAVE["initial_width"])
     bar.update()
     bar.close()
     return {
@@ -96,8 +93,8 @@ def measure(model: LoopedLM, programs: int = 96, prompts: int = 32, progress: bo
         "loss R=4 - loss R=32": loss[4] - loss[32], "loss R=32 - loss R=16": loss[32] - loss[16],
         "accuracy R=4": acc[4], "accuracy R=32": acc[32], "accuracy R=32 - accuracy R=4": acc[32] - acc[4],
         "rho (loops 4-16)": rho,
-        "self-spec acceptance (d=4, gamma=4)": accepted / drafted,
-        "DAS-Wave A / ceiling": float(np.mean([a for out in wave for a in out.accepted])) / ceiling,
+        "self-spec acceptance (d=4, gamma=4)": sum(spec.accepted) / sum(spec.drafted),
+        "DAS-Wave A / ceiling": wave.mean_accepted / ceiling,
     }
 
 

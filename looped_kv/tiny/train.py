@@ -196,7 +196,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with its arguments")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=4500)
+    ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=1024)
@@ -209,7 +209,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mix", type=float, nargs=3, default=[0.2, 0.2, 0.6], metavar=("PROBLEMS", "CODE", "CHAINS"),
                     help="fraction of each batch's rows from each workload")
     ap.add_argument("--hold", type=int, default=700, help="steps of one-lookup chains before the depth grows")
-    ap.add_argument("--ramp", type=int, default=2000, help="steps over which the chain depth then grows to its max")
+    ap.add_argument("--ramp", type=int, default=1300, help="steps over which the chain depth then grows to its max")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
     ap.add_argument("--threads", default="auto", help="torch CPU threads, or 'auto' (default): all cores while "
                                                       "they are otherwise idle, one while other work runs; with "
