@@ -114,6 +114,7 @@ class Ch07:
     memory_batch_sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     new_tokens: int = 16
     prompts: int = 8
+    budget_sequences: float = 4.5  # the fixed-memory budget: the fitted peak of this many full-cache sequences
 
 
 @dataclass(frozen=True)

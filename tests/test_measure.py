@@ -194,7 +194,7 @@ def test_channel_verdict_pairs_prompts_and_checks_the_ceiling():
     result = channel_verdict(frame)
     assert result.label == AGREES and result.estimate == pytest.approx(0.2) and result.n == n
     assert channel_verdict(frame, a="deep-k", b="deep-v").label == DISAGREES
-    ceiling = frame.assign(agreement=np.where(frame["read"] == "deep-k", 0.99, 0.995))
+    ceiling = frame.assign(agreement=np.where(frame["read"] == "deep-k", 0.99, 0.996))
     saturated = channel_verdict(ceiling)
     assert saturated.label == INCONCLUSIVE and "agreement of deep-k drafts at d = 1" in saturated.reason
     assert "fewer than 32" in channel_verdict(frame[frame["prompt"] < 10]).reason

@@ -8,6 +8,7 @@ printed numbers come from ``looped_kv.papers``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -373,3 +374,18 @@ def test_fixed_memory_factors_section35():
     assert fixed_memory_factors(*cells, full_same_scheduler=224).cache_only == pytest.approx(cells[1] / 224)
     with pytest.raises(ValueError, match="best_full"):
         fixed_memory_factors(0, *cells[1:])
+
+
+def test_loops_default_to_the_config_and_a_tuple_needs_them():
+    config = dataclasses.replace(huginn_0125(), mean_recurrence=8)
+    assert speedup(3.0, 4, 4, config) == pytest.approx(speedup(3.0, 4, 4, config, num_loops=8))
+    assert speedup(3.0, 4, 4, config) != pytest.approx(speedup(3.0, 4, 4, config, num_loops=32))
+    layers = (config.n_prelude, config.n_core, config.n_coda)
+    assert speedup(3.0, 4, 4, layers, num_loops=8) == pytest.approx(speedup(3.0, 4, 4, config))
+    with pytest.raises(ValueError, match="num_loops is required"):
+        speedup(3.0, 4, 4, layers)
+
+
+def test_memory_equations_take_loops_from_the_config():
+    config = dataclasses.replace(huginn_0125(), mean_recurrence=8)
+    assert m_full(config, 100) == m_full(config, 100, num_loops=8) < m_full(config, 100, num_loops=32)

@@ -240,9 +240,20 @@ def _passes(model: Passes, loops: ArrayLike, name: str) -> np.ndarray:
     return n_pre + r * n_core + n_coda
 
 
+def _loops(model: Passes, num_loops: int | None) -> int:
+    """R: ``num_loops``, or the config's mean recurrence (a layer-count tuple carries no R)."""
+    if num_loops is not None:
+        return num_loops
+    if isinstance(model, LoopedConfig):
+        return model.mean_recurrence
+    raise ValueError("num_loops is required when model is an (n_pre, n_core, n_coda) tuple")
+
+
 def speedup(tau: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: float = 1.0,
-            num_loops: int = 32) -> float | np.ndarray:
-    """Eq. (8): S = tau c(R) / (eta (gamma c(d) + c(R))), speed-up over sequential decoding."""
+            num_loops: int | None = None) -> float | np.ndarray:
+    """Eq. (8): S = tau c(R) / (eta (gamma c(d) + c(R))), speed-up over sequential decoding
+    (R: ``num_loops``, default the config's mean recurrence)."""
+    num_loops = _loops(model, num_loops)
     t = np.asarray(tau, dtype=float)
     if not np.all(np.isfinite(t)) or np.any(t < 1):
         raise ValueError(f"tau must be >= 1 (tokens per verification), got {tau!r}")
@@ -257,7 +268,7 @@ def speedup(tau: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: 
 
 
 def tau_for_speedup(speedup_value: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: float = 1.0,
-                    num_loops: int = 32) -> float | np.ndarray:
+                    num_loops: int | None = None) -> float | np.ndarray:
     """Eq. (8) solved for tau: the tokens per verification that give speed-up ``speedup_value``."""
     s = np.asarray(speedup_value, dtype=float)
     if not np.all(np.isfinite(s)) or np.any(s <= 0):
@@ -278,7 +289,7 @@ class EtaFit:
 
 
 def fit_eta(speedups: ArrayLike, taus: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes,
-            num_loops: int = 32, relative: bool = False) -> EtaFit:
+            num_loops: int | None = None, relative: bool = False) -> EtaFit:
     """Least-squares eta of Eq. (8) over per-prompt (measured speed-up, tau) pairs (RIPE Sec. 3.4).
 
     ``d`` and ``gamma`` are scalars or per-prompt arrays. With ``relative=False`` the squared errors of
@@ -311,7 +322,7 @@ def figure_5b_alphas(source: Literal["table9", "rejection"]) -> dict[str, dict[i
 
 
 def speedup_curves(alpha_by_depth: Mapping[int, float], model: Passes, gammas: Iterable[int] = range(1, 9),
-                   eta: float = RIPE_SEC_3_4_SPEEDUP["eta"], num_loops: int = 32) -> dict[int, np.ndarray]:
+                   eta: float = RIPE_SEC_3_4_SPEEDUP["eta"], num_loops: int | None = None) -> dict[int, np.ndarray]:
     """Figure 5b: Eq. (8) with tau = Eq. (7) over block lengths ``gammas``, one curve per draft depth d."""
     if not alpha_by_depth:
         raise ValueError("alpha_by_depth must map at least one draft depth to an acceptance")

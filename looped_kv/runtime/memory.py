@@ -35,8 +35,10 @@ def layer_token_bytes(config: LoopedConfig, dtype: str | torch.dtype | int = "bf
     return 2 * config.n_kv_heads * config.head_dim * element_bytes(dtype)
 
 
-def m_full(config: LoopedConfig, length: int, num_loops: int = 32, dtype: str | torch.dtype | int = "bf16") -> int:
-    """Eq. (3), full cache."""
+def m_full(config: LoopedConfig, length: int, num_loops: int | None = None,
+           dtype: str | torch.dtype | int = "bf16") -> int:
+    """Eq. (3), full cache (R: ``num_loops``, default the config's mean recurrence)."""
+    num_loops = config.mean_recurrence if num_loops is None else num_loops
     return layer_token_bytes(config, dtype) * length * (config.n_prelude + config.n_coda + num_loops * config.n_core)
 
 
@@ -45,9 +47,10 @@ def m_deep(config: LoopedConfig, length: int, dtype: str | torch.dtype | int = "
     return layer_token_bytes(config, dtype) * length * (config.n_prelude + config.n_coda + config.n_core)
 
 
-def m_ripe(config: LoopedConfig, length: int, window: int, num_loops: int = 32,
+def m_ripe(config: LoopedConfig, length: int, window: int, num_loops: int | None = None,
            dtype: str | torch.dtype | int = "bf16") -> int:
-    """Eq. (10), RIPE(W)."""
+    """Eq. (10), RIPE(W) (R: ``num_loops``, default the config's mean recurrence)."""
+    num_loops = config.mean_recurrence if num_loops is None else num_loops
     b = layer_token_bytes(config, dtype)
     return m_deep(config, length, dtype) + b * config.n_core * (num_loops - 1) * min(window, length)
 
@@ -61,15 +64,17 @@ def policy_bytes(config: LoopedConfig, policy: CachePolicy, length: int,
     return b * (length * per_token + config.n_core * len(policy.extra) * full_depth)
 
 
-def per_token_kb(config: LoopedConfig, cache: str = "full", num_loops: int = 32, dtype: str = "bf16",
+def per_token_kb(config: LoopedConfig, cache: str = "full", num_loops: int | None = None, dtype: str = "bf16",
                  **params: int) -> float:
-    """KV kilobytes (10^3 bytes) per token of a named policy, ignoring any window."""
+    """KV kilobytes (10^3 bytes) per token of a named policy, ignoring any window (R: default the config's)."""
+    num_loops = config.mean_recurrence if num_loops is None else num_loops
     return policy_bytes(config, make_policy(cache, num_loops, **params), 1, dtype) / 1e3
 
 
-def memory_table(configs: dict[str, LoopedConfig], length: int = 1024, num_loops: int = 32,
+def memory_table(configs: dict[str, LoopedConfig], length: int = 1024, num_loops: int | None = None,
                  dtype: str = "bf16") -> list[dict]:
-    """RIPE Table 2: MB (10^6 bytes) per sequence and fraction of the full cache, from the configs alone."""
+    """RIPE Table 2: MB (10^6 bytes) per sequence and fraction of the full cache, from the configs alone
+    (R: ``num_loops``, default each config's mean recurrence)."""
     rows = [("full", {}), ("deepest plane", {"cache": "deepest"}), ("two planes", {"cache": "k-deepest", "k": 2}),
             ("RIPE, W = 16", {"cache": "ripe", "window": 16}), ("RIPE, W = 64", {"cache": "ripe", "window": 64}),
             ("RIPE, W = 256", {"cache": "ripe", "window": 256})]
@@ -77,9 +82,9 @@ def memory_table(configs: dict[str, LoopedConfig], length: int = 1024, num_loops
     for label, spec in rows:
         row: dict = {"cache": label}
         params = {k: v for k, v in spec.items() if k != "cache"}
-        policy = make_policy(spec.get("cache", "full"), num_loops, **params)
         for model, config in configs.items():
-            mb = policy_bytes(config, policy, length, dtype) / 1e6
+            loops = config.mean_recurrence if num_loops is None else num_loops
+            mb = policy_bytes(config, make_policy(spec.get("cache", "full"), loops, **params), length, dtype) / 1e6
             row[f"{model} MB"] = mb
             row[f"{model} frac."] = mb / (m_full(config, length, num_loops, dtype) / 1e6)
         table.append(row)
