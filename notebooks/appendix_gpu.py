@@ -47,10 +47,12 @@ if "google.colab" in sys.modules:  # on Colab only: install the package
 # (`looped_kv.book.chapter_model`). On a workstation:
 #
 # ```bash
-# pip install -e ".[book]"                                  # keeps your CUDA build of PyTorch
-# export LOOPED_KV_MODEL=tomg-group-umd/huginn-0125          # a hub id, or a local checkpoint folder
-# for nb in notebooks/ch*.ipynb; do jupyter nbconvert --to notebook --execute --inplace "$nb"; done
-# jupyter-book build .                                      # or build the whole book, executing every chapter
+# pip install -e ".[book]"          # keeps your CUDA build of PyTorch
+# export LOOPED_KV_MODEL=tomg-group-umd/huginn-0125   # a hub id, or a local folder
+# for nb in notebooks/ch*.ipynb; do
+#   jupyter nbconvert --to notebook --execute --inplace "$nb"
+# done
+# jupyter-book build .              # or build the whole book, executing every chapter
 # ```
 #
 # For a Raven retrofit, set `LOOPED_KV_MODEL` to the retrofit's hub id or to a local
@@ -178,13 +180,16 @@ Markdown(
 # This book does not print run times for the real checkpoints: none were measured on the
 # machines it was built on. Measure them on yours:
 #
-# * decoders: `looped-kv bench --model tomg-group-umd/huginn-0125 --prompts 4 --max-new-tokens 64` prints
-#   tokens/s and the speed-up over paired greedy decoding per method (chapters 5-6);
-# * batched decoding: `looped-kv batched --model tomg-group-umd/huginn-0125` prints tokens/s against batch
-#   size and the fixed-memory throughput ratio (chapter 7);
-# * a batch: its archive records when it started and finished (`run.json`) and every decoder run's wall
-#   time (`timings.jsonl`); run it on two prompts first and scale by the number of prompts;
-# * a chapter: `time jupyter nbconvert --to notebook --execute notebooks/<chapter>.ipynb`.
+# * decoders: `looped-kv bench --model tomg-group-umd/huginn-0125 --prompts 4
+#   --max-new-tokens 64` prints tokens/s and the speed-up over paired greedy decoding
+#   per method (chapters 5-6);
+# * batched decoding: `looped-kv batched --model tomg-group-umd/huginn-0125` prints
+#   tokens/s against batch size and the fixed-memory throughput ratio (chapter 7);
+# * a batch: its archive records when it started and finished (`run.json`) and every
+#   decoder run's wall time (`timings.jsonl`); run it on two prompts first and scale by
+#   the number of prompts;
+# * a chapter: `time jupyter nbconvert --to notebook --execute
+#   notebooks/<chapter>.ipynb`.
 #
 # ## What changes from the tiny model
 #
@@ -204,10 +209,11 @@ Markdown(
 # the number of prompts; then freeze it before running:
 #
 # ```bash
-# looped-kv batch freeze my_batch/regions.yaml -o regions.frozen.json   # SHA-256 of spec, prompts, package
-# looped-kv batch run regions.frozen.json --out runs/regions            # self-tests, arms, archive
-# looped-kv batch verify runs/regions                                   # here, and again wherever it is copied
-# looped-kv batch ledger runs/regions runs/windows                      # RIPE Appendix B layout
+# # SHA-256 of the spec, the prompts and the package:
+# looped-kv batch freeze my_batch/regions.yaml -o regions.frozen.json
+# looped-kv batch run regions.frozen.json --out runs/regions   # self-tests, arms
+# looped-kv batch verify runs/regions     # here, and again wherever it is copied
+# looped-kv batch ledger runs/regions runs/windows   # RIPE Appendix B layout
 # ```
 #
 # The archive's `MANIFEST.sha256` also checks with `sha256sum -c MANIFEST.sha256` on a
@@ -223,9 +229,11 @@ Markdown(
 # `tests/test_distributed.py` checks this with two CPU processes).
 #
 # ```bash
-# torchrun --nproc-per-node 4 -m looped_kv.cli batch run windows.frozen.json --out runs/windows
-# # two nodes with 8 GPUs each: the same command on both nodes, HOST being one of them
-# torchrun --nnodes 2 --nproc-per-node 8 --rdzv-id windows --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
+# torchrun --nproc-per-node 4 -m looped_kv.cli batch run windows.frozen.json \
+#     --out runs/windows
+# # two nodes with 8 GPUs each: the same command on both, HOST being one of them
+# torchrun --nnodes 2 --nproc-per-node 8 --rdzv-id windows --rdzv-backend c10d \
+#     --rdzv-endpoint HOST:29500 \
 #     -m looped_kv.cli batch run windows.frozen.json --out runs/windows
 # ```
 #

@@ -59,6 +59,7 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+
 from looped_kv import book, data, papers, profiles
 from looped_kv.analysis import verdicts as vd
 from looped_kv.analysis.fits import deep_loop_range, floor_model, ripeness

@@ -60,6 +60,7 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+
 from looped_kv import book, data, make_policy, papers, profiles
 from looped_kv.analysis import verdicts as vd
 from looped_kv.analysis.fits import sensitivity_regression, text_region_coefficients

@@ -52,11 +52,12 @@ if "google.colab" in sys.modules:  # on Colab only: install the package
 # %%
 import time
 
-import looped_kv
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+
+import looped_kv
 from looped_kv import book, data, papers, profiles
 from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.measure import policy_logits

@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
+
 from looped_kv import bench, book, data, papers, profiles
 from looped_kv.analysis import measure, perf
 from looped_kv.analysis.verdicts import CEILING_MARGIN, verdict_table

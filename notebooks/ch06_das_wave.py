@@ -48,11 +48,12 @@ if "google.colab" in sys.modules:  # on Colab only: install the package
                    check=True)
 
 # %%
-import looped_kv
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+
+import looped_kv
 from looped_kv import bench, book, data, papers, profiles
 from looped_kv.analysis.verdicts import CEILING_MARGIN, verdict_table
 from looped_kv.decoding.core import accept, new_cache, prefill

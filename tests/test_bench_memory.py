@@ -74,7 +74,8 @@ def test_fixed_memory_comparison_under_a_budget():
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, model.config.vocab_size, (4,), generator=generator) for _ in range(2)]
     options = dict(max_new_tokens=3, num_loops=R, draft_loops=2, block=2, memory_batch_sizes=(1, 2), fit_on=(1, 2))
-    full = memory_cells(model, prompts, [1, 2], "self-spec", "full", max_new_tokens=3, num_loops=R, draft_loops=2, block=2)
+    full = memory_cells(model, prompts, [1, 2], "self-spec", "full", max_new_tokens=3, num_loops=R, draft_loops=2,
+                        block=2)
     budget = full[1].peak_bytes * 1.01  # two full-cache sequences fit
     comparison = fixed_memory_comparison(model, prompts, budget, **options)
     b_full, b_deep = comparison.memory["full"].b_max, comparison.memory["deepest"].b_max

@@ -194,7 +194,7 @@ def test_a_folder_without_config_says_what_a_checkpoint_folder_holds(tmp_path):
                                                 r"folder holds config.json, model.safetensors"):
         load(tmp_path)
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="it has no model.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"it has no model\.safetensors"):
         load(tmp_path)
 
 

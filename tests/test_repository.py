@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 import yaml
 
@@ -25,3 +29,13 @@ def test_the_workflow_runs_the_readme_test_command_and_publishes():
     readme = (ROOT / "README.md").read_text()
     assert "python -m pytest" in workflow and "python -m pytest" in readme
     assert "actions/deploy-pages" in workflow and "cache: pip" in workflow
+
+
+def test_code_is_ruff_clean():
+    """The package and tests at the project's settings; chapter sources at 88 columns (notebooks/ruff.toml)."""
+    ruff = Path(sys.executable).parent / "ruff"
+    if not ruff.exists():
+        pytest.skip("ruff is not installed in this environment")
+    for args in (["looped_kv", "tests"], ["--config", "notebooks/ruff.toml", *sorted(glob.glob("notebooks/*.py"))]):
+        result = subprocess.run([str(ruff), "check", "--no-cache", *args], cwd=ROOT, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout[-3000:]
