@@ -137,13 +137,16 @@ def main(argv: list[str] | None = None) -> None:
         reference = reference_model(args.reference, folder, config, R)
         greedy = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, use_cache=True)
 
-        def run_reference() -> None:
-            with torch.no_grad():
-                reference.generate_minimal(prompt, generation_config=greedy)
+        def run_reference() -> torch.Tensor:
+            with torch.no_grad():  # the reference reads max_new_tokens from its keyword, not from the config
+                return reference.generate_minimal(prompt, generation_config=greedy, max_new_tokens=n)
 
         arms["reference generate_minimal"] = run_reference
-    for run in arms.values():
-        run()  # warm-up
+    for name, run in arms.items():  # warm-up, and every arm really decodes n tokens
+        out = run()
+        emitted = (out.sequences[0].numel() if hasattr(out, "sequences") else out.shape[-1]) - prompt.shape[-1]
+        if emitted != n:
+            raise RuntimeError(f"{name} emitted {emitted} tokens, not the {n} asked for")
     times: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(args.rounds):
         for name, run in arms.items():

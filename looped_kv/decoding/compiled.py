@@ -37,6 +37,23 @@ class StaticStepRouter:
         return attend(q, keys, values, self.mask)
 
 
+def _forward(model: LoopedLM, cache: PlaneCache, tokens: Tensor, lengths: Tensor, num_loops: int) -> Tensor:
+    """One greedy step of B rows over the whole preallocated cache (the function torch.compile traces)."""
+    positions = lengths[:, None]
+    router = StaticStepRouter(cache, positions)
+    embedded = model.embed(tokens, positions, router)
+    state = model._states[positions]
+    for r in range(1, num_loops + 1):
+        state = model.loop(state, embedded, positions, router, r)
+    return model.readout(state, positions, router)
+
+
+#: One compiled step per compile mode. The cache is an argument, so its planes enter the graph as inputs
+#: guarded by shape and dtype, not by identity: every generation with the same model, batch, capacity and
+#: R reuses the traced step instead of compiling again.
+_COMPILED: dict[str | None, object] = {}
+
+
 class CompiledStep:
     """``step(tokens (B, 1)) -> logits (B, 1, V)``: a torch.compile'd greedy decode step on ``cache``."""
 
@@ -46,21 +63,13 @@ class CompiledStep:
                              f"{COMPILABLE}; got {cache.policy.name}")
         self.model, self.cache, self.num_loops = model, cache, num_loops
         model._state_table(cache.capacity)  # built before tracing: the step only gathers from it
-        self._step = torch.compile(self._forward, dynamic=False, fullgraph=True, mode=mode)
-
-    def _forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
-        model = self.model
-        positions = lengths[:, None]
-        router = StaticStepRouter(self.cache, positions)
-        embedded = model.embed(tokens, positions, router)
-        state = model._states[positions]
-        for r in range(1, self.num_loops + 1):
-            state = model.loop(state, embedded, positions, router, r)
-        return model.readout(state, positions, router)
+        if mode not in _COMPILED:
+            _COMPILED[mode] = torch.compile(_forward, dynamic=False, fullgraph=True, mode=mode)
+        self._step = _COMPILED[mode]
 
     def __call__(self, tokens: Tensor) -> Tensor:
         if self.cache.max_length >= self.cache.capacity:
             raise ValueError(f"cache capacity {self.cache.capacity} exceeded")
-        logits = self._step(tokens, self.cache.lengths)
+        logits = self._step(self.model, self.cache, tokens, self.cache.lengths, self.num_loops)
         self.cache.advance(1)
         return logits
