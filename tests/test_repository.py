@@ -39,3 +39,37 @@ def test_code_is_ruff_clean():
     for args in (["looped_kv", "tests"], ["--config", "notebooks/ruff.toml", *sorted(glob.glob("notebooks/*.py"))]):
         result = subprocess.run([str(ruff), "check", "--no-cache", *args], cwd=ROOT, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_the_package_has_no_import_cycle():
+    """Module-level imports between looped_kv modules form no cycle (imports inside functions are lazy)."""
+    import ast
+
+    package = ROOT / "looped_kv"
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.parse(path.read_text()).body:  # module level only
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            edges |= {t for t in targets if t in modules and t != name}
+        graph[name] = edges
+
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            assert state.get(nxt) != 1, "import cycle: " + " -> ".join([*path, node, nxt])
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
