@@ -157,7 +157,8 @@ def test_freezing_detects_a_changed_file(tmp_path, model_source):
     spec = small_spec(tmp_path / "spec", model_source)
     table = batches.freeze(spec, tmp_path / "t.json")
     frozen = json.loads(table.read_text())["files"]
-    assert {"spec/small.yaml", "spec/texts.json", "package/looped_kv/batches.py", "model/config.json"} <= set(frozen)
+    assert {"spec/small.yaml", "spec/texts.json", "package/looped_kv/protocol/batches.py",
+            "model/config.json"} <= set(frozen)
     assert batches.check_table(table)[0].name == "small"
     with pytest.raises(ValueError, match="exists"):
         batches.freeze(spec, tmp_path / "t.json")
@@ -316,7 +317,7 @@ def test_a_tampered_archive_fails_verify(small_archive, tmp_path):
         "decisions.json (labels, predictions) does not follow from the records"]
     frozen = tmp_path / "b" / "frozen.json"
     table = json.loads(frozen.read_text())
-    table["files"]["package/looped_kv/fits.py"] = "0" * 64  # as if the run had used other code
+    table["files"]["package/looped_kv/analysis/fits.py"] = "0" * 64  # as if the run had used other code
     frozen.write_text(json.dumps(table))
     batches.write_manifest(tmp_path / "b")
     note = batches.verify(tmp_path / "b")[-1]
