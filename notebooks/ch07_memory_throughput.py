@@ -88,9 +88,7 @@ table2["Huginn MB (paper)"] = [papers.RIPE_TABLE_2[c][0] for c in table2.index]
 table2["Raven MB (paper)"] = [papers.RIPE_TABLE_2[c][2] for c in table2.index]
 assert (table2["Huginn MB"].round() == table2["Huginn MB (paper)"]).all()
 assert (table2["Raven MB"].round() == table2["Raven MB (paper)"]).all()
-table2.style.format(
-    {c: "{:,.3f}" if c.startswith("tiny") else "{:,.1f}" for c in table2.columns}
-)
+book.table(table2, digits=4, percent=tuple(c for c in table2 if c.endswith("frac.")))
 
 # %% [markdown]
 # ## The papers' performance numbers from their published inputs
@@ -154,11 +152,11 @@ paper_models = pd.DataFrame(
 )
 assert (paper_models.iloc[:2, 1].round() == paper_models.iloc[:2, 0]).all()
 assert bmax_printed["full"] == B_MAX["full"] and consistent  # all, within rounding
-paper_models
+book.table(paper_models, digits=4)
 
-# %%
+# %% tags=["remove-input"]
 o0s, o1fs, o1ds = zip(*consistent, strict=True)
-Markdown(
+book.md(
     f"With the printed $o_0 = {O0}$ GB and $o_1 = {O1['one slot']}$ GB, the "
     f"one-slot budget holds {bmax_printed['one slot']} sequences, not the "
     f"printed {B_MAX['one slot']}: the printed fits are rounded. Inputs that "
@@ -216,7 +214,7 @@ full4, deep4 = curves["full"][4], curves["deepest"][4]
 # rises at gamma = 8 (2.87x)"
 assert (int(np.argmax(full4)) + 1, round(full4.max(), 2)) == FIGURE_5B["full"]
 assert np.all(np.diff(deep4) > 0) and round(deep4[-1], 2) == FIGURE_5B["deepest"][1]
-table9.style.format({EQ7: "{:.3f}"})
+book.table(table9, digits=3)
 
 # %% [markdown]
 # ## Batched decoding on the model at hand
@@ -301,15 +299,15 @@ ax.set(
 )
 ax.legend(fontsize=8)
 plt.show()
-table8.style.format("{:.2f}")
+book.table(table8, digits=3)
 
-# %%
+# %% tags=["remove-input"]
 assert all(c.tokens_per_s > 0 for cells in series.values() for c in cells)
 gain = {
     key: series[key][-1].tokens_per_s / series[key][0].tokens_per_s for key in series
 }
 batch6 = [r.residual for r in papers.RIPE_TABLE_8 if r.batch == 6]  # RIPE Table 8
-Markdown(
+book.md(
     f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cache goes "
     "from "
     f"{series[('ar', 'full')][0].tokens_per_s:.1f} to "
@@ -377,7 +375,7 @@ ax.set(xlabel="model peak (MB)", ylabel="measured peak (MB)", title="Peak memory
 ax.legend(fontsize=8)
 plt.show()
 errors = {cache: check.max_held_out_error for cache, (_, check) in checks.items()}
-pd.DataFrame(
+memory_fits = pd.DataFrame(
     {
         cache: {
             "o0 (MB)": check.fit.o0 / 1e6,
@@ -388,9 +386,10 @@ pd.DataFrame(
         for cache, (_, check) in checks.items()
     }
 ).T
+book.table(memory_fits, digits=3, percent=("largest held-out error",))
 
-# %%
-Markdown(
+# %% tags=["remove-input"]
+book.md(
     f"Fitted on B = {memory_sizes[0]} and {memory_sizes[1]}, the memory model predicts "
     "the held-out batches "
     f"within {max(errors.values()):.1%} (the paper: "
@@ -452,11 +451,11 @@ split["exact"] = [
 assert (
     split.loc["same batch", "exact"] and within_rounding
 )  # all three factors from tokens/s that round as printed
-split
+book.table(split, digits=4)
 
-# %%
+# %% tags=["remove-input"]
 derived = split["from the printed tokens/s"]
-Markdown(
+book.md(
     "The same-batch factor follows exactly from the printed throughputs. The batch "
     "factor and the total "
     f"({derived['batch']:.4f} and {derived['total']:.4f}) reach the printed values "
@@ -498,12 +497,9 @@ comparison = throughput.fixed_memory_comparison(
     **DRAFT,
 )
 factors = comparison.factors
-pd.DataFrame(
-    {
-        name: {"batch": cell.batch, "tokens/s": cell.tokens_per_s, "tau": cell.tau}
-        for name, cell in comparison.cells.items()
-    }
-).T
+cells = {name: {"batch": cell.batch, "tokens/s": cell.tokens_per_s, "tau": cell.tau}
+         for name, cell in comparison.cells.items()}
+book.table(pd.DataFrame(cells).T.astype({"batch": int}), digits=3)
 
 # %%
 assert comparison.memory["deepest"].b_max >= comparison.memory["full"].b_max
@@ -551,7 +547,7 @@ plt.show()
 edge = throughput.memory_cells(model, same_length, [b_full, b_full + 1], "self-spec",
                                "full", max_new_tokens=NEW_TOKENS, **DRAFT)
 assert edge[0].peak_bytes <= budget < edge[1].peak_bytes, [c.peak_bytes for c in edge]
-Markdown(
+book.md(
     f"Under a budget of {budget / 1e6:.1f} MB "
     f"the full cache fits {b_full} sequences and the deepest plane {b_deep}. At the "
     "same batch the deepest "
@@ -569,7 +565,7 @@ Markdown(
 # plane (measured on the batches of the throughput section, extrapolated beyond them)
 # says how much that is on this machine.
 
-# %%
+# %% tags=["remove-input"]
 tau_full, tau_deep = (
     comparison.cells[f"full@{b_full}"].tau,
     comparison.cells[f"deepest@{b_full}"].tau,
@@ -580,7 +576,7 @@ than_paper = {
     name: "above" if value > PAPER_FACTORS[name] else "below"
     for name, value in (("same batch", factors.same_batch), ("batch", factors.batch))
 }
-Markdown(
+book.md(
     f"The same-batch factor is {than_paper['same batch']} the paper's and the batch "
     "factor "
     f"{than_paper['batch']} it. At B = {b_full}, self-speculation commits "

@@ -21,6 +21,8 @@ REPOSITORY = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["u
 def html(tmp_path_factory) -> Path:
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     config["execute"]["execute_notebooks"] = "off"  # nbval executes each chapter once; build from its outputs
+    extensions = config["sphinx"].get("local_extensions") or {}  # relative to the config file, which moves
+    config["sphinx"]["local_extensions"] = {name: str(ROOT / path) for name, path in extensions.items()}
     config_file = tmp_path_factory.mktemp("book") / "_config.yml"
     config_file.write_text(yaml.safe_dump(config))
     shutil.rmtree(OUT, ignore_errors=True)
@@ -93,12 +95,17 @@ RUN_TOGETHER = re.compile(r"\d\.\d+\.\d|\d,\d{3}\.\d+\.\d|(?<![\w.])nan(?![\w.])
 
 
 def test_every_page_reads_right_in_a_browser(html, browser):
+    from selenium.webdriver.support.ui import WebDriverWait
+
     shots = OUT / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
     browser.set_script_timeout(60)
     problems = []
     for page in pages(html):
         browser.get(page.as_uri())
+        WebDriverWait(browser, 30).until(  # the new document, loaded, not the previous one's teardown
+            lambda d, page=page: d.execute_script("return document.readyState === 'complete' && !!document.body "
+                                       "&& document.location.href") == page.as_uri())
         state = browser.execute_async_script(PAGE_STATE)
         browser.save_screenshot(str(shots / f"{page.stem}.png"))
         name = page.relative_to(html).as_posix()
