@@ -331,8 +331,8 @@ else:
 near_ties = 0  # the L0 replay reproduces each workload's first greedy trajectory
 for g in targets.values():
     tokens, p = g.sequences[0][None], g.prompt_lengths[0]
-    near_ties += book.check_greedy_tokens(policy_logits(model16, tokens, p, full),
-                                          tokens[0, p:])
+    logits = policy_logits(model16, tokens, p, full).to(model16.dtype)  # computed in it
+    near_ties += book.check_greedy_tokens(logits, tokens[0, p:])
 
 DEEP, FP32 = "deepest plane (W = 0)", "fp32 full cache"
 arms = {DEEP: (model16, deepest),

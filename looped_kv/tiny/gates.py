@@ -100,8 +100,8 @@ def measure(model: LoopedLM, programs: int = 96, prompts: int = 32, progress: bo
 
 def verdicts(figures: dict[str, float]) -> list[dict[str, object]]:
     """Each gate with its rule, the measured figure and whether it passes."""
-    return [{"gate": g.name, "rule": g.rule, "measured": figures[g.figure], "passes": g.passes(figures[g.figure])}
-            for g in GATES]
+    return [{"gate": g.name, "rule": g.rule, "measured": float(figures[g.figure]),
+             "passes": bool(g.passes(figures[g.figure]))} for g in GATES]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_record:
         path = Path(args.model) / "config.json"
         config = json.loads(path.read_text())
+        figures = {name: float(value) for name, value in figures.items()}
         config["gates"] = {"command": COMMAND, "seconds": round(time.perf_counter() - start), "figures": figures,
                            "passed": {row["gate"]: row["passes"] for row in rows}}
         path.write_text(json.dumps(config, indent=2) + "\n")
