@@ -9,8 +9,8 @@ Then looped_kv's tokens/s against the batch size.
 
 The reference is not part of this package: point ``--reference`` at a checkout of the public code
 (``git clone https://github.com/seal-rg/recurrent-pretraining``); its two modeling files are imported
-from there as they are. They were written for transformers 4.x (4.47): run the comparison in an
-environment with ``pip install "transformers<5"`` (looped_kv works with either).
+from there as they are. They were written for transformers 4.x: run the comparison in an environment
+with ``pip install "transformers>=4.53,<5"`` (4.47 lacks a call they make; looped_kv works with any).
 
     python -m looped_kv.speed --reference ../recurrent-pretraining
 """
