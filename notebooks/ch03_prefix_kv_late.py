@@ -488,30 +488,10 @@ book.md(
 # failed (KLs at the float floor, agreement at its ceiling, too few texts).
 
 # %%
-table = vd.verdict_table(verdicts)[["source", "n", "verdict", "why"]]
-table.insert(1, "estimate [95% interval]", [
-    ("ratio " if item.claim.scale == "log-ratio" else "difference ") + item.interval()
-    for item in verdicts.values()])
-book.table(table)
+book.table(vd.interval_table(verdicts))
 
 # %% tags=["remove-input"]
-labels = pd.Series({name: item.label for name, item in verdicts.items()})
-tally = labels.value_counts().reindex(vd.LABELS, fill_value=0)
-blocked = [name for name, item in verdicts.items() if not item.discrimination.ok]
-
-
-def claims(count: int, singular: str, plural: str) -> str:
-    return f"{count} {singular if count == 1 else plural}"
-
-
-book.md(
-    f"Of {len(labels)} claims on {who}, "
-    f"{claims(tally[vd.AGREES], 'agrees', 'agree')} with the paper, "
-    f"{claims(tally[vd.DISAGREES], 'disagrees', 'disagree')} and "
-    f"{claims(tally[vd.INCONCLUSIVE], 'is inconclusive', 'are inconclusive')}"
-    + (f"; {len(blocked)} of these because the measurement cannot discriminate on "
-       f"this model ({'; '.join(blocked)})." if blocked else ".")
-)
+book.md(vd.tally(verdicts, who, "the paper"))
 
 # %%
 print(f"chapter computed in {time.perf_counter() - start:.0f} s")

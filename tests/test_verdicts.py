@@ -15,6 +15,8 @@ from looped_kv.analysis.verdicts import (
     below_ceiling,
     discrimination,
     enough_units,
+    interval_table,
+    tally,
     varies,
     verdict,
     verdict_table,
@@ -127,3 +129,15 @@ def test_verdict_table_has_one_row_per_verdict():
     a, b = paired(0.3)
     table = verdict_table({"x": verdict(GREATER, a, b), "y": verdict(LESS, a, b)})
     assert list(table.index) == ["x", "y"] and list(table["verdict"]) == [AGREES, DISAGREES]
+
+
+def test_interval_table_and_tally_summarise_a_chapter():
+    a, b = paired(0.5)
+    found = {"clear": verdict(GREATER, a, b), "reversed": verdict(LESS, a, b),
+             "blocked": verdict(GREATER, a, b, discrimination=discrimination(enough_units(3)))}
+    table = interval_table(found)
+    assert list(table.columns) == ["source", "estimate [95% interval]", "n", "verdict", "why"]
+    assert table.loc["clear", "estimate [95% interval]"] == "difference " + found["clear"].interval()
+    assert tally(found, "the model", "the paper") == (
+        "Of 3 claims on the model, 1 agrees with the paper, 1 disagrees and 1 is inconclusive; "
+        "1 of these because the measurement cannot discriminate on this model (blocked).")

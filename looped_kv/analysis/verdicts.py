@@ -106,9 +106,13 @@ class Verdict:
         fmt = f"{{:.{digits}g}}"
         return f"{fmt.format(self.estimate)} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
 
+    @property
+    def measure(self) -> str:
+        """What the estimate is: a ratio (log-ratio claims) or a difference."""
+        return "ratio" if self.claim.scale == "log-ratio" else "difference"
+
     def __str__(self) -> str:
-        what = "ratio" if self.claim.scale == "log-ratio" else "difference"
-        return (f"{self.label} ({self.claim.source}: {self.claim.statement}): {what} {self.interval()}, "
+        return (f"{self.label} ({self.claim.source}: {self.claim.statement}): {self.measure} {self.interval()}, "
                 f"{self.level:.0%} paired bootstrap over {self.n}; {self.reason}")
 
     def sentence(self, digits: int = 3) -> str:
@@ -235,3 +239,27 @@ def verdict_table(verdicts: dict[str, Verdict] | list[Verdict]) -> pd.DataFrame:
     items = verdicts.items() if isinstance(verdicts, dict) else ((v.claim.statement, v) for v in verdicts)
     rows = {name: v.row() for name, v in items}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def interval_table(verdicts: dict[str, Verdict]) -> pd.DataFrame:
+    """A chapter's verdicts for reading: source, the estimate with its 95% interval, n, the label and why."""
+    table = verdict_table(verdicts)[["source", "n", "verdict", "why"]]
+    table.insert(1, "estimate [95% interval]", [f"{v.measure} {v.interval()}" for v in verdicts.values()])
+    return table
+
+
+def _count(count: int, singular: str, plural: str) -> str:
+    return f"{count} {singular if count == 1 else plural}"
+
+
+def tally(verdicts: dict[str, Verdict], model: str, against: str) -> str:
+    """One sentence: how many of a chapter's claims on ``model`` agree with ``against``, disagree, are
+    inconclusive, and which of the inconclusive ones could not discriminate."""
+    counts = pd.Series({name: v.label for name, v in verdicts.items()}).value_counts()
+    counts = counts.reindex(LABELS, fill_value=0)
+    blocked = [name for name, v in verdicts.items() if not v.discrimination.ok]
+    return (f"Of {len(verdicts)} claims on {model}, {_count(counts[AGREES], 'agrees', 'agree')} with {against}, "
+            f"{_count(counts[DISAGREES], 'disagrees', 'disagree')} and "
+            f"{_count(counts[INCONCLUSIVE], 'is inconclusive', 'are inconclusive')}"
+            + (f"; {len(blocked)} of these because the measurement cannot discriminate on this model "
+               f"({'; '.join(blocked)})." if blocked else "."))
