@@ -88,7 +88,7 @@ def measure(model: LoopedLM, programs: int = 96, prompts: int = 32, progress: bo
     ceiling = proposal_width(settings.WAVE["block"], settings.WAVE["rounds"], settings.WAVE["initial_width"])
     bar.update()
     bar.close()
-    return {
+    figures = {
         "loss R=4": loss[4], "loss R=16": loss[16], "loss R=32": loss[32],
         "loss R=4 - loss R=32": loss[4] - loss[32], "loss R=32 - loss R=16": loss[32] - loss[16],
         "accuracy R=4": acc[4], "accuracy R=32": acc[32], "accuracy R=32 - accuracy R=4": acc[32] - acc[4],
@@ -96,12 +96,13 @@ def measure(model: LoopedLM, programs: int = 96, prompts: int = 32, progress: bo
         "self-spec acceptance (d=4, gamma=4)": sum(spec.accepted) / sum(spec.drafted),
         "DAS-Wave A / ceiling": wave.mean_accepted / ceiling,
     }
+    return {name: float(value) for name, value in figures.items()}  # plain floats (pandas gives numpy ones)
 
 
 def verdicts(figures: dict[str, float]) -> list[dict[str, object]]:
     """Each gate with its rule, the measured figure and whether it passes."""
-    return [{"gate": g.name, "rule": g.rule, "measured": float(figures[g.figure]),
-             "passes": bool(g.passes(figures[g.figure]))} for g in GATES]
+    return [{"gate": g.name, "rule": g.rule, "measured": figures[g.figure], "passes": g.passes(figures[g.figure])}
+            for g in GATES]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,7 +120,6 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_record:
         path = Path(args.model) / "config.json"
         config = json.loads(path.read_text())
-        figures = {name: float(value) for name, value in figures.items()}
         config["gates"] = {"command": COMMAND, "seconds": round(time.perf_counter() - start), "figures": figures,
                            "passed": {row["gate"]: row["passes"] for row in rows}}
         path.write_text(json.dumps(config, indent=2) + "\n")
