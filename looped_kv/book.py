@@ -92,6 +92,19 @@ def setup() -> None:
     pd.set_option("display.precision", 3)
 
 
+def encrypt_kernel_channels() -> None:
+    """Kernels started in this process (the book build, nbval) talk over CurveZMQ-encrypted channels.
+
+    jupyter_client provisions the keys when a kernelspec declares curve support (ipykernel's does); its
+    ``transport_encryption`` defaults to "disabled", and each kernel then warns that its TCP channels are plain
+    text. Kernel managers are created deep inside myst-nb and nbval, so the class default is the one setting
+    both read.
+    """
+    from jupyter_client.manager import KernelManager
+
+    KernelManager.class_traits()["transport_encryption"].default_value = "auto"
+
+
 def environment(model: LoopedLM) -> str:
     """One line: model, device, dtype, R, torch, threads and the attention backend a measurement runs with."""
     if model.device.type == "cuda":

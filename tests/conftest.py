@@ -7,11 +7,17 @@ import torch
 from safetensors.torch import load_file
 
 from looped_kv import LoopedConfig, LoopedLM, load
+from looped_kv.book import encrypt_kernel_channels
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAMILY_FIXTURES = {"huginn": "huginn-tiny", "raven": "raven-llama-tiny", "raven-olmo": "raven-olmo-tiny"}
 
 torch.set_num_threads(1)
+
+
+def pytest_configure(config) -> None:
+    """nbval's chapter kernels run over encrypted channels, as the book build's do."""
+    encrypt_kernel_channels()
 
 
 @pytest.fixture(scope="session", params=sorted(FAMILY_FIXTURES))

@@ -130,3 +130,41 @@ def test_every_page_reads_right_in_a_browser(html, browser):
                 problems.append(f"{name}: no Colab launch link to {expected} (found {state['colab']})")
     assert not problems, "\n".join(problems)
 
+
+
+KERNEL_RUN = """
+import sys, nbformat
+from nbclient import NotebookClient
+if sys.argv[1] == "encrypted":
+    from looped_kv.book import encrypt_kernel_channels
+    encrypt_kernel_channels()
+notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+client = NotebookClient(notebook, kernel_name="python3", timeout=120)
+client.execute()
+print(notebook.cells[0].outputs[0]["text"].strip())
+"""
+
+
+@pytest.mark.parametrize("channels", ["encrypted", "plain"])
+def test_chapter_kernels_do_not_warn_of_plain_tcp(channels):
+    """The book build and nbval start kernels the way nbclient does here; with the setting both apply
+    (book/_ext/encrypted_kernels.py, tests/conftest.py) the channels are encrypted and the kernel does not warn.
+    The plain run shows the check can fail."""
+    result = subprocess.run([sys.executable, "-c", KERNEL_RUN, channels], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    warned = "without encryption" in result.stderr
+    assert result.stdout.split() == ["42"]
+    assert warned == (channels == "plain"), result.stderr[-2000:]
+
+
+def test_nbval_kernels_are_encrypted():
+    """nbval starts its own kernels; under this suite's setting (tests/conftest.py) they get CurveZMQ keys."""
+    from nbval.kernel import CURRENT_ENV_KERNEL_NAME, start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name=CURRENT_ENV_KERNEL_NAME)
+    try:
+        assert manager.curve_publickey is not None and manager.curve_secretkey is not None
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel()
