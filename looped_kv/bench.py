@@ -369,16 +369,3 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
                     print(f"  Mature-Spec beats self-speculation, {name}: {v}")
             else:
                 print("  Mature-Spec beats self-speculation: needs --methods self-spec mature-spec")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m looped_kv.bench ...`` is ``looped-kv bench ...``."""
-    from looped_kv.cli import main as cli_main
-
-    return cli_main(["bench", *(argv or [])])
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))

@@ -12,7 +12,6 @@ import pytest
 import torch
 from test_batches import model_source, small_spec  # noqa: F401  (model_source is a fixture)
 
-from looped_kv.bench import main as bench_main
 from looped_kv.cli import main
 from looped_kv.protocol import batches
 from looped_kv.runtime.config import huginn_0125
@@ -161,8 +160,6 @@ def test_bench_prints_speedups_ceilings_and_the_mature_spec_verdicts(model_sourc
                  "Mature-Spec beats self-speculation, acceptance: inconclusive", "2 prompts, fewer than 32",
                  "Mature-Spec beats self-speculation, speed: "):
         assert text in out, text
-    with pytest.raises(SystemExit):  # the bench's own entry point is the same command
-        bench_main(["--help"])
 
 
 def test_batch_commands_end_to_end(model_source, tmp_path, capsys):  # noqa: F811
