@@ -142,12 +142,13 @@ def _rows(out: Generation, key: Hashable, config: dict) -> list[dict]:
 
 
 def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
-                    progress: bool = False) -> pd.DataFrame:
-    """Each drafting method decodes all ``prompts`` as one batch; one row per (prompt, method) (see :func:`_rows`)."""
+                    progress: bool = False, rows_per_pass: int | None = None) -> pd.DataFrame:
+    """Each drafting method decodes all ``prompts`` as one batch (in passes of at most ``rows_per_pass`` rows); one
+    row per (prompt, method) (see :func:`_rows`)."""
     rows = []
     for key, config in tqdm(methods.items(), desc="acceptance", disable=not progress, leave=False):
         if config.get("method") != "ar":
-            out = generate(model, list(prompts), max_new_tokens=max_new_tokens, **config)
+            out = generate(model, list(prompts), max_new_tokens=max_new_tokens, rows_per_pass=rows_per_pass, **config)
             rows += _rows(out, key, config)
     return pd.DataFrame(rows)
 

@@ -4,6 +4,7 @@
     looped-kv bench --workloads problems --prompts 32 --methods ar self-spec mature-spec
     looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.analysis.throughput
     looped-kv memory --model huginn-0125 --context 1024 4096
+    looped-kv plan --model huginn-0125 --gpu-memory 40    # does every chapter fit one GPU?
     looped-kv batch freeze regions                     # the shipped example, or a spec file
     looped-kv batch run regions.frozen.json --out runs/regions
     looped-kv batch verify runs/regions
@@ -25,8 +26,9 @@ from typing import NoReturn
 import pandas as pd
 import torch
 
-from looped_kv import bench, data
-from looped_kv.analysis import throughput
+from looped_kv import bench, data, profiles
+from looped_kv.analysis import plan, throughput
+from looped_kv.analysis.plan import parameter_count
 from looped_kv.analysis.verdicts import MIN_PROMPTS
 from looped_kv.book import DTYPES
 from looped_kv.decoding import settings
@@ -216,12 +218,6 @@ def model_config(model: str) -> LoopedConfig:
         raise ValueError(f"{what}, and its hub config.json could not be fetched ({type(error).__name__})") from None
 
 
-def parameter_count(config: LoopedConfig) -> int:
-    """Parameters of the architecture (tied embeddings counted once), without allocating them."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in LoopedLM(config).parameters())
-
-
 def memory_rows(config: LoopedConfig, contexts: list[int], num_loops: int, dtype: str, windows: list[int],
                 batch_size: int) -> pd.DataFrame:
     """Weights and KV cache (RIPE Eq. 3 and 10) in GB (10^9 bytes) for ``batch_size`` sequences per context."""
@@ -276,6 +272,48 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
                                                                                  "(default: 16 64 256)")
     p.add_argument("--batch-size", type=int, default=1, help="sequences held at once (default: 1)")
     p.set_defaults(func=cmd_memory)
+
+
+# -- plan -----------------------------------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if not args.gpu_memory > 0:
+        raise ValueError(f"--gpu-memory must be > 0 (GB), got {args.gpu_memory}")
+    if args.profile is not None and args.profile not in profiles.PROFILES:
+        raise ValueError(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
+    config = model_config(args.model)
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model)]
+    table = plan.plan_table(plan.chapter_plans(config, profile), args.gpu_memory * plan.GB)
+    if args.markdown:
+        print(plan.markdown(table), end="")
+        return 0 if table["fits"].all() else 1
+    print(f"{args.model} at profile {profile.name} ({profile.dtype}; prompts up to {profile.prompt_tokens} tokens, "
+          f"{profile.rows_per_pass or 'all'} rows per pass) on a {args.gpu_memory:g} GB GPU, "
+          f"{plan.GPU_RESERVE / plan.GB:g} GB kept free:")
+    shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
+    print(shown.drop(columns="sizes").to_string(float_format=lambda x: f"{x:.1f}"))
+    for name, sizes in table["sizes"].items():
+        print(f"  {name}: {sizes}")
+    missing = list(table.index[~table["fits"]])
+    if missing:
+        print(f"{', '.join(missing)} need more than {args.gpu_memory:g} GB; choose a larger GPU or a smaller profile")
+        return 1
+    return 0
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="will every chapter fit one GPU? predicted peak GPU and host memory per chapter",
+                       description="The package's own accounting of what each chapter allocates at its run profile "
+                                   "(looped_kv.profiles): weights in each dtype, replay records, caches and the "
+                                   "working set of a forward pass. Prints each chapter's predicted peak GPU and "
+                                   "host memory and whether it fits; exits 1 if any chapter does not.")
+    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(NAMED_CONFIGS)}, 'tiny', a checkpoint "
+                                                          f"folder, a config.json or a hub id (default: huginn-0125)")
+    p.add_argument("--gpu-memory", type=float, default=40.0, help="GPU memory in GB (default: 40, an A100-40GB)")
+    p.add_argument("--profile", help=f"run profile, one of {tuple(profiles.PROFILES)} (default: the model's)")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (book/data/ keeps one)")
+    p.set_defaults(func=cmd_plan)
 
 
 # -- batched --------------------------------------------------------------------------------------------------------
@@ -392,12 +430,13 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
 
 def parser() -> Parser:
     ap = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,bench,batched,memory,batch}",
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,bench,batched,memory,plan,batch}",
                             parser_class=Parser)
     _add_generate(sub)
     _add_bench(sub)
     _add_batched(sub)
     _add_memory(sub)
+    _add_plan(sub)
     _add_batch(sub)
     return ap
 

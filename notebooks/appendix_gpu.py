@@ -81,8 +81,8 @@ import torch
 from IPython.display import Markdown
 
 import looped_kv
+from looped_kv.analysis.plan import parameter_count
 from looped_kv.book import DTYPES
-from looped_kv.cli import parameter_count
 from looped_kv.protocol import batches
 from looped_kv.runtime.loading import TINY_DIR
 from looped_kv.runtime.memory import (
@@ -193,10 +193,13 @@ Markdown(
 #
 # ## What changes from the tiny model
 #
-# The code path is the same; what changes is scale and numerics. The real checkpoints
-# run in bfloat16 on a GPU, where rounding, not only the cache, separates two decoders
-# (RIPE Section 5.5: bf16 trajectories of equal-in-exact-arithmetic decoders agree on 20
-# of 32 prompts), so exactness checks compare against a stated reference. Effect sizes
+# Each chapter reads what it runs at from the model's run profile
+# (`looped_kv.profiles`), so sizes, dtypes and where replay records live change with the
+# model; the page "Running the chapters on a GPU" lists what each chapter then needs.
+# Numerics change too. The real checkpoints run in bfloat16 on a GPU, where rounding,
+# not only the cache, separates two decoders (RIPE Section 5.5: bf16 trajectories of
+# equal-in-exact-arithmetic decoders agree on 20 of 32 prompts), so exactness checks
+# compare against a stated reference. Effect sizes
 # differ (each chapter prints the papers' numbers beside the tiny model's), and batches
 # grow: the papers' batches use 40 to 72 texts or prompts per model (RIPE Sections 3.1
 # and

@@ -69,7 +69,9 @@ from looped_kv.runtime.memory import m_deep, m_full
 
 book.setup()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
-profile = profiles.for_model(model).ch01  # every size of this chapter
+run = profiles.for_model(model)
+profile = run.ch01  # every size of this chapter
+PASS = run.rows_per_pass  # batches run in passes of at most this many rows
 cfg = model.config
 R = cfg.mean_recurrence
 print(book.environment(model))
@@ -262,7 +264,8 @@ texts = {
     for w in data.WORKLOADS
 }
 losses = {
-    w: loss_by_text(model, ids_w, loops, real) for w, (ids_w, real) in texts.items()
+    w: loss_by_text(model, ids_w, loops, real, rows_per_pass=PASS)
+    for w, (ids_w, real) in texts.items()
 }
 curve = pd.DataFrame({w: table.mean() for w, table in losses.items()})
 fig, ax = plt.subplots(figsize=book.COLUMN)
@@ -418,11 +421,15 @@ prompts = {
     for w in data.WORKLOADS
 }
 runs = {
-    w: looped_kv.generate(model, p, max_new_tokens=profile.new_tokens)
+    w: looped_kv.generate(
+        model, p, max_new_tokens=profile.new_tokens, rows_per_pass=PASS
+    )
     for w, p in prompts.items()
 }
 deepest_runs = {
-    w: looped_kv.generate(model, p, max_new_tokens=profile.new_tokens, cache="deepest")
+    w: looped_kv.generate(
+        model, p, max_new_tokens=profile.new_tokens, cache="deepest", rows_per_pass=PASS
+    )
     for w, p in prompts.items()
 }
 near_ties = 0

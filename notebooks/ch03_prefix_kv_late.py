@@ -111,7 +111,8 @@ ids, workload = workload_batch(model, data.WORKLOADS, profile.texts_per_workload
                                profile.prefix + profile.decoded)
 where = record_device(model, profile.record_device)
 exact = exact_replay(model, ids, R, decoded=profile.decoded,
-                     dtype=book.DTYPES[profile.exact_dtype], device=where)
+                     dtype=book.DTYPES[profile.exact_dtype], device=where,
+                     chunk=profile.exact_chunk)
 model32 = in_dtype(model, book.DTYPES[profile.arm_dtype])
 grid = arm_grid(model32, ids, R, decoded=profile.decoded, record_device=where,
                 progress=False)  # one reference replay, then every (region, plane) arm

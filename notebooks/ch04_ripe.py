@@ -259,15 +259,19 @@ book.md(
 exact_texts = [t for w in data.WORKLOADS
                for t in data.prompts(w, profile.exact_prompts)]
 exact_prompts = book.encode(model_exact, exact_texts)
-decode = dict(max_new_tokens=profile.acceptance_tokens)
+decode = dict(max_new_tokens=profile.acceptance_tokens, rows_per_pass=run.rows_per_pass)
 spec = dict(method="self-spec", draft_loops=DRAFT_LOOPS, block=GAMMA)
 ripe_gamma = dict(cache="ripe", window=GAMMA)
 deep_cache = dict(cache="deepest", prefix_reads="deep-kv", exact=False)
 sequential = looped_kv.generate(model_exact, exact_prompts, **decode, **ripe_gamma)
 algorithm1 = looped_kv.generate(model_exact, exact_prompts, **decode, **spec,
                                 **ripe_gamma)
-for a, s in zip(algorithm1.sequences, sequential.sequences, strict=True):
-    assert torch.equal(a, s)  # Algorithm 1 emits sequential RIPE decoding's tokens
+same = sum(torch.equal(a, s) for a, s in
+           zip(algorithm1.sequences, sequential.sequences, strict=True))
+# Algorithm 1 emits sequential RIPE decoding's tokens (asserted in float64; in a
+# narrower dtype rounding may split near-ties, so the equal rows are counted)
+if model_exact.dtype == torch.float64:
+    assert same == len(exact_prompts)
 row_bytes = sequential.extra["row_cache_bytes"]
 for s, nbytes in zip(sequential.sequences, row_bytes, strict=True):
     assert nbytes == m_ripe(cfg, len(s) - 1, GAMMA, R, model_exact.dtype)  # Eq. (10)
@@ -285,8 +289,9 @@ for i, workload in enumerate(data.WORKLOADS):  # one sample per workload
 
 # %% tags=["remove-input"]
 book.md(
-    f"On all {len(exact_prompts)} prompts Algorithm 1 with $W = \\gamma$ = {GAMMA} "
-    "emits exactly the tokens of sequential RIPE decoding "
+    f"On {same} of {len(exact_prompts)} prompts, in {profile.exact_dtype}, Algorithm "
+    f"1 with $W = \\gamma$ = {GAMMA} emits exactly the tokens of sequential RIPE "
+    "decoding "
     f"({algorithm1.num_new} tokens in {algorithm1.verifications} verifications, "
     f"{algorithm1.tau:.2f} per verification), and each row's cache holds exactly "
     "Eq. (10)'s bytes. The deepest-plane cache, whose batched verification is "
@@ -313,7 +318,6 @@ del model_exact  # the float64 copy is no longer needed
 
 # %%
 model16 = with_dtype(model, book.DTYPES[profile.reference_dtype])  # L0 and cache arms
-model32 = with_dtype(model16, torch.float32)  # the precision floor: same weights, fp32
 n_replay = profile.replay_prompts
 shots = data.word_problems(n_replay, split="dev")
 questions = data.word_problems(n_replay, split="eval", seed=1)
@@ -321,7 +325,8 @@ replay_texts = {
     "problems": [s.text + q.prompt for s, q in zip(shots, questions, strict=True)],
     "code": data.prompts("code", n_replay), "chains": data.prompts("chains", n_replay)}
 targets = {w: looped_kv.generate(model16, book.encode(model16, texts),
-                                 max_new_tokens=profile.new_tokens)
+                                 max_new_tokens=profile.new_tokens,
+                                 rows_per_pass=run.rows_per_pass)
            for w, texts in replay_texts.items()}
 lengths = [len(s) for g in targets.values() for s in g.sequences]
 if profile.windows:
@@ -334,6 +339,7 @@ for g in targets.values():
     logits = policy_logits(model16, tokens, p, full).to(model16.dtype)  # computed in it
     near_ties += book.check_greedy_tokens(logits, tokens[0, p:])
 
+model32 = with_dtype(model16, torch.float32)  # the precision floor: same weights, fp32
 DEEP, FP32 = "deepest plane (W = 0)", "fp32 full cache"
 arms = {DEEP: (model16, deepest),
               **{f"RIPE, W = {w}": (model16, make_policy("ripe", R, window=w))
@@ -567,7 +573,8 @@ caches = {"full cache": {"cache": "full"}, "deepest plane": deep_cache,
           ripe_accept: {"cache": "ripe", "window": W_ACCEPT}}
 acceptance = {w: acceptance_by_cache(model, book.encode(model, data.prompts(
     w, profile.acceptance_prompts)), caches, profile.acceptance_tokens,
-    draft_loops=DRAFT_LOOPS, block=GAMMA) for w in data.WORKLOADS}
+    draft_loops=DRAFT_LOOPS, block=GAMMA, rows_per_pass=run.rows_per_pass)
+    for w in data.WORKLOADS}
 claims = {
     ("deepest plane", "full cache"): V.Claim(
         "the deepest plane accepts more than the full cache: τ(deepest) > τ(full)",

@@ -81,7 +81,7 @@ DEPTHS = list(papers.DAS_TABLE_6_DEPTHS)  # d = 1, 2, 4, 8
 eval_prompts = {w: book.encode(model, data.prompts(w, P.agreement_prompts, "eval"))
                 for w in data.WORKLOADS}
 agreement = {w: measure.agreement_by_prompt(model, prompts, P.agreement_tokens, DEPTHS,
-                                            READS)
+                                            READS, rows_per_pass=profile.rows_per_pass)
              for w, prompts in eval_prompts.items()}
 means = {w: frame.groupby(["read", "d"], sort=False)["agreement"].mean().unstack()
          for w, frame in agreement.items()}
@@ -158,7 +158,8 @@ d, gamma = P.draft_loops, P.block
 methods = {name: c for name, c in bench.method_configs(d, gamma).items()
            if name in ("ar", "self-spec", "mature-spec")}
 acceptance = {w: bench.acceptance_runs(model, prompts[:P.acceptance_prompts], methods,
-                                       P.acceptance_tokens)
+                                       P.acceptance_tokens,
+                                       rows_per_pass=profile.rows_per_pass)
               for w, prompts in eval_prompts.items()}
 along = {(w, bench.label(m)): perf.block_acceptance(
              [a for row in runs[runs["method"] == m]["accepted"] for a in row], gamma)

@@ -172,7 +172,8 @@ cells = bench.factorial_configs()  # (carry, deep K, deep V) -> DAS-Wave setting
 assert cells[(1, 1, 1)] == {**methods["das-wave"], "prefix_reads": "deep-kv"}
 batched = {w: bench.acceptance_runs(model, prompts,
                                     {"mature-spec": methods["mature-spec"], **cells},
-                                    P.acceptance_tokens)
+                                    P.acceptance_tokens,
+                                    rows_per_pass=profile.rows_per_pass)
            for w, prompts in eval_prompts.items()}
 acceptance = {w: runs.assign(method=runs["method"].map(
                   lambda m: "das-wave" if m == (1, 1, 1) else m))

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv.analysis.memory_bench import MemoryCell, check_memory_model, peak_bytes
+from looped_kv.analysis.memory_bench import MemoryCell, check_memory_model, peak_bytes, tensor_peak_bytes
 from looped_kv.analysis.throughput import fixed_memory_comparison, memory_cells
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.policy import make_policy
@@ -87,3 +87,22 @@ def test_fixed_memory_comparison_under_a_budget():
         fixed_memory_comparison(model, prompts, budget, **{**options, "fit_on": (1,)})
     with pytest.raises(ValueError, match="holds no full-cache sequence"):
         fixed_memory_comparison(model, prompts, 10.0, **options)
+
+
+def test_tensor_peak_bytes_follows_storages_not_tensors():
+    existing = torch.empty(4000, dtype=torch.float64)
+
+    def run() -> torch.nn.Parameter:
+        nonlocal existing
+        a = torch.empty(1000, dtype=torch.float64)  # 8000 bytes
+        view = existing[:10]  # a view of a storage held before the run: nothing new
+        b = torch.nn.Parameter(torch.ones(500, dtype=torch.float64))  # + 4000; the storage outlives the ones()
+        existing = None
+        del a, view  # 4000 live
+        c = torch.empty(4000, dtype=torch.float32)  # + 16000 = 20000 live: the peak
+        c.mul_(2)  # in place: nothing new
+        del c
+        return b
+
+    peak, result = tensor_peak_bytes(run)
+    assert peak == 20000 and result.numel() == 500

@@ -174,6 +174,8 @@ def test_agreement_by_prompt_is_draft_agreement_of_each_prompt_decoded_alone():
             row = frame[(frame["prompt"] == i) & (frame["d"] == d) & frame["read"].map(lambda r, s=spec: r == s)]
             assert row["agreement"].item() == value, (i, d, spec)
     assert (frame[(frame["d"] == R) & (frame["read"] == "aligned")]["agreement"] == 1).all()
+    passes = agreement_by_prompt(model, prompts, 9, [1, 2, R], reads, stop_at_eos=False, rows_per_pass=2)
+    assert passes.equals(frame)  # one pass of rows at a time: the same rows, in the same order
 
 
 def test_agreement_by_prompt_stops_rows_at_end_of_text():

@@ -3,6 +3,7 @@ against independent computations, exact byte formulas per policy and errors for 
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from conftest import FAMILY_FIXTURES, FIXTURES, random_model
 from looped_kv import data, load, make_policy, papers, policy_bytes
 from looped_kv.analysis import planes as measure_planes
 from looped_kv.analysis.fits import NOT_RIPE, RIPE, SensitivityFit, sensitivity_regression
+from looped_kv.analysis.memory_bench import tensor_peak_bytes
 from looped_kv.analysis.planes import (
     ArmGrid,
     RipeningCurves,
@@ -513,3 +515,23 @@ def test_every_policy_stores_its_formula(family, name, params):
 def test_out_of_range_policy_parameters(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_in_dtype_copies_without_a_second_copy_in_the_original_dtype():
+    model = random_model().to(torch.float32)
+    peak, twin = tensor_peak_bytes(lambda: in_dtype(model, torch.float64))
+    reference = copy.deepcopy(model).to(torch.float64)
+    assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), reference.state_dict().values(),
+                                                 strict=True))
+    assert twin.lm_head.weight is twin.transformer.wte.weight  # tied weights stay tied
+    float64_bytes = sum(t.numel() * 8 for t in [*twin.parameters(), *twin.buffers()])
+    assert peak == float64_bytes  # the copy, nothing more
+
+
+def test_exact_replay_in_chunks_equals_one_replay(setup):
+    model, ids, R = setup
+    whole = exact_replay(model, ids, R, decoded=4, dtype=torch.float64)
+    chunked = exact_replay(model, ids, R, decoded=4, dtype=torch.float64, chunk=2, device="cpu")
+    assert torch.equal(whole.logits, chunked.logits) and torch.equal(whole.input_ids, chunked.input_ids)
+    with pytest.raises(ValueError, match="chunk must be >= 1"):
+        exact_replay(model, ids, R, decoded=4, chunk=0)

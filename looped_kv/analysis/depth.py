@@ -77,11 +77,20 @@ def loss_by_loops(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tens
 
 
 @torch.no_grad()
-def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tensor | None = None) -> pd.DataFrame:
+def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tensor | None = None,
+                 rows_per_pass: int | None = None) -> pd.DataFrame:
     """Mean next-token loss (nats) of each text (row of ``ids``, (B, n)) after each R: rows texts, columns R.
 
-    ``real`` (B, n) marks real tokens; padding targets are left out of each text's mean.
+    ``real`` (B, n) marks real tokens; padding targets are left out of each text's mean. ``rows_per_pass`` runs
+    at most that many texts per forward.
     """
+    if rows_per_pass is not None and ids.shape[0] > rows_per_pass:
+        if rows_per_pass < 1:
+            raise ValueError(f"rows_per_pass must be None or >= 1, got {rows_per_pass}")
+        parts = [loss_by_text(model, ids[i:i + rows_per_pass], loops,
+                              None if real is None else real[i:i + rows_per_pass])
+                 for i in range(0, ids.shape[0], rows_per_pass)]
+        return pd.concat(parts, ignore_index=True).rename_axis(index="text", columns="loops")
     loops = _check_loops(loops)
     if ids.dim() != 2 or ids.shape[1] < 2:
         raise ValueError(f"ids must be (batch, length >= 2), got shape {tuple(ids.shape)}")

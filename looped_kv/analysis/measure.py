@@ -172,7 +172,7 @@ def draft_agreement(model: LoopedLM, tokens: Tensor, prompt_length: int, draft_l
 def agreement_by_prompt(model: LoopedLM, prompts: Sequence[Tensor], max_new_tokens: int,
                         draft_loops: Sequence[int], reads: Iterable[str | tuple[int, int]], *,
                         policy: CachePolicy | None = None, stop_at_eos: bool = True,
-                        eos_token_id: int | None = None) -> pd.DataFrame:
+                        eos_token_id: int | None = None, rows_per_pass: int | None = None) -> pd.DataFrame:
     """Draft-target agreement per prompt, the prompts decoded together as one batch (DAS Table 6, Figure 4).
 
     The B prompts (any lengths) are decoded greedily at full depth; a row stops after ``max_new_tokens``
@@ -182,8 +182,19 @@ def agreement_by_prompt(model: LoopedLM, prompts: Sequence[Tensor], max_new_toke
     next token reads them per each of ``reads`` (``"aligned"``, ``"deep-v"``, ``"deep-k"``,
     ``"deep-kv"`` or a (kappa, nu) pair of planes). Returns one row per (prompt, d, read):
     ``agreement`` (the fraction of the prompt's drafted positions where the draft's argmax is the
-    target's token; NaN for a prompt with none) and ``positions`` (drafted positions).
+    target's token; NaN for a prompt with none) and ``positions`` (drafted positions). ``rows_per_pass``
+    decodes the batch in passes of at most that many rows; each row's figures are the same.
     """
+    if rows_per_pass is not None and len(prompts) > rows_per_pass:
+        if rows_per_pass < 1:
+            raise ValueError(f"rows_per_pass must be None or >= 1, got {rows_per_pass}")
+        parts = [agreement_by_prompt(model, prompts[i:i + rows_per_pass], max_new_tokens, draft_loops, reads,
+                                     policy=policy, stop_at_eos=stop_at_eos, eos_token_id=eos_token_id)
+                 .assign(prompt=lambda f, i=i: f["prompt"] + i) for i in range(0, len(prompts), rows_per_pass)]
+        frame = pd.concat(parts, ignore_index=True)
+        cell = frame["d"].astype(str) + " " + frame["read"].astype(str)  # the rows of one batch, in its order
+        rank = cell.map({c: i for i, c in enumerate(dict.fromkeys(cell))})
+        return frame.iloc[np.lexsort((frame["prompt"], rank))].reset_index(drop=True)
     R = model.config.mean_recurrence if policy is None else policy.num_loops
     policy = policy or make_policy("full", R)
     specs = list(reads)

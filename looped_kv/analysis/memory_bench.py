@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +28,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from looped_kv.analysis.perf import PeakMemoryFit, b_max, fit_peak_memory
 
@@ -72,6 +76,48 @@ def peak_bytes(run: Callable[[], Any], device: torch.device | str = "cpu") -> tu
         live += event.nbytes()
         peak = max(peak, live)
     return peak, result
+
+
+class _LiveStorages(TorchDispatchMode):
+    """Bytes of the CPU storages that operators create while the mode is active, counted until each is freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: dict[int, int] = {}  # storage address -> bytes
+        self.live = self.peak = 0
+
+    def _release(self, address: int) -> None:
+        self.live -= self.held.pop(address)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, Tensor) or t.device.type != "cpu":
+                continue
+            storage = t.untyped_storage()
+            address = storage.data_ptr()
+            if address in self.held or address in inputs or address == 0:  # known, a view, or written in place
+                continue
+            self.held[address] = storage.nbytes()
+            self.live += self.held[address]
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._release, address)  # PyTorch keeps one Python object per storage
+        return out
+
+
+def tensor_peak_bytes(run: Callable[[], Any]) -> tuple[int, Any]:
+    """Peak bytes of the CPU tensors that ``run()`` allocates, above what was held at its start; and its result.
+
+    Every PyTorch operator is intercepted (a ``TorchDispatchMode``): a storage that an operator returns and that
+    none of its inputs holds is new, and its bytes count until the storage is freed. Unlike
+    :func:`peak_bytes` this keeps no record of the run, so it measures long runs (whole chapters) in constant
+    memory; it does not see the scratch buffers inside fused kernels.
+    """
+    meter = _LiveStorages()
+    with meter:
+        result = run()
+    return meter.peak, result
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from looped_kv import data
@@ -414,16 +414,22 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
 
 @torch.no_grad()
 def exact_replay(model: LoopedLM, ids: Tensor, num_loops: int, *, decoded: int,
-                 dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> Replay:
+                 dtype: torch.dtype = torch.float64, device: torch.device | str | None = None,
+                 chunk: int | None = None) -> Replay:
     """A replay of ``ids`` that records nothing, by a copy of the model in ``dtype`` with a float64 softmax.
 
     The copy is freed before returning (:func:`free_memory`), and the logits are moved to ``device`` (default the
-    model's), so a chapter holds the float64 weights only while this runs, never next to a float32 copy.
+    model's), so a chapter holds the float64 weights only while this runs, never next to a float32 copy. Texts
+    run ``chunk`` at a time (default all at once), so one chunk's forward is in memory.
     """
+    parts = _chunks(ids, ids.shape[0] if chunk is None else chunk)  # checks chunk before the copy
     twin = in_dtype(model, dtype)
-    exact = replay(twin, ids, num_loops, softmax_dtype=torch.float64, record=(), decoded=decoded)
-    if device is not None:
-        exact.logits = exact.logits.to(device)
+    logits = []
+    for part in parts:
+        exact = replay(twin, part, num_loops, softmax_dtype=torch.float64, record=(), decoded=decoded)
+        logits.append(exact.logits.to(device or exact.logits.device))
+    exact.logits, exact.input_ids = torch.cat(logits), ids.to(exact.input_ids.device)
+    del logits
     if twin is not model:
         del twin
         free_memory(model.device)
@@ -452,11 +458,21 @@ def precision_floor(model: LoopedLM, reference: Replay, *, exact: Replay | None 
 
 
 def _copy_in(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
-    """A deep copy of the weights in ``dtype``; the tokenizer is shared, not copied."""
+    """A deep copy of the weights in ``dtype``; the tokenizer is shared, not copied.
+
+    Each floating-point tensor is cast as it is copied, so memory holds the original and the copy in ``dtype``,
+    never a second copy in the original dtype (for Huginn-0125 in bf16, 7.1 GB less at the peak).
+    """
     tokenizer = getattr(model, "tokenizer", None)
+    memo: dict[int, object] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point() and id(tensor) not in memo:
+            cast = tensor.detach().to(dtype, copy=True)
+            memo[id(tensor)] = nn.Parameter(cast, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else cast
+    memo[id(model._states)] = None  # the table of initial states is rebuilt on first use, in ``dtype``
     model.tokenizer = None
     try:
-        twin = copy.deepcopy(model).to(dtype)
+        twin = copy.deepcopy(model, memo)
     finally:
         model.tokenizer = tokenizer
     twin.tokenizer, twin.source = tokenizer, getattr(model, "source", None)

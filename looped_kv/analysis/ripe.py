@@ -332,8 +332,10 @@ class Acceptance:
 
 
 def acceptance_by_cache(model: LoopedLM, prompts: Sequence[Tensor], caches: Mapping[str, Mapping[str, object]],
-                        max_new_tokens: int, *, draft_loops: int, block: int) -> Acceptance:
-    """Greedy self-speculative decoding of ``prompts`` as one batch per cache: each prompt's tau (RIPE Eq. 7).
+                        max_new_tokens: int, *, draft_loops: int, block: int,
+                        rows_per_pass: int | None = None) -> Acceptance:
+    """Greedy self-speculative decoding of ``prompts`` as one batch per cache (in passes of at most
+    ``rows_per_pass`` rows): each prompt's tau (RIPE Eq. 7).
 
     ``caches`` maps a label to the cache arguments of :func:`looped_kv.generate` (``cache``, ``window``,
     ``prefix_reads``, ``exact``, ...). With ``cache="ripe"`` and drafts reading plane R this is RIPE
@@ -349,7 +351,8 @@ def acceptance_by_cache(model: LoopedLM, prompts: Sequence[Tensor], caches: Mapp
     if fixed:
         raise ValueError(f"caches must give cache arguments only, got {sorted(fixed)}")
     runs = {label: generate(model, list(prompts), max_new_tokens=max_new_tokens, method="self-spec",
-                            draft_loops=draft_loops, block=block, **spec) for label, spec in caches.items()}
+                            draft_loops=draft_loops, block=block, rows_per_pass=rows_per_pass, **spec)
+            for label, spec in caches.items()}
     tau = pd.DataFrame({label: row_tau(run) for label, run in runs.items()})
     tau.index.name = "prompt"
     return Acceptance(tau, runs)

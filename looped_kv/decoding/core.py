@@ -109,6 +109,21 @@ class Generation:
         accepted = self.accepted
         return sum(accepted) / len(accepted) if accepted else float("nan")
 
+    @classmethod
+    def concat(cls, parts: Sequence[Generation]) -> Generation:
+        """The rows of several runs, in order, as one run (a batch decoded in passes of fewer rows): per-row lists
+        are joined, counts and times added, and the cache's allocation is the largest one pass held."""
+        if len({p.pad_id for p in parts}) != 1 or len({p.extra.get("policy") for p in parts}) != 1:
+            raise ValueError("parts must share one pad id and one cache policy")
+        extra = {key: [x for p in parts for x in p.extra[key]] if isinstance(value, list)
+                 else max(p.extra[key] for p in parts) if key == "allocated_bytes"
+                 else sum(p.extra[key] for p in parts) if isinstance(value, int | float) and key != "policy"
+                 else value for key, value in parts[0].extra.items()}
+        joined = {name: [x for p in parts for x in getattr(p, name)]
+                  for name in ("sequences", "prompt_lengths", "row_accepted", "row_drafted", "row_retained", "stopped")}
+        return cls(**joined, wall_time=sum(p.wall_time for p in parts),
+                   forward_passes=sum(p.forward_passes for p in parts), pad_id=parts[0].pad_id, extra=extra)
+
     def stats(self) -> dict[str, float]:
         return {"new_tokens": self.num_new, "wall_time_s": self.wall_time, "tokens_per_s": self.tokens_per_s,
                 "verifications": self.verifications, "tau": self.tau, "A": self.mean_accepted,

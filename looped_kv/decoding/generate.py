@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from looped_kv.decoding import settings
-from looped_kv.decoding.core import Generation, eos_id
+from looped_kv.decoding.core import Generation, check_prompts, eos_id
 from looped_kv.decoding.das_wave import das_wave
 from looped_kv.decoding.greedy import greedy
 from looped_kv.decoding.lookup import prompt_lookup
@@ -23,7 +23,7 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], *, max_new_t
              ngram: int = settings.NGRAM, rounds: int = settings.WAVE["rounds"],
              initial_width: int = settings.WAVE["initial_width"], updates: int = settings.WAVE["updates"],
              carry: bool = settings.WAVE["carry"], stop_at_eos: bool = True, eos_token_id: int | None = None,
-             compile: bool = False, progress: bool = False) -> Generation:
+             compile: bool = False, rows_per_pass: int | None = None, progress: bool = False) -> Generation:
     """Generate greedily with a looped model from one prompt or a batch; every method returns a :class:`Generation`.
 
     ``input_ids``: a (B, n) or (n,) tensor, or a list of prompts of different lengths. Rows are decoded
@@ -51,9 +51,21 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], *, max_new_t
 
     A row stops after ``max_new_tokens`` (an int, or one per prompt) or after emitting the end-of-text
     token (``eos_token_id``, default the tokenizer's) unless ``stop_at_eos=False``. ``compile=True``
-    (method ``"ar"``) runs a torch.compile'd decode step with static shapes.
+    (method ``"ar"``) runs a torch.compile'd decode step with static shapes. ``rows_per_pass`` decodes a large
+    batch in passes of at most that many rows (one pass's cache in memory at a time); the rows emit the same
+    tokens either way.
     """
     settings.check_method(method)
+    if rows_per_pass is not None:
+        if not isinstance(rows_per_pass, int) or rows_per_pass < 1:
+            raise ValueError(f"rows_per_pass must be None or an int >= 1, got {rows_per_pass!r}")
+        rows, budgets = check_prompts(model, input_ids, max_new_tokens)
+        if len(rows) > rows_per_pass:
+            options = {name: value for name, value in locals().items()
+                       if name not in ("model", "input_ids", "max_new_tokens", "rows_per_pass", "rows", "budgets")}
+            return Generation.concat([generate(model, rows[i:i + rows_per_pass],
+                                               max_new_tokens=budgets[i:i + rows_per_pass], **options)
+                                      for i in range(0, len(rows), rows_per_pass)])
     if compile and method != "ar":
         raise ValueError(f"compile=True is for method='ar' (greedy decoding), got method={method!r}")
     R = model.config.mean_recurrence if num_loops is None else num_loops

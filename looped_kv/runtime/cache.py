@@ -406,8 +406,8 @@ class BlockPass:
 
     # -- the router --------------------------------------------------------------------------
     def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        if self.record is not None:
-            self.record[site] = (k, v)
+        if self.record is not None:  # v is a view into the q/k/v projection: keep its own copy, not all three
+            self.record[site] = (k, v.contiguous())
         if self.in_plane:
             plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None
             self._write_plane(site, plane, k, v)

@@ -1,0 +1,330 @@
+"""Will a chapter fit one GPU? The package's own accounting of what each chapter allocates.
+
+Every chapter is a few steps (a replay, a batch decode, a copy of the weights in another dtype), and at each
+step some tensors are live: weights in each dtype, replay records, KV caches, logits and the working set of
+one forward pass. :func:`chapter_plans` lists them per step from a config and a run profile
+(:mod:`looped_kv.profiles`), on the model's device ("gpu") or in host memory ("host", where a profile keeps
+its replay records), and a chapter's peak is its largest step. The sizes follow the code the chapters run:
+:func:`~looped_kv.analysis.planes.ripening_curves`, :func:`~looped_kv.analysis.planes.arm_grid`,
+:func:`~looped_kv.analysis.ripe.replay_records`, :func:`looped_kv.generate` and so on; ``tests/test_plan.py``
+measures the same calls on a scaled-down random model and holds each prediction to 10% of the measured peak.
+
+Prompt lengths are not known before tokenizing, so a profile states the longest prompt it feeds
+(``prompt_tokens``) and the plan charges every prompt that length: an upper bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from looped_kv.decoding import settings
+from looped_kv.profiles import Profile
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.memory import element_bytes, m_full, policy_bytes
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CachePolicy, make_policy
+
+GPU, HOST = "gpu", "host"
+GB = 1e9
+# The CUDA context, cuBLAS workspaces and allocator fragmentation that no tensor accounts for; a plan keeps
+# this much of the GPU free.
+GPU_RESERVE = 1.5e9
+
+
+def parameter_count(config: LoopedConfig) -> int:
+    """Parameters of a model of ``config`` (tied embeddings counted once), built on the meta device."""
+    with torch.device("meta"):
+        model = LoopedLM(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def weights(config: LoopedConfig, dtype: str | torch.dtype) -> int:
+    """Bytes of the weights in ``dtype``, with the rotary tables."""
+    tables = 2 * config.block_size * (config.head_dim // 2) * _bytes(dtype)
+    return parameter_count(config) * _bytes(dtype) + tables
+
+
+def logits(config: LoopedConfig, rows: int, tokens: int, dtype: str | torch.dtype = "fp32") -> int:
+    """The logits a forward returns: float32, or float64 from a float64 model (:meth:`LoopedLM.readout`)."""
+    return rows * tokens * config.vocab_size * (8 if _bytes(dtype) == 8 else 4)
+
+
+def forward_peak(config: LoopedConfig, rows: int, tokens: int, dtype: str | torch.dtype, *,
+                 softmax_dtype: str | torch.dtype | None = None, reads: int | None = None) -> int:
+    """Peak bytes of one forward pass over rows x tokens, its returned logits included.
+
+    The larger of one core layer (the loop's state, its input e and their concatenation; the float32 norm;
+    the q/k/v projections and their float32 rotary copies; with an explicit softmax (``softmax_dtype``, the
+    replays' measurement mode) the attention scores and their softmax over ``reads`` keys (default
+    ``tokens``); or the gated MLP's 2I-wide projection and its product) and the readout (the final norm in
+    float32, the head's logits in the model's dtype and the float32 logits :meth:`LoopedLM.readout` returns).
+    """
+    m, d, B, n = _bytes(dtype), config.n_embd, rows, tokens
+    kv = config.n_kv_heads * config.head_dim
+    carried = 4 * B * n * d * m  # state, e, and [state, e]
+    norms = 2 * B * n * d * 4
+    qkv = B * n * (d + 2 * kv) * (m + 4)  # projections, and float32 rotary copies of q and k
+    scores = 0
+    if softmax_dtype is not None:
+        scores = 2 * B * config.n_heads * n * (reads or n) * _bytes(softmax_dtype)
+    mlp = B * n * 4 * config.intermediate_size * m  # fc (2I), silu(gate), the product
+    layer = carried + norms + max(qkv + scores, mlp)
+    head = B * n * config.vocab_size * m if m not in (4, 8) else 0
+    readout = B * n * d * (m + 8) + head + logits(config, B, n, dtype)
+    return max(layer, readout)
+
+
+def kv_cache(config: LoopedConfig, rows: int, tokens: int, num_loops: int, dtype: str | torch.dtype) -> int:
+    """A full plane cache (RIPE Eq. 3) for rows x tokens."""
+    return rows * m_full(config, tokens, num_loops, _bytes(dtype))
+
+
+def records(config: LoopedConfig, rows: int, tokens: int, loops: int, kinds: str, dtype: str | torch.dtype) -> int:
+    """A replay's per-loop records of ``kinds`` (letters of "qkv") at every core layer."""
+    widths = {"q": config.n_heads, "k": config.n_kv_heads, "v": config.n_kv_heads}
+    return loops * config.n_core * rows * tokens * config.head_dim * sum(widths[k] for k in kinds) * _bytes(dtype)
+
+
+def _bytes(dtype: str | torch.dtype | int) -> int:
+    if isinstance(dtype, str) and dtype in ("float32", "float64", "bfloat16", "float16"):
+        dtype = getattr(torch, dtype)
+    return element_bytes(dtype)
+
+
+@dataclass(frozen=True)
+class Held:
+    """A tensor group live at a step: what it is, its bytes and where it lives."""
+
+    what: str
+    nbytes: int
+    where: str = GPU
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    held: tuple[Held, ...]
+
+    def bytes(self, where: str | None = None) -> int:
+        """Bytes live at this step on ``where`` (GPU or HOST; None: both, as on a CPU run)."""
+        return sum(h.nbytes for h in self.held if where in (None, h.where))
+
+
+@dataclass(frozen=True)
+class ChapterPlan:
+    chapter: str
+    sizes: str
+    steps: tuple[Step, ...]
+
+    def peak(self, where: str | None = GPU) -> int:
+        return max(s.bytes(where) for s in self.steps)
+
+    def peak_step(self, where: str | None = GPU) -> Step:
+        return max(self.steps, key=lambda s: s.bytes(where))
+
+    def fits(self, gpu_bytes: float) -> bool:
+        return self.peak(GPU) + GPU_RESERVE <= gpu_bytes
+
+
+# -- the chapters ---------------------------------------------------------------------------------------------------
+
+
+def decode_step(config: LoopedConfig, rows: int, prompt: int, new: int, dtype: str | torch.dtype, *,
+                block: int = 0, policy: CachePolicy | None = None) -> tuple[Held, ...]:
+    """A batch decode (:func:`looped_kv.generate` and the chapters' batch measurements): the cache (default full)
+    of every row's prompt, new tokens and one block, the drafters' block buffer, and the prefill of the prompts."""
+    R = config.mean_recurrence
+    policy = policy or make_policy("full", R)
+    capacity = prompt + new + (block + 1 if block else 0)
+    held = [Held(f"{policy.name} cache, {rows} x {capacity} tokens",
+                 rows * policy_bytes(config, policy, capacity, _bytes(dtype))),
+            Held(f"prefill of {rows} x {prompt} tokens", forward_peak(config, rows, prompt, dtype))]
+    if block:
+        held.append(Held(f"block buffer, {rows} x {block + 1} tokens", kv_cache(config, rows, block + 1, R, dtype)))
+    return tuple(held)
+
+
+def _where(record_device: str) -> str:
+    return HOST if record_device == "cpu" else GPU
+
+
+def _copy(config: LoopedConfig, model_dtype: str, dtype: str) -> tuple[Held, ...]:
+    """The weights in ``dtype`` beside the model's own when the dtypes differ (:func:`.planes.in_dtype`)."""
+    return () if dtype == model_dtype else (Held(f"{dtype} weights (copy)", weights(config, dtype)),)
+
+
+def _passes(profile: Profile, rows: int) -> int:
+    """Rows decoded at once: a batch runs in passes of at most ``profile.rows_per_pass`` rows."""
+    return min(rows, profile.rows_per_pass or rows)
+
+
+def ch01(config: LoopedConfig, profile: Profile) -> ChapterPlan:
+    p, m = profile.ch01, profile.dtype
+    base = (Held(f"{m} weights", weights(config, m)),)
+    texts, n = p.texts_per_workload, p.text_chars - 1  # a token holds at least one character of these texts
+    rows = _passes(profile, texts)
+    fp = forward_peak(config, rows, n, m)
+    loss = Step(f"held-out loss, {rows} texts x {n} tokens at a time, R up to {max(p.loops)}",
+                (*base, Held("forward (and the loss's log-softmax)", max(fp, 2 * logits(config, rows, n)))))
+    chains = Step(f"chain answers, {p.chain_programs} programs",
+                  (*base, Held("forward", forward_peak(config, p.chain_programs, p.chain_tokens, m))))
+    greedy = Step(f"greedy samples, {p.prompts_per_workload} prompts",
+                  (*base, *decode_step(config, _passes(profile, p.prompts_per_workload), profile.prompt_tokens,
+                                        p.new_tokens, m)))
+    sizes = (f"{texts} texts x {n} tokens per workload, loops {min(p.loops)}-{max(p.loops)}; "
+             f"{p.prompts_per_workload} prompts x {p.new_tokens} tokens")
+    return ChapterPlan("ch01", sizes, (loss, chains, greedy))
+
+
+def ch02(config: LoopedConfig, profile: Profile) -> ChapterPlan:
+    p, m, R = profile.ch02, profile.dtype, config.mean_recurrence
+    base = (Held(f"{m} weights", weights(config, m)),)
+    where, rows, n = _where(p.record_device), p.chunk, p.length
+    steps = []
+    for i, dtype in enumerate(p.replay_dtypes):
+        kinds = "qkv"  # k and v for Delta_r, and q, k, v for the maturity
+        held = [*base, *_copy(config, m, dtype),
+                Held(f"{dtype} records ({kinds}, {R} loops)", records(config, rows, n, R, kinds, dtype), where),
+                Held(f"{dtype} replay", forward_peak(config, rows, n, dtype, softmax_dtype="float32"))]
+        steps.append(Step(f"{dtype} replay of {rows} texts x {n} tokens", tuple(held)))
+        if i == 0 and p.exact_dtype:  # the copy cast in place to float64 and replayed beside the reference's planes
+            exact = [*base, Held(f"{p.exact_dtype} weights (the copy, cast in place)", weights(config, p.exact_dtype)),
+                     held[-2], Held(f"{p.exact_dtype} records (kv, {R} loops)",
+                                    records(config, rows, n, R, "kv", p.exact_dtype), where),
+                     Held(f"{p.exact_dtype} replay",
+                          forward_peak(config, rows, n, p.exact_dtype, softmax_dtype="float64"))]
+            steps.append(Step(f"{p.exact_dtype} replay (the float floor)", tuple(exact)))
+    texts = 3 * p.texts_per_workload
+    sizes = f"{texts} texts x {n} tokens, {rows} per replay; records on {where}; {', '.join(p.replay_dtypes)}"
+    return ChapterPlan("ch02", sizes, tuple(steps))
+
+
+def ch03(config: LoopedConfig, profile: Profile) -> ChapterPlan:
+    p, m, R = profile.ch03, profile.dtype, config.mean_recurrence
+    base = (Held(f"{m} weights", weights(config, m)),)
+    where, rows, n = _where(p.record_device), 3 * p.texts_per_workload, p.prefix + p.decoded
+    exact_logits = Held(f"{p.exact_dtype} logits", logits(config, rows, n, p.exact_dtype), where)
+    chunk = p.exact_chunk or rows
+    exact = Step(f"{p.exact_dtype} replay of {rows} texts x {n} tokens, {chunk} at a time",
+                 (*base, Held(f"{p.exact_dtype} weights (copy)", weights(config, p.exact_dtype)), exact_logits,
+                  Held(f"{p.exact_dtype} replay", forward_peak(config, chunk, n, p.exact_dtype,
+                                                              softmax_dtype="float64"))))
+    arms = Step(f"{p.arm_dtype} reference and substitution arms",
+                (*base, *_copy(config, m, p.arm_dtype), exact_logits,
+                 Held(f"{p.arm_dtype} records (kv, {R} loops)", records(config, rows, n, R, "kv", p.arm_dtype), where),
+                 Held(f"{p.arm_dtype} reference logits", logits(config, rows, n)),
+                 Held("arm forward", forward_peak(config, rows, n, p.arm_dtype, softmax_dtype="float32"))))
+    t_rows, first = p.table3_chunk, p.table3_length - 1
+    full = kv_cache(config, t_rows, first + 1, R, m)
+    table3 = Step(f"Table 3: {t_rows} texts x {first} tokens prefilled, then stepped under each cache",
+                  (*base, Held("full cache", full),
+                   Held("a policy's cache and the base's (each at most a full cache)", 2 * full),
+                   Held("step", forward_peak(config, t_rows, 1, m))))
+    prefill = Step("Table 3 prefill", (*base, Held("full cache", full),
+                                       Held("prefill", forward_peak(config, t_rows, first, m))))
+    sizes = (f"{rows} texts x {n} tokens (arms in {p.arm_dtype}, floor in {p.exact_dtype}, records on {where}); "
+             f"Table 3: {3 * p.table3_texts_per_workload} texts x {p.table3_length}, {t_rows} at a time")
+    return ChapterPlan("ch03", sizes, (exact, arms, prefill, table3))
+
+
+def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
+    p, m, R = profile.ch04, profile.dtype, config.mean_recurrence
+    base = (Held(f"{m} weights", weights(config, m)),)
+    prompt = profile.prompt_tokens
+    exact = Step(f"Algorithm 1 in {p.exact_dtype}, {3 * p.exact_prompts} prompts",
+                 (*base, Held(f"{p.exact_dtype} weights (copy)", weights(config, p.exact_dtype)),
+                  *decode_step(config, _passes(profile, 3 * p.exact_prompts), prompt, p.acceptance_tokens,
+                               p.exact_dtype, block=p.block, policy=make_policy("ripe", R, window=p.block))))
+    ref, floor = p.reference_dtype, "float32"
+    copies = (*_copy(config, m, ref), Held(f"{floor} weights (copy, the precision floor)", weights(config, floor)))
+    targets = Step(f"{ref} trajectories, {p.replay_prompts} prompts per workload",
+                   (*base, *_copy(config, m, ref),
+                    *decode_step(config, _passes(profile, p.replay_prompts), prompt, p.new_tokens, ref)))
+    rows, g = p.replay_batch, p.new_tokens
+    arms = 4 + len(p.windows or (0, 0, 0))  # deepest, the windows, sinks, two planes, fp32
+    replay = Step(f"replay of the trajectories through {arms} arms, {rows} at a time",
+                  (*base, *copies,
+                   Held(f"prompt planes ({ref} and {floor})", kv_cache(config, rows, prompt, R, ref)
+                        + kv_cache(config, rows, prompt, R, floor)),
+                   Held("an arm's cache (at most full, in float32)", kv_cache(config, rows, prompt + g, R, floor)),
+                   Held("block buffer", kv_cache(config, rows, p.block + 1, R, floor)),
+                   Held("logits of the reference (float32 and float64) and of every arm",
+                        logits(config, rows, g + 1) * (3 + arms)),
+                   Held("prefill", forward_peak(config, rows, prompt, floor))))
+    accept = Step(f"acceptance by cache, {p.acceptance_prompts} prompts",
+                  (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
+                                block=p.block)))
+    sizes = (f"{p.replay_prompts} trajectories of {g} tokens per workload, {rows} replayed at a time; windows "
+             f"{p.windows or 'scaled'}; Algorithm 1 on {3 * p.exact_prompts} prompts in {p.exact_dtype}")
+    return ChapterPlan("ch04", sizes, (exact, targets, replay, accept))
+
+
+def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:
+    p, m = profile.ch05, profile.dtype
+    base = (Held(f"{m} weights", weights(config, m)),)
+    prompt = profile.prompt_tokens
+    agreement = Step(f"draft agreement, {p.agreement_prompts} prompts",
+                     (*base,
+                      *decode_step(config, _passes(profile, p.agreement_prompts), prompt, p.agreement_tokens, m)))
+    accept = Step(f"acceptance, {p.acceptance_prompts} prompts",
+                  (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
+                                block=p.block)))
+    timing = Step("timing, one prompt at a time",
+                  (*base, *decode_step(config, 1, prompt, p.new_tokens, m, block=p.block)))
+    sizes = (f"{p.agreement_prompts} prompts x {p.agreement_tokens} tokens (agreement), {p.acceptance_prompts} x "
+             f"{p.acceptance_tokens} (acceptance, gamma {p.block}), {p.timing_prompts} timed")
+    return ChapterPlan("ch05", sizes, (agreement, accept, timing))
+
+
+def ch06(config: LoopedConfig, profile: Profile) -> ChapterPlan:
+    p, m = profile.ch06, profile.dtype
+    base = (Held(f"{m} weights", weights(config, m)),)
+    prompt, block = profile.prompt_tokens, max(settings.WAVE["block"], p.drawn_block["block"],
+                                               *p.sweep.get("block", ()))
+    accept = Step(f"DAS-Wave and the drafters, {p.acceptance_prompts} prompts",
+                  (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
+                                block=block)))
+    timing = Step("timing and the sweep, one prompt at a time",
+                  (*base, *decode_step(config, 1, prompt, p.new_tokens, m, block=block)))
+    sizes = (f"{p.acceptance_prompts} prompts x {p.acceptance_tokens} tokens, blocks up to {block}; "
+             f"{p.timing_prompts} timed, {p.sweep_prompts} in the sweep")
+    return ChapterPlan("ch06", sizes, (accept, timing))
+
+
+def ch07(config: LoopedConfig, profile: Profile) -> ChapterPlan:
+    p, m = profile.ch07, profile.dtype
+    base = (Held(f"{m} weights", weights(config, m)),)
+    largest = max(*p.batch_sizes, *p.memory_batch_sizes)
+    steps = (Step(f"batched decoding, B = {largest}",
+                  (*base, *decode_step(config, largest, profile.prompt_tokens, p.new_tokens, m,
+                                       block=settings.BLOCK))),)
+    sizes = f"B in {p.batch_sizes} (throughput), {p.memory_batch_sizes} (memory), {p.new_tokens} new tokens"
+    return ChapterPlan("ch07", sizes, steps)
+
+
+CHAPTERS = {"ch01": ch01, "ch02": ch02, "ch03": ch03, "ch04": ch04, "ch05": ch05, "ch06": ch06, "ch07": ch07}
+
+
+def chapter_plans(config: LoopedConfig, profile: Profile) -> dict[str, ChapterPlan]:
+    """Every chapter's steps and what each holds, for a model of ``config`` run at ``profile``."""
+    return {name: plan(config, profile) for name, plan in CHAPTERS.items()}
+
+
+def plan_table(plans: dict[str, ChapterPlan], gpu_bytes: float) -> pd.DataFrame:
+    """One row per chapter: predicted peak GPU and host memory (GB), the step at the GPU peak, and whether the
+    chapter fits a GPU of ``gpu_bytes`` with :data:`GPU_RESERVE` kept free."""
+    rows = [{"chapter": name, "GPU GB": p.peak(GPU) / GB, "host GB": p.peak(HOST) / GB,
+             "fits": p.fits(gpu_bytes), "GPU peak at": p.peak_step(GPU).name, "sizes": p.sizes}
+            for name, p in plans.items()]
+    return pd.DataFrame(rows).set_index("chapter")
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """:func:`plan_table` as a Markdown table (the GPU page includes one)."""
+    lines = ["| chapter | GPU GB | host GB | fits | GPU peak at | sizes |", "| --- | ---: | ---: | --- | --- | --- |"]
+    lines += [f"| {name} | {row['GPU GB']:.1f} | {row['host GB']:.1f} | {'yes' if row['fits'] else 'no'} | "
+              f"{row['GPU peak at']} | {row['sizes']} |" for name, row in table.iterrows()]
+    return "\n".join(lines) + "\n"
