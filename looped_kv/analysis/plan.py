@@ -56,11 +56,13 @@ def forward_peak(config: LoopedConfig, rows: int, tokens: int, dtype: str | torc
                  softmax_dtype: str | torch.dtype | None = None, reads: int | None = None) -> int:
     """Peak bytes of one forward pass over rows x tokens, its returned logits included.
 
-    The larger of one core layer (the loop's state, its input e and their concatenation; the float32 norm;
-    the q/k/v projections and their float32 rotary copies; with an explicit softmax (``softmax_dtype``, the
-    replays' measurement mode) the attention scores and their softmax over ``reads`` keys (default
-    ``tokens``); or the gated MLP's 2I-wide projection and its product) and the readout (the final norm in
-    float32, the head's logits in the model's dtype and the float32 logits :meth:`LoopedLM.readout` returns).
+    The larger of one core layer and the readout. The layer holds the loop's state, its input e and their
+    concatenation, the float32 norm, and either the q/k/v projections with their float32 rotary copies and,
+    with an explicit softmax (``softmax_dtype``, the replays' measurement mode), the attention scores and
+    their softmax over ``reads`` keys (default ``tokens``; more reads are keys and values gathered beside the
+    block's own, as a substituted prefix), or the gated MLP's 2I-wide projection and its product. The
+    readout holds the final norm in float32, the head's logits in the model's dtype and the float32 logits
+    :meth:`LoopedLM.readout` returns.
     """
     m, d, B, n = _bytes(dtype), config.n_embd, rows, tokens
     kv = config.n_kv_heads * config.head_dim
@@ -70,6 +72,8 @@ def forward_peak(config: LoopedConfig, rows: int, tokens: int, dtype: str | torc
     scores = 0
     if softmax_dtype is not None:
         scores = 2 * B * config.n_heads * n * (reads or n) * _bytes(softmax_dtype)
+    if reads is not None:  # keys and values gathered from elsewhere (a substituted prefix) beside the block's
+        scores += 2 * B * reads * kv * m
     mlp = B * n * 4 * config.intermediate_size * m  # fc (2I), silu(gate), the product
     layer = carried + norms + max(qkv + scores, mlp)
     head = B * n * config.vocab_size * m if m not in (4, 8) else 0
@@ -216,7 +220,8 @@ def ch03(config: LoopedConfig, profile: Profile) -> ChapterPlan:
                 (*base, *_copy(config, m, p.arm_dtype), exact_logits,
                  Held(f"{p.arm_dtype} records (kv, {R} loops)", records(config, rows, n, R, "kv", p.arm_dtype), where),
                  Held(f"{p.arm_dtype} reference logits", logits(config, rows, n)),
-                 Held("arm forward", forward_peak(config, rows, n, p.arm_dtype, softmax_dtype="float32"))))
+                 Held("arm forward (a substituted query reads the prefix planes and its own: 2n keys)",
+                      forward_peak(config, rows, n, p.arm_dtype, softmax_dtype="float32", reads=2 * n))))
     t_rows, first = p.table3_chunk, p.table3_length - 1
     full = kv_cache(config, t_rows, first + 1, R, m)
     table3 = Step(f"Table 3: {t_rows} texts x {first} tokens prefilled, then stepped under each cache",

@@ -1,51 +1,84 @@
 """A compiled greedy decode step: static shapes over the preallocated cache (gpt-fast style).
 
-Each step processes one token per row at position L_b. Every attention call writes the token's
-keys/values at L_b of the plane it reads (:func:`~looped_kv.runtime.cache.writes_in_own_plane`) and
-attends over the whole capacity with the mask j <= L_b, so every tensor has the same shape at every
-step: torch.compile traces the step once, and on a GPU its ``reduce-overhead`` mode can replay it
-as a CUDA graph. The eager decoders read only [0, L + 1); both give the same tokens (tested).
+Each step processes one token per row at position L_b. Every attention call reads the whole capacity of
+the plane the policy keeps for it with the mask j < L_b, plus the token's own key and value, in one
+softmax; so every tensor has the same shape at every step, and torch.compile traces the step once (on a
+GPU its ``reduce-overhead`` mode can replay it as a CUDA graph). The traced step writes nothing: it
+returns the new keys and values of every site, and the cache stores them afterwards, each kept plane
+from the last loop that writes it (:func:`~looped_kv.runtime.cache.writes_in_own_plane`). Writing into
+the cache's planes inside the graph would make the compiler copy whole planes at every call. The eager
+decoders read [0, L + 1) of the same planes; both give the same tokens (tested in float64).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from looped_kv.runtime.attention import Site, attend
+from looped_kv.runtime.attention import Site
 from looped_kv.runtime.cache import PlaneCache, writes_in_own_plane
 from looped_kv.runtime.model import LoopedLM
 
 COMPILABLE = ("full", "deepest", "k-deepest", "share")
 
 
+def attend_prefix_and_self(q: Tensor, keys: Tensor, values: Tensor, prefix: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax over the cached keys where ``prefix`` (B, 1, 1, capacity) holds and the token's own key ``k``.
+
+    q, k, v: (B, H, 1, D) (k, v with H_kv heads); keys, values: (B, H_kv, capacity, D).
+    """
+    groups = q.shape[1] // keys.shape[1]
+    if groups > 1:
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scale = 1 / math.sqrt(q.shape[-1])
+    scores = (q @ keys.transpose(-1, -2) * scale).masked_fill(~prefix, float("-inf"))  # (B, H, 1, capacity)
+    own = (q * k).sum(-1, keepdim=True) * scale  # (B, H, 1, 1)
+    top = torch.maximum(scores.amax(-1, keepdim=True), own)
+    weights, own_weight = (scores - top).exp(), (own - top).exp()
+    return (weights @ values + own_weight * v) / (weights.sum(-1, keepdim=True) + own_weight)
+
+
 class StaticStepRouter:
-    """Router of one token per row at ``positions`` (B, 1): write at L_b in place, read the whole capacity."""
+    """Router of one token per row at ``positions`` (B, 1): reads the whole capacity, records what it would write."""
 
     def __init__(self, cache: PlaneCache, positions: Tensor) -> None:
-        self.cache, self.positions = cache, positions
+        self.cache = cache
         j = torch.arange(cache.capacity, device=positions.device)
-        self.mask = (j <= positions[:, :, None])[:, None]  # (B, 1, 1, capacity)
-        self.rows = torch.arange(positions.shape[0], device=positions.device)
+        self.prefix = (j < positions[:, :, None])[:, None]  # (B, 1, 1, capacity)
+        self.new: dict[Site, tuple[Tensor, Tensor]] = {}
 
     def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None
         keys, values = self.cache.plane_tensor(0, site, plane), self.cache.plane_tensor(1, site, plane)
-        index = self.positions[:, 0]
-        keys[self.rows, :, index] = k[:, :, 0]
-        values[self.rows, :, index] = v[:, :, 0]
-        return attend(q, keys, values, self.mask)
+        self.new[site] = (k, v)
+        return attend_prefix_and_self(q, keys, values, self.prefix, k, v)
 
 
-def _forward(model: LoopedLM, cache: PlaneCache, tokens: Tensor, lengths: Tensor, num_loops: int) -> Tensor:
-    """One greedy step of B rows over the whole preallocated cache (the function torch.compile traces)."""
+def _forward(model: LoopedLM, cache: PlaneCache, tokens: Tensor, lengths: Tensor,
+             num_loops: int) -> tuple[Tensor, Tensor, Tensor]:
+    """One greedy step of B rows over the whole preallocated cache (the function torch.compile traces).
+
+    Returns the logits (B, 1, V), the new keys/values of the edge layers (2, n_edge, B, H_kv, D) and of every
+    kept core plane, from the last loop that writes it (2, n_core, n_kept, B, H_kv, D).
+    """
     positions = lengths[:, None]
     router = StaticStepRouter(cache, positions)
     embedded = model.embed(tokens, positions, router)
     state = model._states[positions]
     for r in range(1, num_loops + 1):
         state = model.loop(state, embedded, positions, router, r)
-    return model.readout(state, positions, router)
+    logits = model.readout(state, positions, router)
+    cfg, policy = model.config, cache.policy
+    edges = [Site("prelude", i) for i in range(cfg.n_prelude)] + [Site("coda", i) for i in range(cfg.n_coda)]
+    writer = {policy.plane(r): r for r in range(1, num_loops + 1)}  # the last loop writing each kept plane
+    core = [[Site("core", layer, writer[p]) for p in policy.kept] for layer in range(cfg.n_core)]
+    new_edges = torch.stack([torch.stack([router.new[s][which][:, :, 0] for s in edges]) for which in (0, 1)])
+    new_core = torch.stack([torch.stack([torch.stack([router.new[s][which][:, :, 0] for s in row]) for row in core])
+                            for which in (0, 1)])
+    return logits, new_edges, new_core
 
 
 #: One compiled step per compile mode. The cache is an argument, so its planes enter the graph as inputs
@@ -68,8 +101,13 @@ class CompiledStep:
         self._step = _COMPILED[mode]
 
     def __call__(self, tokens: Tensor) -> Tensor:
-        if self.cache.max_length >= self.cache.capacity:
-            raise ValueError(f"cache capacity {self.cache.capacity} exceeded")
-        logits = self._step(self.model, self.cache, tokens, self.cache.lengths, self.num_loops)
-        self.cache.advance(1)
+        cache = self.cache
+        if cache.max_length >= cache.capacity:
+            raise ValueError(f"cache capacity {cache.capacity} exceeded")
+        logits, new_edges, new_core = self._step(self.model, cache, tokens, cache.lengths, self.num_loops)
+        rows, index = torch.arange(cache.batch, device=tokens.device), cache.lengths
+        for which in (0, 1):  # advanced indices (rows, index) first: (B, n_edge, H, D) and (B, n_core, n_kept, H, D)
+            cache.edge[which][:, rows, :, index] = new_edges[which].permute(1, 0, 2, 3)
+            cache.core[which][:, :, rows, :, index] = new_core[which].permute(2, 0, 1, 3, 4)
+        cache.advance(1)
         return logits

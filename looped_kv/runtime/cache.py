@@ -99,6 +99,7 @@ class PlaneCache:
         self.ring = [torch.zeros(n_core, extra, batch, H, self.ring_size, D, **like) for _ in range(2)]
         self.sink = [torch.zeros(n_core, extra, batch, H, self.sink_size, D, **like) for _ in range(2)]
         self.in_own_plane = writes_in_own_plane(policy)
+        self._views: dict[tuple, Tensor] = {}  # plane_tensor's views, made once per site (the hot path)
         self.allocated_bytes = sum(t.numel() * t.element_size() for t in self._tensors())
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.edge[0].device)
         self.host_lengths = [0] * batch  # the same, on the host: read without a device sync
@@ -156,6 +157,7 @@ class PlaneCache:
                     if dst != src:
                         t.select(-4, dst).copy_(t.select(-4, src))
                 tensors[i] = t.narrow(-4, 0, len(rows))
+        self._views.clear()
         self.host_lengths = [self.host_lengths[i] for i in rows]
         self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.lengths.device)
 
@@ -171,6 +173,14 @@ class PlaneCache:
 
     def plane_tensor(self, which: int, site: Site, plane: int | None = None) -> Tensor:
         """Keys (which=0) or values (1), (B, H, capacity, D), of an edge site, or of a kept core plane."""
+        if torch.compiler.is_compiling():  # a traced step indexes the planes it was given
+            return self._plane_view(which, site, plane)
+        key = (which, site.stage, site.layer, plane if site.stage == "core" else None)
+        if key not in self._views:
+            self._views[key] = self._plane_view(which, site, plane)
+        return self._views[key]
+
+    def _plane_view(self, which: int, site: Site, plane: int | None) -> Tensor:
         if site.stage != "core":
             return self.edge[which][self.edge_index(site)]
         if plane not in self.kept_slot:
@@ -406,8 +416,8 @@ class BlockPass:
 
     # -- the router --------------------------------------------------------------------------
     def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        if self.record is not None:  # v is a view into the q/k/v projection: keep its own copy, not all three
-            self.record[site] = (k, v.contiguous())
+        if self.record is not None:  # k and v are views into wider projections: keep copies of their own
+            self.record[site] = (k.contiguous(), v.contiguous())
         if self.in_plane:
             plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None
             self._write_plane(site, plane, k, v)

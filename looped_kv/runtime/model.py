@@ -28,8 +28,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        x32 = x if x.dtype == torch.float32 else x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]) + self.eps)  # the mean, bit for bit
+        return (y if y.dtype == x.dtype else y.type_as(x)) * self.weight
 
 
 class Rotary(nn.Module):
@@ -46,10 +47,24 @@ class Rotary(nn.Module):
         angles = torch.outer(torch.arange(config.block_size, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+        self._angles: tuple[Tensor, int, Tensor, Tensor] | None = None  # positions, their version, cos, sin
+
+    def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin at ``positions``, (..., 1, D/2); gathered once for the many calls of one forward pass."""
+        memo = self._angles
+        if memo is not None and memo[0] is positions and memo[1] == positions._version:
+            return memo[2], memo[3]
+        cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
+        if not torch.compiler.is_compiling():
+            self._angles = (positions, positions._version, cos, sin)
+        return cos, sin
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x`` (B, n, H, D) at absolute ``positions`` ((n,) or (B, n))."""
-        cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
+        if torch.compiler.is_compiling():
+            cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
+        else:
+            cos, sin = self.angles(positions)
         if self.interleaved:  # computed in float32, as the reference does
             pairs = x.float().unflatten(-1, (-1, 2))
             a, b = pairs[..., 0], pairs[..., 1]
@@ -85,15 +100,18 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, site: Site) -> Tensor:
         B, n, _ = x.shape
-        q, k, v = self.Wqkv(x).split(self.chunks, dim=-1)
+        H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.Wqkv(x)
+        v = qkv[..., self.chunks[0] + self.chunks[1]:].view(B, n, H_kv, D)
         if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(B, n, self.n_heads, self.head_dim)
-        k = k.view(B, n, self.n_kv_heads, self.head_dim)
-        v = v.view(B, n, self.n_kv_heads, self.head_dim)
-        if hasattr(self, "qk_bias"):
-            q, k = q + self.qk_bias[0], k + self.qk_bias[1]
-        q, k = rotary(q, positions), rotary(k, positions)
+            q, k = qkv[..., :self.chunks[0] + self.chunks[1]].split(self.chunks[:2], dim=-1)
+            q = rotary(self.q_norm(q).view(B, n, H, D), positions)
+            k = rotary(self.k_norm(k).view(B, n, H_kv, D), positions)
+        else:  # queries and keys rotated together, heads side by side: the same arithmetic in fewer calls
+            qk = qkv[..., :self.chunks[0] + self.chunks[1]].view(B, n, H + H_kv, D)
+            if hasattr(self, "qk_bias"):
+                qk = qk + self.qk_bias.view(H + H_kv, D)
+            q, k = rotary(qk, positions).split([H, H_kv], dim=2)
         y = router.attend(site, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.proj(y.transpose(1, 2).reshape(B, n, -1))
 
