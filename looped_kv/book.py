@@ -24,12 +24,15 @@ def chapter_model(default: str = "tiny") -> LoopedLM:
     bfloat16 on a GPU and float32 on a CPU unless ``$LOOPED_KV_DTYPE`` names another dtype. On a CPU,
     PyTorch runs ``$LOOPED_KV_THREADS`` threads (default 1): the small matrices of decoding gain nothing
     from more, and several threads contending for busy cores make each attention call up to 100x slower,
-    which would distort every timing ratio.
+    which would distort every timing ratio. On a GPU, cuDNN's attention backend is turned off: RIPE Section 5.5
+    found it to make bf16 reruns differ, and every chapter measures (:func:`environment` records the setting).
     """
     source = os.environ.get("LOOPED_KV_MODEL", default)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("LOOPED_KV_THREADS", "1")))
+    else:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     dtype_name = os.environ.get("LOOPED_KV_DTYPE", "bfloat16" if device == "cuda" else "float32")
     if dtype_name not in DTYPES:
         raise ValueError(f"LOOPED_KV_DTYPE must be one of {tuple(DTYPES)}, got {dtype_name!r}")

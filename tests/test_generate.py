@@ -79,3 +79,20 @@ def test_rows_per_pass_decodes_the_same_rows(model, method, options):
     assert parts.extra["allocated_bytes"] < whole.extra["allocated_bytes"]  # one pass's cache at a time
     with pytest.raises(ValueError, match="rows_per_pass must be None or an int >= 1"):
         looped_kv.generate(model, prompts, rows_per_pass=0, **run)
+
+
+def test_chapter_model_measures_without_cudnn_attention_on_a_gpu(monkeypatch):
+    """On CUDA a chapter's model comes with cuDNN's SDPA backend off (RIPE Sec. 5.5); on a CPU threads are set."""
+    from looped_kv import book
+
+    calls, loads = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    monkeypatch.setattr(book, "load", lambda source, dtype, device: loads.append((source, dtype, device)))
+    for name in ("LOOPED_KV_DTYPE", "LOOPED_KV_MODEL", "LOOPED_KV_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    book.chapter_model()
+    assert calls == [False] and loads == [("tiny", torch.bfloat16, "cuda")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    book.chapter_model()
+    assert calls == [False] and loads[-1] == ("tiny", torch.float32, "cpu")
