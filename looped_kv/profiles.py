@@ -113,6 +113,7 @@ class Ch06:
 class Ch07:
     """Memory and throughput: tokens/s and peak memory against the batch size, the fixed-memory comparison."""
 
+    check_rows: int = 4  # prompts decoded alone and as one batch, whose tokens are compared
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     memory_batch_sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     new_tokens: int = 16

@@ -233,17 +233,18 @@ def decode(prompts, method, **options):
     return [row.reshape(-1) for row in out.new_rows]
 
 
-alone = [decode([p], "ar")[0] for p in prompts[:4]]
-together = decode(prompts[:4], "ar")
-spec = decode(prompts[:4], "self-spec", **DRAFT)
+rows = prompts[:P.check_rows]
+alone = [decode([p], "ar")[0] for p in rows]
+together = decode(rows, "ar")
+spec = decode(rows, "self-spec", **DRAFT)
 same = sum(int(torch.equal(a, b)) for a, b in zip(alone, together, strict=True))
 same_spec = sum(int(torch.equal(a, b)) for a, b in zip(alone, spec, strict=True))
-# float32: a near-tie may flip a rare token; float64 equality is tested
-assert same >= 3 and same_spec >= 3
+if book.is_tiny(model):  # float32: a near-tie may flip a rare token (float64: a test)
+    assert min(same, same_spec) >= len(rows) - 1
 book.md(
-    f"Batched greedy decoding reproduces {same} of 4 sequences decoded alone, and "
-    f"batched self-speculation {same_spec} of 4 (float32 here; the float64 "
-    "equality is a test)."
+    f"Batched greedy decoding reproduces {same} of {len(rows)} sequences decoded "
+    f"alone, and batched self-speculation {same_spec} of {len(rows)} "
+    f"({str(model.dtype).removeprefix('torch.')} here; the float64 equality is a test)."
 )
 
 # %% [markdown]
