@@ -622,20 +622,22 @@ def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str
         prefix, token = part[:, :first], part[:, first:first + 1]
         full = new_cache(model, make_policy("full", R), part.shape[0], first + 1)
         prefill(model, full, prefix, R)
-        base = step(model, restrict(full, full.policy), token, R)[:, -1]
+        stepped = {}
         for label, policy in tqdm(policies.items(), desc="policies", disable=not progress, leave=False):
             if prefill_once:
                 cache = restrict(full, policy)
             else:
                 cache = new_cache(model, policy, part.shape[0], first + 1)
                 prefill(model, cache, prefix, R)
-            logits = step(model, cache, token, R)[:, -1]
-            matches[label].append((logits.argmax(-1) == base.argmax(-1)).cpu().numpy())
-            kls[label].append(kl_per_position(base, logits).cpu().numpy())
+            stepped[label] = step(model, cache, token, R)[:, -1]
             nbytes[label] += cache.nbytes
             del cache
-        bases.append(base)
+        base = step(model, full, token, R)[:, -1]  # last: the step writes the token into the full cache
         del full
+        for label, logits in stepped.items():
+            matches[label].append((logits.argmax(-1) == base.argmax(-1)).cpu().numpy())
+            kls[label].append(kl_per_position(base, logits).cpu().numpy())
+        bases.append(base)
     matches = {label: np.concatenate(m) for label, m in matches.items()}
     kls = {label: np.concatenate(k) for label, k in kls.items()}
     rows = [{"cache": label, "policy": policy.name, "planes": len(policy.kept), "bytes": nbytes[label],
