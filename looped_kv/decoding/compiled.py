@@ -12,33 +12,14 @@ decoders read [0, L + 1) of the same planes; both give the same tokens (tested i
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from looped_kv.runtime.attention import Site
+from looped_kv.runtime.attention import Site, attend_segments
 from looped_kv.runtime.cache import PlaneCache, writes_in_own_plane
 from looped_kv.runtime.model import LoopedLM
 
 COMPILABLE = ("full", "deepest", "k-deepest", "share")
-
-
-def attend_prefix_and_self(q: Tensor, keys: Tensor, values: Tensor, prefix: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """softmax over the cached keys where ``prefix`` (B, 1, 1, capacity) holds and the token's own key ``k``.
-
-    q, k, v: (B, H, 1, D) (k, v with H_kv heads); keys, values: (B, H_kv, capacity, D).
-    """
-    groups = q.shape[1] // keys.shape[1]
-    if groups > 1:
-        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scale = 1 / math.sqrt(q.shape[-1])
-    scores = (q @ keys.transpose(-1, -2) * scale).masked_fill(~prefix, float("-inf"))  # (B, H, 1, capacity)
-    own = (q * k).sum(-1, keepdim=True) * scale  # (B, H, 1, 1)
-    top = torch.maximum(scores.amax(-1, keepdim=True), own)
-    weights, own_weight = (scores - top).exp(), (own - top).exp()
-    return (weights @ values + own_weight * v) / (weights.sum(-1, keepdim=True) + own_weight)
 
 
 class StaticStepRouter:
@@ -54,7 +35,7 @@ class StaticStepRouter:
         plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None
         keys, values = self.cache.plane_tensor(0, site, plane), self.cache.plane_tensor(1, site, plane)
         self.new[site] = (k, v)
-        return attend_prefix_and_self(q, keys, values, self.prefix, k, v)
+        return attend_segments(q, [(keys, values, self.prefix), (k, v, None)])
 
 
 def _forward(model: LoopedLM, cache: PlaneCache, tokens: Tensor, lengths: Tensor,
