@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from looped_kv.data import ChainProgram
+from looped_kv.decoding.core import row_passes
 from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.model import LoopedLM
 
@@ -84,12 +85,9 @@ def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tenso
     ``real`` (B, n) marks real tokens; padding targets are left out of each text's mean. ``rows_per_pass`` runs
     at most that many texts per forward.
     """
-    if rows_per_pass is not None and ids.shape[0] > rows_per_pass:
-        if rows_per_pass < 1:
-            raise ValueError(f"rows_per_pass must be None or >= 1, got {rows_per_pass}")
-        parts = [loss_by_text(model, ids[i:i + rows_per_pass], loops,
-                              None if real is None else real[i:i + rows_per_pass])
-                 for i in range(0, ids.shape[0], rows_per_pass)]
+    passes = row_passes(ids.shape[0], rows_per_pass)
+    if len(passes) > 1:
+        parts = [loss_by_text(model, ids[rows], loops, None if real is None else real[rows]) for rows in passes]
         return pd.concat(parts, ignore_index=True).rename_axis(index="text", columns="loops")
     loops = _check_loops(loops)
     if ids.dim() != 2 or ids.shape[1] < 2:

@@ -33,6 +33,7 @@ from looped_kv.decoding.core import (
     new_cache,
     prefill,
     prefill_rows,
+    row_passes,
     run_block,
     step,
 )
@@ -185,12 +186,11 @@ def agreement_by_prompt(model: LoopedLM, prompts: Sequence[Tensor], max_new_toke
     target's token; NaN for a prompt with none) and ``positions`` (drafted positions). ``rows_per_pass``
     decodes the batch in passes of at most that many rows; each row's figures are the same.
     """
-    if rows_per_pass is not None and len(prompts) > rows_per_pass:
-        if rows_per_pass < 1:
-            raise ValueError(f"rows_per_pass must be None or >= 1, got {rows_per_pass}")
-        parts = [agreement_by_prompt(model, prompts[i:i + rows_per_pass], max_new_tokens, draft_loops, reads,
-                                     policy=policy, stop_at_eos=stop_at_eos, eos_token_id=eos_token_id)
-                 .assign(prompt=lambda f, i=i: f["prompt"] + i) for i in range(0, len(prompts), rows_per_pass)]
+    passes = row_passes(len(prompts), rows_per_pass)
+    if len(passes) > 1:
+        parts = [agreement_by_prompt(model, prompts[rows], max_new_tokens, draft_loops, reads, policy=policy,
+                                     stop_at_eos=stop_at_eos, eos_token_id=eos_token_id)
+                 .assign(prompt=lambda f, first=rows.start: f["prompt"] + first) for rows in passes]
         frame = pd.concat(parts, ignore_index=True)
         cell = frame["d"].astype(str) + " " + frame["read"].astype(str)  # the rows of one batch, in its order
         rank = cell.map({c: i for i, c in enumerate(dict.fromkeys(cell))})

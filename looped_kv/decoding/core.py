@@ -130,6 +130,14 @@ class Generation:
                 "forward_passes": self.forward_passes}
 
 
+def row_passes(count: int, rows_per_pass: int | None) -> list[slice]:
+    """The rows of a batch of ``count``, in passes of at most ``rows_per_pass`` (None: one pass of all)."""
+    if rows_per_pass is not None and (not isinstance(rows_per_pass, int) or rows_per_pass < 1):
+        raise ValueError(f"rows_per_pass must be None or an int >= 1, got {rows_per_pass!r}")
+    step = rows_per_pass or max(count, 1)
+    return [slice(i, i + step) for i in range(0, count, step)]
+
+
 def check_prompts(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int],
                   margin: int = 0) -> tuple[list[Tensor], list[int]]:
     """Validate prompts before any work: a (B, n) or (n,) tensor, or a list of 1-d or (1, n) tensors of any lengths.

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from looped_kv.decoding import settings
-from looped_kv.decoding.core import Generation, check_prompts, eos_id
+from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_passes
 from looped_kv.decoding.das_wave import das_wave
 from looped_kv.decoding.greedy import greedy
 from looped_kv.decoding.lookup import prompt_lookup
@@ -57,15 +57,14 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], *, max_new_t
     """
     settings.check_method(method)
     if rows_per_pass is not None:
-        if not isinstance(rows_per_pass, int) or rows_per_pass < 1:
-            raise ValueError(f"rows_per_pass must be None or an int >= 1, got {rows_per_pass!r}")
         rows, budgets = check_prompts(model, input_ids, max_new_tokens)
-        if len(rows) > rows_per_pass:
+        passes = row_passes(len(rows), rows_per_pass)
+        if len(passes) > 1:
             options = {name: value for name, value in locals().items()
-                       if name not in ("model", "input_ids", "max_new_tokens", "rows_per_pass", "rows", "budgets")}
-            return Generation.concat([generate(model, rows[i:i + rows_per_pass],
-                                               max_new_tokens=budgets[i:i + rows_per_pass], **options)
-                                      for i in range(0, len(rows), rows_per_pass)])
+                       if name not in ("model", "input_ids", "max_new_tokens", "rows_per_pass", "rows", "budgets",
+                                       "passes")}
+            return Generation.concat([generate(model, rows[rows_in], max_new_tokens=budgets[rows_in], **options)
+                                      for rows_in in passes])
     if compile and method != "ar":
         raise ValueError(f"compile=True is for method='ar' (greedy decoding), got method={method!r}")
     R = model.config.mean_recurrence if num_loops is None else num_loops
