@@ -28,7 +28,6 @@ import torch
 
 from looped_kv import bench, data, profiles
 from looped_kv.analysis import plan, throughput
-from looped_kv.analysis.plan import parameter_count
 from looped_kv.analysis.verdicts import MIN_PROMPTS
 from looped_kv.book import DTYPES
 from looped_kv.decoding import settings
@@ -223,7 +222,7 @@ def memory_rows(config: LoopedConfig, contexts: list[int], num_loops: int, dtype
     """Weights and KV cache (RIPE Eq. 3 and 10) in GB (10^9 bytes) for ``batch_size`` sequences per context."""
     policies = [("full cache", make_policy("full", num_loops)), ("deepest plane", make_policy("deepest", num_loops)),
                 *((f"RIPE, W = {w}", make_policy("ripe", num_loops, window=w)) for w in windows)]
-    weights = parameter_count(config) * element_bytes(dtype) / 1e9
+    weights = plan.parameter_count(config) * element_bytes(dtype) / 1e9
     rows = []
     for name, policy in policies:
         row = {"cache": name}
@@ -244,7 +243,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     _at_least_one(num_loops=args.num_loops)
     config = model_config(args.model)
     R = config.mean_recurrence if args.num_loops is None else args.num_loops
-    params = parameter_count(config)
+    params = plan.parameter_count(config)
     table = memory_rows(config, args.context, R, args.dtype, args.windows, args.batch_size)
     print(f"{args.model}: {params / 1e9:.3f}B parameters, weights {params * element_bytes(args.dtype) / 1e9:.2f} GB "
           f"in {args.dtype}; R = {R}, {config.n_prelude}/{config.n_core}/{config.n_coda} layers, "

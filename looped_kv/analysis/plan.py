@@ -190,17 +190,17 @@ def ch02(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     steps = []
     for i, dtype in enumerate(p.replay_dtypes):
         kinds = "qkv"  # k and v for Delta_r, and q, k, v for the maturity
-        held = [*base, *_copy(config, m, dtype),
-                Held(f"{dtype} records ({kinds}, {R} loops)", records(config, rows, n, R, kinds, dtype), where),
-                Held(f"{dtype} replay", forward_peak(config, rows, n, dtype, softmax_dtype="float32"))]
-        steps.append(Step(f"{dtype} replay of {rows} texts x {n} tokens", tuple(held)))
+        planes = Held(f"{dtype} records ({kinds}, {R} loops)", records(config, rows, n, R, kinds, dtype), where)
+        steps.append(Step(f"{dtype} replay of {rows} texts x {n} tokens",
+                          (*base, *_copy(config, m, dtype), planes,
+                           Held(f"{dtype} replay", forward_peak(config, rows, n, dtype, softmax_dtype="float32")))))
         if i == 0 and p.exact_dtype:  # the copy cast in place to float64 and replayed beside the reference's planes
-            exact = [*base, Held(f"{p.exact_dtype} weights (the copy, cast in place)", weights(config, p.exact_dtype)),
-                     held[-2], Held(f"{p.exact_dtype} records (kv, {R} loops)",
-                                    records(config, rows, n, R, "kv", p.exact_dtype), where),
-                     Held(f"{p.exact_dtype} replay",
-                          forward_peak(config, rows, n, p.exact_dtype, softmax_dtype="float64"))]
-            steps.append(Step(f"{p.exact_dtype} replay (the float floor)", tuple(exact)))
+            steps.append(Step(f"{p.exact_dtype} replay (the float floor)", (
+                *base, Held(f"{p.exact_dtype} weights (the copy, cast in place)", weights(config, p.exact_dtype)),
+                planes, Held(f"{p.exact_dtype} records (kv, {R} loops)",
+                             records(config, rows, n, R, "kv", p.exact_dtype), where),
+                Held(f"{p.exact_dtype} replay", forward_peak(config, rows, n, p.exact_dtype,
+                                                            softmax_dtype="float64")))))
     texts = 3 * p.texts_per_workload
     sizes = f"{texts} texts x {n} tokens, {rows} per replay; records on {where}; {', '.join(p.replay_dtypes)}"
     return ChapterPlan("ch02", sizes, tuple(steps))

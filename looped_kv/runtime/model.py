@@ -51,20 +51,17 @@ class Rotary(nn.Module):
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin at ``positions``, (..., 1, D/2); gathered once for the many calls of one forward pass."""
+        if torch.compiler.is_compiling():  # a traced step gathers them itself; no memo inside the graph
+            return self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
         memo = self._angles
-        if memo is not None and memo[0] is positions and memo[1] == positions._version:
-            return memo[2], memo[3]
-        cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
-        if not torch.compiler.is_compiling():
-            self._angles = (positions, positions._version, cos, sin)
-        return cos, sin
+        if memo is None or memo[0] is not positions or memo[1] != positions._version:
+            cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
+            memo = self._angles = (positions, positions._version, cos, sin)
+        return memo[2], memo[3]
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x`` (B, n, H, D) at absolute ``positions`` ((n,) or (B, n))."""
-        if torch.compiler.is_compiling():
-            cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
-        else:
-            cos, sin = self.angles(positions)
+        cos, sin = self.angles(positions)
         if self.interleaved:  # computed in float32, as the reference does
             pairs = x.float().unflatten(-1, (-1, 2))
             a, b = pairs[..., 0], pairs[..., 1]
