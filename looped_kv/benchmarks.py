@@ -46,15 +46,23 @@ def gsm8k_solution(answer: str) -> str:
     return f"{steps}\nThe answer is {gsm8k_answer(answer)}."
 
 
+def gsm8k_worked(row: Mapping) -> str:
+    """One solved problem as a shot: the question, then its chain of thought."""
+    return f"Question: {row['question']}\nAnswer: {gsm8k_solution(row['answer'])}\n\n"
+
+
 def gsm8k_prompts(rows: Sequence[Mapping], shots: Sequence[Mapping], n_shots: int = SHOTS) -> list[str]:
     """Eight-shot chain-of-thought prompts: ``n_shots`` solved training rows, then each question."""
     check_rows("gsm8k", rows)
     check_rows("gsm8k", shots)
     if not 0 <= n_shots <= len(shots):
         raise ValueError(f"n_shots must be between 0 and len(shots) = {len(shots)}, got {n_shots}")
-    context = "".join(f"Question: {s['question']}\nAnswer: {gsm8k_solution(s['answer'])}\n\n"
-                      for s in shots[:n_shots])
+    context = "".join(gsm8k_worked(s) for s in shots[:n_shots])
     return [f"{context}Question: {row['question']}\nAnswer:" for row in rows]
+
+
+def _mbpp_task(row: Mapping) -> str:
+    return f'"""\n{row["text"].strip()}\n{row["test_list"][0]}\n"""\n'
 
 
 def mbpp_prompts(rows: Sequence[Mapping]) -> list[str]:
@@ -65,21 +73,29 @@ def mbpp_prompts(rows: Sequence[Mapping]) -> list[str]:
         signature = next((line for line in row["code"].splitlines() if line.lstrip().startswith("def ")), None)
         if signature is None:
             raise ValueError(f"MBPP task {row['task_id']}: its code has no 'def' line")
-        out.append(f'"""\n{row["text"].strip()}\n{row["test_list"][0]}\n"""\n{signature.strip()}\n')
+        out.append(f"{_mbpp_task(row)}{signature.strip()}\n")
     return out
 
 
-def load_rows(name: str, split: str, n: int) -> list[dict]:
-    """The first ``n`` rows of a split from the hub (needs ``datasets`` and a network)."""
+def mbpp_solved(row: Mapping) -> str:
+    """One task with its reference code: the prompt's docstring, then the whole solution."""
+    code = "\n".join(line.rstrip() for line in row["code"].splitlines())
+    return f"{_mbpp_task(row)}{code}\n\n"
+
+
+def load_rows(name: str, split: str, n: int, start: int = 0) -> list[dict]:
+    """Rows ``start`` to ``start + n`` of a split from the hub (needs ``datasets`` and a network)."""
     if name not in DATASETS:
         raise ValueError(f"name must be one of {tuple(DATASETS)}, got {name!r}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
     try:
         import datasets
     except ImportError as error:
         raise ImportError("loading GSM8K or MBPP needs the 'datasets' package: pip install datasets") from error
     path, config = DATASETS[name]
-    rows = [dict(row) for row in datasets.load_dataset(path, config, split=f"{split}[:{n}]")]
+    rows = [dict(row) for row in datasets.load_dataset(path, config, split=f"{split}[{start}:{start + n}]")]
     check_rows(name, rows)
     return rows

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -26,7 +28,7 @@ from typing import NoReturn
 import pandas as pd
 import torch
 
-from looped_kv import bench, data, profiles
+from looped_kv import bench, data, profiles, workloads
 from looped_kv.analysis import plan, throughput
 from looped_kv.analysis.verdicts import MIN_PROMPTS
 from looped_kv.book import DTYPES
@@ -284,12 +286,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config = model_config(args.model)
     profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model)]
     table = plan.plan_table(plan.chapter_plans(config, profile), args.gpu_memory * plan.GB)
+    heading = (f"{args.model} at profile {profile.name} ({profile.dtype}; {workloads.SOURCES[profile.workloads]}, "
+               f"prompts up to {profile.prompt_tokens} tokens, {profile.rows_per_pass or 'all'} rows per pass) on a "
+               f"{args.gpu_memory:g} GB GPU, {plan.GPU_RESERVE / plan.GB:g} GB kept free")
     if args.markdown:
-        print(plan.markdown(table), end="")
+        print(f"{heading}:\n\n{plan.markdown(table)}", end="")
         return 0 if table["fits"].all() else 1
-    print(f"{args.model} at profile {profile.name} ({profile.dtype}; prompts up to {profile.prompt_tokens} tokens, "
-          f"{profile.rows_per_pass or 'all'} rows per pass) on a {args.gpu_memory:g} GB GPU, "
-          f"{plan.GPU_RESERVE / plan.GB:g} GB kept free:")
+    print(f"{heading}:")
     shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
     print(shown.drop(columns="sizes").to_string(float_format=lambda x: f"{x:.1f}"))
     for name, sizes in table["sizes"].items():
@@ -452,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
             _at_least_one(threads=args.threads)
             torch.set_num_threads(args.threads)
         return args.func(args)
+    except BrokenPipeError:  # the reader stopped reading (`| head`): stop quietly, as a killed pipe writer would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error while Python flushes
+        return 128 + signal.SIGPIPE
     except (ValueError, OSError, SelfTestFailure) as error:  # OSError: missing files, unreachable hub, full disk
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 3 if isinstance(error, SelfTestFailure) else 2

@@ -34,7 +34,7 @@ if "google.colab" in sys.modules:  # on Colab only: install the package
             "pip",
             "install",
             "-q",
-            "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv",
+            "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv",
         ],
         check=True,
     )

@@ -43,7 +43,7 @@ if "google.colab" in sys.modules:  # on Colab only: install the package
             "pip",
             "install",
             "-q",
-            "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv",
+            "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv",
         ],
         check=True,
     )
@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 
 import looped_kv
-from looped_kv import book, data, papers, profiles
+from looped_kv import book, data, papers, profiles, workloads
 from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.depth import (
     DEPTH_BUCKETS,
@@ -125,8 +125,7 @@ book.table(architectures)
 # *router*, and recording the calls shows the planes.
 
 # %%
-prompt = data.word_problems(1, split="eval")[0].prompt
-ids = book.encode(model, prompt)
+ids = workloads.prompt_ids(model, run, "problems", 1)[0]
 positions = torch.arange(ids.shape[1], device=model.device)
 record: dict = {}
 router = looped_kv.CausalRouter(record)
@@ -248,8 +247,10 @@ book.md(
 # next-token loss of evaluation texts of the three workloads for a range of loop counts:
 # word problems with worked answers, standard-library code, and variable chains, whose
 # answers need one lookup per binding and so are where depth should pay
-# (`looped_kv.data`). The claim is tested per workload on paired per-text losses: the
-# loss after $R$ loops is lower than after a few.
+# (`looped_kv.data`). A real checkpoint's profile puts solved GSM8K problems and MBPP
+# tasks in place of the first two (`looped_kv.workloads`). The claim is tested per
+# workload on paired per-text losses: the loss after $R$ loops is lower than after a
+# few.
 
 # %%
 SHALLOW = profile.shallow_loops
@@ -257,8 +258,8 @@ loops = sorted({*profile.loops, SHALLOW, R})
 texts = {
     w: encode_texts(
         model.tokenizer,
-        data.texts(
-            w, profile.texts_per_workload, split="eval", chars=profile.text_chars
+        workloads.texts(
+            w, profile.texts_per_workload, "eval", profile.text_chars, run.workloads
         ),
     )
     for w in data.WORKLOADS
@@ -417,7 +418,7 @@ book.md(
 
 # %%
 prompts = {
-    w: book.encode(model, data.prompts(w, profile.prompts_per_workload))
+    w: workloads.prompt_ids(model, run, w, profile.prompts_per_workload)
     for w in data.WORKLOADS
 }
 runs = {

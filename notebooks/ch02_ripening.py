@@ -50,7 +50,7 @@ import sys
 
 if "google.colab" in sys.modules:  # on Colab only: install the package
     subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv"],
+                    "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"],
                    check=True)
 
 # %%
@@ -78,7 +78,8 @@ from looped_kv.analysis.planes import (
 book.setup()
 start = time.perf_counter()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
-profile = profiles.for_model(model).ch02
+run = profiles.for_model(model)
+profile = run.ch02  # every size of this chapter
 R = model.config.mean_recurrence
 who = "the tiny model" if book.is_tiny(model) else model.source
 print(book.environment(model))
@@ -89,13 +90,15 @@ print(book.environment(model))
 # Every measurement replays whole texts, teacher-forced, with an explicit softmax (RIPE
 # Section 2). The texts are evaluation texts of the three workloads: worked word
 # problems, excerpts of the Python standard library, and variable chains, the workload
-# on which depth pays. Each text is cut to the same number of tokens. The last positions
-# play the decoded tokens, and $\Delta_r$ is measured over the prefix before them. Each
-# text is one unit of the verdicts below, with its own curves and its own fits.
+# on which depth pays (on a real checkpoint, solved GSM8K problems and MBPP tasks in
+# place of the first two). Each text is cut to the same number of tokens. The last
+# positions play the decoded tokens, and $\Delta_r$ is measured over the prefix before
+# them. Each text is one unit of the verdicts below, with its own curves and its own
+# fits.
 
 # %%
 ids, workload = workload_batch(model, data.WORKLOADS, profile.texts_per_workload,
-                               profile.length)
+                               profile.length, source=run.workloads)
 counts = pd.Series(workload).value_counts().reindex(data.WORKLOADS)
 
 # %% tags=["remove-input"]

@@ -51,7 +51,7 @@ import sys
 
 if "google.colab" in sys.modules:  # on Colab only: install the package
     subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv"],
+                    "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"],
                    check=True)
 
 # %%
@@ -85,7 +85,8 @@ from looped_kv.runtime.memory import policy_bytes
 book.setup()
 start = time.perf_counter()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
-profile = profiles.for_model(model).ch03
+run = profiles.for_model(model)
+profile = run.ch03  # every size of this chapter
 R = model.config.mean_recurrence
 who = "the tiny model" if book.is_tiny(model) else model.source
 print(book.environment(model))
@@ -94,7 +95,8 @@ print(book.environment(model))
 # ## The arms
 #
 # The texts are evaluation texts of the three workloads (word problems, standard-library
-# code and variable chains), cut to one length. The last positions act as decoded
+# code and variable chains; on a real checkpoint, GSM8K and MBPP in place of the first
+# two), cut to one length. The last positions act as decoded
 # tokens: the regression uses the first of them, whose prefix is every position before
 # it, and the KL is also recorded at every later decoded position. The two regions and
 # the six planes are the paper's, scaled to $R$. Each (region, plane) pair is one arm,
@@ -108,7 +110,7 @@ print(book.environment(model))
 
 # %%
 ids, workload = workload_batch(model, data.WORKLOADS, profile.texts_per_workload,
-                               profile.prefix + profile.decoded)
+                               profile.prefix + profile.decoded, source=run.workloads)
 where = record_device(model, profile.record_device)
 exact = exact_replay(model, ids, R, decoded=profile.decoded,
                      dtype=book.DTYPES[profile.exact_dtype], device=where,
@@ -433,7 +435,7 @@ book.md(
 # %%
 PAPER_TABLE3 = {label: agree for label, (_, agree) in papers.RIPE_TABLE_3.items()}
 ids3, _ = workload_batch(model, data.WORKLOADS, profile.table3_texts_per_workload,
-                         profile.table3_length)
+                         profile.table3_length, source=run.workloads)
 policies = table3_policies(R)
 agreement = first_position_agreement(model, ids3, policies, chunk=profile.table3_chunk)
 full_bytes = policy_bytes(model.config, make_policy("full", R), 1, "bf16")

@@ -46,7 +46,7 @@ import sys
 
 if "google.colab" in sys.modules:  # on Colab only: install the package
     subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv"],
+                    "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"],
                    check=True)
 
 # %%
@@ -58,7 +58,7 @@ import pandas as pd
 import torch
 
 import looped_kv
-from looped_kv import book, data, papers, profiles
+from looped_kv import book, data, papers, profiles, workloads
 from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.measure import policy_logits
 from looped_kv.analysis.ripe import (
@@ -164,7 +164,7 @@ columns["this model KB"] = 1e3 * computed["this model MB"]
 columns["this model frac."] = computed["this model frac."]
 table2 = pd.DataFrame(columns)
 
-probe = book.encode(model, data.prompts("problems", 1)[0])
+probe = workloads.prompt_ids(model, run, "problems", 1)[0]
 for window in (GAMMA, 4 * GAMMA):  # a real RIPE cache holds Eq. (10)'s bytes
     cache = new_cache(model, make_policy("ripe", R, window=window), 1, probe.shape[1])
     with torch.no_grad():
@@ -256,9 +256,9 @@ book.md(
 # cache ($W = 0 < \gamma$) needs `exact=False` and carries no such guarantee.
 
 # %%
-exact_texts = [t for w in data.WORKLOADS
-               for t in data.prompts(w, profile.exact_prompts)]
-exact_prompts = book.encode(model_exact, exact_texts)
+exact_texts = [t for w in data.WORKLOADS for t in workloads.prompts(
+    w, profile.exact_prompts, source=run.workloads)]
+exact_prompts = workloads.encode(model_exact, run, exact_texts)
 decode = dict(max_new_tokens=profile.acceptance_tokens, rows_per_pass=run.rows_per_pass)
 spec = dict(method="self-spec", draft_loops=DRAFT_LOOPS, block=GAMMA)
 ripe_gamma = dict(cache="ripe", window=GAMMA)
@@ -308,26 +308,24 @@ del model_exact  # the float64 copy is no longer needed
 # The paper's protocol (Sections 2 and 5.1): decode greedily with the full cache in bf16
 # (the reference, L0), then replay each trajectory, teacher-forced, through every cache
 # arm and through an fp32 full cache, which sets the precision floor, and record KL(L0 ‖
-# arm) at every generated position. The word-problem prompts are a worked problem
-# followed by a new question (a one-shot stand-in for the paper's 8-shot GSM8K prompts);
-# the code prompts open standard-library functions; the chain prompts are programs whose
-# queries the model answers. The fp32 arm uses the bf16 model's weights in fp32, so it
-# differs from L0 in arithmetic only. Each workload's prompts are replayed as one batch
-# per arm. During the same replays the block dependence of Section 5.2 is measured
-# (below).
+# arm) at every generated position. On the tiny model the word-problem prompts are a
+# worked problem followed by a new question (a one-shot stand-in for the paper's 8-shot
+# GSM8K prompts, which a real checkpoint's profile uses, with MBPP for code); the code
+# prompts open standard-library functions; the chain prompts are programs whose queries
+# the model answers. The fp32 arm uses the bf16 model's weights in fp32, so it differs
+# from L0 in arithmetic only. Each workload's prompts are replayed in batches of the
+# profile's `replay_batch` per arm. During the same replays the block dependence of
+# Section 5.2 is measured (below).
 
 # %%
 model16 = with_dtype(model, book.DTYPES[profile.reference_dtype])  # L0 and cache arms
 n_replay = profile.replay_prompts
-shots = data.word_problems(n_replay, split="dev")
-questions = data.word_problems(n_replay, split="eval", seed=1)
-replay_texts = {
-    "problems": [s.text + q.prompt for s, q in zip(shots, questions, strict=True)],
-    "code": data.prompts("code", n_replay), "chains": data.prompts("chains", n_replay)}
-targets = {w: looped_kv.generate(model16, book.encode(model16, texts),
-                                 max_new_tokens=profile.new_tokens,
-                                 rows_per_pass=run.rows_per_pass)
-           for w, texts in replay_texts.items()}
+targets = {}
+for w in data.WORKLOADS:
+    replay_ids = workloads.prompt_ids(model16, run, w, n_replay, worked=True)
+    targets[w] = looped_kv.generate(model16, replay_ids,
+                                    max_new_tokens=profile.new_tokens,
+                                    rows_per_pass=run.rows_per_pass)
 lengths = [len(s) for g in targets.values() for s in g.sequences]
 if profile.windows:
     windows, factor = tuple(profile.windows), 1
@@ -571,8 +569,8 @@ W_ACCEPT = max(GAMMA, windows[1])
 ripe_accept = f"RIPE, W = {W_ACCEPT}"
 caches = {"full cache": {"cache": "full"}, "deepest plane": deep_cache,
           ripe_accept: {"cache": "ripe", "window": W_ACCEPT}}
-acceptance = {w: acceptance_by_cache(model, book.encode(model, data.prompts(
-    w, profile.acceptance_prompts)), caches, profile.acceptance_tokens,
+acceptance = {w: acceptance_by_cache(model, workloads.prompt_ids(
+    model, run, w, profile.acceptance_prompts), caches, profile.acceptance_tokens,
     draft_loops=DRAFT_LOOPS, block=GAMMA, rows_per_pass=run.rows_per_pass)
     for w in data.WORKLOADS}
 claims = {

@@ -43,7 +43,7 @@ import sys
 
 if "google.colab" in sys.modules:  # on Colab only: install the package
     subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv"],
+                    "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"],
                    check=True)
 
 # %%
@@ -53,7 +53,7 @@ import pandas as pd
 import seaborn as sns
 import torch
 
-from looped_kv import bench, book, data, papers, profiles
+from looped_kv import bench, book, data, papers, profiles, workloads
 from looped_kv.analysis import measure, perf
 from looped_kv.analysis.verdicts import CEILING_MARGIN, verdict_table
 
@@ -78,7 +78,7 @@ print(book.environment(model))
 READS = ("aligned", "deep-v", "deep-k", "deep-kv")
 LABELS = dict(zip(READS, ("Aligned", "Deep V", "Deep K", "Deep K/V"), strict=True))
 DEPTHS = list(papers.DAS_TABLE_6_DEPTHS)  # d = 1, 2, 4, 8
-eval_prompts = {w: book.encode(model, data.prompts(w, P.agreement_prompts, "eval"))
+eval_prompts = {w: workloads.prompt_ids(model, profile, w, P.agreement_prompts)
                 for w in data.WORKLOADS}
 agreement = {w: measure.agreement_by_prompt(model, prompts, P.agreement_tokens, DEPTHS,
                                             READS, rows_per_pass=profile.rows_per_pass)
@@ -117,7 +117,7 @@ book.md(
 
 # %%
 planes = sorted({2**i for i in range(R.bit_length()) if 2**i <= R} | {R})
-grid_prompts = book.encode(model, data.prompts("problems", P.grid_prompts, "dev"))
+grid_prompts = workloads.prompt_ids(model, profile, "problems", P.grid_prompts, "dev")
 pairs = [(kappa, nu) for kappa in planes for nu in planes]
 grid = measure.agreement_by_prompt(model, grid_prompts, P.grid_tokens, [2], pairs)
 drafted = grid[grid["positions"] > 0]

@@ -44,7 +44,7 @@ import sys
 
 if "google.colab" in sys.modules:  # on Colab only: install the package
     subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv"],
+                    "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"],
                    check=True)
 
 # %%
@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 
 import looped_kv
-from looped_kv import bench, book, data, papers, profiles
+from looped_kv import bench, book, data, papers, profiles, workloads
 from looped_kv.analysis.verdicts import CEILING_MARGIN, verdict_table
 from looped_kv.decoding.core import accept, new_cache, prefill
 from looped_kv.decoding.das_wave import DEEP_KV, refine
@@ -77,7 +77,7 @@ print(book.environment(model))
 
 # %%
 WAVE = P.drawn_block
-ids = book.encode(model, data.prompts("problems", 1, "eval")[0])
+ids = workloads.prompt_ids(model, profile, "problems", 1)[0]
 cache = new_cache(model, make_policy("full", R), 1, ids.shape[1] + WAVE["block"] + 2)
 with torch.no_grad():
     anchor = prefill(model, cache, ids, R)[:, -1:].argmax(-1)
@@ -138,7 +138,7 @@ book.md(f"In this block the verifier accepts {k} of the {w} proposals"
 
 # %%
 methods = bench.method_configs(SEQ.draft_loops, SEQ.block)
-eval_prompts = {w: book.encode(model, data.prompts(w, P.acceptance_prompts, "eval"))
+eval_prompts = {w: workloads.prompt_ids(model, profile, w, P.acceptance_prompts)
                 for w in data.WORKLOADS}
 timing = {w: bench.run_paired(model, prompts[:P.timing_prompts], methods, P.new_tokens,
                               progress=False)

@@ -35,7 +35,7 @@ if "google.colab" in sys.modules:  # on Colab only: install the package
             "pip",
             "install",
             "-q",
-            "looped-kv[book] @ git+https://github.com/looped-kv/looped-kv",
+            "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv",
         ],
         check=True,
     )
@@ -52,20 +52,21 @@ import torch
 from IPython.display import Markdown, display
 
 import looped_kv
-from looped_kv import book, data, gpu_check, papers, profiles
+from looped_kv import book, gpu_check, papers, profiles, workloads
 from looped_kv.analysis import perf, throughput
 from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.runtime.memory import m_deep, m_full, memory_table
 
 book.setup()
 model = book.chapter_model()
-P = profiles.for_model(model).ch07
+run = profiles.for_model(model)
+P = run.ch07  # every size of this chapter
 cfg, R = model.config, model.config.mean_recurrence
 BATCH_SIZES = list(P.batch_sizes)
 NEW_TOKENS = P.new_tokens
 # Mature-Spec drafts: 4 loops each, 4 per block
 DRAFT = {"draft_loops": 4, "block": 4, "prefix_reads": "deep-kv"}
-prompts = book.encode(model, data.prompts("problems", P.prompts, "eval"))
+prompts = workloads.prompt_ids(model, run, "problems", P.prompts)
 print(book.environment(model))
 
 # %% [markdown]

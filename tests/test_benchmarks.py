@@ -58,7 +58,7 @@ def test_load_rows_reads_the_hub_dataset(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     assert benchmarks.load_rows("gsm8k", "test", 3) == [gsm8k_row(i) for i in range(3)]
-    assert calls == [("openai/gsm8k", "main", "test[:3]")]
+    assert calls == [("openai/gsm8k", "main", "test[0:3]")]
     with pytest.raises(ValueError, match="name must be one of"):
         benchmarks.load_rows("math", "test", 3)
     with pytest.raises(ValueError, match="n must be >= 1"):

@@ -72,6 +72,15 @@ def test_console_script_is_installed():
     assert result.returncode == 0 and "usage: looped-kv" in result.stdout
 
 
+def test_a_closed_pipe_stops_the_cli_quietly():
+    """`looped-kv plan | head`: the reader may close the pipe before the CLI writes (`true` reads nothing and exits
+    at once, long before the CLI has imported torch); no error is printed."""
+    script = Path(sys.executable).parent / "looped-kv"
+    shell = f"'{script}' plan --model huginn-0125 | true; echo \"status ${{PIPESTATUS[0]}}\""
+    result = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=120)
+    assert result.stderr == "" and result.stdout.strip() == "status 141"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["memory", "--context", "0"], "--context must be >= 1, got 0"),
     (["memory", "--context", "1024", "-5"], "--context must be >= 1, got -5"),

@@ -252,8 +252,8 @@ def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     arms = 4 + len(p.windows or (0, 0, 0))  # deepest, the windows, sinks, two planes, fp32
     replay = Step(f"replay of the trajectories through {arms} arms, {rows} at a time",
                   (*base, *copies,
-                   Held(f"prompt planes ({ref} and {floor})", kv_cache(config, rows, prompt, R, ref)
-                        + kv_cache(config, rows, prompt, R, floor)),
+                   Held(f"prompt planes (of one model at a time, at most {floor})",
+                        kv_cache(config, rows, prompt, R, floor)),
                    Held("an arm's cache (at most full, in float32)", kv_cache(config, rows, prompt + g, R, floor)),
                    Held("block buffer", kv_cache(config, rows, p.block + 1, R, floor)),
                    Held("logits of the reference (float32 and float64) and of every arm",

@@ -76,6 +76,7 @@ from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
+from looped_kv.workloads import texts as workload_texts
 
 # RIPE Table 3's rows (labels of looped_kv.papers.RIPE_TABLE_3): (row label, policy name, k of R = 32);
 # k of share/first scales with R
@@ -144,16 +145,16 @@ def text_batch(model: LoopedLM, texts: Sequence[str], length: int) -> Tensor:
 
 
 def workload_batch(model: LoopedLM, workloads: Sequence[str], per_workload: int, length: int,
-                   split: str = "eval") -> tuple[Tensor, np.ndarray]:
-    """Token windows (B, ``length``) of ``per_workload`` texts of each workload (``looped_kv.data.texts``, cut to
-    ``8 * length`` characters), and each row's workload. Texts shorter than ``length`` tokens are skipped, so a
-    workload may bring fewer rows (the labels say how many)."""
+                   split: str = "eval", source: str = "generated") -> tuple[Tensor, np.ndarray]:
+    """Token windows (B, ``length``) of ``per_workload`` texts of each workload (:func:`looped_kv.workloads.texts`
+    of ``source``, cut to ``8 * length`` characters), and each row's workload. Texts shorter than ``length``
+    tokens are skipped, so a workload may bring fewer rows (the labels say how many)."""
     if per_workload < 1:
         raise ValueError(f"per_workload must be >= 1, got {per_workload}")
     unknown = [w for w in workloads if w not in data.WORKLOADS]
     if not workloads or unknown:
         raise ValueError(f"workloads must be a non-empty subset of {data.WORKLOADS}, got {tuple(workloads)!r}")
-    parts = [text_batch(model, data.texts(w, per_workload, split=split, chars=8 * length), length)
+    parts = [text_batch(model, workload_texts(w, per_workload, split, 8 * length, source), length)
              for w in workloads]
     labels = np.concatenate([np.full(part.shape[0], w, dtype=object) for w, part in zip(workloads, parts,
                                                                                          strict=True)])

@@ -20,6 +20,7 @@ of the tail threshold comes from there.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -294,12 +295,14 @@ def _replay_rows(trajectories: list[Tensor], prompt_lengths: list[int], referenc
                  reference_label: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One batch of :func:`replay_records`: its records and its per-prompt block dependence."""
     shared: dict[int, PromptPlanes] = {}
+    uses = Counter(id(model) for model, _ in (reference, *arms.values()))
 
     def replay(model: LoopedLM, policy: CachePolicy, with_block: bool) -> list[ArmReplay]:
         if id(model) not in shared:
             shared[id(model)] = prompt_planes(model, trajectories, prompt_lengths, policy.num_loops)
-        return replay_batch(model, trajectories, prompt_lengths, policy, block if with_block else None,
-                            shared[id(model)])
+        uses[id(model)] -= 1  # a model's prompt planes are freed after its last arm, before the next model's
+        planes = shared[id(model)] if uses[id(model)] else shared.pop(id(model))
+        return replay_batch(model, trajectories, prompt_lengths, policy, block if with_block else None, planes)
 
     ref = replay(*reference, True)
     references = [r.logits.double() for r in ref]

@@ -1,0 +1,235 @@
+"""The plan against a measurement: each chapter's memory-relevant calls at a profile's sizes, peak memory recorded.
+
+Every chapter run below makes the chapter's own package calls with the sizes the chapter reads from its profile
+(:mod:`looped_kv.profiles`), on random token ids of the lengths the plan charges (every prompt
+``prompt_tokens`` long), so the measurement is the case the plan bounds. Allocation does not depend on the
+weights, so a model of a published config with random weights measures the real thing (as
+:mod:`looped_kv.gpu_check` does). Chapter 1's chain answers are left out (they need a tokenizer and are not a
+real checkpoint's peak).
+
+On a GPU the measured peak is ``torch.cuda.max_memory_allocated`` over the run, the resident weights included,
+against the plan's GPU peak; on a CPU, where GPU and host memory are one, it is
+:func:`~looped_kv.analysis.memory_bench.tensor_peak_bytes` of the run, against the plan's peak of both less the
+resident weights. ``tests/test_plan.py`` holds every prediction to 10% of the CPU measurement on a scaled-down
+model of Huginn's shape; on a GPU, one command records the full-size check:
+
+    python -m looped_kv.plan_check --model huginn-0125 --out book/data/plan-check-huginn-0125.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from looped_kv import bench, profiles
+from looped_kv.analysis import measure, plan
+from looped_kv.analysis.depth import loss_by_text
+from looped_kv.analysis.memory_bench import tensor_peak_bytes
+from looped_kv.analysis.planes import (
+    arm_grid,
+    exact_replay,
+    first_position_agreement,
+    free_memory,
+    in_dtype,
+    precision_floor,
+    ripening_curves,
+    table3_policies,
+)
+from looped_kv.analysis.ripe import acceptance_by_cache, replay_records, with_dtype
+from looped_kv.decoding.generate import generate
+from looped_kv.protocol.reproducibility import check_device, measurement_mode
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import make_policy
+
+SKIPPED = {"ch01": ("chain answers",)}  # plan steps a run does not make
+
+
+def token_ids(model: LoopedLM, rows: int, tokens: int, seed: int = 0) -> torch.Tensor:
+    """Random token ids (rows, tokens) on the model's device (ids 1.. : no padding or end-of-text id 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1, model.config.vocab_size, (rows, tokens), generator=generator).to(model.device)
+
+
+def _prompts(model: LoopedLM, profile: profiles.Profile, rows: int) -> list[torch.Tensor]:
+    return list(token_ids(model, rows, profile.prompt_tokens, seed=rows))
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _records_device(model: LoopedLM, record_device: str) -> torch.device:
+    return torch.device("cpu") if record_device == "cpu" else model.device
+
+
+def ch01(model: LoopedLM, profile: profiles.Profile) -> None:
+    p, rows = profile.ch01, profile.rows_per_pass
+    loss_by_text(model, token_ids(model, p.texts_per_workload, p.text_chars), p.loops, rows_per_pass=rows)
+    generate(model, _prompts(model, profile, p.prompts_per_workload), max_new_tokens=p.new_tokens,
+             stop_at_eos=False, rows_per_pass=rows)
+
+
+def ch02(model: LoopedLM, profile: profiles.Profile) -> None:
+    p, R = profile.ch02, model.config.mean_recurrence
+    texts, where = token_ids(model, 3 * p.texts_per_workload, p.length), _records_device(model, p.record_device)
+    fit_dtype, floor_dtype = (_dtype(name) for name in p.replay_dtypes)
+    copy = in_dtype(model, fit_dtype)
+    ripening_curves(copy, texts, R, decoded=p.decoded, chunk=p.chunk, exact_dtype=_dtype(p.exact_dtype),
+                    record_device=where)
+    del copy
+    free_memory(model.device)
+    copy = in_dtype(model, floor_dtype)
+    ripening_curves(copy, texts, R, decoded=p.decoded, maturity_kinds=(), chunk=p.chunk, record_device=where)
+
+
+def ch03(model: LoopedLM, profile: profiles.Profile) -> None:
+    p, R = profile.ch03, model.config.mean_recurrence
+    texts = token_ids(model, 3 * p.texts_per_workload, p.prefix + p.decoded)
+    where = _records_device(model, p.record_device)
+    exact = exact_replay(model, texts, R, decoded=p.decoded, dtype=_dtype(p.exact_dtype), device=where,
+                         chunk=p.exact_chunk)
+    model32 = in_dtype(model, _dtype(p.arm_dtype))
+    grid = arm_grid(model32, texts, R, decoded=p.decoded, record_device=where, planes=(1, R // 2), progress=False)
+    precision_floor(model32, grid.reference, exact=exact)
+    del exact, model32, grid
+    free_memory(model.device)
+    first_position_agreement(model, token_ids(model, 3 * p.table3_texts_per_workload, p.table3_length),
+                             table3_policies(R), chunk=p.table3_chunk)
+
+
+def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
+    p, R, rows = profile.ch04, model.config.mean_recurrence, profile.rows_per_pass
+    model_exact = with_dtype(model, _dtype(p.exact_dtype))
+    spec = dict(max_new_tokens=p.acceptance_tokens, rows_per_pass=rows, stop_at_eos=False, cache="ripe",
+                window=p.block)
+    exact_prompts = _prompts(model_exact, profile, 3 * p.exact_prompts)
+    generate(model_exact, exact_prompts, **spec)
+    generate(model_exact, exact_prompts, **spec, method="self-spec", draft_loops=p.draft_loops, block=p.block)
+    del model_exact, exact_prompts
+    model16 = with_dtype(model, _dtype(p.reference_dtype))
+    targets = generate(model16, _prompts(model, profile, p.replay_prompts), max_new_tokens=p.new_tokens,
+                       stop_at_eos=False, rows_per_pass=rows)
+    model32 = with_dtype(model16, torch.float32)
+    full = make_policy("full", R)
+    arms = {"deepest": (model16, make_policy("deepest", R)),
+            **{f"W = {w}": (model16, make_policy("ripe", R, window=w)) for w in p.windows},
+            "sinks": (model16, make_policy("sinks", R, sinks=4)), "two": (model16, make_policy("k-deepest", R, k=2)),
+            "fp32": (model32, full)}
+    replay_records([s[None] for s in targets.sequences], targets.prompt_lengths, (model16, full), arms,
+                   block=p.block, block_arms=["deepest"], batch_size=p.replay_batch)
+    del model32, arms
+    acceptance_by_cache(model, _prompts(model, profile, p.acceptance_prompts), {"full": {"cache": "full"}},
+                        p.acceptance_tokens, draft_loops=p.draft_loops, block=p.block, rows_per_pass=rows)
+
+
+def ch05(model: LoopedLM, profile: profiles.Profile) -> None:
+    p, rows = profile.ch05, profile.rows_per_pass
+    measure.agreement_by_prompt(model, _prompts(model, profile, p.agreement_prompts), p.agreement_tokens, [1, 4],
+                                ("aligned", "deep-v"), stop_at_eos=False, rows_per_pass=rows)
+    methods = {k: c for k, c in bench.method_configs(p.draft_loops, p.block).items() if k == "mature-spec"}
+    bench.acceptance_runs(model, _prompts(model, profile, p.acceptance_prompts), methods, p.acceptance_tokens,
+                          rows_per_pass=rows)
+
+
+def ch06(model: LoopedLM, profile: profiles.Profile) -> None:
+    p = profile.ch06
+    methods = {k: c for k, c in bench.method_configs(profile.ch05.draft_loops, profile.ch05.block).items()
+               if k == "das-wave"}
+    bench.acceptance_runs(model, _prompts(model, profile, p.acceptance_prompts), methods, p.acceptance_tokens,
+                          rows_per_pass=profile.rows_per_pass)
+
+
+def ch07(model: LoopedLM, profile: profiles.Profile) -> None:
+    p = profile.ch07
+    largest = max(*p.batch_sizes, *p.memory_batch_sizes)
+    generate(model, _prompts(model, profile, largest), max_new_tokens=p.new_tokens, stop_at_eos=False,
+             method="self-spec")
+
+
+RUNS: dict[str, Callable[[LoopedLM, profiles.Profile], None]] = {
+    "ch01": ch01, "ch02": ch02, "ch03": ch03, "ch04": ch04, "ch05": ch05, "ch06": ch06, "ch07": ch07}
+
+
+def predicted_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> int:
+    """The plan's peak for the steps a run makes: on a GPU its GPU bytes; on a CPU every byte less the weights
+    the model already holds (the meter counts what the run allocates)."""
+    steps = [s for s in plan.CHAPTERS[chapter](model.config, profile).steps
+             if not s.name.startswith(SKIPPED.get(chapter, ("-",)))]
+    if model.device.type == "cuda":
+        return max(s.bytes(plan.GPU) for s in steps)
+    return max(s.bytes(None) for s in steps) - plan.weights(model.config, profile.dtype)
+
+
+def measured_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> tuple[int, float]:
+    """Peak bytes of one chapter run (see the module's docstring for what is counted) and its seconds."""
+    start = time.perf_counter()
+    if model.device.type == "cuda":
+        free_memory(model.device)
+        torch.cuda.reset_peak_memory_stats(model.device)
+        RUNS[chapter](model, profile)
+        torch.cuda.synchronize(model.device)
+        peak = torch.cuda.max_memory_allocated(model.device)
+    else:
+        peak, _ = tensor_peak_bytes(lambda: RUNS[chapter](model, profile))
+    return peak, time.perf_counter() - start
+
+
+def check(model: LoopedLM, profile: profiles.Profile, chapters: list[str] | None = None,
+          progress: bool = True) -> pd.DataFrame:
+    """Predicted against measured peak per chapter (bytes, their ratio) and each run's seconds."""
+    chapters = chapters or list(RUNS)
+    unknown = [c for c in chapters if c not in RUNS]
+    if unknown:
+        raise ValueError(f"chapters must be among {tuple(RUNS)}, got {unknown}")
+    rows = []
+    for chapter in tqdm(chapters, disable=not progress, desc="chapters"):
+        peak, seconds = measured_peak(model, profile, chapter)
+        predicted = predicted_peak(model, profile, chapter)
+        rows.append({"chapter": chapter, "predicted bytes": predicted, "measured bytes": peak,
+                     "predicted / measured": predicted / peak, "seconds": seconds})
+    return pd.DataFrame(rows).set_index("chapter")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from looped_kv.gpu_check import CONFIGS, random_model
+
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.plan_check", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="huginn-0125", help=f"one of {tuple(CONFIGS)}")
+    ap.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--chapters", nargs="+", default=list(RUNS), help="chapters to run (default: all)")
+    ap.add_argument("--out", type=Path, default=None, help="write the record as JSON here")
+    args = ap.parse_args(argv)
+    if args.model not in CONFIGS:  # every argument checked before the model is built
+        ap.error(f"--model must be one of {tuple(CONFIGS)}, got {args.model!r}")
+    if args.profile is not None and args.profile not in profiles.PROFILES:
+        ap.error(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
+    unknown = [c for c in args.chapters if c not in RUNS]
+    if unknown:
+        ap.error(f"--chapters must be among {tuple(RUNS)}, got {unknown}")
+    try:
+        check_device(args.device)
+    except ValueError as error:
+        ap.error(str(error))
+    config = CONFIGS[args.model]()
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model)]
+    with measurement_mode() as settings:
+        model = random_model(config, args.device, _dtype(profile.dtype))
+        table = check(model, profile, args.chapters)
+    print(table.to_string(float_format=lambda x: f"{x:.3g}"))
+    if args.out is not None:
+        record = {"model": args.model, "profile": profile.name, "date": date.today().isoformat(),
+                  "environment": settings, "chapters": table.reset_index().to_dict("records")}
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
