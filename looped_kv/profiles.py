@@ -145,22 +145,22 @@ class Profile:
 TINY = Profile("tiny", "float32")
 
 #: Huginn-0125 on one 40 GB GPU (A100-40GB), on the papers' workloads: bf16 decoding in passes of 4 rows from
-#: eight-shot GSM8K prompts (held to 1,280 tokens); replays in fp32 with their records on the host; the exactness
+#: eight-shot GSM8K prompts (held to 1,536 tokens); replays in fp32 with their records on the host; the exactness
 #: check of Algorithm 1 in fp32 (fp64 weights and caches do not fit beside bf16 ones).
 #: ``looped-kv plan --model huginn-0125 --gpu-memory 40`` shows each chapter's peak against the GPU.
 HUGINN_0125 = Profile(
-    "huginn-0125", "bfloat16", workloads="papers", prompt_tokens=1280, rows_per_pass=4,
+    "huginn-0125", "bfloat16", workloads="papers", prompt_tokens=1536, rows_per_pass=4,
     ch01=Ch01(texts_per_workload=32, text_chars=1200, chain_programs=64, chain_tokens=256, new_tokens=64),
     ch02=Ch02(texts_per_workload=11, length=256, decoded=64, record_device="cpu", chunk=2),
     ch03=Ch03(texts_per_workload=11, prefix=95, decoded=32, table3_texts_per_workload=32, table3_length=96,
               table3_chunk=8, exact_chunk=11, record_device="cpu"),
-    ch04=Ch04(replay_prompts=32, replay_batch=1, new_tokens=192, windows=(16, 64, 256), exact_prompts=1,
+    ch04=Ch04(replay_prompts=32, replay_batch=1, new_tokens=256, windows=(16, 64, 256), exact_prompts=1,
               exact_dtype="float32", acceptance_prompts=32, acceptance_tokens=64),
     ch05=Ch05(agreement_prompts=32, agreement_tokens=64, grid_prompts=8, grid_tokens=48, acceptance_prompts=32,
               acceptance_tokens=128, timing_prompts=8, new_tokens=128),
     ch06=Ch06(drawn_block={"block": 32, "rounds": 24, "initial_width": 2, "updates": 2}, acceptance_prompts=32,
               acceptance_tokens=128, timing_prompts=8, new_tokens=128, sweep_prompts=8),
-    ch07=Ch07(batch_sizes=(1, 2, 4, 6), memory_batch_sizes=(1, 2, 3, 4, 5, 6), new_tokens=64, prompts=32),
+    ch07=Ch07(batch_sizes=(1, 2, 3, 4, 5), memory_batch_sizes=(1, 2, 3, 4, 5), new_tokens=64, prompts=32),
 )
 #: The Raven retrofits (Llama-3.2 1B, OLMo-2 1B): smaller, so the same sizes with longer replays.
 RAVEN = replace(HUGINN_0125, name="raven", ch02=replace(HUGINN_0125.ch02, length=512))

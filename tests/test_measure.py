@@ -372,10 +372,11 @@ def test_replay_batch_is_policy_logits_and_block_dependence_of_every_row(model_a
                 assert arm.block_kl.shape == expected.shape
                 assert torch.allclose(arm.block_kl, expected, rtol=1e-6, atol=1e-14), policy.name
     assert all(r.block_kl is None for r in replay_batch(model, rows, prompts, make_policy("full", R)))
-    shared = prompt_planes(model, rows, prompts, R)  # one prefill serves every policy
-    own, reused = (replay_batch(model, rows, prompts, policies[1], 3, planes) for planes in (None, shared))
-    for a, b in zip(own, reused, strict=True):
-        assert torch.equal(a.logits, b.logits) and torch.equal(a.block_kl, b.block_kl)
+    shared = prompt_planes(model, rows, prompts, R)  # one prefill serves every policy, bit for bit
+    for policy in policies:  # without it, the prefill runs straight into the policy's cache
+        own, reused = (replay_batch(model, rows, prompts, policy, 3, planes) for planes in (None, shared))
+        for a, b in zip(own, reused, strict=True):
+            assert torch.equal(a.logits, b.logits) and torch.equal(a.block_kl, b.block_kl), policy.name
     with pytest.raises(ValueError, match="prompts must hold the planes of the 2 trajectories"):
         replay_batch(model, rows[:2], prompts[:2], make_policy("full", R), prompts=shared)
     with pytest.raises(ValueError, match=r"prompt_lengths\[0\] must be in"):

@@ -250,21 +250,29 @@ def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
                     *decode_step(config, _passes(profile, p.replay_prompts), prompt, p.new_tokens, ref)))
     rows, g = p.replay_batch, p.new_tokens
     arms = 4 + len(p.windows or (0, 0, 0))  # deepest, the windows, sinks, two planes, fp32
-    replay = Step(f"replay of the trajectories through {arms} arms, {rows} at a time",
-                  (*base, *copies,
-                   Held(f"prompt planes (of one model at a time, at most {floor})",
-                        kv_cache(config, rows, prompt, R, floor)),
-                   Held("an arm's cache (at most full, in float32)", kv_cache(config, rows, prompt + g, R, floor)),
-                   Held("block buffer", kv_cache(config, rows, p.block + 1, R, floor)),
-                   Held("logits of the reference (float32 and float64) and of every arm",
-                        logits(config, rows, g + 1) * (3 + arms)),
-                   Held("prefill", forward_peak(config, rows, prompt, floor))))
+    arm_logits = Held("logits of the reference (float32 and float64) and of the arms",
+                      logits(config, rows, g + 1) * (3 + arms))
+
+    def replay(name: str, dtype: str, shared: bool) -> Step:
+        """Replays of one model's arms (:func:`~looped_kv.analysis.ripe.replay_records`): an arm's cache (at most
+        full), and for a model of several arms their shared prompt planes, freed before the next model's, and the
+        block buffer of the arms that measure it. A model of one arm prefills straight into its cache."""
+        held = (*base, *copies, arm_logits,
+                Held(f"an arm's cache (at most full, {dtype})", kv_cache(config, rows, prompt + g, R, dtype)),
+                Held("prefill", forward_peak(config, rows, prompt, dtype)))
+        if shared:
+            held += (Held(f"prompt planes ({dtype})", kv_cache(config, rows, prompt, R, dtype)),
+                     Held("block buffer", kv_cache(config, rows, p.block + 1, R, dtype)))
+        return Step(name, held)
+
+    replays = (replay(f"replay through the {arms - 1} {ref} arms, {rows} at a time", ref, True),
+               replay(f"replay through the {floor} arm (the precision floor), {rows} at a time", floor, False))
     accept = Step(f"acceptance by cache, {p.acceptance_prompts} prompts",
                   (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
                                 block=p.block)))
     sizes = (f"{p.replay_prompts} trajectories of {g} tokens per workload, {rows} replayed at a time; windows "
              f"{p.windows or 'scaled'}; Algorithm 1 on {3 * p.exact_prompts} prompts in {p.exact_dtype}")
-    return ChapterPlan("ch04", sizes, (exact, targets, replay, accept))
+    return ChapterPlan("ch04", sizes, (exact, targets, *replays, accept))
 
 
 def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:

@@ -199,7 +199,8 @@ def replay_batch(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths
     Row b is :func:`~looped_kv.analysis.measure.policy_logits` of ``trajectories[b]`` (its prompt prefilled,
     then every generated token decoded one at a time under ``policy``); the rows run together, each at its own
     positions, so rows of different lengths share every forward. ``prompts`` (:func:`prompt_planes` of the
-    same model and trajectories) stands in for the prefill. With ``block`` = gamma, each row's generated
+    same model and trajectories) stands in for the prefill, which otherwise runs straight into the arm's cache.
+    With ``block`` = gamma, each row's generated
     tokens are cut into verification blocks of gamma + 1 tokens (:func:`block_starts`), as in
     :func:`~looped_kv.analysis.measure.block_dependence`; before a block's sequential steps, one batched pass
     over the block reads the same cache (its planes go to a scratch buffer), and the block's KL(sequential ||
@@ -211,18 +212,23 @@ def replay_batch(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths
     R, B = policy.num_loops, len(trajectories)
     if prompts is not None and prompts.last_logits.shape[0] != B:
         raise ValueError(f"prompts must hold the planes of the {B} trajectories, got {prompts.last_logits.shape[0]}")
-    prompts = prompts or prompt_planes(model, trajectories, prompt_lengths, R)
     sequences = [t[0] for t in trajectories]
     generated = [len(s) - p for s, p in zip(sequences, prompt_lengths, strict=True)]
     starts = [block_starts(g, block) if block else range(0) for g in generated]
     last = max([g - 2 for g in generated] + [s[-1] + block for s in starts if len(s)])  # last step offset
     cache = new_cache(model, policy, B, max(prompt_lengths) + max(generated))
-    width = max(prompt_lengths)
-    writes = cache.plan_writes(torch.arange(width, device=cache.lengths.device).expand(B, -1), prompts.lengths)
-    for site, (k, v) in prompts.keys_values.items():
-        cache.write(site, writes, k, v)
-    cache.advance(prompts.lengths)
-    steps = [prompts.last_logits[:, None]]
+    if prompts is None:  # prefill straight into this arm's cache: the prompts' planes exist once
+        ids, lengths = padded_prompts(sequences, prompt_lengths)
+        logits = prefill(model, cache, ids, R, None if len(set(prompt_lengths)) == 1 else lengths)
+        steps = [logits[torch.arange(B, device=logits.device), lengths - 1][:, None]]
+        del logits
+    else:
+        width = max(prompt_lengths)
+        writes = cache.plan_writes(torch.arange(width, device=cache.lengths.device).expand(B, -1), prompts.lengths)
+        for site, (k, v) in prompts.keys_values.items():
+            cache.write(site, writes, k, v)
+        cache.advance(prompts.lengths)
+        steps = [prompts.last_logits[:, None]]
     buffer = new_buffer(model, R, B, block + 1) if block else None
     batched = {}
     for i in range(last + 1):
@@ -298,10 +304,10 @@ def _replay_rows(trajectories: list[Tensor], prompt_lengths: list[int], referenc
     uses = Counter(id(model) for model, _ in (reference, *arms.values()))
 
     def replay(model: LoopedLM, policy: CachePolicy, with_block: bool) -> list[ArmReplay]:
-        if id(model) not in shared:
+        uses[id(model)] -= 1
+        if uses[id(model)] and id(model) not in shared:  # more arms of this model follow: they share a prefill
             shared[id(model)] = prompt_planes(model, trajectories, prompt_lengths, policy.num_loops)
-        uses[id(model)] -= 1  # a model's prompt planes are freed after its last arm, before the next model's
-        planes = shared[id(model)] if uses[id(model)] else shared.pop(id(model))
+        planes = shared[id(model)] if uses[id(model)] else shared.pop(id(model), None)  # freed after its last arm
         return replay_batch(model, trajectories, prompt_lengths, policy, block if with_block else None, planes)
 
     ref = replay(*reference, True)
