@@ -95,3 +95,26 @@ def prompt_ids(model: LoopedLM, profile: Profile, workload: str, n: int, split: 
                worked: bool = False) -> list[Tensor]:
     """The profile's prompts of a workload (:func:`prompts`) as token ids (:func:`encode`)."""
     return encode(model, profile, prompts(workload, n, split, profile.workloads, worked=worked))
+
+
+def _prompt_counts(profile: Profile) -> dict[tuple[str, bool], int]:
+    """The most prompts any chapter of ``profile`` decodes per (split, worked). A workload's first n prompts are
+    the first n of any larger count, so these cover every chapter's prompts."""
+    eval_counts = (profile.ch01.prompts_per_workload, profile.ch04.exact_prompts, profile.ch04.acceptance_prompts,
+                   profile.ch05.agreement_prompts, profile.ch05.acceptance_prompts, profile.ch06.acceptance_prompts,
+                   profile.ch07.prompts)
+    return {("eval", False): max(eval_counts), ("eval", True): profile.ch04.replay_prompts,
+            ("dev", False): profile.ch05.grid_prompts}
+
+
+def preflight(model: LoopedLM, profile: Profile) -> str:
+    """Tokenize every prompt the chapters of ``profile`` decode and hold each to ``profile.prompt_tokens``
+    (:func:`check_prompt_tokens`), before a chapter starts its work; returns a one-line summary."""
+    longest = 0
+    for (split, worked), n in _prompt_counts(profile).items():
+        for workload in data.WORKLOADS:
+            ids = prompt_ids(model, profile, workload, n, split, worked=worked)
+            longest = max(longest, *(t.shape[-1] for t in ids))
+    return (f"workloads: {SOURCES[profile.workloads]}; the longest prompt has {longest} tokens of the "
+            f"{profile.prompt_tokens} the plan charges")
+

@@ -75,6 +75,7 @@ PASS = run.rows_per_pass  # batches run in passes of at most this many rows
 cfg = model.config
 R = cfg.mean_recurrence
 print(book.environment(model))
+print(workloads.preflight(model, run))  # every prompt tokenized, held to the bound
 
 # %% [markdown]
 # ## Prelude, core and coda

@@ -91,6 +91,7 @@ PAPER_WINDOWS, SINKS, TAIL = SETUP4["windows"], SETUP4["sinks"], SETUP4["tail KL
 SEC5_1, SEC5_2 = papers.RIPE_SEC_5_1, papers.RIPE_SEC_5_2
 full, deepest = make_policy("full", R), make_policy("deepest", R)
 print(book.environment(model))
+print(workloads.preflight(model, run))  # every prompt tokenized, held to the bound
 print(f"profile {run.name}: gamma = {GAMMA}, d = {DRAFT_LOOPS}")
 
 # %% [markdown]

@@ -63,6 +63,7 @@ profile = profiles.for_model(model)
 P = profile.ch05
 cfg, R = model.config, model.config.mean_recurrence
 print(book.environment(model))
+print(workloads.preflight(model, profile))  # every prompt tokenized, held to the bound
 
 # %% [markdown]
 # ## Which prefix channel helps a shallow draft? (DAS Table 6)

@@ -66,6 +66,7 @@ profile = profiles.for_model(model)
 P, SEQ = profile.ch06, profile.ch05  # sequential drafters: chapter 5's d and gamma
 R = model.config.mean_recurrence
 print(book.environment(model))
+print(workloads.preflight(model, profile))  # every prompt tokenized, held to the bound
 
 # %% [markdown]
 # ## One block, drawn from a real run

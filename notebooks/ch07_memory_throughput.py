@@ -68,6 +68,7 @@ NEW_TOKENS = P.new_tokens
 DRAFT = {"draft_loops": 4, "block": 4, "prefix_reads": "deep-kv"}
 prompts = workloads.prompt_ids(model, run, "problems", P.prompts)
 print(book.environment(model))
+print(workloads.preflight(model, run))  # every prompt tokenized, held to the bound
 
 # %% [markdown]
 # ## KV bytes per sequence (RIPE Eq. 3 and 10, Table 2)

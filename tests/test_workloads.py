@@ -113,3 +113,25 @@ def test_bad_input_is_refused_in_one_line(call, message):
     with pytest.raises(ValueError, match=message) as error:
         call()
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("source", sorted(workloads.SOURCES))
+def test_a_workloads_first_prompts_are_the_first_of_any_larger_count(source, hub):
+    """What lets :func:`workloads.preflight` check every chapter's prompts by the largest count alone."""
+    for split in workloads.SPLITS:
+        for w in data.WORKLOADS:
+            for worked in (False, True):
+                many = workloads.prompts(w, 12, split, source, worked=worked)
+                assert workloads.prompts(w, 5, split, source, worked=worked) == many[:5], (w, split, worked)
+
+
+def test_preflight_holds_every_chapters_prompts_to_the_bound(tiny, hub):
+    line = workloads.preflight(tiny, profiles.TINY)
+    ids = [t for (split, worked), n in workloads._prompt_counts(profiles.TINY).items() for w in data.WORKLOADS
+           for t in workloads.prompt_ids(tiny, profiles.TINY, w, n, split, worked=worked)]
+    longest = max(t.shape[-1] for t in ids)
+    assert line == (f"workloads: generated workloads; the longest prompt has {longest} tokens of the "
+                    f"{profiles.TINY.prompt_tokens} the plan charges")
+    with pytest.raises(ValueError, match=f"a prompt of {longest} tokens exceeds prompt_tokens = {longest - 1}"):
+        workloads.preflight(tiny, replace(profiles.TINY, prompt_tokens=longest - 1))
+    assert "GSM8K and MBPP" in workloads.preflight(tiny, replace(PAPERS, prompt_tokens=4096))
