@@ -179,15 +179,23 @@ def prompt_planes(model: LoopedLM, trajectories: Sequence[Tensor], prompt_length
     of the same model (:func:`replay_records`) share one prefill this way.
     """
     _check_trajectories(trajectories, prompt_lengths)
-    sequences = [t[0] for t in trajectories]
-    ids, lengths = padded_prompts(sequences, prompt_lengths)
-    cache = new_cache(model, make_policy("full", num_loops), len(sequences), ids.shape[1])
+    cache = new_cache(model, make_policy("full", num_loops), len(trajectories), max(prompt_lengths))
     record: dict = {}
-    counts = None if len(set(prompt_lengths)) == 1 else lengths
-    logits, _ = run_block(model, ids, BlockPass(cache, range(0, ids.shape[1]), counts=counts, record=record),
-                          num_loops)
-    last = logits[torch.arange(len(sequences), device=logits.device), lengths - 1]
+    last, lengths = _prefill_prompts(model, cache, trajectories, prompt_lengths, num_loops, record)
     return PromptPlanes(record, last, lengths)
+
+
+def _prefill_prompts(model: LoopedLM, cache: PlaneCache, trajectories: Sequence[Tensor],
+                     prompt_lengths: Sequence[int], num_loops: int, record: dict | None = None
+                     ) -> tuple[Tensor, Tensor]:
+    """One forward over every trajectory's prompt (right-padded) into ``cache``, recording into ``record`` if
+    given; the logits of each prompt's last position (B, V) and the prompt lengths (B,). The cache is not
+    advanced."""
+    ids, lengths = padded_prompts([t[0] for t in trajectories], prompt_lengths)
+    counts = None if len(set(prompt_lengths)) == 1 else lengths
+    router = BlockPass(cache, range(0, ids.shape[1]), counts=counts, record=record)
+    logits, _ = run_block(model, ids, router, num_loops)
+    return logits[torch.arange(len(trajectories), device=logits.device), lengths - 1], lengths
 
 
 @torch.no_grad()
@@ -218,10 +226,9 @@ def replay_batch(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths
     last = max([g - 2 for g in generated] + [s[-1] + block for s in starts if len(s)])  # last step offset
     cache = new_cache(model, policy, B, max(prompt_lengths) + max(generated))
     if prompts is None:  # prefill straight into this arm's cache: the prompts' planes exist once
-        ids, lengths = padded_prompts(sequences, prompt_lengths)
-        logits = prefill(model, cache, ids, R, None if len(set(prompt_lengths)) == 1 else lengths)
-        steps = [logits[torch.arange(B, device=logits.device), lengths - 1][:, None]]
-        del logits
+        last_logits, lengths = _prefill_prompts(model, cache, trajectories, prompt_lengths, R)
+        cache.advance(lengths)
+        steps = [last_logits[:, None]]
     else:
         width = max(prompt_lengths)
         writes = cache.plan_writes(torch.arange(width, device=cache.lengths.device).expand(B, -1), prompts.lengths)
