@@ -569,9 +569,11 @@ def restrict(full: PlaneCache, policy: CachePolicy) -> PlaneCache:
     sites = [Site(stage, layer) for stage, n_layers in (("prelude", cfg.n_prelude), ("coda", cfg.n_coda))
              for layer in range(n_layers)]
     sites += [Site("core", layer, p) for layer in range(cfg.n_core) for p in range(1, policy.num_loops + 1)]
+    writes = cache.span_writes(cache.plan_writes(torch.arange(L, device=like.device).expand(full.batch, -1)), 0, L)
     for site in sites:
         plane = site.loop if site.stage == "core" else None
-        cache.store(site, 0, full.plane_tensor(0, site, plane)[:, :, :L], full.plane_tensor(1, site, plane)[:, :, :L])
+        keys, values = (full.plane_tensor(which, site, plane)[:, :, :L] for which in (0, 1))
+        cache.write(site, writes, keys, values)
     cache.advance(L)
     return cache
 

@@ -20,15 +20,13 @@ from tqdm.auto import tqdm
 from looped_kv import data
 from looped_kv.analysis.memory_bench import MemoryCell, MemoryCheck, check_memory_model, peak_bytes
 from looped_kv.analysis.perf import FixedMemoryFactors, ThroughputFit, fit_throughput, fixed_memory_factors
-from looped_kv.decoding import settings
 from looped_kv.decoding.core import Generation, check_prompts
-from looped_kv.decoding.generate import generate
-from looped_kv.decoding.speculative import check_speculation
+from looped_kv.decoding.generate import drafter, generate
+from looped_kv.decoding.settings import method_config
 from looped_kv.protocol.reproducibility import check_device, measurement_mode
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import load, resolve_source
 from looped_kv.runtime.model import LoopedLM
-from looped_kv.runtime.policy import make_policy, make_prefix_reads
 
 #: The two decoders whose throughput against B the RIPE paper models: greedy decoding and draft-then-verify.
 METHODS = ("ar", "self-spec")
@@ -66,13 +64,12 @@ def _validate(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Sequence[
         raise ValueError(f"options must be among {OPTIONS}, got unknown {unknown}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    R = model.config.mean_recurrence if options.get("num_loops") is None else options["num_loops"]
-    policy = make_policy(cache, R, window=options.get("window"), k=options.get("k"), sinks=options.get("sinks"))
-    block = options.get("block", settings.BLOCK)
-    if method == "self-spec":
-        check_speculation(policy, block, options.get("exact", True), options.get("draft_loops", settings.DRAFT_LOOPS))
-        make_prefix_reads(options.get("prefix_reads", "aligned"), R)
-    check_prompts(model, list(prompts), max_new_tokens, block + 1 if method == "self-spec" else 0)
+    config = method_config(method, cache=cache, max_new_tokens=max_new_tokens, **options)
+    policy = config.check(model.config.block_size, model.config.mean_recurrence)
+    decoder = drafter(config, policy.num_loops)
+    if decoder is not None:
+        decoder.check(policy)
+    check_prompts(model, list(prompts), max_new_tokens, 0 if decoder is None else decoder.lookahead)
     return sizes
 
 

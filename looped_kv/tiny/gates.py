@@ -29,9 +29,9 @@ from tqdm.auto import tqdm
 
 from looped_kv import data
 from looped_kv.analysis.depth import answer_accuracy, encode_chains, fit_state_rho, loss_by_loops, state_changes
-from looped_kv.decoding import settings
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.settings import DasWave
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
 
@@ -85,7 +85,7 @@ def measure(model: LoopedLM, programs: int = 96, prompts: int = 32, progress: bo
     spec = generate(model, ids, max_new_tokens=48, method="self-spec", draft_loops=4, block=4, eos_token_id=eos)
     bar.update()
     wave = generate(model, ids, max_new_tokens=48, method="das-wave", eos_token_id=eos)
-    ceiling = proposal_width(settings.WAVE["block"], settings.WAVE["rounds"], settings.WAVE["initial_width"])
+    ceiling = proposal_width(DasWave.block, DasWave.rounds, DasWave.initial_width)
     bar.update()
     bar.close()
     figures = {
