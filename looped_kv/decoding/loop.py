@@ -95,6 +95,27 @@ class Observer:
         """After the verification (before the commit): its ``logits`` (B, n, V) and what the rows accept."""
 
 
+class LogitsRecorder(Observer):
+    """Keeps the logits that choose every emitted token: the prefill's last position, then each verification's
+    (greedy decoding: one per step)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list[Tensor]] = {}
+
+    def prefilled(self, view: DecodeView, logits: Tensor) -> None:
+        for i, seq in enumerate(view.rows):
+            self.rows[seq] = [logits[i:i + 1]]
+
+    def verified(self, view: DecodeView, logits: Tensor, outcome: Outcome) -> None:
+        for i, (seq, live) in enumerate(zip(view.rows, view.live, strict=True)):
+            if live:
+                self.rows[seq].append(logits[i])
+
+    def logits(self, row: int) -> Tensor:
+        """Row ``row``'s logits, one per processed position from the prompt's last on (positions, V)."""
+        return torch.cat(self.rows[row])
+
+
 class Passes:
     """The model passes a drafter and the loop run on one cache (eager here; compiled in
     :class:`~looped_kv.decoding.compiled.CompiledPasses`).
