@@ -571,10 +571,9 @@ def restrict(full: PlaneCache, policy: CachePolicy) -> PlaneCache:
              for layer in range(n_layers)]
     sites += [Site("core", layer, p) for layer in range(cfg.n_core) for p in range(1, policy.num_loops + 1)]
     writes = cache.span_writes(cache.plan_writes(torch.arange(L, device=like.device).expand(full.batch, -1)), 0, L)
-    for site in sites:
-        plane = site.loop if site.stage == "core" else None
-        keys, values = (full.plane_tensor(which, site, plane)[:, :, :L] for which in (0, 1))
-        cache.write(site, writes, keys, values)
+    planes = {site: tuple(full.plane_tensor(which, site, site.loop if site.stage == "core" else None)[:, :, :L]
+                          for which in (0, 1)) for site in sites}
+    cache.write(writes, planes)
     cache.advance(L)
     return cache
 

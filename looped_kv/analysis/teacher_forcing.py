@@ -133,8 +133,7 @@ class TeacherForcing:
         B, width = len(self.sequences), max(self.prompt_lengths)
         cache = self.cache
         writes = cache.plan_writes(torch.arange(width, device=cache.lengths.device).expand(B, -1), prompts.lengths)
-        for site, (k, v) in prompts.keys_values.items():
-            cache.write(site, writes, k, v)
+        cache.write(writes, prompts.keys_values)
         cache.advance(prompts.lengths)
         return prompts.last_logits
 

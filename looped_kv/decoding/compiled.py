@@ -47,8 +47,10 @@ def _forward(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, tok
     if offset is not None:
         positions = positions + offset
     router = StaticBlockPass(cache, positions, lengths, planes, buffer=buffer, offset=offset, store=store)
-    return model(tokens, num_loops, state, positions=positions, router=router, return_state=True,
-                 max_position=cache.capacity - 1, check=False)
+    out = model(tokens, num_loops, state, positions=positions, router=router, return_state=True,
+                max_position=cache.capacity - 1, check=False)
+    router.store_block()
+    return out
 
 
 # One traced function per kind of pass (each its own code object, so each has torch.compile's recompile limit).

@@ -28,7 +28,8 @@ preallocated tensors with masks computed on the device, so that every tensor has
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,15 +67,20 @@ class RowWrites:
 
 
 def _put(dest: Tensor, scatter: _Scatter, src: Tensor) -> None:
-    """dest[row, :, index] = src[row, :, col] for every entry (dest (B, H, P, D), src (B, H, n, D))."""
+    """dest[..., row, :, index, :] = src[..., row, :, col, :] for every entry: dest (..., B, H, P, D) and src
+    (..., B, H, n, D) with the same leading dimensions (none for one site, layers and planes for a whole store)."""
+    lead = (slice(None),) * (dest.dim() - 4)
     if scatter.span is not None:
         start, stop = scatter.span
-        dest[:, :, start:stop] = src[:, :, :stop - start]
+        dest[(*lead, slice(None), slice(None), slice(start, stop))] = src[(*lead, slice(None), slice(None),
+                                                                             slice(0, stop - start))]
         return
-    values = src[scatter.rows, :, scatter.cols]
+    values = src[(*lead, scatter.rows, slice(None), scatter.cols)]  # (entries, ..., H, D)
+    target = (*lead, scatter.rows, slice(None), scatter.index)
     if scatter.valid is not None:
-        values = torch.where(scatter.valid[:, None, None], values, dest[scatter.rows, :, scatter.index])
-    dest[scatter.rows, :, scatter.index] = values
+        valid = scatter.valid.reshape(-1, *([1] * (values.dim() - 1)))
+        values = torch.where(valid, values, dest[target])
+    dest[target] = values
 
 
 class PlaneCache:
@@ -293,35 +299,47 @@ class PlaneCache:
         return RowWrites(main, _Scatter(rows, cols, index % max(self.ring_size, 1)),
                          _Scatter(rows, cols, index.clamp(max=max(self.sink_size - 1, 0)), valid=valid))
 
-    def write(self, site: Site, writes: RowWrites, k: Tensor, v: Tensor, *, plane: int | None = None) -> None:
-        """The one write into the cache: a site's keys/values (B, Hkv, n, D) at the entries of ``writes``.
+    def write(self, writes: RowWrites, keys_values: Mapping[Site, tuple[Tensor, Tensor]], *,
+              plane: int | None = None) -> None:
+        """The one write into the cache: each site's keys/values (B, Hkv, n, D) at the entries of ``writes``.
 
         Under the policy, loop r's keys/values go to plane r where it is kept, else to the ring and the sinks
-        (the full-depth positions) where the policy holds them, else nowhere. ``plane`` writes a core site into
-        that kept plane instead (a block pass that reads the block's own columns there, see :class:`BlockPass`).
+        (the full-depth positions) where the policy holds them, else nowhere. ``plane`` writes core sites into that
+        kept plane instead (a block pass that reads the block's own columns there, see :class:`BlockPass`). Sites
+        that fill a whole store (every edge layer, every kept plane, every ring and sink plane) are written to it
+        as one stacked tensor: one scatter, in a compiled step one in-place index_put.
         """
-        if site.stage == "core" and plane is None and site.loop not in self.kept_slot:
-            if site.loop not in self.extra_slot:
-                return  # a plane this policy never reads
-            slot = self.extra_slot[site.loop]
-            for store, scatter in ((self.sink, writes.sink), (self.ring, writes.ring)):
-                if store[0].shape[-2]:
-                    _put(store[0][site.layer, slot], scatter, k)
-                    _put(store[1][site.layer, slot], scatter, v)
-            return
-        target = (site.loop if plane is None else plane) if site.stage == "core" else None
-        _put(self.plane_tensor(0, site, target), writes.main, k)
-        _put(self.plane_tensor(1, site, target), writes.main, v)
+        stores: dict[str, dict[tuple[int, ...], tuple[Tensor, Tensor]]] = {"edge": {}, "core": {}, "extra": {}}
+        for site, kv in keys_values.items():
+            if site.stage != "core":
+                stores["edge"][(self.edge_index(site),)] = kv
+            elif plane is not None or site.loop in self.kept_slot:
+                stores["core"][(site.layer, self.kept_slot[site.loop if plane is None else plane])] = kv
+            elif site.loop in self.extra_slot:
+                stores["extra"][(site.layer, self.extra_slot[site.loop])] = kv
+        targets = {"edge": ((self.edge, writes.main),), "core": ((self.core, writes.main),),
+                   "extra": ((self.sink, writes.sink), (self.ring, writes.ring))}
+        for name, entries in stores.items():
+            for tensors, scatter in targets[name]:
+                if not entries or not tensors[0].shape[-2]:
+                    continue
+                lead = tensors[0].shape[:-4]
+                if len(entries) == math.prod(lead):  # the whole store: one stacked write
+                    order = sorted(entries)
+                    for which in (0, 1):
+                        stacked = torch.stack([entries[i][which] for i in order]).unflatten(0, lead)
+                        _put(tensors[which], scatter, stacked)
+                    continue
+                for index, kv in entries.items():
+                    for which in (0, 1):
+                        _put(tensors[which][index], scatter, kv[which])
 
     def commit(self, buffer: BlockBuffer, counts: Tensor | int) -> None:
         """Append each row's first ``counts`` block tokens held in ``buffer`` (their planes) to the cache."""
         counts = torch.full_like(self.lengths, counts) if isinstance(counts, int) else counts
         n = int(counts.max())
         positions = self.lengths[:, None] + torch.arange(n, device=self.lengths.device)
-        writes = self.plan_writes(positions, counts)
-        for site in buffer.sites():
-            k, v = buffer.read(site, 0, n)
-            self.write(site, writes, k, v)
+        self.write(self.plan_writes(positions, counts), {site: buffer.read(site, 0, n) for site in buffer.sites()})
         self.advance(counts)
 
 
@@ -360,6 +378,26 @@ class BlockBuffer:
 
     def read(self, site: Site, start: int, stop: int) -> tuple[Tensor, Tensor]:
         return self._slot(0, site)[:, :, start:stop], self._slot(1, site)[:, :, start:stop]
+
+    def write_all(self, keys_values: Mapping[Site, tuple[Tensor, Tensor]], offset: int | Tensor) -> None:
+        """:meth:`write` of every site of a pass: the edge layers and the loops 1..d of every core layer, each as one
+        stacked tensor (a compiled step: a few in-place writes)."""
+        cfg = self.config
+        edges = [Site("prelude", i) for i in range(cfg.n_prelude)] + [Site("coda", i) for i in range(cfg.n_coda)]
+        loops = max(site.loop for site in keys_values)
+        core = [Site("core", layer, r) for layer in range(cfg.n_core) for r in range(1, loops + 1)]
+        if set(keys_values) != {*edges, *core}:
+            for site, (k, v) in keys_values.items():
+                self.write(site, offset, k, v)
+            return
+        for which in (0, 1):
+            edge = torch.stack([keys_values[s][which] for s in edges])
+            layers = torch.stack([keys_values[s][which] for s in core]).unflatten(0, (cfg.n_core, loops))
+            for dest, src in ((self.edge[which], edge), (self.core[which][:, :loops], layers)):
+                if isinstance(offset, Tensor):
+                    dest[..., offset.reshape(1), :] = src
+                else:
+                    dest[..., offset:offset + src.shape[-2], :] = src
 
     def keep_rows(self, count: int) -> None:
         """Keep the first ``count`` rows (the contents are block-local: only the number of rows changes)."""
@@ -458,7 +496,7 @@ class BlockPass:
             self.record[site] = (k.contiguous(), v.contiguous())
         if self.in_plane:  # write the block where its prefix is read (scratch past each row's length until the
             plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None  # last loop writes it)
-            self.cache.write(site, self.writes, k, v, plane=plane)
+            self.cache.write(self.writes, {site: (k, v)}, plane=plane)
             stop = self.cache.max_length + k.shape[2]
             keys = self.cache.plane_tensor(0, site, plane)[:, :, :stop]
             values = self.cache.plane_tensor(1, site, plane)[:, :, :stop]
@@ -467,7 +505,7 @@ class BlockPass:
             return attend(q, keys, values, mask, causal=causal, softmax_dtype=self.softmax_dtype)
         out = attend_segments(q, self._reads(site, k, v), self.softmax_dtype)
         if self.store == "cache":
-            self.cache.write(site, self.writes, k, v)
+            self.cache.write(self.writes, {site: (k, v)})
         return out
 
     def _reads(self, site: Site, k: Tensor, v: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
@@ -493,22 +531,23 @@ class StaticBlockPass:
 
     Each call reads the whole capacity of every prefix segment under a mask built from ``lengths`` (B,) on the
     device, the whole ``buffer`` under the mask column < ``offset`` (a 0-d tensor: earlier drafts of this
-    block), and the block itself causally, in one softmax; then it writes the block's keys/values through
-    :meth:`PlaneCache.write` (``store="cache"``, every column at ``positions``) or into the buffer at
-    ``offset`` (``store="buffer"``). Nothing is read or decided on the host, so a traced step serves every
-    call of the same shapes. ``planes`` gives each loop's :func:`~looped_kv.runtime.policy.read_planes`
-    (the loops of the pass numbered 1..n, whatever loops of the recurrence they are).
+    block), and the block itself causally, in one softmax. The block's keys/values are kept per site, and
+    :meth:`store` writes them all at once after the pass: through :meth:`PlaneCache.write` (``store="cache"``,
+    every column at ``positions``) or into the buffer at ``offset`` (``store="buffer"``). Nothing is read or
+    decided on the host, so a traced step serves every call of the same shapes. ``planes`` gives each loop's
+    :func:`~looped_kv.runtime.policy.read_planes` (the loops of the pass numbered 1..n, whatever loops of the
+    recurrence they are).
     """
 
     def __init__(self, cache: PlaneCache, positions: Tensor, lengths: Tensor, planes: tuple, *,
                  buffer: BlockBuffer | None = None, offset: Tensor | None = None, store: str | None = None) -> None:
         self.cache, self.positions, self.lengths, self.planes = cache, positions, lengths, planes
         self.buffer, self.offset, self.store = buffer, offset, store
-        self.writes = cache.static_writes(positions) if store == "cache" else None
         n = positions.shape[1]
         self.causal = torch.ones(n, n, dtype=torch.bool, device=positions.device).tril() if n > 1 else None
         if offset is not None:
             self.earlier = (torch.arange(buffer.capacity, device=positions.device) < offset)[None, None, None]
+        self.new: dict[Site, tuple[Tensor, Tensor]] = {}
         self._masks: dict[str, Tensor] = {}
 
     def _mask(self, kind: str) -> Tensor:
@@ -524,9 +563,13 @@ class StaticBlockPass:
             bk, bv = self.buffer.read(site, 0, self.buffer.capacity)
             parts.append((bk, bv, self.earlier))
         parts.append((k, v, self.causal))
-        out = attend_segments(q, parts)
+        if self.store is not None:
+            self.new[site] = (k, v)
+        return attend_segments(q, parts)
+
+    def store_block(self) -> None:
+        """Write the pass's keys/values where ``store`` says (call after the model pass)."""
         if self.store == "cache":
-            self.cache.write(site, self.writes, k, v)
+            self.cache.write(self.cache.static_writes(self.positions), self.new)
         elif self.store == "buffer":
-            self.buffer.write(site, 0 if self.offset is None else self.offset, k, v)
-        return out
+            self.buffer.write_all(self.new, 0 if self.offset is None else self.offset)
