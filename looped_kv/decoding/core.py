@@ -349,9 +349,11 @@ class Rows:
 
     def retire(self, cache: PlaneCache) -> list[int]:
         """Note the cache bytes of the rows that stopped since the last call; returns the live rows' indices."""
-        for seq, nbytes in zip(self.batch, cache.row_bytes(), strict=True):
-            if self.stopped[seq] and self.cache_bytes[seq] is None:
-                self.cache_bytes[seq] = nbytes
+        newly = [i for i, seq in enumerate(self.batch) if self.stopped[seq] and self.cache_bytes[seq] is None]
+        if newly:
+            nbytes = cache.row_bytes()
+            for i in newly:
+                self.cache_bytes[self.batch[i]] = nbytes[i]
         keep = [i for i, alive in enumerate(self.live) if alive]
         if keep:
             self.batch_per_pass.append(len(keep))

@@ -191,7 +191,7 @@ class Drafter:
 
     def block(self, pending: Tensor, proposal: Proposal) -> Tensor:
         """The tokens the verifier runs: the pending token, then the proposals."""
-        return torch.cat([pending, proposal.tokens], dim=1)
+        return torch.cat([pending, proposal.tokens], dim=1) if proposal.tokens.shape[1] else pending
 
     def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
         """Greedy decoding: the verifier's next token is the one emitted."""
@@ -252,8 +252,10 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
         logits = passes.verify(drafter.block(pending, proposal))
         outcome = drafter.accept(pending, proposal, logits.argmax(-1))
         observer.verified(view, logits, outcome)
-        live = torch.tensor(view.live, device=pending.device)
-        passes.commit(torch.where(live, outcome.commit, 0))
+        if all(view.live):
+            passes.commit(outcome.commit)
+        else:  # stopped rows kept as padding commit nothing
+            passes.commit(torch.where(torch.tensor(view.live, device=pending.device), outcome.commit, 0))
         if outcome.accepted is not None:
             rows.record(outcome.accepted.tolist(), outcome.drafted, outcome.retained)
         rows.emit(outcome.emitted)

@@ -69,12 +69,11 @@ class RowWrites:
 def _put(dest: Tensor, scatter: _Scatter, src: Tensor) -> None:
     """dest[..., row, :, index, :] = src[..., row, :, col, :] for every entry: dest (..., B, H, P, D) and src
     (..., B, H, n, D) with the same leading dimensions (none for one site, layers and planes for a whole store)."""
-    lead = (slice(None),) * (dest.dim() - 4)
     if scatter.span is not None:
         start, stop = scatter.span
-        dest[(*lead, slice(None), slice(None), slice(start, stop))] = src[(*lead, slice(None), slice(None),
-                                                                             slice(0, stop - start))]
+        dest[..., start:stop, :] = src if src.shape[-2] == stop - start else src[..., :stop - start, :]
         return
+    lead = (slice(None),) * (dest.dim() - 4)
     values = src[(*lead, scatter.rows, slice(None), scatter.cols)]  # (entries, ..., H, D)
     target = (*lead, scatter.rows, slice(None), scatter.index)
     if scatter.valid is not None:
@@ -309,6 +308,13 @@ class PlaneCache:
         that fill a whole store (every edge layer, every kept plane, every ring and sink plane) are written to it
         as one stacked tensor: one scatter, in a compiled step one in-place index_put.
         """
+        if len(keys_values) == 1:  # a block pass writing one site (the eager hot path)
+            ((site, (k, v)),) = keys_values.items()
+            if site.stage != "core" or plane is not None or site.loop in self.kept_slot:
+                target = (site.loop if plane is None else plane) if site.stage == "core" else None
+                _put(self.plane_tensor(0, site, target), writes.main, k)
+                _put(self.plane_tensor(1, site, target), writes.main, v)
+                return
         stores: dict[str, dict[tuple[int, ...], tuple[Tensor, Tensor]]] = {"edge": {}, "core": {}, "extra": {}}
         for site, kv in keys_values.items():
             if site.stage != "core":
@@ -317,14 +323,16 @@ class PlaneCache:
                 stores["core"][(site.layer, self.kept_slot[site.loop if plane is None else plane])] = kv
             elif site.loop in self.extra_slot:
                 stores["extra"][(site.layer, self.extra_slot[site.loop])] = kv
-        targets = {"edge": ((self.edge, writes.main),), "core": ((self.core, writes.main),),
-                   "extra": ((self.sink, writes.sink), (self.ring, writes.ring))}
         for name, entries in stores.items():
-            for tensors, scatter in targets[name]:
-                if not entries or not tensors[0].shape[-2]:
+            if not entries:
+                continue
+            targets = ((self.sink, writes.sink), (self.ring, writes.ring)) if name == "extra" else \
+                (({"edge": self.edge, "core": self.core}[name], writes.main),)
+            for tensors, scatter in targets:
+                if not tensors[0].shape[-2]:
                     continue
                 lead = tensors[0].shape[:-4]
-                if len(entries) == math.prod(lead):  # the whole store: one stacked write
+                if len(entries) > 1 and len(entries) == math.prod(lead):  # the whole store: one stacked write
                     order = sorted(entries)
                     for which in (0, 1):
                         stacked = torch.stack([entries[i][which] for i in order]).unflatten(0, lead)
