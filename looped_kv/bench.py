@@ -35,7 +35,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv import data
 from looped_kv.analysis.fits import accepted_length, committed_progress, interaction_effect, mean_speedup
 from looped_kv.analysis.verdicts import (
     Check,
@@ -54,6 +53,7 @@ from looped_kv.decoding.generate import drafter, generate
 from looped_kv.decoding.settings import WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
 from looped_kv.protocol.reproducibility import measurement_mode
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads import data
 
 #: DAS Sec. 4.3 and Table 2: with the same draft depth and block, deep K/V prefix reads accept more drafts.
 MATURE_SPEC_ACCEPTS_MORE = Claim("Mature-Spec accepts more drafts per verification than self-speculation "

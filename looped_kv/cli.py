@@ -28,7 +28,7 @@ from typing import NoReturn
 import pandas as pd
 import torch
 
-from looped_kv import bench, data, profiles, workloads
+from looped_kv import bench, profiles, workloads
 from looped_kv.analysis import plan, throughput
 from looped_kv.analysis.verdicts import MIN_PROMPTS
 from looped_kv.book import DTYPES
@@ -42,6 +42,7 @@ from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load, resolve_s
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
+from looped_kv.workloads import data
 
 PROG = "looped-kv"
 NAMED_CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo}

@@ -38,12 +38,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from looped_kv import data
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import DISPLAY, METHODS
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads import data
 
 REFERENCE_FILES = ("raven_config_minimal.py", "raven_modeling_minimal.py")
 

@@ -26,11 +26,11 @@
 # random initial state, a recurrence count per step drawn from a Poisson-lognormal
 # around a mean of 32, truncated backpropagation through the last 8 loops and bfloat16
 # matrix products. The data mix adds a third workload to the word problems and code:
-# **variable chains** (`looped_kv.data`), programs of bindings such as `c=b; a=7; b=a`
-# whose queried answers take one attention read per hop. Distractor trees share the
-# program, every tree's root holds a different digit, so no answer can be read off in
-# one step. `python -m looped_kv.tiny.train` retrains it; the command prints its
-# progress and resumes with `--resume`.
+# **variable chains** (`looped_kv.workloads.data`), programs of bindings such as
+# `c=b; a=7; b=a` whose queried answers take one attention read per hop. Distractor
+# trees share the program, every tree's root holds a different digit, so no answer can
+# be read off in one step. `python -m looped_kv.tiny.train` retrains it; the command
+# prints its progress and resumes with `--resume`.
 
 # %% tags=["remove-cell"]
 import subprocess

@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 
 import looped_kv
-from looped_kv import book, data, papers, profiles, workloads
+from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.depth import (
     DEPTH_BUCKETS,
@@ -66,6 +66,7 @@ from looped_kv.analysis.depth import (
 from looped_kv.analysis.measure import draft_agreement_rows
 from looped_kv.decoding.core import prefill
 from looped_kv.runtime.memory import m_deep, m_full
+from looped_kv.workloads import data
 
 book.setup()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
@@ -248,10 +249,10 @@ book.md(
 # next-token loss of evaluation texts of the three workloads for a range of loop counts:
 # word problems with worked answers, standard-library code, and variable chains, whose
 # answers need one lookup per binding and so are where depth should pay
-# (`looped_kv.data`). A real checkpoint's profile puts solved GSM8K problems and MBPP
-# tasks in place of the first two (`looped_kv.workloads`). The claim is tested per
-# workload on paired per-text losses: the loss after $R$ loops is lower than after a
-# few.
+# (`looped_kv.workloads.data`). A real checkpoint's profile puts solved GSM8K problems
+# and MBPP tasks in place of the first two (`looped_kv.workloads`). The claim is tested
+# per workload on paired per-text losses: the loss after $R$ loops is lower than after
+# a few.
 
 # %%
 SHALLOW = profile.shallow_loops
@@ -531,12 +532,12 @@ book.md(
 # The shipped model was trained on a 2-core CPU with Huginn's recipe
 # (`looped_kv/tiny/train.py`): a recurrence count per step drawn from a
 # Poisson-lognormal and truncated backpropagation through the last loops, on the book's
-# workloads (`looped_kv.data`). The next chapters measure on it the phenomena the papers
-# report (planes that ripen with depth, deep loops that matter more, drafts that agree
-# with the target) and give for each a verdict: agrees with the paper, disagrees, or
-# inconclusive on this model, with the reason. It is far too small to match the papers'
-# magnitudes: every chapter prints the papers' numbers beside the tiny model's. This
-# chapter's verdicts:
+# workloads (`looped_kv.workloads.data`). The next chapters measure on it the phenomena
+# the papers report (planes that ripen with depth, deep loops that matter more, drafts
+# that agree with the target) and give for each a verdict: agrees with the paper,
+# disagrees, or inconclusive on this model, with the reason. It is far too small to
+# match the papers' magnitudes: every chapter prints the papers' numbers beside the tiny
+# model's. This chapter's verdicts:
 
 # %%
 chapter_verdicts = loss_verdicts | chain_verdicts | draft_verdicts

@@ -60,7 +60,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from looped_kv import book, data, papers, profiles
+from looped_kv import book, papers, profiles
 from looped_kv.analysis import verdicts as vd
 from looped_kv.analysis.fits import deep_loop_range, floor_model, ripeness
 from looped_kv.analysis.planes import (
@@ -74,6 +74,7 @@ from looped_kv.analysis.planes import (
     text_ripening,
     workload_batch,
 )
+from looped_kv.workloads import data
 
 book.setup()
 start = time.perf_counter()

@@ -58,7 +58,7 @@ import pandas as pd
 import torch
 
 import looped_kv
-from looped_kv import book, data, papers, profiles, workloads
+from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.measure import policy_logits
 from looped_kv.analysis.ripe import (
@@ -78,6 +78,7 @@ from looped_kv.analysis.ripe import (
 from looped_kv.decoding.core import new_cache, prefill
 from looped_kv.runtime.memory import m_ripe, memory_table
 from looped_kv.runtime.policy import make_policy
+from looped_kv.workloads import data
 
 book.setup()
 start = time.perf_counter()

@@ -26,10 +26,10 @@ def write_random_checkpoint(folder: Path) -> Path:
     not trained yet)."""
     from safetensors.torch import save_file
 
-    from looped_kv import data
     from looped_kv.runtime.config import LoopedConfig
     from looped_kv.runtime.model import LoopedLM
     from looped_kv.tiny.train import init_weights, train_tokenizer
+    from looped_kv.workloads import data
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer([p.text for p in data.word_problems(100, "train")], 300)

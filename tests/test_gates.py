@@ -11,10 +11,10 @@ import json
 import pytest
 import torch
 
-from looped_kv import data
 from looped_kv.analysis.depth import encode_chains, fit_state_rho, loss_by_loops, state_changes
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.tiny.gates import GATES, Gate, verdicts
+from looped_kv.workloads import data
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,8 @@ def test_prompt_bounds_hold():
     (tests/test_workloads.py), and generated chain programs, bounded here: they are ASCII, a token of a real
     checkpoint's tokenizer covers at least one character, and one more token may open the text. The tiny model's
     generated prompts are checked with its own tokenizer."""
-    from looped_kv import data, load, workloads
+    from looped_kv import load, workloads
+    from looped_kv.workloads import data
 
     longest = max(len(t) for split in ("eval", "dev") for t in data.prompts("chains", 64, split))
     for profile in (p for p in profiles.PROFILES.values() if p is not profiles.TINY):

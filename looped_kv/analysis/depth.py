@@ -4,7 +4,7 @@ These are the measurements behind the tiny model's gates and the book's training
 
 * :func:`loss_by_loops`: mean next-token loss of teacher-forced texts after R loops, and
   :func:`loss_by_text` the same per text (paired measurements for a verdict);
-* :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.data.chain_programs`),
+* :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.workloads.data.chain_programs`),
   how often the argmax after ``x?`` is x's value, and its loss, by R and by the binding depth;
   :func:`answer_hits` gives the same per query;
 * :func:`state_changes` and :func:`fit_state_rho`: the median per-position relative change of the
@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from looped_kv.data import ChainProgram
 from looped_kv.decoding.core import row_passes
 from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads.data import ChainProgram
 
 #: Depth buckets of chain queries: one lookup, a few, many.
 DEPTH_BUCKETS = {"1": (1, 1), "2-3": (2, 3), "4-6": (4, 6), "7+": (7, 10**6)}

@@ -39,7 +39,6 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from looped_kv import data
 from looped_kv.analysis.fits import (
     DecayLaws,
     FloorFit,
@@ -76,6 +75,7 @@ from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
+from looped_kv.workloads import data
 from looped_kv.workloads import texts as workload_texts
 
 # RIPE Table 3's rows (labels of looped_kv.papers.RIPE_TABLE_3): (row label, policy name, k of R = 32);

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv import data
 from looped_kv.analysis.memory_bench import MemoryCell, MemoryCheck, check_memory_model, peak_bytes
 from looped_kv.analysis.perf import FixedMemoryFactors, ThroughputFit, fit_throughput, fixed_memory_factors
 from looped_kv.decoding.core import Generation, check_prompts
@@ -27,6 +26,7 @@ from looped_kv.protocol.reproducibility import check_device, measurement_mode
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import load, resolve_source
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads import data
 
 #: The two decoders whose throughput against B the RIPE paper models: greedy decoding and draft-then-verify.
 METHODS = ("ar", "self-spec")

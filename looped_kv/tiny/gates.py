@@ -1,7 +1,7 @@
 """The numeric gates the shipped tiny model must pass for its depth to matter, measured on held-out data.
 
 Every chapter can only tell outcomes apart if the model's depth matters. The gates say it in
-numbers, on the evaluation split of the variable-chain workload (``looped_kv.data``):
+numbers, on the evaluation split of the variable-chain workload (``looped_kv.workloads.data``):
 
 * more loops predict better: loss at R = 4 minus loss at R = 32 is at least 0.05 nats, and answer
   accuracy at R = 32 is at least 0.15 above R = 4;
@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from looped_kv import data
 from looped_kv.analysis.depth import answer_accuracy, encode_chains, fit_state_rho, loss_by_loops, state_changes
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import DasWave
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads import data
 
 COMMAND = "python -m looped_kv.tiny.gates"
 

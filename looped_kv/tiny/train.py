@@ -6,7 +6,7 @@ Poisson-lognormal around a mean (32), and truncated backpropagation through the 
 Matrix products run in bfloat16 autocast, as Huginn's did (on CPUs with AMX this is several
 times faster than float32); weights, norms and the optimizer stay in float32.
 
-Data (``looped_kv.data``), mixed per batch: generated word problems, the Python standard
+Data (``looped_kv.workloads.data``), mixed per batch: generated word problems, the Python standard
 library, and variable chains, the workload on which depth pays. Chains follow a curriculum:
 one lookup (chains of length 1) for the first ``--hold`` steps, then the longest binding chain
 grows to ``data.CHAIN_DEPTH`` over ``--ramp`` steps, so that the model first learns one lookup,
@@ -40,11 +40,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from looped_kv import data
 from looped_kv.analysis.depth import answer_accuracy, encode_chains, loss_by_loops
 from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads import data
 
 EOS = "<|endoftext|>"
 #: Options a resumed run may change: the thread count, and the length of the run and of its curriculum.
