@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.loop import Passes
+from looped_kv.decoding.passes import Passes
 from looped_kv.runtime.cache import BlockBuffer, PlaneCache, StaticBlockPass
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes

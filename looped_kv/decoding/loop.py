@@ -13,9 +13,9 @@ emitted token is pending, the cache holds every processed token):
 5. a row stops at its budget or after the end-of-text token; stopped rows leave the batch (eager) or stay
    as padding whose results are ignored (compiled: the batch keeps its shape, so no step is traced again).
 
-The passes themselves come from :class:`EagerPasses` (block passes reading the committed prefix) or
-:class:`~looped_kv.decoding.compiled.CompiledPasses` (torch.compile'd steps with static shapes); the
-drafter calls them the same way. An :class:`Observer` sees every block: the measurements that follow a
+The passes themselves come from :class:`~looped_kv.decoding.passes.Passes` (block passes reading the
+committed prefix) or :class:`~looped_kv.decoding.compiled.CompiledPasses` (torch.compile'd steps with static
+shapes); the drafter calls them the same way. An :class:`Observer` sees every block: the measurements that follow a
 decoder's trajectory (draft agreement per position, a trajectory's logits) use the loop through it
 instead of copying it.
 
@@ -33,19 +33,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import (
-    Generation,
-    Rows,
-    block_positions,
-    capacity_bucket,
-    new_buffer,
-    new_cache,
-    prompt_logits,
-    run_block,
-)
-from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
+from looped_kv.decoding.compiled import CompiledPasses
+from looped_kv.decoding.core import Generation, Rows, capacity_bucket, new_buffer, new_cache
+from looped_kv.decoding.passes import Passes
+from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.model import LoopedLM
-from looped_kv.runtime.policy import ALIGNED, CachePolicy, PrefixReads
+from looped_kv.runtime.policy import CachePolicy
 
 
 @dataclass(frozen=True)
@@ -116,55 +109,6 @@ class LogitsRecorder(Observer):
         return torch.cat(self.rows[row])
 
 
-class Passes:
-    """The model passes a drafter and the loop run on one cache (eager here; compiled in
-    :class:`~looped_kv.decoding.compiled.CompiledPasses`).
-
-    ``run`` is any pass of n tokens per row after each row's committed prefix (and ``offset`` uncommitted
-    ones): d-loop drafts written to the buffer, DAS-Wave's refinement written nowhere. ``verify`` is the
-    R-loop verification; ``commit`` keeps the planes of each row's first ``counts`` verified tokens.
-    """
-
-    static = False
-
-    def __init__(self, model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, into_cache: bool) -> None:
-        self.model, self.cache, self.buffer, self.into_cache = model, cache, buffer, into_cache
-        self.policy: CachePolicy = cache.policy
-
-    def prefill(self, prompts: list[Tensor]) -> Tensor:
-        return prompt_logits(self.model, self.cache, prompts, self.policy.num_loops)
-
-    def run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
-            store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:
-        router = BlockPass(self.cache, block_positions(self.cache, tokens.shape[1], offset), reads=reads,
-                           buffer=self.buffer, offset=offset, store=store)
-        return run_block(self.model, tokens, router, num_loops, state, first_loop=first_loop)
-
-    def initial_state(self, n: int) -> Tensor:
-        """The initial states of the n positions after each row's committed prefix (B, n, n_embd), a new tensor."""
-        positions = block_positions(self.cache, n)
-        if isinstance(positions, range):
-            positions = torch.arange(positions.start, positions.stop, device=self.cache.lengths.device)
-            positions = positions.expand(self.cache.batch, -1)
-        return self.model.initial_state(positions, self.cache.batch, last=self.cache.max_length + n - 1)
-
-    def verify(self, tokens: Tensor) -> Tensor:
-        """One R-loop pass over ``tokens`` (B, n) under the cache policy; logits (B, n, V)."""
-        logits, _ = self.run(tokens, self.policy.num_loops, store="cache" if self.into_cache else "buffer")
-        return logits
-
-    def commit(self, counts: Tensor) -> None:
-        if self.into_cache:
-            self.cache.advance(counts)
-        else:
-            self.cache.commit(self.buffer, counts)
-
-    def keep_rows(self, rows: list[int]) -> None:
-        self.cache.keep_rows(rows)
-        if self.buffer is not None:
-            self.buffer.keep_rows(len(rows))
-
-
 class Drafter:
     """What a method adds to the loop: its proposals, the block it verifies and what it accepts.
 
@@ -226,8 +170,6 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     greedy = type(drafter) is Drafter
     buffer = None if greedy else new_buffer(model, policy.num_loops, len(prompts), drafter.width)
     if compile:
-        from looped_kv.decoding.compiled import CompiledPasses
-
         passes: Passes = CompiledPasses(model, cache, buffer)
     else:
         passes = Passes(model, cache, buffer, into_cache=greedy)

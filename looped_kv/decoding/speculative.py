@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from looped_kv.decoding.core import Generation, accept
-from looped_kv.decoding.loop import Drafter, Outcome, Passes, Proposal, decode_rows
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode_rows
+from looped_kv.decoding.passes import Passes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads
 
