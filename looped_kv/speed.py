@@ -190,15 +190,15 @@ def methods_side_by_side(args: argparse.Namespace) -> None:
           f"end-of-text), float32, {args.rounds} interleaved rounds; ratios: median of the paired rounds (range)")
     header = f"  {'method':<14}" + "".join(f"{mode + ' tokens/s':>20}" for mode in modes)
     columns = [f"{mode} / {mode} greedy" for mode in modes] + (["compiled / eager"] if len(modes) > 1 else [])
-    header += "".join(f"{column:>24}" for column in columns)
+    header += "".join(f"{column:>28}" for column in columns)
     print(header)
     for method in args.methods:
         names = {mode: f"{method} {mode}" for mode in modes}
         row = f"  {DISPLAY[method]:<14}" + "".join(
             f"{tokens[names[mode]] / statistics.median(times[names[mode]]):>20.1f}" for mode in modes)
-        row += "".join(f"{paired(times, names[mode], f'ar {mode}', tokens):>24}" for mode in modes)
+        row += "".join(f"{paired(times, names[mode], f'ar {mode}', tokens):>28}" for mode in modes)
         if len(modes) > 1:
-            row += f"{paired(times, names['compiled'], names['eager'], tokens):>24}"
+            row += f"{paired(times, names['compiled'], names['eager'], tokens):>28}"
         print(row)
 
 
