@@ -2,7 +2,7 @@
 
     looped-kv generate --method mature-spec --cache ripe --window 16 "Question: ... Answer:"
     looped-kv bench --workloads problems --prompts 32 --methods ar self-spec mature-spec
-    looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.analysis.throughput
+    looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.experiments.throughput
     looped-kv memory --model huginn-0125 --context 1024 4096
     looped-kv plan --model huginn-0125 --gpu-memory 40    # does every chapter fit one GPU?
     looped-kv batch freeze regions                     # the shipped example, or a spec file
@@ -28,12 +28,13 @@ from typing import NoReturn
 import pandas as pd
 import torch
 
-from looped_kv import bench, profiles, workloads
-from looped_kv.analysis import plan, throughput
+from looped_kv import profiles, workloads
+from looped_kv.analysis import plan
 from looped_kv.analysis.verdicts import MIN_PROMPTS
 from looped_kv.book import DTYPES
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import METHODS, DasWave, Greedy, PromptLookup, SelfSpec
+from looped_kv.experiments import bench, throughput
 from looped_kv.protocol import batches
 from looped_kv.protocol.reproducibility import check_device
 from looped_kv.protocol.selftest import SelfTestFailure
@@ -334,7 +335,7 @@ def _add_batched(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("batched", add_help=False,
                        help="batched decoding: tokens/s against batch size, the peak-memory model and the "
                             "fixed-memory throughput ratio (chapter 7; see looped-kv batched --help)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m looped_kv.analysis.throughput")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m looped_kv.experiments.throughput")
     p.set_defaults(func=cmd_batched)
 
 

@@ -53,9 +53,10 @@ import pandas as pd
 import seaborn as sns
 import torch
 
-from looped_kv import bench, book, papers, profiles, workloads
+from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import measure, perf
 from looped_kv.analysis.verdicts import CEILING_MARGIN, verdict_table
+from looped_kv.experiments import bench
 from looped_kv.workloads import data
 
 book.setup()

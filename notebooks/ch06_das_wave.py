@@ -54,10 +54,11 @@ import pandas as pd
 import torch
 
 import looped_kv
-from looped_kv import bench, book, papers, profiles, workloads
+from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis.verdicts import CEILING_MARGIN, verdict_table
 from looped_kv.decoding.core import accept, new_cache, prefill
 from looped_kv.decoding.das_wave import DEEP_KV, refine
+from looped_kv.experiments import bench
 from looped_kv.runtime.policy import make_policy
 from looped_kv.workloads import data
 

@@ -52,9 +52,10 @@ import torch
 from IPython.display import Markdown, display
 
 import looped_kv
-from looped_kv import book, gpu_check, papers, profiles, workloads
+from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import perf, throughput
 from looped_kv.analysis.memory_bench import check_memory_model
+from looped_kv.experiments import gpu_check
 from looped_kv.runtime.memory import m_deep, m_full, memory_table
 
 book.setup()
@@ -620,7 +621,7 @@ book.md(
 #
 # Allocation and timing do not depend on the weights, so a full-size Huginn-0125 config
 # with random bf16 weights measures the real memory and the real cost of $d$ loops
-# against $R$ loops. The script `python -m looped_kv.gpu_check --out
+# against $R$ loops. The script `python -m looped_kv.experiments.gpu_check --out
 # book/data/gpu_check_huginn-0125.json` does this in one run (cache bytes and peak
 # reserved memory against the memory model for a few batch sizes, and the time of a
 # forward of $d$ loops against $R$ loops at batch 1 against Eq. (8)'s cost assumption

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv import bench
 from looped_kv.analysis.fits import interaction_effect
 from looped_kv.analysis.verdicts import AGREES, DISAGREES, INCONCLUSIVE
 from looped_kv.decoding import settings
+from looped_kv.experiments import bench
 
 SMALL_WAVE = {"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}
 

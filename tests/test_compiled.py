@@ -14,13 +14,14 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv import bench, generate, make_policy
+from looped_kv import generate, make_policy
 from looped_kv.decoding import compiled
 from looped_kv.decoding.core import capacity_bucket
 from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
 from looped_kv.decoding.loop import decode
 from looped_kv.decoding.speculative import LoopDrafts
+from looped_kv.experiments import bench
 from looped_kv.runtime.policy import make_prefix_reads
 
 R = 2

@@ -11,9 +11,10 @@ from conftest import random_model
 
 from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import peak_bytes
-from looped_kv.analysis.throughput import main, throughput_cells
+from looped_kv.analysis.throughput import throughput_cells
 from looped_kv.decoding.core import accept, new_cache, prefill, prefill_rows, run_block
 from looped_kv.decoding.generate import generate
+from looped_kv.experiments.throughput import main
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.policy import make_policy

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from looped_kv import gpu_check
+from looped_kv.experiments import gpu_check
 
 
 def test_gpu_check_on_cpu(tmp_path, capsys):

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from looped_kv import plan_check, profiles
+from looped_kv import profiles
 from looped_kv.book import DTYPES
 from looped_kv.cli import main
+from looped_kv.experiments import plan_check
 from looped_kv.runtime.config import LoopedConfig, huginn_0125
 from looped_kv.runtime.model import LoopedLM
 
@@ -52,7 +53,7 @@ def model() -> LoopedLM:
 
 @pytest.mark.parametrize("chapter", sorted(plan_check.RUNS))
 def test_plan_predicts_the_measured_peak(model, chapter):
-    """Each chapter's own calls at the scaled profile's sizes (:mod:`looped_kv.plan_check`), measured by the
+    """Each chapter's own calls at the scaled profile's sizes (:mod:`looped_kv.experiments.plan_check`), measured by the
     tensor meter; the model's weights are held before the chapter starts and are not counted."""
     measured, _ = plan_check.measured_peak(model, PROFILE, chapter)
     predicted = plan_check.predicted_peak(model, PROFILE, chapter)

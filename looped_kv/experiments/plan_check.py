@@ -4,8 +4,8 @@ Every chapter run below makes the chapter's own package calls with the sizes the
 (:mod:`looped_kv.profiles`), on random token ids of the lengths the plan charges (every prompt
 ``prompt_tokens`` long), so the measurement is the case the plan bounds. Allocation does not depend on the
 weights, so a model of a published config with random weights measures the real thing (as
-:mod:`looped_kv.gpu_check` does). Chapter 1's chain answers are left out (they need a tokenizer and are not a
-real checkpoint's peak).
+:mod:`looped_kv.experiments.gpu_check` does). Chapter 1's chain answers are left out (they need a tokenizer and
+are not a real checkpoint's peak).
 
 On a GPU the measured peak is ``torch.cuda.max_memory_allocated`` over the run, the resident weights included,
 against the plan's GPU peak; on a CPU, where GPU and host memory are one, it is
@@ -13,7 +13,7 @@ against the plan's GPU peak; on a CPU, where GPU and host memory are one, it is
 resident weights. ``tests/test_plan.py`` holds every prediction to 10% of the CPU measurement on a scaled-down
 model of Huginn's shape; on a GPU, one command records the full-size check:
 
-    python -m looped_kv.plan_check --model huginn-0125 --out book/data/plan-check-huginn-0125.json
+    python -m looped_kv.experiments.plan_check --model huginn-0125 --out book/data/plan-check-huginn-0125.json
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from looped_kv import bench, profiles
+from looped_kv import profiles
 from looped_kv.analysis import measure, plan
 from looped_kv.analysis.depth import loss_by_text
 from looped_kv.analysis.memory_bench import tensor_peak_bytes
@@ -45,6 +45,7 @@ from looped_kv.analysis.planes import (
 )
 from looped_kv.analysis.ripe import acceptance_by_cache, replay_records, with_dtype
 from looped_kv.decoding.generate import generate
+from looped_kv.experiments import bench
 from looped_kv.protocol.reproducibility import check_device, measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy
@@ -199,9 +200,9 @@ def check(model: LoopedLM, profile: profiles.Profile, chapters: list[str] | None
 
 
 def main(argv: list[str] | None = None) -> None:
-    from looped_kv.gpu_check import CONFIGS, random_model
+    from looped_kv.experiments.gpu_check import CONFIGS, random_model
 
-    ap = argparse.ArgumentParser(prog="python -m looped_kv.plan_check", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.plan_check", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="huginn-0125", help=f"one of {tuple(CONFIGS)}")
     ap.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -19,7 +19,7 @@ The reference is not part of this package: point ``--reference`` at a checkout o
 from there as they are. They were written for transformers 4.x: run the comparison in an environment
 with ``pip install "transformers>=4.53,<5"`` (4.47 lacks a call they make; looped_kv works with any).
 
-    python -m looped_kv.speed --reference ../recurrent-pretraining
+    python -m looped_kv.experiments.speed --reference ../recurrent-pretraining
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def methods_side_by_side(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m looped_kv.speed", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.speed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference", type=Path, help="checkout of seal-rg/recurrent-pretraining (omit: looped_kv only)")
     ap.add_argument("--prompt", type=int, default=256, help="prompt tokens of the reference comparison (default 256)")

@@ -12,8 +12,8 @@ Every argument is checked before any work (the script is meant to run once, on a
 measurements run inside :func:`looped_kv.protocol.reproducibility.measurement_mode` (cuDNN attention disabled),
 and the JSON records that setting with the torch, CUDA and cuDNN versions.
 
-    python -m looped_kv.gpu_check --config huginn-0125 --out gpu_check.json      # on a GPU
-    python -m looped_kv.gpu_check --config tiny --device cpu --batch-sizes 1 2 3  # anywhere
+    python -m looped_kv.experiments.gpu_check --config huginn-0125 --out gpu_check.json      # on a GPU
+    python -m looped_kv.experiments.gpu_check --config tiny --device cpu --batch-sizes 1 2 3  # anywhere
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Lo
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m looped_kv.gpu_check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="huginn-0125", choices=sorted(CONFIGS))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
