@@ -36,10 +36,10 @@ from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import METHODS, DasWave, Greedy, PromptLookup, SelfSpec
 from looped_kv.experiments import bench, throughput
 from looped_kv.protocol import batches
-from looped_kv.protocol.reproducibility import check_device
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
 from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load, resolve_source
+from looped_kv.runtime.measurement import check_device
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy

@@ -13,8 +13,9 @@ import torch
 import yaml
 
 from looped_kv.protocol import batches, selftest
-from looped_kv.protocol.reproducibility import bitwise_rerun, measurement_mode
+from looped_kv.protocol.reproducibility import bitwise_rerun
 from looped_kv.runtime.loading import TINY_DIR
+from looped_kv.runtime.measurement import measurement_mode
 
 torch.set_num_threads(1)  # small models: more threads only add contention
 EXAMPLES = batches.EXAMPLES_DIR

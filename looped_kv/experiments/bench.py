@@ -51,7 +51,7 @@ from looped_kv.decoding.core import Generation, capacity_bucket, check_prompts
 from looped_kv.decoding.das_wave import check_wave, proposal_width
 from looped_kv.decoding.generate import drafter, generate
 from looped_kv.decoding.settings import WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
-from looped_kv.protocol.reproducibility import measurement_mode
+from looped_kv.runtime.measurement import measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
 
@@ -413,7 +413,7 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
     (each decoded alone, stopping at end-of-text), eager and compiled side by side (``modes``), tau or A as a
     fraction of its ceiling, the best compiled speculative method against compiled greedy decoding, and the
     verdicts on "Mature-Spec beats self-speculation", measured with cuDNN attention off
-    (:func:`looped_kv.protocol.reproducibility.measurement_mode`). Every prompt is checked before decoding."""
+    (:func:`looped_kv.runtime.measurement.measurement_mode`). Every prompt is checked before decoding."""
     check_options(prompts, max_new_tokens, draft_loops, block, methods, workloads)
     check_model(model.config.mean_recurrence, draft_loops)
     configs = {name: config for name, config in method_configs(draft_loops, block).items() if name in methods}

@@ -9,7 +9,7 @@ random bf16 weights measures the real thing (RIPE Sections 3.4-3.5):
   c(d) = n_pre + d n_core + n_coda.
 
 Every argument is checked before any work (the script is meant to run once, on a rented GPU), the
-measurements run inside :func:`looped_kv.protocol.reproducibility.measurement_mode` (cuDNN attention disabled),
+measurements run inside :func:`looped_kv.runtime.measurement.measurement_mode` (cuDNN attention disabled),
 and the JSON records that setting with the torch, CUDA and cuDNN versions.
 
     python -m looped_kv.experiments.gpu_check --config huginn-0125 --out gpu_check.json      # on a GPU
@@ -32,9 +32,9 @@ from tqdm.auto import tqdm
 from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.analysis.perf import peak_memory
-from looped_kv.protocol.reproducibility import check_device, environment, measurement_mode
 from looped_kv.runtime.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
 from looped_kv.runtime.loading import TINY_DIR
+from looped_kv.runtime.measurement import check_device, environment, measurement_mode
 from looped_kv.runtime.model import LoopedLM
 
 CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo,

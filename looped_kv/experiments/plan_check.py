@@ -46,7 +46,7 @@ from looped_kv.analysis.planes import (
 from looped_kv.analysis.ripe import acceptance_by_cache, replay_records, with_dtype
 from looped_kv.decoding.generate import generate
 from looped_kv.experiments import bench
-from looped_kv.protocol.reproducibility import check_device, measurement_mode
+from looped_kv.runtime.measurement import check_device, measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy
 

@@ -11,9 +11,9 @@ import torch
 
 from looped_kv.analysis.perf import ThroughputFit, fit_throughput
 from looped_kv.analysis.throughput import ThroughputCell, check_cells, fixed_memory_comparison, throughput_cells
-from looped_kv.protocol.reproducibility import check_device, measurement_mode
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import load, resolve_source
+from looped_kv.runtime.measurement import check_device, measurement_mode
 from looped_kv.workloads import data
 
 

@@ -89,9 +89,10 @@ from looped_kv.decoding.loop import LogitsRecorder
 from looped_kv.decoding.settings import METHODS
 from looped_kv.decoding.speculative import check_speculation
 from looped_kv.protocol import distributed
-from looped_kv.protocol.reproducibility import bitwise_rerun, measurement_mode
+from looped_kv.protocol.reproducibility import bitwise_rerun
 from looped_kv.protocol.selftest import require_selftests
 from looped_kv.runtime.loading import TINY_DIR, load
+from looped_kv.runtime.measurement import measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
 
