@@ -61,6 +61,7 @@ import looped_kv
 from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.measure import policy_logits
+from looped_kv.analysis.planes import in_dtype
 from looped_kv.analysis.ripe import (
     acceptance_by_cache,
     batched_vs_sequential,
@@ -73,7 +74,6 @@ from looped_kv.analysis.ripe import (
     survival,
     tail_counts_by_prompt,
     tail_summary,
-    with_dtype,
 )
 from looped_kv.decoding.core import new_cache, prefill
 from looped_kv.runtime.memory import m_ripe, memory_table
@@ -206,7 +206,7 @@ book.md(
 # logits and in every cached key and value after the commit.
 
 # %%
-model_exact = with_dtype(model, book.DTYPES[profile.exact_dtype])
+model_exact = in_dtype(model, book.DTYPES[profile.exact_dtype])
 worked = book.encode(model_exact, data.word_problems(1, split="eval")[0].text)
 block_starts = [worked.shape[1] // 2, worked.shape[1] - GAMMA - 1]
 prop_policies = {
@@ -320,7 +320,7 @@ del model_exact  # the float64 copy is no longer needed
 # Section 5.2 is measured (below).
 
 # %%
-model16 = with_dtype(model, book.DTYPES[profile.reference_dtype])  # L0 and cache arms
+model16 = in_dtype(model, book.DTYPES[profile.reference_dtype])  # L0 and cache arms
 n_replay = profile.replay_prompts
 targets = {}
 for w in data.WORKLOADS:
@@ -339,7 +339,7 @@ for g in targets.values():
     logits = policy_logits(model16, tokens, p, full).to(model16.dtype)  # computed in it
     near_ties += book.check_greedy_tokens(logits, tokens[0, p:])
 
-model32 = with_dtype(model16, torch.float32)  # the precision floor: same weights, fp32
+model32 = in_dtype(model16, torch.float32)  # the precision floor: same weights, fp32
 DEEP, FP32 = "deepest plane (W = 0)", "fp32 full cache"
 arms = {DEEP: (model16, deepest),
               **{f"RIPE, W = {w}": (model16, make_policy("ripe", R, window=w))

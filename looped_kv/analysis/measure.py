@@ -21,14 +21,12 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from looped_kv.analysis.replay import KL_RESOLUTION as KL_RESOLUTION  # the one KL function and its resolution
 from looped_kv.analysis.replay import kl
 from looped_kv.analysis.teacher_forcing import check_depths, draft_readouts, force
 from looped_kv.analysis.verdicts import Claim, Verdict, below_ceiling, discrimination, enough_units, varies, verdict
 from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_passes
-from looped_kv.decoding.greedy import greedy
 from looped_kv.decoding.loop import DecodeView, Observer, Outcome, decode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
@@ -191,14 +189,6 @@ def channel_verdict(frame: pd.DataFrame, d: int = 1, a: str = "deep-v", b: str =
     checks = discrimination(enough_units(len(x)), below_ceiling(y, 1.0, f"agreement of {b} drafts at d = {d}"),
                             varies(np.r_[x, y], f"agreement of {a} and {b} drafts at d = {d}"))
     return verdict(claim, x, y, discrimination=checks)
-
-
-def target_trajectories(model: LoopedLM, prompts: Sequence[Tensor], max_new_tokens: int,
-                        policy: CachePolicy | None = None, progress: bool = True) -> list[Tensor]:
-    """Greedy full-depth trajectories (prompt + generated tokens) under a cache policy (default full)."""
-    policy = policy or make_policy("full", model.config.mean_recurrence)
-    return [greedy(model, ids, max_new_tokens, policy=policy).tokens
-            for ids in tqdm(prompts, desc="target trajectories", disable=not progress, leave=False)]
 
 
 def draft_agreement_rows(model: LoopedLM, generation: Generation, draft_loops: Sequence[int],

@@ -482,7 +482,9 @@ def _copy_in(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
 
 
 def in_dtype(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
-    """A copy of ``model`` cast to ``dtype`` (e.g. the bf16 model of the bf16 replay), tokenizer kept."""
+    """``model`` itself if it is in ``dtype``, else a copy of its weights cast to ``dtype``, tokenizer kept (e.g. the
+    bf16 model of the bf16 replay). Casting the bf16 model up gives an fp32 arm the same weights, so that it
+    differs from the bf16 reference in arithmetic only."""
     return model if model.dtype == dtype else _copy_in(model, dtype)
 
 

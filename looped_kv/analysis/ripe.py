@@ -32,7 +32,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from looped_kv.analysis.measure import row_tau
-from looped_kv.analysis.planes import in_dtype
 from looped_kv.analysis.replay import KL_RESOLUTION, kl
 from looped_kv.analysis.teacher_forcing import (
     PromptPlanes,
@@ -53,13 +52,6 @@ from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
 
 TAIL_KL: float = RIPE_TABLE_4_SETUP["tail KL"]  # RIPE Table 4's tail threshold
-
-
-def with_dtype(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
-    """``model`` itself if it is in ``dtype``, else a copy of its weights cast to ``dtype`` (tokenizer and
-    source shared). Casting the bf16 model up gives the fp32 arm the same weights, so that it differs from
-    the bf16 reference in arithmetic only."""
-    return in_dtype(model, dtype)
 
 
 # -- the policy (Eq. 9) ---------------------------------------------------------------------------

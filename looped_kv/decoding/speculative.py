@@ -96,11 +96,3 @@ def self_speculative(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_
     return decode_rows(model, input_ids, max_new_tokens, policy=policy, drafter=drafter, eos=eos, compile=compile,
                        progress=progress)
 
-
-def acceptance_by_position(accepted: list[int], block: int) -> list[float]:
-    """P(draft i accepted | drafts 1..i-1 accepted), i = 1..gamma (RIPE Figure 5a)."""
-    rates = []
-    for i in range(1, block + 1):
-        reached = sum(1 for k in accepted if k >= i - 1)
-        rates.append(sum(1 for k in accepted if k >= i) / reached if reached else float("nan"))
-    return rates

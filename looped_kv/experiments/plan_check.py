@@ -43,7 +43,7 @@ from looped_kv.analysis.planes import (
     ripening_curves,
     table3_policies,
 )
-from looped_kv.analysis.ripe import acceptance_by_cache, replay_records, with_dtype
+from looped_kv.analysis.ripe import acceptance_by_cache, replay_records
 from looped_kv.decoding.generate import generate
 from looped_kv.experiments import bench
 from looped_kv.runtime.measurement import check_device, measurement_mode
@@ -108,17 +108,17 @@ def ch03(model: LoopedLM, profile: profiles.Profile) -> None:
 
 def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
     p, R, rows = profile.ch04, model.config.mean_recurrence, profile.rows_per_pass
-    model_exact = with_dtype(model, _dtype(p.exact_dtype))
+    model_exact = in_dtype(model, _dtype(p.exact_dtype))
     spec = dict(max_new_tokens=p.acceptance_tokens, rows_per_pass=rows, stop_at_eos=False, cache="ripe",
                 window=p.block)
     exact_prompts = _prompts(model_exact, profile, 3 * p.exact_prompts)
     generate(model_exact, exact_prompts, **spec)
     generate(model_exact, exact_prompts, **spec, method="self-spec", draft_loops=p.draft_loops, block=p.block)
     del model_exact, exact_prompts
-    model16 = with_dtype(model, _dtype(p.reference_dtype))
+    model16 = in_dtype(model, _dtype(p.reference_dtype))
     targets = generate(model16, _prompts(model, profile, p.replay_prompts), max_new_tokens=p.new_tokens,
                        stop_at_eos=False, rows_per_pass=rows)
-    model32 = with_dtype(model16, torch.float32)
+    model32 = in_dtype(model16, torch.float32)
     full = make_policy("full", R)
     arms = {"deepest": (model16, make_policy("deepest", R)),
             **{f"W = {w}": (model16, make_policy("ripe", R, window=w)) for w in p.windows},

@@ -255,10 +255,6 @@ class PlaneCache:
                 keep = keep & ~((t - j <= self.policy.window) | (j < self.policy.sinks))
         return keep[:, None]
 
-    def fetch(self, which: int, layer: int, plane: int, start: int, stop: int) -> Tensor:
-        """Keys (which=0) or values (1) of core ``layer`` at a kept ``plane`` for positions [start, stop)."""
-        return self.plane_tensor(which, Site("core", layer), plane)[:, :, start:stop]
-
     # -- writing -------------------------------------------------------------------------------
     def plan_writes(self, positions: Tensor, counts: Tensor | None = None) -> RowWrites:
         """Entries of a block at ``positions`` (B, n) whose first ``counts`` (B,) columns per row are stored (all
