@@ -148,37 +148,32 @@ CHAIN_BINDINGS = 40  # most variables one program binds
 CHAIN_CHANCE = 0.1  # an answer is uniform over the ten digits given everything but its full chain
 
 
-def _chain_program(rng: random.Random, max_depth: int, max_chains: int, tail: int, interleave: bool) -> ChainProgram:
-    """One program: 1..max_chains value-changing chains, one query each.
+def _chain_program(rng: random.Random, max_depth: int, max_chains: int, interleave: bool) -> ChainProgram:
+    """One program: 1..max_chains value-changing chains, each queried at its last variable, in chain order.
 
     A chain starts at a digit and every later variable adds a digit to the one before, mod 10
-    (``a=3;b=a+4;c=b+1;``). The queried variable's depth (uniform in 1..max_depth) is the number
-    of serial steps its value needs; up to ``tail`` more bindings follow it in its chain, so
-    program length varies independently of the depth asked.
+    (``a=3;b=a+4;c=b+1;``). A chain's length (uniform in 1..max_depth) is its query's depth: the
+    number of serial steps its value needs. Which variable is asked, and in which order, follows
+    from the program, so everything after the program is determined by it and only the answers
+    need depth.
     """
     names = iter(rng.sample(CHAIN_NAMES, len(CHAIN_NAMES)))
     budget = CHAIN_BINDINGS
     chains: list[list[tuple[str, str, int]]] = []  # per chain: (variable, its binding, its value)
-    queries: list[ChainQuery] = []
     for _ in range(rng.randint(1, max_chains)):
         depth = rng.randint(1, max_depth)
-        length = depth + rng.randint(0, tail)
-        if length > budget:
-            if chains:
-                break
-            length = depth
-        budget -= length
+        if depth > budget:
+            break
+        budget -= depth
         value = rng.randrange(10)
         chain = [(next(names), str(value), value)]
-        for _ in range(length - 1):
+        for _ in range(depth - 1):
             step = rng.randint(1, 9)
             value = (value + step) % 10
             chain.append((next(names), f"{chain[-1][0]}+{step}", value))
         chains.append(chain)
-        variable, _, answer = chain[depth - 1]
-        queries.append(ChainQuery(variable, str(answer), depth))
+    order = [c for c, chain in enumerate(chains) for _ in chain]
     if interleave:  # a random interleaving that keeps each chain's order
-        order = [c for c, chain in enumerate(chains) for _ in chain]
         rng.shuffle(order)
         written = [0] * len(chains)
         lines = []
@@ -188,12 +183,12 @@ def _chain_program(rng: random.Random, max_depth: int, max_chains: int, tail: in
             lines.append(f"{variable}={binding};")
     else:
         lines = [f"{variable}={binding};" for chain in chains for variable, binding, _ in chain]
-    rng.shuffle(queries)
-    return ChainProgram("".join(lines), tuple(queries))
+    queries = tuple(ChainQuery(chains[c][-1][0], str(chains[c][-1][2]), len(chains[c])) for c in dict.fromkeys(order))
+    return ChainProgram("".join(lines), queries)
 
 
 def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH, max_chains: int = 3,
-                   tail: int = 8, interleave: bool = False) -> list[ChainProgram]:
+                   interleave: bool = False) -> list[ChainProgram]:
     """``n`` value-changing chain programs of a split, queries up to ``max_depth`` steps deep.
 
     Each program holds up to ``max_chains`` chains (the others are distractors to each query), each
@@ -206,9 +201,7 @@ def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int =
         raise ValueError(f"max_depth must be in [1, {CHAIN_DEPTH}], got {max_depth}")
     if not 1 <= max_chains <= 4:
         raise ValueError(f"max_chains must be in [1, 4], got {max_chains}")
-    if not 0 <= tail <= CHAIN_BINDINGS - CHAIN_DEPTH:
-        raise ValueError(f"tail must be in [0, {CHAIN_BINDINGS - CHAIN_DEPTH}], got {tail}")
-    return [_chain_program(random.Random(f"chains/{split}/{seed}/{i}"), max_depth, max_chains, tail, interleave)
+    return [_chain_program(random.Random(f"chains/{split}/{seed}/{i}"), max_depth, max_chains, interleave)
             for i in range(n)]
 
 

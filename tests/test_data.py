@@ -34,8 +34,11 @@ def test_every_answer_is_its_chain_computed_and_its_depth_the_steps(interleave):
         roots = [chain[q.variable] for q in p.queries]
         assert len(set(roots)) == len(roots)  # one query per chain: no answer informs another
         assert len(set(chain.values())) == len(p.queries)  # and every chain is queried
+        firsts = list(dict.fromkeys(chain[name] for name in value))
+        assert roots == firsts  # in the order the chains start
         for q in p.queries:
             assert q.value == str(value[q.variable]) and q.depth == depth[q.variable]
+            assert q.depth == max(d for name, d in depth.items() if chain[name] == chain[q.variable])  # its last
         assert p.text == f"{p.program}\n" + "".join(f"{q.variable}?{q.value};" for q in p.queries) + "\n"
         assert p.prompt == f"{p.program}\n" and set(p.program) <= set(data.CHAIN_NAMES + "0123456789=+;")
 
@@ -50,11 +53,12 @@ def test_depths_span_the_range_and_answers_are_uniform_over_ten_digits():
     assert max(abs(n / len(queries) - data.CHAIN_CHANCE) for n in digits.values()) < 0.02
 
 
-def test_max_depth_caps_the_queries_not_the_programs():
+def test_max_depth_caps_the_queries_and_distractors_lengthen_the_programs():
     programs = data.chain_programs(300, "train", max_depth=4)
     assert max(q.depth for p in programs for q in p.queries) == 4
     lengths = [len(evaluate(p.program)[0]) for p in programs]
-    assert max(lengths) > 4 * 2  # tails and distractor chains make programs longer than the depth asked
+    assert max(lengths) > 4 * 2  # distractor chains make programs longer than the depth asked
+    assert all(len(p.queries) == 1 for p in data.chain_programs(50, "train", max_chains=1))
 
 
 def test_splits_and_seeds_differ_and_repeat():
@@ -69,7 +73,6 @@ def test_splits_and_seeds_differ_and_repeat():
     ({"max_depth": 0}, r"max_depth must be in \[1, 32\]"),
     ({"max_depth": 33}, r"max_depth must be in \[1, 32\]"),
     ({"max_chains": 0}, r"max_chains must be in \[1, 4\]"),
-    ({"tail": -1}, r"tail must be in \[0, 8\]"),
 ])
 def test_bad_options_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -16,8 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
+
+from looped_kv.analysis.depth import DEPTH_BUCKETS
 from looped_kv.tiny import train
 
 RECORDS = Path(__file__).parent / "scouting"
@@ -30,6 +34,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                   ["--chains", "1"]),
     "three-chains": ("up to three chains per program, one query each (the others are distractors), written one "
                      "after the other", ["--chains", "3"]),
+    "small-batch": ("one-chain with twice the updates per minute: batches of 8 rows, learning rate 2e-3 after 200 "
+                    "warm-up steps", ["--chains", "1", "--batch", "8", "--lr", "2e-3", "--warmup", "200"]),
     "chars": ("one-chain, one token per byte instead of BPE", ["--chains", "1", "--vocab", "257"]),
 }
 
@@ -42,6 +48,26 @@ def earns_long_run(record: dict, margin: float = 0.05) -> bool:
         return False
     mean = {R: sum(held[R][b] for b in deep) / len(deep) for R in ("4", "16")}
     return mean["16"] >= mean["4"] + margin and mean["16"] >= held["chance"] + margin
+
+
+def records() -> list[dict]:
+    """Every recorded scouting run, oldest first."""
+    runs = [json.loads(p.read_text()) for p in RECORDS.glob("*.json")]
+    return sorted(runs, key=lambda r: r["started"])
+
+
+def summary(runs: list[dict], loops: tuple[str, ...] = ("1", "4", "8", "16", "32")) -> pd.DataFrame:
+    """One row per (run, R): held-out accuracy by depth bucket at the run's end, its steps and minutes, chance,
+    and whether the run earns a long run."""
+    rows = {}
+    for run in runs:
+        final = run["final"]
+        held = final["held_out"]
+        for R in loops:
+            rows[(run["recipe"], int(R))] = {
+                **{b: held[R].get(b) for b in DEPTH_BUCKETS}, "chance": held["chance"], "steps": final["step"],
+                "minutes": round(final["time_s"] / 60), "earns a long run": earns_long_run(final)}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["recipe", "R"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path("runs/scout") / args.recipe
     if out.exists():
         ap.error(f"{out} exists: a scouting run is one sitting; move it away to run {args.recipe} again")
+    started = datetime.now(timezone.utc).isoformat(timespec="minutes")
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or "unknown"
     train.main([*options, "--out", str(out), "--minutes", str(args.minutes), "--threads", "1"])
@@ -71,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     RECORDS.mkdir(exist_ok=True)
     (RECORDS / f"{args.recipe}.json").write_text(json.dumps({
         "recipe": args.recipe, "what": what, "command": f"python -m looped_kv.tiny.scout {args.recipe}",
-        "commit": commit,
+        "commit": commit, "started": started,
         "options": options, "settings": json.loads((out / "settings.json").read_text()),
         "final": final, "log": log}, indent=1) + "\n")
     print(f"{args.recipe}: earns a long run: {earns_long_run(final)}")

@@ -9,8 +9,8 @@ Python standard library (next-token loss on every token), and value-changing var
 the depth workload (loss on the query lines only: the bindings are random). The chains follow
 a curriculum: queries start at most ``--start-depth`` steps deep, and the cap rises by
 ``--depth-step`` whenever development accuracy at ``--curriculum-loops`` loops on the deepest
-queries allowed passes ``--advance-at``. Programs keep their full length from the start (chain
-tails and distractor chains), since skill on short programs does not carry to long ones.
+queries allowed passes ``--advance-at``. With ``--chains`` above 1, distractor chains make
+programs of every length from the start.
 Every ``--eval-every`` steps the log records held-out answer accuracy by depth bucket at
 R = 1, 4, 8, 16, 32, beside chance.
 
@@ -245,7 +245,7 @@ class Curriculum:
 
 def shape(args: argparse.Namespace) -> dict:
     """The chain programs' shape options (``data.chain_programs``)."""
-    return {"max_chains": args.chains, "tail": args.tail, "interleave": args.interleave}
+    return {"max_chains": args.chains, "interleave": args.interleave}
 
 
 def mean_recurrence(args: argparse.Namespace, depth: int) -> int:
@@ -313,7 +313,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--curriculum-loops", type=int, default=32, help="loops at which the curriculum is judged")
     ap.add_argument("--curriculum-every", type=int, default=100)
     ap.add_argument("--chains", type=int, default=3, help="most chains per program (one query each)")
-    ap.add_argument("--tail", type=int, default=8, help="most bindings after a chain's queried variable")
     ap.add_argument("--interleave", action="store_true", help="interleave a program's chains")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
     ap.add_argument("--eager", action="store_true", help="do not compile the loop")
@@ -347,9 +346,8 @@ def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> No
         ap.error(f"--mix must be three fractions >= 0 that sum to 1, got {args.mix}")
     if args.start_depth > data.CHAIN_DEPTH:
         ap.error(f"--start-depth must be in [1, {data.CHAIN_DEPTH}], got {args.start_depth}")
-    if not 1 <= args.chains <= 4 or not 0 <= args.tail <= data.CHAIN_BINDINGS - data.CHAIN_DEPTH:
-        ap.error(f"--chains must be in [1, 4] and --tail in [0, {data.CHAIN_BINDINGS - data.CHAIN_DEPTH}], got "
-                 f"{args.chains} and {args.tail}")
+    if not 1 <= args.chains <= 4:
+        ap.error(f"--chains must be in [1, 4], got {args.chains}")
     if args.resume and not (args.out / "checkpoint.pt").exists():
         ap.error(f"--resume needs {args.out / 'checkpoint.pt'}, which does not exist")
 
@@ -489,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
             model.eval()
             entry["curriculum_accuracy"] = curriculum.check(loops, step, autocast)
             model.train()
-        bar.set_postfix(loss=f"{entry['loss']:.3f}", depth=curriculum.depth, loops=entry["loops"])
+        bar.set_postfix(loss=f"{entry['loss']:.3f}", depth=curriculum.depth, loops=entry["loops"], refresh=False)
         last = step == args.steps
         out_of_time = args.minutes and time.perf_counter() - sitting > 60 * args.minutes
         if step % args.eval_every == 0 or last or out_of_time:
