@@ -36,6 +36,13 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                      "after the other", ["--chains", "3"]),
     "small-batch": ("one-chain with twice the updates per minute: batches of 8 rows, learning rate 2e-3 after 200 "
                     "warm-up steps", ["--chains", "1", "--batch", "8", "--lr", "2e-3", "--warmup", "200"]),
+    "mix": ("one-chain in the shipped mix (20% word problems, 20% code, 60% chains), with the mean recurrence "
+            "following the curriculum (its depth plus backprop, between 8 and 40)",
+            ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth", "--min-recurrence", "8",
+             "--mean-recurrence", "40"]),
+    "three-chains-mix": ("mix, with up to three chains per program (one query each; the others are distractors)",
+                         ["--chains", "3", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth",
+                          "--min-recurrence", "8", "--mean-recurrence", "40"]),
     "chars": ("one-chain, one token per byte instead of BPE", ["--chains", "1", "--vocab", "257"]),
 }
 

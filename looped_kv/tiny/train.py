@@ -53,6 +53,8 @@ EOS = "<|endoftext|>"
 #: Options a resumed run may change: the thread count, the sitting's length and the run's length.
 RESUMABLE = ("threads", "steps", "minutes")
 EVAL_LOOPS = (1, 4, 8, 16, 32)
+#: The shipped model's default loop count R at inference (Huginn-0125's), whatever the training mean.
+INFERENCE_LOOPS = 32
 
 
 def corpus(split: str, problems: int) -> tuple[str, str]:
@@ -358,7 +360,7 @@ def build(args: argparse.Namespace, vocab_size: int) -> LoopedLM:
         family="huginn", vocab_size=vocab_size, n_embd=args.n_embd, n_heads=args.heads, n_kv_heads=args.heads,
         n_prelude=n_pre, n_core=n_core, n_coda=n_coda, intermediate_size=2 * args.n_embd, block_size=1024,
         qk_bias=True, rope_base=50000.0, embed_scale=math.sqrt(args.n_embd),
-        state_std=math.sqrt(2 / (5 * args.n_embd)), mean_recurrence=args.mean_recurrence,
+        state_std=math.sqrt(2 / (5 * args.n_embd)), mean_recurrence=INFERENCE_LOOPS,
         mean_backprop_depth=args.backprop)
     return LoopedLM(config)
 
