@@ -6,20 +6,28 @@ Appendix A, Table 5): decision rules and predictions frozen before each run, a f
 prediction reported (Appendix B, Table 6). This module is that workflow:
 
 1. A batch is a YAML spec (see ``looped_kv/batch_specs/*.yaml``): question, model, prompt sets, arms,
-   metrics, decision rules and predictions. :func:`load_spec` validates all of it before any work.
-2. :func:`freeze` writes a file table: the SHA-256 of the spec, its prompt files, the package's
-   own source files and the local model files. :func:`run_batch` refuses to run when any of them
-   has changed since.
-3. :func:`run_batch` checks the table, runs the self-tests (:mod:`looped_kv.protocol.selftest`), runs every
-   arm with progress bars in the spec's CPU thread count (sharded across processes under ``torchrun``,
-   :mod:`looped_kv.protocol.distributed`), writes per-position and per-prompt records as JSON lines, a summary,
-   the decision rules' labels and the predictions' outcomes, and a checksum manifest
-   (``MANIFEST.sha256``, the format of ``sha256sum -c``).
-4. :func:`verify` re-checks an archive: every checksum, the frozen table against the archived spec,
-   and the summary and labels recomputed from the records. :func:`compare` says whether two archives
-   of one frozen spec agree byte for byte, and by how much each metric differs where they do not.
-   :func:`ledger` prints the predictions of several archives in the layout of Appendix B (batch,
-   prediction, outcome: held or failed).
+   metrics, decision rules and predictions. :func:`load_spec` validates all of it before any work
+   (:mod:`looped_kv.protocol.spec`).
+2. :func:`freeze` checks the spec against its model (texts at least ``tokens`` long, sequences and sinks
+   within its ``block_size``, a tokenizer) and writes a file table: the SHA-256 of the spec, its prompt
+   files, the package's own source files and the local model files. :func:`run_batch` refuses to run
+   when any of them has changed since (:mod:`looped_kv.protocol.freeze`).
+3. :func:`run_batch` checks the table, creates ``<out>.partial`` with its marker, runs the self-tests
+   (:mod:`looped_kv.protocol.selftest`), runs every arm with progress bars in the spec's CPU thread count
+   (sharded across processes under ``torchrun``, :mod:`looped_kv.protocol.distributed`), and writes
+   per-position and per-prompt records as JSON lines, a summary, the decision rules' labels and the
+   predictions' outcomes (:mod:`looped_kv.protocol.decide`), and a checksum manifest (``MANIFEST.sha256``,
+   the format of ``sha256sum -c``), optionally signed with a key; it renames the folder to ``out`` when
+   complete and never deletes a folder it did not mark (:mod:`looped_kv.protocol.run`,
+   :mod:`looped_kv.protocol.archive`).
+4. :func:`verify` re-checks an archive: every checksum and no file outside it, the frozen table against
+   the archived spec, the self-tests in ``run.json``, records that cover exactly the frozen prompts and
+   arms with the fields their arms write, and the summary and labels recomputed from them. An unkeyed
+   manifest shows that nothing changed by accident, not who wrote the archive: a consistently rewritten
+   measurement verifies unless the manifest is signed (:mod:`looped_kv.protocol.verify` says what is
+   proved). :func:`compare` says whether two archives of one frozen spec agree byte for byte, and by how
+   much each metric differs where they do not. :func:`ledger` prints the predictions of several archives
+   (each once) in the layout of Appendix B (batch, prediction, outcome: held or failed).
 
 Two measurement modes exist. ``substitution``: teacher-forced replay of texts whose arms substitute
 a reference plane into a region of loops (RIPE Sec. 3.1, batches 2 and 9). ``generation``: a greedy
@@ -55,55 +63,22 @@ names, or its estimate lies in its range.
 """
 
 from looped_kv.protocol.archive import (
-                                        MANIFEST,
-                                        RUN_FILES,
-                                        analyse,
-                                        archive_files,
-                                        order_records,
-                                        read_jsonl,
-                                        write_archive,
-                                        write_json,
-                                        write_jsonl,
-                                        write_manifest,
+    MANIFEST,
+    SIGNATURE,
+    order_records,
+    read_jsonl,
+    read_key,
+    write_jsonl,
+    write_manifest,
 )
-from looped_kv.protocol.compare import Comparison, Difference, compare
-from looped_kv.protocol.decide import decide, outcome, prompt_table, summarize
-from looped_kv.protocol.freeze import (
-                                        TABLE_FORMAT,
-                                        check_table,
-                                        file_table,
-                                        freeze,
-                                        model_folder,
-                                        package_files,
-                                        read_table,
-                                        sha256,
-                                        table_changes,
-)
-from looped_kv.protocol.run import run_arms, run_batch
-from looped_kv.protocol.spec import (
-                                        ARM_METRICS,
-                                        DECODERS,
-                                        EXAMPLES_DIR,
-                                        METRICS,
-                                        MODES,
-                                        REFERENCE,
-                                        Arm,
-                                        BatchSpec,
-                                        Prediction,
-                                        PromptSet,
-                                        Rule,
-                                        Unit,
-                                        example_names,
-                                        load_spec,
-                                        resolve_spec,
-                                        units,
-)
+from looped_kv.protocol.compare import Comparison, compare
+from looped_kv.protocol.decide import decide, outcome, summarize
+from looped_kv.protocol.freeze import check_runnable, check_table, freeze, read_table, table_changes
+from looped_kv.protocol.run import Interrupted, run_arms, run_batch
+from looped_kv.protocol.spec import EXAMPLES_DIR, BatchSpec, example_names, load_spec, resolve_spec, units
 from looped_kv.protocol.verify import ledger, ledger_rows, verify
 
-__all__ = ["ARM_METRICS", "DECODERS", "EXAMPLES_DIR", "MANIFEST", "METRICS", "MODES", "REFERENCE", "RUN_FILES",
-           "TABLE_FORMAT", "Arm", "BatchSpec", "Comparison", "Difference", "Prediction", "PromptSet", "Rule", "Unit",
-           "analyse", "archive_files", "check_table", "compare", "decide", "example_names", "file_table", "freeze",
-           "ledger", "ledger_rows", "load_spec", "model_folder", "order_records", "outcome", "package_files",
-           "prompt_table", "read_jsonl", "read_table", "resolve_spec", "run_arms", "run_batch", "sha256",
-           "summarize", "table_changes", "units", "verify", "write_archive", "write_json", "write_jsonl",
-           "write_manifest"]
+__all__ = ["EXAMPLES_DIR", "MANIFEST", "SIGNATURE", "BatchSpec", "Comparison", "Interrupted", "check_runnable",
+           "check_table", "compare", "decide", "example_names", "freeze", "ledger", "ledger_rows", "load_spec",
+           "order_records", "outcome", "read_jsonl", "read_key", "read_table", "resolve_spec", "run_arms", "run_batch",
+           "summarize", "table_changes", "units", "verify", "write_jsonl", "write_manifest"]

@@ -11,8 +11,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from looped_kv.decoding import settings
 from looped_kv.protocol.spec import BatchSpec, load_spec
-from looped_kv.runtime.loading import TINY_DIR
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load_tokenizer
 
 PACKAGE_DIR = Path(__file__).parents[1]
 TABLE_FORMAT = "looped-kv file table 1"
@@ -39,6 +41,74 @@ def model_folder(spec: BatchSpec) -> Path | None:
     return None
 
 
+def model_files(spec: BatchSpec) -> Path:
+    """The folder with the spec's model config.json and tokenizer: the local folder, or for a hub id those small files
+    of the pinned revision (downloaded; no weights)."""
+    folder = model_folder(spec)
+    if folder is not None:
+        return folder
+    reason = hub_unreachable()
+    if reason:
+        raise ValueError(f"spec.model {spec.model!r}: freeze checks the spec against the model's config.json and "
+                         f"tokenizer, and {reason}")
+    from huggingface_hub import snapshot_download
+
+    patterns = [p for p in MODEL_PATTERNS if p != "*.safetensors"]
+    try:
+        return Path(snapshot_download(repo_id=spec.model, revision=spec.revision, allow_patterns=patterns))
+    except Exception as error:  # unknown id or revision, no network, ...: one line instead of a traceback
+        raise ValueError(f"spec.model {spec.model!r} at spec.revision {spec.revision!r}: its config.json and "
+                         f"tokenizer could not be fetched ({type(error).__name__})") from None
+
+
+def _decoder_margin(decoder: str, options: dict) -> int:
+    """Positions a decoder's cache holds beyond the prompt and the new tokens: a draft block and its anchor."""
+    if decoder in ("replay", "ar"):
+        return 0
+    return options.get("block", settings.WAVE["block"] if decoder == "das-wave" else settings.BLOCK) + 1
+
+
+def check_runnable(spec: BatchSpec) -> None:
+    """Refuse, naming the spec field, what could only fail at run time, after the self-tests: a model without a
+    tokenizer, texts shorter than ``tokens`` (they would run at their own length), and sequences or sinks beyond
+    the model's context (``block_size``): ``tokens``, or prompt + ``max_new_tokens`` + a decoder's draft block."""
+    folder = model_files(spec)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model folder {folder} has no config.json (is the model there?)")
+    context = LoopedConfig.from_file(folder / "config.json").block_size
+    tokenizer = load_tokenizer(folder)
+    if tokenizer is None:
+        raise ValueError(f"spec.model {spec.model!r} has no tokenizer (tokenizer.json or tokenizer_config.json in "
+                         f"{folder}); a batch's prompts are texts")
+    beyond = f"beyond the model's context (block_size {context})"
+    arms = [(f"arms[{i}] ({a.name})", a) for i, a in enumerate(spec.arms)]
+    for where, keywords in [("spec.reference", spec.reference), *((where, arm.cache) for where, arm in arms)]:
+        if keywords.get("sinks", 0) > context:
+            raise ValueError(f"{where}.sinks {keywords['sinks']} is {beyond}")
+    if spec.mode == "substitution" and spec.tokens > context:
+        raise ValueError(f"spec.tokens {spec.tokens} is {beyond}")
+    margins = [(f"{where}.block", _decoder_margin(arm.decoder, arm.options)) for where, arm in arms]
+    for i, prompt_set in enumerate(spec.prompt_sets):
+        for j, text in enumerate(prompt_set.texts):
+            n = len(tokenizer(text).input_ids)
+            where = f"prompts[{i}] ({prompt_set.name}) file {prompt_set.file!r}, text {j}"
+            if spec.mode == "substitution":
+                if n < spec.tokens:
+                    raise ValueError(f"{where} has {n} tokens, fewer than spec.tokens = {spec.tokens} (every text is "
+                                     f"cut to tokens; a shorter one would run at its own length)")
+                continue
+            if n < 1:
+                raise ValueError(f"{where} has no tokens")
+            if n + spec.max_new_tokens > context:
+                raise ValueError(f"spec.max_new_tokens {spec.max_new_tokens}: {where} has {n} tokens, and "
+                                 f"{n} + {spec.max_new_tokens} = {n + spec.max_new_tokens} positions are {beyond}")
+            for field, margin in margins:
+                if n + spec.max_new_tokens + margin > context:
+                    raise ValueError(f"{field}: {where} has {n} tokens; with spec.max_new_tokens = "
+                                     f"{spec.max_new_tokens} and a draft block of block + 1 = {margin} the cache holds "
+                                     f"{n + spec.max_new_tokens + margin} positions, {beyond}")
+
+
 def package_files() -> dict[str, Path]:
     """The package's own source files, keyed "package/looped_kv/..."."""
     return {f"package/{p.relative_to(PACKAGE_DIR.parent).as_posix()}": p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
@@ -59,8 +129,10 @@ def file_table(spec: BatchSpec) -> dict[str, str]:
 
 
 def freeze(spec: str | Path, out: str | Path | None = None, *, force: bool = False) -> Path:
-    """Validate a spec and write its file table (default ``<spec name>.frozen.json`` in the working directory)."""
+    """Validate a spec, check it against its model (:func:`check_runnable`) and write its file table (default
+    ``<spec name>.frozen.json`` in the working directory)."""
     parsed = load_spec(spec)
+    check_runnable(parsed)
     target = Path(out) if out is not None else Path(f"{parsed.path.stem}.frozen.json")
     if target.exists() and not force:
         raise ValueError(f"{target} exists; re-freezing changes the pre-registration, pass force to overwrite")

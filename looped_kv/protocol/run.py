@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import socket
 import sys
 from collections.abc import Sequence
@@ -28,7 +27,15 @@ from looped_kv.book import DTYPES
 from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.decoding.generate import generate
 from looped_kv.protocol import distributed
-from looped_kv.protocol.archive import write_archive
+from looped_kv.protocol.archive import (
+    archive_names,
+    check_out,
+    claim_partial,
+    discard_partial,
+    publish,
+    sign_manifest,
+    write_archive,
+)
 from looped_kv.protocol.freeze import check_table, model_folder
 from looped_kv.protocol.reproducibility import bitwise_rerun, measurement_mode
 from looped_kv.protocol.selftest import require_selftests
@@ -145,9 +152,18 @@ def _model_source(spec: BatchSpec) -> str:
                              allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
 
 
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT (Ctrl-C); its message says where the unfinished archive was left."""
+
+
 def run_batch(table_path: str | Path, out: str | Path, *, progress: bool = True, threads: int | None = None,
-              device: str | None = None) -> dict[str, Any] | None:
+              device: str | None = None, key: bytes | None = None) -> dict[str, Any] | None:
     """Check the frozen table, run the self-tests, run every arm and write the archive ``out``.
+
+    Before the self-tests and any compute, rank 0 creates ``<out>.partial`` with its marker (the probe that ``out``
+    can be written; :func:`~looped_kv.protocol.archive.claim_partial`); the finished archive is renamed to ``out``.
+    A run that fails before writing removes its empty partial folder; one interrupted (SIGINT) leaves it, marked,
+    and raises :class:`Interrupted` saying so. ``key`` signs the manifest (HMAC-SHA256, ``MANIFEST.hmac-sha256``).
 
     Every process computes with the spec's ``threads`` CPU threads, whatever ``OMP_NUM_THREADS`` or the
     launcher chose; ``threads``, when given, must equal that frozen count. Under ``torchrun`` every
@@ -156,15 +172,17 @@ def run_batch(table_path: str | Path, out: str | Path, *, progress: bool = True,
     ``run.json`` and ``timings.jsonl`` (see :func:`compare`). Returns the decisions on rank 0, None elsewhere.
     """
     out, table_path = Path(out), Path(table_path)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"out {out} exists and is not an empty folder; archives are never overwritten")
-    spec, _ = check_table(table_path)
+    check_out(out)
+    spec, table = check_table(table_path)
     if threads is not None and threads != spec.threads:
         raise ValueError(f"--threads {threads} contradicts the frozen spec's threads: {spec.threads} (the count "
                          f"changes the records' bytes); allowed: {spec.threads}, or leave --threads out")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     ctx = distributed.init(device)
+    partial = None
     try:
+        if ctx.rank == 0:  # the one writer
+            partial = claim_partial(out, archive_names(table, signed=key is not None))
         with measurement_mode(spec.cudnn_sdp, spec.threads) as mode:
             selftests = require_selftests()
             source = _model_source(spec)
@@ -182,11 +200,20 @@ def run_batch(table_path: str | Path, out: str | Path, *, progress: bool = True,
                "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world_size": ctx.world_size,
                "backend": ctx.backend, "threads": mode["threads"], "measurement": mode,
                "nodes": [n for _, n in gathered], "pid": os.getpid()}
-        partial = out.with_name(out.name + ".partial")  # a failed write never leaves a half archive at ``out``
-        shutil.rmtree(partial, ignore_errors=True)
         decisions = write_archive(partial, spec, table_path, merged, run)
-        partial.rename(out)
+        if key is not None:
+            sign_manifest(partial, key)
+        publish(partial, out)
         return decisions
+    except KeyboardInterrupt:
+        if partial is None:
+            raise
+        raise Interrupted(f"interrupted; the unfinished archive is left at {partial} (marked: the next batch run "
+                          f"with out {out} replaces it)") from None
+    except Exception:
+        if partial is not None and partial.is_dir():
+            discard_partial(partial)
+        raise
     finally:
         distributed.finish(ctx)
 

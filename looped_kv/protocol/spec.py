@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -266,6 +267,8 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
     for key in ("draft_loops", "block", "ngram", "rounds", "initial_width", "updates"):
         if key in chosen:
             _get(chosen, key, where, int)
+    if chosen.get("ngram", 1) < 1:
+        raise ValueError(f"{where}.ngram must be >= 1, got {chosen['ngram']}")
     for key in ("exact", "carry"):
         if key in chosen:
             _get(chosen, key, where, bool)
@@ -301,6 +304,8 @@ def _rule(raw: Any, i: int, spec_arms: dict[str, Arm], mode: str, max_new_tokens
     if set(labels) != set(OUTCOMES) or not all(isinstance(v, str) and v for v in labels.values()):
         raise ValueError(f"{where}.labels must map each of {OUTCOMES} to a label, got {labels!r}")
     threshold = float(_get(raw, "threshold", where, (int, float)))
+    if not math.isfinite(threshold):
+        raise ValueError(f"{where}.threshold must be a finite number, got {threshold}")
     n_boot = _get(raw, "n_boot", where, int, 2000)
     level = float(_get(raw, "level", where, (int, float), 0.95))
     if n_boot < 100 or not 0 < level < 1:
@@ -351,8 +356,10 @@ def _rule(raw: Any, i: int, spec_arms: dict[str, Arm], mode: str, max_new_tokens
     if regions != {"shallow", "deep"}:
         raise ValueError(f"{where}.arms must include arms of region 'shallow' and of region 'deep' and no other "
                          f"region, got regions {sorted(regions)}")
-    floor = raw.get("floor")
-    return replace(rule, arms=arms, floor=None if floor is None else float(_number(floor, f"{where}.floor")))
+    floor = None if raw.get("floor") is None else float(_number(raw["floor"], f"{where}.floor"))
+    if floor is not None and not 0 < floor < math.inf:
+        raise ValueError(f"{where}.floor must be a KL > 0 (log KL is regressed), got {floor}")
+    return replace(rule, arms=arms, floor=floor)
 
 
 def _prediction(raw: Any, i: int, rules: dict[str, Rule]) -> Prediction:
@@ -419,12 +426,16 @@ def load_spec(spec: str | Path) -> BatchSpec:
     threads = _get(raw, "threads", where, int, 1)
     if threads < 1:
         raise ValueError(f"spec.threads must be >= 1, got {threads}")
+    seed, tail_kl = _get(raw, "seed", where, int, 0), float(_get(raw, "tail_kl", where, (int, float), 0.1))
+    if seed < 0:
+        raise ValueError(f"spec.seed must be >= 0 (a bootstrap seed), got {seed}")
+    if not 0 <= tail_kl < math.inf:
+        raise ValueError(f"spec.tail_kl must be a KL >= 0, got {tail_kl}")
     common = dict(
         path=path, batch=str(_get(raw, "batch", where, (int, str))), name=_get(raw, "name", where, str),
         question=_get(raw, "question", where, str), model=_get(raw, "model", where, str),
         revision=_get(raw, "revision", where, str, None), dtype=dtype, num_loops=num_loops, mode=mode,
-        seed=_get(raw, "seed", where, int, 0), cudnn_sdp=_get(raw, "cudnn_sdp", where, bool, False),
-        tail_kl=float(_get(raw, "tail_kl", where, (int, float), 0.1)), threads=threads)
+        seed=seed, cudnn_sdp=_get(raw, "cudnn_sdp", where, bool, False), tail_kl=tail_kl, threads=threads)
     prompt_sets = _get(raw, "prompts", where, list)
     sets = tuple(_prompt_set(p, i, path.parent) for i, p in enumerate(prompt_sets))
     if len({s.name for s in sets}) != len(sets) or not sets:
@@ -432,6 +443,9 @@ def load_spec(spec: str | Path) -> BatchSpec:
     if mode == "substitution":
         extra = dict(tokens=_get(raw, "tokens", where, int), decoded=_get(raw, "decoded", where, int),
                      softmax=_get(raw, "softmax", where, str, "float32", allowed=("float32", "float64")))
+        if extra["tokens"] < 2:
+            raise ValueError(f"spec.tokens must be >= 2 (a text and at least one decoded position), got "
+                             f"{extra['tokens']}")
         if not 1 <= extra["decoded"] < extra["tokens"]:
             raise ValueError(f"spec.decoded must be in 1..tokens - 1 = {extra['tokens'] - 1}, got {extra['decoded']}")
         for key in ("max_new_tokens", "reference"):
