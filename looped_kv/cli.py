@@ -405,7 +405,11 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
                          description="Check the frozen file table, run the self-tests, run every arm (cuDNN "
                                      "attention disabled, RIPE Sec. 5.5; the spec's CPU thread count, 1 unless it "
                                      "names another, whatever OMP_NUM_THREADS says), write per-position records, a "
-                                     "summary, the labels and a checksum manifest into OUT. Under torchrun the "
+                                     "summary, the labels and a checksum manifest into OUT. The run writes into "
+                                     "OUT.partial, which it creates with its marker before the self-tests (so an "
+                                     "unwritable OUT fails at once) and renames to OUT when complete; it never "
+                                     "deletes a folder it did not mark, and Ctrl-C leaves the marked folder for the "
+                                     "next run to replace. Under torchrun the "
                                      "prompts are sharded across processes: torchrun --nproc-per-node N -m "
                                      "looped_kv.cli batch run TABLE --out OUT; its records equal a single "
                                      "process's byte for byte (check with `batch compare`).")

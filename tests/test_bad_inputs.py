@@ -200,7 +200,7 @@ def forged(archive: Path, tmp_path: Path, edit) -> Path:
     copy = tmp_path / "forged"
     shutil.copytree(archive, copy)
     edit(copy)
-    spec = batches.load_spec(copy / "spec" / "bad.yaml")
+    spec = batches.load_spec(copy / "spec" / json.loads((copy / "frozen.json").read_text())["spec_file"])
     if (copy / "records/prompts.jsonl").exists():
         positions, prompts = read_lines(copy / "records/positions.jsonl"), read_lines(copy / "records/prompts.jsonl")
         summary = json.loads((copy / "summary.json").read_text())

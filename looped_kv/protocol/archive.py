@@ -173,7 +173,9 @@ def partial_path(out: Path) -> Path:
 
 def check_out(out: Path) -> None:
     """``out`` must not exist, or be an empty folder: archives are never overwritten."""
-    if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+    if out.is_symlink():
+        raise ValueError(f"out {out} is a symbolic link; an archive is written to a folder of its own")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"out {out} exists and is not an empty folder; archives are never overwritten")
 
 
@@ -221,17 +223,16 @@ def claim_partial(out: Path, names: list[str]) -> Path:
     if partial.exists() or partial.is_symlink():
         remove_partial(partial)
     marker = {"format": PARTIAL_FORMAT, "archive": out.name, "files": names}
+    made = False
     try:
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.mkdir()
-    except OSError as error:
-        raise ValueError(f"out {out}: cannot write there ({error.strerror or error}: {error.filename or partial}); "
-                         f"choose another --out") from None
-    try:
+        made = True
         (partial / PARTIAL_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     except OSError as error:
-        (partial / PARTIAL_MARKER).unlink(missing_ok=True)
-        partial.rmdir()  # the folder this call made
+        if made:  # the folder this call made, and the marker it began to write
+            (partial / PARTIAL_MARKER).unlink(missing_ok=True)
+            partial.rmdir()
         raise ValueError(f"out {out}: cannot write there ({error.strerror or error}: {error.filename or partial}); "
                          f"choose another --out") from None
     return partial

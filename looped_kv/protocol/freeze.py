@@ -11,7 +11,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from looped_kv.decoding import settings
 from looped_kv.protocol.spec import BatchSpec, load_spec
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load_tokenizer
@@ -61,13 +60,6 @@ def model_files(spec: BatchSpec) -> Path:
                          f"tokenizer could not be fetched ({type(error).__name__})") from None
 
 
-def _decoder_margin(decoder: str, options: dict) -> int:
-    """Positions a decoder's cache holds beyond the prompt and the new tokens: a draft block and its anchor."""
-    if decoder in ("replay", "ar"):
-        return 0
-    return options.get("block", settings.WAVE["block"] if decoder == "das-wave" else settings.BLOCK) + 1
-
-
 def check_runnable(spec: BatchSpec) -> None:
     """Refuse, naming the spec field, what could only fail at run time, after the self-tests: a model without a
     tokenizer, texts shorter than ``tokens`` (they would run at their own length), and sequences or sinks beyond
@@ -87,7 +79,8 @@ def check_runnable(spec: BatchSpec) -> None:
             raise ValueError(f"{where}.sinks {keywords['sinks']} is {beyond}")
     if spec.mode == "substitution" and spec.tokens > context:
         raise ValueError(f"spec.tokens {spec.tokens} is {beyond}")
-    margins = [(f"{where}.block", _decoder_margin(arm.decoder, arm.options)) for where, arm in arms]
+    # a drafting decoder's cache holds a draft block and its anchor beyond the prompt and the new tokens
+    margins = [(f"{where}.block", arm.block + 1) for where, arm in arms if arm.block is not None]
     for i, prompt_set in enumerate(spec.prompt_sets):
         for j, text in enumerate(prompt_set.texts):
             n = len(tokenizer(text).input_ids)

@@ -19,6 +19,7 @@ import yaml
 
 from looped_kv.analysis.replay import paper_region
 from looped_kv.book import DTYPES
+from looped_kv.decoding import settings
 from looped_kv.decoding.das_wave import check_wave
 from looped_kv.decoding.settings import METHODS
 from looped_kv.decoding.speculative import check_speculation
@@ -84,6 +85,19 @@ class Arm:
     cache: dict[str, Any] = field(default_factory=dict)  # make_policy / generate keywords: cache, window, k, sinks
     decoder: str = "replay"
     options: dict[str, Any] = field(default_factory=dict)  # generate keywords of the decoder
+
+    @property
+    def block(self) -> int | None:
+        """gamma of a drafting decoder arm (its option, else the decoder's default); None for other arms."""
+        return decoder_block(self.decoder, self.options) if self.kind == "decoder" else None
+
+
+def decoder_block(decoder: str, options: dict[str, Any]) -> int | None:
+    """A decoder's block gamma: ``options["block"]``, else the default of :mod:`looped_kv.decoding.settings`; None
+    for decoders that draft nothing (greedy decoding, replay)."""
+    if decoder in ("ar", "replay"):
+        return None
+    return options.get("block", settings.WAVE["block"] if decoder == "das-wave" else settings.BLOCK)
 
 
 @dataclass(frozen=True)
@@ -279,12 +293,12 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
             chosen["prefix_reads"] = tuple(reads) if isinstance(reads, list) else reads
             make_prefix_reads(chosen["prefix_reads"], num_loops)
         if decoder != "ar":
-            block = chosen.get("block", 32 if decoder == "das-wave" else 4)
-            draft = chosen.get("draft_loops", 4) if decoder in ("self-spec", "mature-spec") else None
-            check_speculation(policy, block, chosen.get("exact", True), draft)
+            draft = chosen.get("draft_loops", settings.DRAFT_LOOPS) if decoder in ("self-spec", "mature-spec") \
+                else None
+            check_speculation(policy, decoder_block(decoder, chosen), chosen.get("exact", True), draft)
         if decoder == "das-wave":
-            check_wave(chosen.get("block", 32), chosen.get("rounds", 24), chosen.get("initial_width", 2),
-                       chosen.get("updates", 2))
+            wave = settings.WAVE | chosen
+            check_wave(wave["block"], wave["rounds"], wave["initial_width"], wave["updates"])
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     return Arm(name, "decoder", precision, cache=cache, decoder=decoder, options=chosen)

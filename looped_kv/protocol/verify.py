@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from looped_kv.decoding import settings
 from looped_kv.protocol.archive import (
     MANIFEST,
     RUN_OUTPUTS,
@@ -88,6 +87,8 @@ def _fields_problem(record: Any, fields: dict[str, Check]) -> str | None:
 def manifest_problems(root: Path) -> list[str]:
     """Every manifest line a plain relative path of a regular file with its checksum, and no file left unlisted."""
     problems, listed = [], set()
+    if (root / MANIFEST).is_symlink():
+        return [f"{MANIFEST} is a symbolic link (an archive holds only regular files)"]
     try:
         lines = (root / MANIFEST).read_text().splitlines()
     except UnicodeDecodeError:
@@ -151,8 +152,7 @@ def run_problems(spec: BatchSpec, run: Any) -> list[str]:
 
 def _decoder_problem(spec: BatchSpec, record: dict) -> str | None:
     """A decoder record's counts against its accepted drafts (tau: accepted drafts plus at most one token)."""
-    accepted, arm = record["accepted"], spec.arm(record["arm"])
-    block = arm.options.get("block", settings.WAVE["block"] if arm.decoder == "das-wave" else settings.BLOCK)
+    accepted, block = record["accepted"], spec.arm(record["arm"]).block
     mean = sum(accepted) / len(accepted) if accepted else None
     if record["verifications"] != len(accepted):
         return f"verifications {record['verifications']} but {len(accepted)} accepted counts"
@@ -160,7 +160,7 @@ def _decoder_problem(spec: BatchSpec, record: dict) -> str | None:
         return f"A = {record['A']} but its accepted drafts give {mean}"
     if (record["tau"] is None) != (mean is None) or (mean is not None and not mean <= record["tau"] <= mean + 1):
         return f"tau = {record['tau']} does not lie in [A, A + 1]"
-    if any(a > block for a in accepted) or not 1 <= len(record["new_tokens"]) <= spec.max_new_tokens:
+    if any(a > (block or 0) for a in accepted) or not 1 <= len(record["new_tokens"]) <= spec.max_new_tokens:
         return f"accepted drafts beyond block {block}, or new tokens beyond max_new_tokens {spec.max_new_tokens}"
     return None
 
