@@ -427,7 +427,7 @@ def load_spec(spec: str | Path) -> BatchSpec:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as error:
-        raise ValueError(f"spec {path} is not valid YAML: {error}") from None
+        raise ValueError(f"spec {path} is not valid YAML: {' '.join(str(error).split())}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"spec {path} must be a YAML mapping")
     _unknown(raw, SPEC_KEYS, "spec")
