@@ -40,9 +40,12 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
             "following the curriculum (its depth plus backprop, between 8 and 40)",
             ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth", "--min-recurrence", "8",
              "--mean-recurrence", "40"]),
-    "three-chains-mix": ("mix, with up to three chains per program (one query each; the others are distractors)",
+    "mix-min16": ("mix, with the mean recurrence at least 16 (one-chain's) until the curriculum's depth needs more",
+                  ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth",
+                   "--min-recurrence", "16", "--mean-recurrence", "40"]),
+    "three-chains-mix": ("mix-min16, with up to three chains per program (one query each; the others are distractors)",
                          ["--chains", "3", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth",
-                          "--min-recurrence", "8", "--mean-recurrence", "40"]),
+                          "--min-recurrence", "16", "--mean-recurrence", "40"]),
     "chars": ("one-chain, one token per byte instead of BPE", ["--chains", "1", "--vocab", "257"]),
 }
 
