@@ -43,6 +43,10 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "mix-min16": ("mix, with the mean recurrence at least 16 (one-chain's) until the curriculum's depth needs more",
                   ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth",
                    "--min-recurrence", "16", "--mean-recurrence", "40"]),
+    "staged-mix": ("one-chain alone until the curriculum reaches depth 8, then the mix; the mean recurrence at least "
+                   "16, following the curriculum's depth up to 40",
+                   ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "8",
+                    "--recurrence-follows-depth", "--min-recurrence", "16", "--mean-recurrence", "40"]),
     "three-chains-mix": ("mix-min16, with up to three chains per program (one query each; the others are distractors)",
                          ["--chains", "3", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth",
                           "--min-recurrence", "16", "--mean-recurrence", "40"]),

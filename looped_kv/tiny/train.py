@@ -250,6 +250,16 @@ def shape(args: argparse.Namespace) -> dict:
     return {"max_chains": args.chains, "interleave": args.interleave}
 
 
+def batch_mix(args: argparse.Namespace, depth: int) -> tuple[dict[str, float], dict[str, int]]:
+    """The step's workload fractions (of rows, and weights in the loss) and row counts: chains alone until the
+    curriculum reaches ``--mix-from-depth``, then ``--mix``."""
+    fractions = args.mix if depth >= args.mix_from_depth else [0.0, 0.0, 1.0]
+    mix = dict(zip(data.WORKLOADS, fractions, strict=True))
+    counts = {w: round(f * args.batch) for w, f in mix.items() if w != "chains"}
+    counts["chains"] = args.batch - sum(counts.values())
+    return mix, counts
+
+
 def mean_recurrence(args: argparse.Namespace, depth: int) -> int:
     """The step's mean recurrence: fixed, or (``--recurrence-follows-depth``) the curriculum's depth plus a margin,
     kept within [``--min-recurrence``, ``--mean-recurrence``]."""
@@ -308,6 +318,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--mix", type=float, nargs=3, default=[0.0, 0.0, 1.0], metavar=("PROBLEMS", "CODE", "CHAINS"),
                     help="fraction of each batch's rows (and weight in the loss) of each workload")
+    ap.add_argument("--mix-from-depth", type=int, default=1, help="chains alone until the curriculum reaches this "
+                                                                   "depth, then --mix")
     ap.add_argument("--start-depth", type=int, default=4, help="deepest query at the start of the curriculum")
     ap.add_argument("--depth-step", type=int, default=2, help="how far the curriculum raises the deepest query")
     ap.add_argument("--advance-at", type=float, default=0.6, help="accuracy on the deepest allowed queries that "
@@ -329,7 +341,7 @@ def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> No
     """One-line errors before any work."""
     for name in ("steps", "batch", "seq", "vocab", "n_embd", "heads", "mean_recurrence", "min_recurrence",
                  "backprop", "eval_every", "eval_programs", "checkpoint_every", "threads", "start_depth",
-                 "depth_step", "curriculum_loops", "curriculum_every"):
+                 "mix_from_depth", "depth_step", "curriculum_loops", "curriculum_every"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.vocab < 257:
@@ -444,9 +456,6 @@ def main(argv: list[str] | None = None) -> None:
             "args": {k: v for k, v in vars(args).items() if k not in ("out", "resume", "export")}})
         (args.out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
 
-    mix = dict(zip(data.WORKLOADS, args.mix, strict=True))
-    counts = {w: round(f * args.batch) for w, f in mix.items() if w != "chains"}
-    counts["chains"] = args.batch - sum(counts.values())
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
     loops = Loops(model, args.batch, args.seq, compile=not args.eager)
     model.train()
@@ -457,6 +466,7 @@ def main(argv: list[str] | None = None) -> None:
         lr = args.lr * min(step / args.warmup, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for group in opt.param_groups:
             group["lr"] = lr
+        mix, counts = batch_mix(args, curriculum.depth)
         parts, weights = [], []
         for w, stream in zip(("problems", "code"), streams, strict=True):
             if counts[w]:
@@ -484,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
         entry = {"step": step, "loss": loss.item(), "loops": no_grad + with_grad, "mean_recurrence": mean, "lr": lr,
                  "time_s": round(elapsed, 1), "chain_depth": curriculum.depth}
         if answers is not None:
-            entry["answer_loss"] = float(losses[-counts["chains"]:][answers[:, 1:]].mean())
+            entry["answer_loss"] = float(losses.detach()[-counts["chains"]:][answers[:, 1:]].mean())
         if step % args.curriculum_every == 0:
             model.eval()
             entry["curriculum_accuracy"] = curriculum.check(loops, step, autocast)
