@@ -404,7 +404,8 @@ def main(argv: list[str] | None = None) -> None:
         given = {name: getattr(args, name) for name in RESUMABLE if f"--{name}" in words}
         checkpoint = torch.load(args.out / "checkpoint.pt", weights_only=False)
         changes = {k: (checkpoint["args"][k], v) for k, v in given.items() if checkpoint["args"][k] != v}
-        args = argparse.Namespace(**{**checkpoint["args"], **given, "resume": True, "out": args.out,
+        defaults = vars(ap.parse_args(["--out", str(args.out)]))  # options newer than the checkpoint
+        args = argparse.Namespace(**{**defaults, **checkpoint["args"], **given, "resume": True, "out": args.out,
                                      "export": args.export})
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
