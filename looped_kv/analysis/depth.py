@@ -143,7 +143,8 @@ def depth_bucket(depth: int) -> str:
     for name, (lo, hi) in DEPTH_BUCKETS.items():
         if lo <= depth <= hi:
             return name
-    raise ValueError(f"depth must be >= 1, got {depth}")
+    top = max(hi for _, hi in DEPTH_BUCKETS.values())
+    raise ValueError(f"depth must be in 1..{top}, got {depth}")
 
 
 @torch.no_grad()

@@ -31,26 +31,28 @@ DEEP_BUCKETS = ("9-12", "13-16", "17-24", "25-32")
 #: name -> (what it tests, the training options).
 RECIPES: dict[str, tuple[str, list[str]]] = {
     "one-chain": ("the prototype's setup on the new workload: one chain per program, BPE, mean 16, backprop 4",
-                  ["--chains", "1"]),
+                  ["--chains", "1", "--mix", "0", "0", "1"]),
     "three-chains": ("up to three chains per program, one query each (the others are distractors), written one "
-                     "after the other", ["--chains", "3"]),
+                     "after the other", ["--chains", "3", "--mix", "0", "0", "1"]),
     "small-batch": ("one-chain with twice the updates per minute: batches of 8 rows, learning rate 2e-3 after 200 "
-                    "warm-up steps", ["--chains", "1", "--batch", "8", "--lr", "2e-3", "--warmup", "200"]),
+                    "warm-up steps",
+                    ["--chains", "1", "--mix", "0", "0", "1", "--batch", "8", "--lr", "2e-3", "--warmup", "200"]),
     "mix": ("one-chain in the shipped mix (20% word problems, 20% code, 60% chains), with the mean recurrence "
             "following the curriculum (its depth plus backprop, between 8 and 40)",
-            ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth", "--min-recurrence", "8",
-             "--mean-recurrence", "40"]),
+            ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1", "--recurrence-follows-depth",
+             "--min-recurrence", "8", "--mean-recurrence", "40"]),
     "mix-min16": ("mix, with the mean recurrence at least 16 (one-chain's) until the curriculum's depth needs more",
-                  ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth",
-                   "--min-recurrence", "16", "--mean-recurrence", "40"]),
+                  ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1",
+                   "--recurrence-follows-depth", "--min-recurrence", "16", "--mean-recurrence", "40"]),
     "staged-mix": ("one-chain alone until the curriculum reaches depth 8, then the mix; the mean recurrence at least "
                    "16, following the curriculum's depth up to 40",
                    ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "8",
                     "--recurrence-follows-depth", "--min-recurrence", "16", "--mean-recurrence", "40"]),
     "three-chains-mix": ("mix-min16, with up to three chains per program (one query each; the others are distractors)",
-                         ["--chains", "3", "--mix", "0.2", "0.2", "0.6", "--recurrence-follows-depth",
-                          "--min-recurrence", "16", "--mean-recurrence", "40"]),
-    "chars": ("one-chain, one token per byte instead of BPE", ["--chains", "1", "--vocab", "257"]),
+                         ["--chains", "3", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1",
+                          "--recurrence-follows-depth", "--min-recurrence", "16", "--mean-recurrence", "40"]),
+    "chars": ("one-chain, one token per byte instead of BPE",
+              ["--chains", "1", "--mix", "0", "0", "1", "--vocab", "257"]),
 }
 
 
@@ -71,8 +73,9 @@ def records() -> list[dict]:
 
 
 def summary(runs: list[dict], loops: tuple[str, ...] = ("1", "4", "8", "16", "32")) -> pd.DataFrame:
-    """One row per (run, R): held-out accuracy by depth bucket at the run's end, its steps and minutes, chance,
-    and whether the run earns a long run."""
+    """One row per (run, R): held-out accuracy by depth bucket at the run's last evaluation, its steps and minutes,
+    chance, whether the run had its whole sitting (a record marked ``stopped`` did not) and whether it earns a long
+    run."""
     rows = {}
     for run in runs:
         final = run["final"]
@@ -80,7 +83,8 @@ def summary(runs: list[dict], loops: tuple[str, ...] = ("1", "4", "8", "16", "32
         for R in loops:
             rows[(run["recipe"], int(R))] = {
                 **{b: held[R].get(b) for b in DEPTH_BUCKETS}, "chance": held["chance"], "steps": final["step"],
-                "minutes": round(final["time_s"] / 60), "earns a long run": earns_long_run(final)}
+                "minutes": round(final["time_s"] / 60), "whole sitting": "stopped" not in run,
+                "earns a long run": earns_long_run(final)}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["recipe", "R"])
 
 

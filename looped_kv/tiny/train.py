@@ -50,8 +50,9 @@ from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.model import LoopedLM
 
 EOS = "<|endoftext|>"
-#: Options a resumed run may change: the thread count, the sitting's length and the run's length.
-RESUMABLE = ("threads", "steps", "minutes")
+#: Options a resumed run may change: the thread count, the sitting's length, the run's length and the data mix
+#: with the depth it starts from (a staged mix). Each change is logged with the step it took effect.
+RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth")
 EVAL_LOOPS = (1, 4, 8, 16, 32)
 #: The shipped model's default loop count R at inference (Huginn-0125's), whatever the training mean.
 INFERENCE_LOOPS = 32
@@ -316,9 +317,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--backprop", type=int, default=4, help="loops with gradient (truncated backpropagation)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=500)
-    ap.add_argument("--mix", type=float, nargs=3, default=[0.0, 0.0, 1.0], metavar=("PROBLEMS", "CODE", "CHAINS"),
+    ap.add_argument("--mix", type=float, nargs=3, default=[0.2, 0.2, 0.6], metavar=("PROBLEMS", "CODE", "CHAINS"),
                     help="fraction of each batch's rows (and weight in the loss) of each workload")
-    ap.add_argument("--mix-from-depth", type=int, default=1, help="chains alone until the curriculum reaches this "
+    ap.add_argument("--mix-from-depth", type=int, default=16, help="chains alone until the curriculum reaches this "
                                                                    "depth, then --mix")
     ap.add_argument("--start-depth", type=int, default=4, help="deepest query at the start of the curriculum")
     ap.add_argument("--depth-step", type=int, default=2, help="how far the curriculum raises the deepest query")
@@ -326,7 +327,7 @@ def parser() -> argparse.ArgumentParser:
                                                                   "raises the curriculum")
     ap.add_argument("--curriculum-loops", type=int, default=32, help="loops at which the curriculum is judged")
     ap.add_argument("--curriculum-every", type=int, default=100)
-    ap.add_argument("--chains", type=int, default=3, help="most chains per program (one query each)")
+    ap.add_argument("--chains", type=int, default=1, help="most chains per program (one query each)")
     ap.add_argument("--interleave", action="store_true", help="interleave a program's chains")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
     ap.add_argument("--eager", action="store_true", help="do not compile the loop")
@@ -401,9 +402,9 @@ def main(argv: list[str] | None = None) -> None:
     check_arguments(ap, args)
     checkpoint = None
     if args.resume:  # the recorded recipe, except the options given again (recorded in the log as changes)
-        given = {name: getattr(args, name) for name in RESUMABLE if f"--{name}" in words}
+        given = {name: getattr(args, name) for name in RESUMABLE if f"--{name.replace('_', '-')}" in words}
         checkpoint = torch.load(args.out / "checkpoint.pt", weights_only=False)
-        changes = {k: (checkpoint["args"][k], v) for k, v in given.items() if checkpoint["args"][k] != v}
+        changes = {k: (checkpoint["args"].get(k), v) for k, v in given.items() if checkpoint["args"].get(k) != v}
         defaults = vars(ap.parse_args(["--out", str(args.out)]))  # options newer than the checkpoint
         args = argparse.Namespace(**{**defaults, **checkpoint["args"], **given, "resume": True, "out": args.out,
                                      "export": args.export})
