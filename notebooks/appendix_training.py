@@ -55,6 +55,7 @@ import math
 
 import matplotlib.pyplot as plt
 import pandas as pd
+
 from looped_kv import book, data
 from looped_kv.analysis.depth import DEPTH_BUCKETS
 from looped_kv.runtime.loading import TINY_DIR
@@ -81,7 +82,8 @@ records = scout.records()
 book.table(scout.summary(records), digits=2)
 
 # %% tags=["remove-input"]
-book.md(" ".join(f"**{r['recipe']}**: {r['what']}. {r.get('note', '')}"
+book.md(" ".join(f"**{r['recipe']}** ({r['started'][:16]}): {r['what']}."
+                 + (f" Stopped early: {r['stopped']}." if "stopped" in r else "")
                  for r in records))
 
 # %% [markdown]
