@@ -15,7 +15,7 @@ from looped_kv.analysis import claims
 from looped_kv.analysis.fits import Ripeness
 from looped_kv.analysis.memory_bench import MemoryCell, check_memory_model
 from looped_kv.analysis.perf import ThroughputFit, fixed_memory_factors
-from looped_kv.analysis.planes import Eq6Check
+from looped_kv.analysis.planes import Eq6Check, in_dtype
 from looped_kv.analysis.throughput import FixedMemoryComparison, ThroughputCell
 from looped_kv.analysis.verdicts import AGREES, DISAGREES, IDENTICAL, INCONCLUSIVE, NO_EFFECT
 
@@ -47,7 +47,8 @@ def test_remark1_predicts_the_claim_from_the_models_ripeness():
 def test_measured_ripeness_labels_keys_and_values():
     model = random_model("huginn", seed=1, mean_recurrence=16)
     ids = torch.randint(0, 50, (3, 20), generator=torch.Generator().manual_seed(0))
-    found = claims.measured_ripeness(model, ids, decoded=4, chunk=3)
+    found = claims.measured_ripeness(in_dtype(model, torch.float32), in_dtype(model, torch.bfloat16), ids, decoded=4,
+                                     chunk=3)
     assert set(found) == {"k", "v"} and all(r.label in ("ripe to bf16", "not ripe") for r in found.values())
 
 

@@ -111,7 +111,9 @@ class Claim:
 
     @property
     def minimum_text(self) -> str:
-        return f"a factor of {self.minimum:g}" if self.ratio else f"{self.minimum:g}"
+        if not self.ratio:
+            return f"{self.minimum:g}"
+        return f"a factor of {self.minimum:g}" + (f" ({self.minimum - 1:.2%})" if self.minimum < 1.5 else "")
 
 
 @dataclass(frozen=True)
@@ -311,7 +313,7 @@ def enough_units(n: int, kind: str = "paired", what: str = "prompts", repeats: i
     if kind == "timing":
         timed = repeats is not None and repeats >= MIN_REPEATS
         passed = passed and timed
-        detail = (f"too few units ({n} {what}; a timing verdict needs at least {minimum} prompts, each timed in "
+        detail = (f"too few units ({n} {what}; a timing verdict needs at least {minimum}, each timed in "
                   f"{MIN_REPEATS} or more interleaved repeats" + ("" if timed else f", and these were timed "
                                                                  f"{repeats or 1} time(s) each") + ")")
     return Check(f"at least {minimum} {what}", passed, detail, kind="units")
