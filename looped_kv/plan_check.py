@@ -134,7 +134,8 @@ def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
     if p.block_dtype is not None:
         block_dtype = _dtype(p.block_dtype)
         exact = model32 if model32.dtype == block_dtype else with_dtype(model16, block_dtype)
-        replay_records(trajectories, lengths, (exact, full), {"deepest": (exact, deepest)}, block=p.block,
+        first = [t[:, :n + p.block_tokens] for t, n in zip(trajectories, lengths, strict=True)]
+        replay_records(first, lengths, (exact, full), {"deepest": (exact, deepest)}, block=p.block,
                        block_arms=["deepest"], batch_size=p.replay_batch)
         del exact
     del model32

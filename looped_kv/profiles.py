@@ -79,7 +79,8 @@ class Ch04:
     draft_loops: int = 4
     reference_dtype: str = "bfloat16"
     exact_dtype: str = "float64"
-    block_dtype: str | None = "float64"  # the Sec. 5.2 replay without bf16's numerics (None: not run)
+    block_dtype: str | None = "float64"  # the Sec. 5.2 replay without bf16's numerics (None: not run) ...
+    block_tokens: int = 64  # ... of each trajectory's first generated tokens
     ripeness_texts_per_workload: int = 4  # Remark 1's test (chapter 2's replays, at chapter 2's sizes) on 12 texts
 
 

@@ -534,10 +534,11 @@ book.md(
 #
 # In bf16 the numerics may hide an effect that exists. Where the profile names a
 # `block_dtype` (float64 on the tiny profile, where the full cache's blocks agree to
-# rounding), the same trajectories are replayed once more in it, through the full cache
-# and the deepest plane alone, which measures the deepest plane's block dependence
-# without bf16's noise. (A real checkpoint's profile measures in bf16 only, as the
-# paper did: an fp32 replay of its long prompts does not fit beside the fp32 copy.)
+# rounding), the first `block_tokens` generated tokens of the same trajectories are
+# replayed once more in it, through the full cache and the deepest plane alone, which
+# measures the deepest plane's block dependence without bf16's noise. (A real
+# checkpoint's profile measures in bf16 only, as the paper did: an fp32 replay of its
+# long prompts does not fit beside the fp32 copy.)
 
 # %%
 dependence = replays.block_dependence
@@ -549,8 +550,10 @@ if profile.block_dtype is not None:
     block_dtype = book.DTYPES[profile.block_dtype]
     exact_model = (model32 if model32.dtype == block_dtype
                    else with_dtype(model16, block_dtype))
+    first = [t[:, :p + profile.block_tokens]  # each trajectory's first block_tokens
+             for t, p in zip(trajectories, target.prompt_lengths, strict=True)]
     exact_dependence = replay_records(
-        trajectories, target.prompt_lengths, (exact_model, full),
+        first, target.prompt_lengths, (exact_model, full),
         {DEEP: (exact_model, deepest)}, block=GAMMA, block_arms=[DEEP],
         reference_label="full cache", batch_size=profile.replay_batch,
     ).block_dependence
@@ -662,9 +665,9 @@ book.md(
     f"The table gives the mean $\\tau$ per workload (ceiling {ceiling}). "
     + " ".join(f"On {name.split(':')[0]}, {v.sentence()}"
                for name, v in accept_verdicts.items())
-    + ("".join(f" {name.split(': ')[1].capitalize()} on {name.split(':')[0]} repeats "
-               f"“{same.split(': ')[1]}” number for number and is not counted again."
-               for name, same in repeated.items()))
+    + "".join(f" The comparison {name.split(': ')[1]} on {name.split(':')[0]} repeats "
+              f"“{same.split(': ')[1]}” number for number and is not counted again."
+              for name, same in repeated.items())
     + f"\n\nOn Huginn-0125 the paper measured $\\tau$ = {paper_tau['full']} with the "
     f"full cache and {paper_tau['deepest']} with the deepest plane on GSM8K.")
 

@@ -251,7 +251,8 @@ def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     rows, g = p.replay_batch, p.new_tokens
     arms = 4 + len(p.windows or (0, 0, 0))  # deepest, the windows, sinks, two planes, fp32
 
-    def replay(name: str, dtype: str, shared: bool, arm_count: int = arms, extra: tuple[Held, ...] = ()) -> Step:
+    def replay(name: str, dtype: str, shared: bool, arm_count: int = arms, extra: tuple[Held, ...] = (),
+               g: int = g) -> Step:
         """Replays of one model's arms (:func:`~looped_kv.analysis.ripe.replay_records`): the logits of the
         reference (float32 and float64) and of the arms, an arm's cache (at most full), and for a model of several
         arms their shared prompt planes, freed before the next model's, and the block buffer of the arms that
@@ -279,7 +280,7 @@ def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     if bd is not None:
         block_copy = () if bd in (m, ref, floor) else (Held(f"{bd} weights (copy, Sec. 5.2)", weights(config, bd)),)
         block = (replay(f"block dependence in {bd} (full cache and deepest plane), {rows} at a time", bd, True,
-                        arm_count=1, extra=block_copy),)
+                        arm_count=1, extra=block_copy, g=min(g, p.block_tokens)),)
     accept = Step(f"acceptance by cache, {p.acceptance_prompts} prompts",
                   (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
                                 block=p.block)))

@@ -180,6 +180,8 @@ class Verdict:
         return self.label == INCONCLUSIVE and self.reason.startswith(("too few units", "cannot discriminate"))
 
     def interval(self, digits: int = 3) -> str:
+        if math.isnan(self.estimate):
+            return "undefined"
         fmt = f"{{:.{digits}g}}"
         return f"{fmt.format(self.estimate)} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
 
@@ -241,14 +243,6 @@ def _arms(claim: Claim, a: ArrayLike, b: ArrayLike | None, null: float | None) -
     if claim.scale == "ratio of means" and ((x < 0).any() or (y < 0).any()):
         raise ValueError("a ratio-of-means claim needs measurements >= 0 in a and b (or null)")
     return x, y
-
-
-def paired_statistic(claim: Claim, a: ArrayLike, b: ArrayLike | None = None, null: float | None = None) -> np.ndarray:
-    """Per-unit statistic of a difference or log-ratio claim: a - b (or a - null), or log(a / b) (or log(a / null))."""
-    if claim.scale == "ratio of means":
-        raise ValueError("a ratio-of-means claim has no per-unit statistic: its statistic is mean(a) / mean(b)")
-    x, y = _arms(claim, a, b, null)
-    return np.log(x) - np.log(y) if claim.scale == "log-ratio" else x - y
 
 
 def _statistic(scale: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -363,7 +357,7 @@ def _label(claim: Claim, low: float, high: float) -> tuple[str, str]:
         if inside:
             return AGREES, "the interval lies inside the no-effect band, as the paper finds"
         if low >= m or high <= -m:
-            return DISAGREES, "the interval lies beyond the smallest effect: an effect of that size"
+            return DISAGREES, "the interval lies beyond the no-effect band: an effect of at least that size"
         return INCONCLUSIVE, "the interval crosses an edge of the no-effect band"
     low, high = (low, high) if claim.expects == "greater" else (-high, -low)
     if low >= m:
@@ -409,7 +403,7 @@ def verdict(claim: Claim, a: ArrayLike, b: ArrayLike | None = None, *, null: flo
     checks = discrimination or Discrimination()
     units_check = enough_units(x.size, kind, units, repeats)
     checks = Discrimination((units_check, *(c for c in checks.checks if c.kind != "units")))
-    if claim.scale == "ratio of means":  # mean(a) / mean(b) needs a reference above 0
+    if claim.scale == "ratio of means" and not checks.failed("blocks"):  # mean(a) / mean(b) needs a b above 0
         checks += Discrimination((Check("reference above 0", bool(y.sum() > 0), "every value of the reference is 0"),))
     data = np.column_stack([x, y])
     estimate, low, high = bca_interval(data, _statistic(claim.scale), level, n_boot, seed)
