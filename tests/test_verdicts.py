@@ -108,6 +108,8 @@ def test_every_verdict_states_its_n_its_interval_method_and_its_smallest_effect(
     assert "the test's smallest effect" in text and v.row()["n"] == 40 and v.row()["smallest effect"] == "0.1"
     ratio = Claim("x", "y", scale="log-ratio", minimum=2, minimum_source="z")
     assert "a factor of 2" in verdict(ratio, np.full(40, 3.0), np.full(40, 1.0)).sentence()
+    assert Claim("x", "y", scale="log-ratio", minimum=1.1, minimum_source="z").minimum_text == "a factor of 1.1 (10%)"
+    assert Claim("x", "y", scale="log-ratio", minimum=1.0015, minimum_source="z").minimum_text.endswith("(0.15%)")
 
 
 def test_claims_of_no_effect():

@@ -113,7 +113,7 @@ class Claim:
     def minimum_text(self) -> str:
         if not self.ratio:
             return f"{self.minimum:g}"
-        return f"a factor of {self.minimum:g}" + (f" ({self.minimum - 1:.2%})" if self.minimum < 1.5 else "")
+        return f"a factor of {self.minimum:g}" + (f" ({100 * (self.minimum - 1):.3g}%)" if self.minimum < 1.5 else "")
 
 
 @dataclass(frozen=True)
