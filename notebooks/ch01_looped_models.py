@@ -61,6 +61,7 @@ from looped_kv.analysis.depth import (
     answer_hits,
     encode_chains,
     encode_texts,
+    depth_stops_paying,
     loss_by_text,
 )
 from looped_kv.analysis.measure import draft_agreement_rows
@@ -253,10 +254,12 @@ book.md(
 # tasks in place of the first two (`looped_kv.workloads`). The claim is tested per
 # workload on paired per-text losses: the loss after $R$ loops is lower than after a
 # few, by at least the gain the book's training gate asks of the tiny model
-# (`looped_kv.tiny.gates`; the papers print no smallest gain).
+# (`looped_kv.tiny.gates`; the papers print no smallest gain). The same gain says where
+# depth stops paying: at the smallest loop count from which no deeper count lowers the
+# mean loss by that much (`depth_stops_paying`). Every later chapter's wording about the
+# model's depth follows from these figures.
 
 # %%
-# TODO(lead): depth story (the paragraph above, and where depth stops paying)
 SHALLOW = profile.shallow_loops
 loops = sorted({*profile.loops, SHALLOW, R})
 texts = {
@@ -325,6 +328,32 @@ book.md(
     + " ".join(
         f"On {name.split(':')[0]}, {v.sentence()}" for name, v in loss_verdicts.items()
     )
+)
+
+# %% tags=["remove-input"]
+stops = {w: depth_stops_paying(curve[w], LOSS_GATE.bound) for w in curve}
+
+
+def after(w: str) -> str:
+    deeper = curve[w][curve.index > stops[w]]
+    if deeper.empty:
+        return "it is the deepest count measured"
+    return (f"the best deeper count lowers the mean loss by "
+            f"{curve.loc[stops[w], w] - deeper.min():.2g} nats")
+
+
+book.md(
+    f"Where depth stops paying, by the gate's gain of {LOSS_GATE.bound:g} nats: "
+    + "; ".join(f"on {w} at {stops[w]} loop{'s' * (stops[w] > 1)} ({after(w)})"
+                for w in curve)
+    + ". "
+    + (f"On every workload that is before the R = {R} loops the model runs at, "
+       "so the later chapters probe a model whose last loops buy less loss than "
+       "the gate asks."
+       if all(r < R for r in stops.values()) else
+       f"On {', '.join(w for w in curve if stops[w] >= R)} depth still pays up to "
+       f"R = {R}" + (f"; on {', '.join(w for w in curve if stops[w] < R)} it stops "
+                     "before." if any(r < R for r in stops.values()) else "."))
 )
 
 # %% [markdown]

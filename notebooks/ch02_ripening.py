@@ -95,14 +95,14 @@ print(book.environment(model))
 # Every measurement replays whole texts, teacher-forced, with an explicit softmax (RIPE
 # Section 2). The texts are evaluation texts of the three workloads: worked word
 # problems, excerpts of the Python standard library, and variable chains, the workload
-# on which depth pays (on a real checkpoint, solved GSM8K problems and MBPP tasks in
-# place of the first two). Each text is cut to the same number of tokens. The last
+# built so that depth should pay (chapter 1 measures where it stops paying on this
+# model; on a real checkpoint, solved GSM8K problems and MBPP tasks take the place of
+# the first two). Each text is cut to the same number of tokens. The last
 # positions play the decoded tokens, and $\Delta_r$ is measured over the prefix before
 # them. Each text is one unit of the verdicts below, with its own curves and its own
 # fits.
 
 # %%
-# TODO(lead): depth story ("the workload on which depth pays", above)
 ids, workload = workload_batch(model, data.WORKLOADS, profile.texts_per_workload,
                                profile.length, source=run.workloads)
 counts = pd.Series(workload).value_counts().reindex(data.WORKLOADS)
@@ -260,16 +260,36 @@ fk, fv = fits["k"], fits["v"]
 above = {X: float((fp32.fitted(X) > floors[X]).mean()) for X in ("k", "v")}
 hug, rav = PAPER_TABLE7["Huginn-0125"], PAPER_TABLE7["Raven-Llama"]
 paper_rho = (hug["rho"][0], rav["rho"][0])
-# TODO(lead): depth story (the rate comparison below)
-rate = ("faster than both papers' models" if fk.geometric.rho < min(paper_rho)
-        else "more slowly than both papers' models" if fk.geometric.rho > max(paper_rho)
-        else "at a rate between the papers' models'")
+
+
+def against_papers(value: float, printed: tuple, low: str, high: str) -> str:
+    """Where ``value`` lies against the papers' two figures, in words."""
+    return (low if value < min(printed) else high if value > max(printed)
+            else "between the papers' models")
+
+
+# rho is the share of the remaining distance kept per loop; how ripe the planes end
+# is Table 7's absolute rows (the deep-loop distances), which can disagree with it
+rate = against_papers(fk.geometric.rho, paper_rho,
+                      "a smaller share kept per loop than both papers' models",
+                      "a larger share kept per loop than both papers' models")
+DEEP_ROWS = {"bf16": "deep-loop Delta, bf16", "fp32": "deep-loop Delta, fp32"}
+closeness = {dtype: against_papers(
+    getattr(fk, f"deep_{dtype}"), (hug[row][0], rav[row][0]),
+    "closer to plane R than on both papers' models",
+    "farther from plane R than on both papers' models")
+    for dtype, row in DEEP_ROWS.items()}
 book.md(
     f"Over all texts (Table 7's column) the keys of {who} approach plane {R} at "
     f"$\\rho$ = {fk.geometric.rho:.3f} per loop, a half-life of "
     f"{fk.geometric.half_life:.1f} loops, and its values at $\\rho$ = "
     f"{fv.geometric.rho:.3f} ({fv.geometric.half_life:.1f} loops): {rate} (keys: "
-    f"Huginn {paper_rho[0]}, Raven {paper_rho[1]}). The float32 floors are "
+    f"Huginn {paper_rho[0]}, Raven {paper_rho[1]}). The rate is the shape of the "
+    "approach, not how ripe the planes end: over the deep loops its keys are "
+    + " and ".join(f"{closeness[dtype]} in {dtype} ({getattr(fk, f'deep_{dtype}'):.2g}"
+                   f" against {hug[row][0]:g} and {rav[row][0]:g})"
+                   for dtype, row in DEEP_ROWS.items())
+    + ". The float32 floors are "
     f"{floors['k']:.2g} (keys) and {floors['v']:.2g} (values), and "
     f"{above['k']:.0%} of the fitted key distances and {above['v']:.0%} of the fitted "
     "value distances lie above them"
