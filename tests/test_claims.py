@@ -88,10 +88,11 @@ def test_tail_verdict_needs_a_tail_to_remove():
 
 
 def test_block_dependence_against_the_pre_registered_threshold():
-    """RIPE Sec. 5.2: a ratio like the paper's 1.37 [1.20, 1.62] is no effect of the pre-registered size 2."""
+    """RIPE Sec. 5.2: a ratio like the paper's (1.37 [1.20, 1.62]) is no effect of the pre-registered size 2."""
     rng = np.random.default_rng(2)
     full = rng.lognormal(np.log(1e-4), 0.3, 40)
-    assert claims.block_dependence_verdict(full * 1.37, full).label == NO_EFFECT
+    paper_ratio = papers.RIPE_SEC_5_2["block dependence ratio"][0]
+    assert claims.block_dependence_verdict(full * paper_ratio, full).label == NO_EFFECT
     assert claims.block_dependence_verdict(full * 10, full).label == AGREES
     with_nan = claims.block_dependence_verdict(np.r_[full * 10, np.nan], np.r_[full, 1.0])
     assert with_nan.n == 40

@@ -83,7 +83,7 @@ def test_depth_bucket():
 
 def test_depth_stops_paying_where_no_deeper_count_gains_the_gate():
     """Chapter 1 states where depth stops paying: the first count no deeper count improves on by the gate's gain."""
-    curve = pd.Series({1: 3.0, 2: 2.5, 4: 2.3, 8: 2.27, 16: 2.26, 32: 2.28})
+    curve = pd.Series({1: 3.0, 2: 2.5, 4: 2.3, 8: 2.27, 16: 2.26, 32: 2.29})
     assert depth_stops_paying(curve, 0.05) == 4  # from 4 loops the best deeper count gains 2.3 - 2.26 = 0.04
     assert depth_stops_paying(curve, 0.02) == 8 and depth_stops_paying(curve, 0.005) == 16
     assert depth_stops_paying(curve.iloc[::-1], 0.05) == 4  # the order of the index does not matter
