@@ -338,8 +338,10 @@ def after(w: str) -> str:
     deeper = curve[w][curve.index > stops[w]]
     if deeper.empty:
         return "it is the deepest count measured"
-    return (f"the best deeper count lowers the mean loss by "
-            f"{curve.loc[stops[w], w] - deeper.min():.2g} nats")
+    best = curve.loc[stops[w], w] - deeper.min()
+    if best > 0:
+        return f"the best deeper count lowers the mean loss by {best:.2g} nats"
+    return f"every deeper count raises the mean loss, by {-best:.2g} nats or more"
 
 
 book.md(
