@@ -59,15 +59,15 @@ from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.depth import (
     DEPTH_BUCKETS,
     answer_hits,
+    depth_stops_paying,
     encode_chains,
     encode_texts,
-    depth_stops_paying,
     loss_by_text,
 )
 from looped_kv.analysis.measure import draft_agreement_rows
 from looped_kv.decoding.core import prefill
-from looped_kv.tiny.gates import GATES
 from looped_kv.runtime.memory import m_deep, m_full
+from looped_kv.tiny.gates import GATES
 
 book.setup()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
