@@ -30,7 +30,7 @@ import torch
 
 from looped_kv import bench, data, profiles, workloads
 from looped_kv.analysis import plan, throughput
-from looped_kv.analysis.verdicts import MIN_PROMPTS
+from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
 from looped_kv.decoding import settings
 from looped_kv.decoding.generate import generate
@@ -149,7 +149,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.block, args.methods, args.workloads)
+    bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.block, args.methods, args.workloads,
+                        args.repeats)
     try:  # the config first (no weights): R is known before the model is loaded
         config = LoopedConfig.from_file(resolve_source(args.model) / "config.json")
     except (OSError, ValueError) as error:
@@ -159,7 +160,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
     bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops, args.block,
-                 progress=not args.quiet)
+                 progress=not args.quiet, repeats=args.repeats)
     return 0
 
 
@@ -167,20 +168,21 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="speed-ups of every decoder over paired greedy decoding, one sequence at a "
                                      "time, and the verdict on Mature-Spec against self-speculation (chapters 5-6; "
                                      "batched throughput and memory: looped-kv batched)",
-                       description="Each evaluation prompt is decoded alone, greedily and by every method, in the "
-                                   "same process, stopping at end-of-text. The speed-up is DAS Eq. (8), the mean "
-                                   "over prompts of the tokens/s ratio to the paired greedy run, with a 95% paired "
-                                   "bootstrap interval; beside it, tau (sequential drafters) or A (das-wave) as a "
-                                   "fraction of its ceiling (gamma + 1, or w = min(gamma, W_init + J - 1)), A and G "
-                                   "(DAS Eq. 9-10). Per workload it prints the paired-bootstrap verdicts on "
-                                   "'Mature-Spec beats self-speculation' (acceptance, DAS Table 2; speed, DAS "
-                                   "Table 1).")
+                       description="Each evaluation prompt is decoded alone, greedily and by every method, in the same"
+                                   " process, stopping at end-of-text, in interleaved rounds. The speed-up is DAS Eq. "
+                                   "(8), the mean over prompts of the tokens/s ratio to the paired greedy run, with a "
+                                   "95% paired bootstrap interval; beside it, tau (sequential drafters) or A (das-"
+                                   "wave) as a fraction of its ceiling (gamma + 1, or w = min(gamma, W_init + J - 1)),"
+                                   " A and G (DAS Eq. 9-10). Per workload it prints the verdicts on 'Mature-Spec beats"
+                                   " self-speculation' (acceptance, DAS Table 2; speed, DAS Table 1).")
     _model_options(p)
     p.add_argument("--workloads", nargs="+", default=list(data.WORKLOADS), choices=data.WORKLOADS,
                    help="prompt workloads (default: all)")
-    p.add_argument("--prompts", type=int, default=MIN_PROMPTS,
-                   help=f"evaluation prompts per workload, >= 2 (default: {MIN_PROMPTS}, the fewest an acceptance "
-                        f"verdict accepts)")
+    p.add_argument("--prompts", type=int, default=MIN_UNITS["paired"],
+                   help=f"evaluation prompts per workload, >= 2 (default: {MIN_UNITS['paired']}, the fewest an "
+                        f"acceptance verdict accepts; a speed verdict needs {MIN_UNITS['timing']})")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="interleaved timing rounds per prompt, >= 1 (default: 2; a speed verdict needs 2)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens generated per prompt (default: 128)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
                    help="decoders (default: all); greedy decoding (ar) always runs as the reference")

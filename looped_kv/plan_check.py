@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from looped_kv import bench, profiles
 from looped_kv.analysis import measure, plan
+from looped_kv.analysis.claims import measured_ripeness
 from looped_kv.analysis.depth import loss_by_text
 from looped_kv.analysis.memory_bench import tensor_peak_bytes
 from looped_kv.analysis.planes import (
@@ -115,17 +116,29 @@ def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
     generate(model_exact, exact_prompts, **spec, method="self-spec", draft_loops=p.draft_loops, block=p.block)
     del model_exact, exact_prompts
     model16 = with_dtype(model, _dtype(p.reference_dtype))
-    targets = generate(model16, _prompts(model, profile, p.replay_prompts), max_new_tokens=p.new_tokens,
+    targets = generate(model16, _prompts(model, profile, 3 * p.replay_prompts), max_new_tokens=p.new_tokens,
                        stop_at_eos=False, rows_per_pass=rows)
+    trajectories, lengths = [s[None] for s in targets.sequences], targets.prompt_lengths
     model32 = with_dtype(model16, torch.float32)
-    full = make_policy("full", R)
-    arms = {"deepest": (model16, make_policy("deepest", R)),
+    full, deepest = make_policy("full", R), make_policy("deepest", R)
+    arms = {"deepest": (model16, deepest),
             **{f"W = {w}": (model16, make_policy("ripe", R, window=w)) for w in p.windows},
             "sinks": (model16, make_policy("sinks", R, sinks=4)), "two": (model16, make_policy("k-deepest", R, k=2)),
             "fp32": (model32, full)}
-    replay_records([s[None] for s in targets.sequences], targets.prompt_lengths, (model16, full), arms,
-                   block=p.block, block_arms=["deepest"], batch_size=p.replay_batch)
-    del model32, arms
+    replay_records(trajectories, lengths, (model16, full), arms, block=p.block, block_arms=["deepest"],
+                   batch_size=p.replay_batch)
+    del arms
+    c2 = profile.ch02
+    measured_ripeness(model32, model16, token_ids(model, 3 * p.ripeness_texts_per_workload, c2.length),
+                      decoded=c2.decoded, chunk=c2.chunk, record_device=_records_device(model, c2.record_device))
+    if p.block_dtype is not None:
+        block_dtype = _dtype(p.block_dtype)
+        exact = model32 if model32.dtype == block_dtype else with_dtype(model16, block_dtype)
+        first = [t[:, :n + p.block_tokens] for t, n in zip(trajectories, lengths, strict=True)]
+        replay_records(first, lengths, (exact, full), {"deepest": (exact, deepest)}, block=p.block,
+                       block_arms=["deepest"], batch_size=p.replay_batch)
+        del exact
+    del model32
     acceptance_by_cache(model, _prompts(model, profile, p.acceptance_prompts), {"full": {"cache": "full"}},
                         p.acceptance_tokens, draft_loops=p.draft_loops, block=p.block, rows_per_pass=rows)
 

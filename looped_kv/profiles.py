@@ -34,7 +34,7 @@ class Ch01:
 class Ch02:
     """Planes ripen: replays of texts recording every loop's queries, keys and values."""
 
-    texts_per_workload: int = 12  # 36 texts over the three workloads: at least verdicts.MIN_PROMPTS
+    texts_per_workload: int = 12  # 36 texts over the three workloads: at least verdicts.MIN_UNITS["paired"]
     length: int = 256
     decoded: int = 64
     replay_dtypes: tuple[str, ...] = ("float32", "bfloat16")  # the ripening fits' precision, then Eq. (5)'s
@@ -48,7 +48,7 @@ class Ch03:
     """Prefix KV matters late: substitution arms (float32) with their KL floor (a float64 replay), the Eq. (6)
     check, and the Table 3 caches (in the model's own dtype, as the paper's bf16 Table 3)."""
 
-    texts_per_workload: int = 11  # 33 texts over the three workloads: at least verdicts.MIN_PROMPTS
+    texts_per_workload: int = 11  # 33 texts over the three workloads: at least verdicts.MIN_UNITS["paired"]
     prefix: int = 95
     decoded: int = 32
     table3_texts_per_workload: int = 32  # 96 texts: a flip of one text's top-1 is about 1% of agreement
@@ -62,13 +62,15 @@ class Ch03:
 
 @dataclass(frozen=True)
 class Ch04:
-    """RIPE caching: replayed trajectories (bf16 reference, fp32 floor), windows, Algorithm 1's acceptance."""
+    """RIPE caching: replayed trajectories (bf16 reference, fp32 floor), windows, the Sec. 5.2 block dependence in
+    a precision whose numerics do not hide it, Remark 1's ripeness, Algorithm 1's acceptance."""
 
-    replay_prompts: int = 32  # per workload
-    replay_batch: int = 32  # trajectories replayed together per cache arm (the cache holds them all)
-    new_tokens: int = 16  # generated tokens per replayed trajectory (fewer where a row ends its text)
+    replay_prompts: int = 12  # per workload; the verdicts of Sec. 5.1-5.2 pool the workloads (36 prompts)
+    replay_batch: int = 36  # trajectories replayed together per cache arm (the cache holds them all)
+    new_tokens: int = 128  # generated tokens per replayed trajectory: past Huginn's tail positions (40-70)
+    stop_at_eos: bool = False  # replayed trajectories run to new_tokens (a row that emits end-of-text continues)
     windows: tuple[int, ...] = ()  # empty: the paper's windows scaled to the trajectory length
-    drawn: tuple[int, int] = (40, 8)  # the query t and window W of the drawn policy maps
+    drawn: tuple[int, int] = (40, 8)  # the query t and window W > gamma of the drawn policy maps
     exact_prompts: int = 2  # per workload: Algorithm 1 against sequential RIPE decoding in exact_dtype (asserted
     # equal in float64; in a narrower dtype rounding can split near-ties, so equality is counted, not asserted)
     acceptance_prompts: int = 32  # per workload, decoded as one batch
@@ -77,6 +79,9 @@ class Ch04:
     draft_loops: int = 4
     reference_dtype: str = "bfloat16"
     exact_dtype: str = "float64"
+    block_dtype: str | None = "float64"  # the Sec. 5.2 replay without bf16's numerics (None: not run) ...
+    block_tokens: int = 64  # ... of each trajectory's first generated tokens
+    ripeness_texts_per_workload: int = 4  # Remark 1's test (chapter 2's replays, at chapter 2's sizes) on 12 texts
 
 
 @dataclass(frozen=True)
@@ -91,20 +96,22 @@ class Ch05:
     acceptance_tokens: int = 32
     draft_loops: int = 4  # d of self-spec and Mature-Spec (DAS Sec. 4.3 compares the reads at d = 4)
     block: int = 8  # gamma (DAS Table 5: Mature-Spec on Huginn)
-    timing_prompts: int = 4  # per workload, each decoded alone
+    timing_prompts: int = 4  # per workload, each decoded alone (a speed verdict needs 16, timed in repeats)
+    timing_repeats: int = 1  # interleaved timing rounds per prompt (a speed verdict needs 2)
     new_tokens: int = 32  # per timing run
 
 
 @dataclass(frozen=True)
 class Ch06:
-    """DAS-Wave: one block drawn, speed-ups, A against the ceiling, the factorial, the refinement budget."""
+    """DAS-Wave: one block drawn at the measured schedule, speed-ups, A against the ceiling, the factorial, the
+    refinement budget."""
 
-    drawn_block: dict = field(default_factory=lambda: {"block": 12, "rounds": 10, "initial_width": 2, "updates": 2})
     acceptance_prompts: int = 32  # per workload, decoded as one batch (A against w, the factorial)
     acceptance_tokens: int = 24  # one DAS-Wave block commits up to w = 25 of them
-    timing_prompts: int = 3  # per workload, each decoded alone
+    timing_prompts: int = 3  # per workload, each decoded alone (a speed verdict needs 16, timed in repeats)
+    timing_repeats: int = 1  # interleaved timing rounds per prompt (a speed verdict needs 2)
     new_tokens: int = 32  # per timing run
-    sweep_prompts: int = 2  # word problems, each decoded alone (DAS Tables 11-12 use GSM8K)
+    sweep_prompts: int = 2  # word problems, each decoded alone (DAS Tables 11-12 use GSM8K); intervals from 16
     sweep: dict = field(default_factory=lambda: {"updates": (1, 2, 4, 8), "block": (8, 16, 32),
                                                  "initial_width": (1, 2, 4, 8)})
 
@@ -146,7 +153,9 @@ TINY = Profile("tiny", "float32")
 
 #: Huginn-0125 on one 40 GB GPU (A100-40GB), on the papers' workloads: bf16 decoding in passes of 4 rows from
 #: eight-shot GSM8K prompts (held to 1,536 tokens); replays in fp32 with their records on the host; the exactness
-#: check of Algorithm 1 in fp32 (fp64 weights and caches do not fit beside bf16 ones).
+#: check of Algorithm 1 in fp32 (fp64 weights and caches do not fit beside bf16 ones); the block dependence of
+#: Sec. 5.2 in bf16 only, as the paper measured it (an fp32 replay's caches of 1,536-token prompts would not fit
+#: beside the fp32 copy); 16 timed prompts in 2 interleaved rounds, the fewest a speed verdict accepts.
 #: ``looped-kv plan --model huginn-0125 --gpu-memory 40`` shows each chapter's peak against the GPU.
 HUGINN_0125 = Profile(
     "huginn-0125", "bfloat16", workloads="papers", prompt_tokens=1536, rows_per_pass=4,
@@ -154,12 +163,13 @@ HUGINN_0125 = Profile(
     ch02=Ch02(texts_per_workload=11, length=256, decoded=64, record_device="cpu", chunk=2),
     ch03=Ch03(texts_per_workload=11, prefix=95, decoded=32, table3_texts_per_workload=32, table3_length=96,
               table3_chunk=8, exact_chunk=11, record_device="cpu"),
-    ch04=Ch04(replay_prompts=32, replay_batch=1, new_tokens=256, windows=(16, 64, 256), exact_prompts=1,
-              exact_dtype="float32", acceptance_prompts=32, acceptance_tokens=64),
+    ch04=Ch04(replay_prompts=32, replay_batch=1, new_tokens=256, stop_at_eos=True, windows=(16, 64, 256),
+              exact_prompts=1, exact_dtype="float32", block_dtype=None, acceptance_prompts=32,
+              acceptance_tokens=64),
     ch05=Ch05(agreement_prompts=32, agreement_tokens=64, grid_prompts=8, grid_tokens=48, acceptance_prompts=32,
-              acceptance_tokens=128, timing_prompts=8, new_tokens=128),
-    ch06=Ch06(drawn_block={"block": 32, "rounds": 24, "initial_width": 2, "updates": 2}, acceptance_prompts=32,
-              acceptance_tokens=128, timing_prompts=8, new_tokens=128, sweep_prompts=8),
+              acceptance_tokens=128, timing_prompts=16, timing_repeats=2, new_tokens=128),
+    ch06=Ch06(acceptance_prompts=32, acceptance_tokens=128, timing_prompts=16, timing_repeats=2, new_tokens=128,
+              sweep_prompts=16),
     ch07=Ch07(batch_sizes=(1, 2, 3, 4, 5), memory_batch_sizes=(1, 2, 3, 4, 5), new_tokens=64, prompts=32),
 )
 #: The Raven retrofits (Llama-3.2 1B, OLMo-2 1B): smaller, so the same sizes with longer replays.

@@ -23,7 +23,7 @@ HELP = {
     ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--block", "--prefix-reads", "--inexact",
                     "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
     ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--draft-loops", "--block", "--model",
-                 "--quiet", "Mature-Spec beats self-speculation"],
+                 "--repeats", "--quiet", "Mature-Spec beats self-speculation"],
     ("batched",): ["looped-kv batched", "--batch-sizes", "--max-new-tokens", "--draft-loops", "--block", "--budget-mb",
                    "--memory-batch-sizes", "--fit-on", "--device"],
     ("memory",): ["--model", "--context", "--dtype", "--num-loops", "--windows", "--batch-size"],
@@ -99,6 +99,7 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["bench", "--device", "cuda:99"], "--device 'cuda:99'"),
     (["bench", "--prompts", "1"], "--prompts must be >= 2 (paired intervals need two prompts), got 1"),
     (["bench", "--block", "0"], "--block must be >= 1, got 0"),
+    (["bench", "--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["bench", "--methods", "greedy"], "argument --methods: invalid choice: 'greedy'"),
     (["bench", "--model", "./no-such-folder"], "--model './no-such-folder'"),
     pytest.param(["generate", "--device", "cuda", "hi"], "--device 'cuda': no cuda device is available",
@@ -167,7 +168,7 @@ def test_bench_prints_speedups_ceilings_and_the_mature_spec_verdicts(model_sourc
                  "4", "--methods", "ar", "self-spec", "mature-spec", "--quiet"]) == 0
     out = capsys.readouterr().out
     for text in ("speed-up", "of ceiling", "greedy", "self-spec", "Mature-Spec", "2/2", "tau <= 5",
-                 "Mature-Spec beats self-speculation, acceptance: inconclusive", "2 prompts, fewer than 32",
+                 "Mature-Spec beats self-speculation, acceptance: inconclusive", "too few units (2 prompts",
                  "Mature-Spec beats self-speculation, speed: "):
         assert text in out, text
 

@@ -3,7 +3,8 @@
 These are the measurements behind the tiny model's gates and the book's training page:
 
 * :func:`loss_by_loops`: mean next-token loss of teacher-forced texts after R loops, and
-  :func:`loss_by_text` the same per text (paired measurements for a verdict);
+  :func:`loss_by_text` the same per text (paired measurements for a verdict); :func:`depth_stops_paying`:
+  the loop count from which no deeper count lowers the mean loss by a gain that counts;
 * :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.data.chain_programs`),
   how often the argmax after ``x?`` is x's value, and its loss, by R and by the binding depth;
   :func:`answer_hits` gives the same per query;
@@ -14,6 +15,7 @@ These are the measurements behind the tiny model's gates and the book's training
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -103,6 +105,21 @@ def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tenso
         nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         out[R] = ((nll * keep).sum(1) / keep.sum(1)).cpu().numpy()
     return pd.DataFrame(out).rename_axis(index="text", columns="loops")
+
+
+def depth_stops_paying(curve: pd.Series, gain: float) -> int:
+    """The loop count from which more loops stop paying: the smallest measured count r whose mean loss no deeper
+    count lowers by ``gain`` nats or more (``curve``: mean loss indexed by loop count, as a column of
+    :func:`loss_by_text`'s means). ``gain`` is the smallest gain that counts: the training gate's
+    (:mod:`looped_kv.tiny.gates`). The deepest count is returned when every count before it still pays."""
+    if not (math.isfinite(gain) and gain > 0):
+        raise ValueError(f"gain must be a finite number of nats > 0, got {gain}")
+    if curve.empty or not np.isfinite(curve.to_numpy(dtype=float)).all():
+        raise ValueError(f"curve must hold finite mean losses, got {curve.to_dict()}")
+    curve = curve.sort_index()
+    loss = curve.to_numpy(dtype=float)
+    paying = [loss[i] - loss[i + 1:].min() >= gain for i in range(len(loss) - 1)]
+    return int(curve.index[paying.index(False) if False in paying else len(loss) - 1])
 
 
 @dataclass(frozen=True)

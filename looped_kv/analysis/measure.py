@@ -23,7 +23,16 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.analysis.verdicts import Claim, Verdict, below_ceiling, discrimination, enough_units, varies, verdict
+from looped_kv.analysis.verdicts import (
+    BOOK_MINIMUM,
+    Claim,
+    Verdict,
+    below_ceiling,
+    discrimination,
+    enough_units,
+    varies,
+    verdict,
+)
 from looped_kv.decoding.core import (
     Generation,
     Rows,
@@ -44,7 +53,8 @@ from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy, make
 
 #: DAS Sec. 3.1 and Table 6: at draft depth 1, mature prefix values help a shallow draft more than mature keys.
 MATURE_V_CLAIM = Claim("at d = 1, drafts reading full-depth prefix values (deep V) agree with the target more "
-                       "often than drafts reading full-depth prefix keys (deep K)", "DAS Sec. 3.1, Table 6")
+                       "often than drafts reading full-depth prefix keys (deep K)", "DAS Sec. 3.1, Table 6",
+                       minimum=BOOK_MINIMUM["share"], minimum_source="the book's smallest effect for a share")
 
 
 @torch.no_grad()

@@ -238,26 +238,28 @@ def ch03(config: LoopedConfig, profile: Profile) -> ChapterPlan:
 def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     p, m, R = profile.ch04, profile.dtype, config.mean_recurrence
     base = (Held(f"{m} weights", weights(config, m)),)
-    prompt = profile.prompt_tokens
+    prompt, prompts = profile.prompt_tokens, 3 * p.replay_prompts  # the workloads' trajectories, replayed together
     exact = Step(f"Algorithm 1 in {p.exact_dtype}, {3 * p.exact_prompts} prompts",
                  (*base, Held(f"{p.exact_dtype} weights (copy)", weights(config, p.exact_dtype)),
                   *decode_step(config, _passes(profile, 3 * p.exact_prompts), prompt, p.acceptance_tokens,
                                p.exact_dtype, block=p.block, policy=make_policy("ripe", R, window=p.block))))
     ref, floor = p.reference_dtype, "float32"
     copies = (*_copy(config, m, ref), Held(f"{floor} weights (copy, the precision floor)", weights(config, floor)))
-    targets = Step(f"{ref} trajectories, {p.replay_prompts} prompts per workload",
+    targets = Step(f"{ref} trajectories, {prompts} prompts",
                    (*base, *_copy(config, m, ref),
-                    *decode_step(config, _passes(profile, p.replay_prompts), prompt, p.new_tokens, ref)))
+                    *decode_step(config, _passes(profile, prompts), prompt, p.new_tokens, ref)))
     rows, g = p.replay_batch, p.new_tokens
     arms = 4 + len(p.windows or (0, 0, 0))  # deepest, the windows, sinks, two planes, fp32
-    arm_logits = Held("logits of the reference (float32 and float64) and of the arms",
-                      logits(config, rows, g + 1) * (3 + arms))
 
-    def replay(name: str, dtype: str, shared: bool) -> Step:
-        """Replays of one model's arms (:func:`~looped_kv.analysis.ripe.replay_records`): an arm's cache (at most
-        full), and for a model of several arms their shared prompt planes, freed before the next model's, and the
-        block buffer of the arms that measure it. A model of one arm prefills straight into its cache."""
-        held = (*base, *copies, arm_logits,
+    def replay(name: str, dtype: str, shared: bool, arm_count: int = arms, extra: tuple[Held, ...] = (),
+               g: int = g) -> Step:
+        """Replays of one model's arms (:func:`~looped_kv.analysis.ripe.replay_records`): the logits of the
+        reference (float32 and float64) and of the arms, an arm's cache (at most full), and for a model of several
+        arms their shared prompt planes, freed before the next model's, and the block buffer of the arms that
+        measure it. A model of one arm prefills straight into its cache."""
+        held = (*base, *copies, *extra,
+                Held("logits of the reference (float32 and float64) and of the arms",
+                     logits(config, rows, g + 1, dtype) * (3 + arm_count)),
                 Held(f"an arm's cache (at most full, {dtype})", kv_cache(config, rows, prompt + g, R, dtype)),
                 Held("prefill", forward_peak(config, rows, prompt, dtype)))
         if shared:
@@ -267,12 +269,24 @@ def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
 
     replays = (replay(f"replay through the {arms - 1} {ref} arms, {rows} at a time", ref, True),
                replay(f"replay through the {floor} arm (the precision floor), {rows} at a time", floor, False))
+    c2, where2 = profile.ch02, _where(profile.ch02.record_device)
+    ripeness = tuple(Step(f"Remark 1's {dtype} replay, {c2.chunk} texts x {c2.length} tokens", (
+        *base, *copies, Held(f"{dtype} records (kv, {R} loops)", records(config, c2.chunk, c2.length, R, "kv", dtype),
+                             where2),
+        Held(f"{dtype} replay", forward_peak(config, c2.chunk, c2.length, dtype, softmax_dtype="float32"))))
+        for dtype in (floor, ref))
+    bd = p.block_dtype
+    block = ()
+    if bd is not None:
+        block_copy = () if bd in (m, ref, floor) else (Held(f"{bd} weights (copy, Sec. 5.2)", weights(config, bd)),)
+        block = (replay(f"block dependence in {bd} (full cache and deepest plane), {rows} at a time", bd, True,
+                        arm_count=1, extra=block_copy, g=min(g, p.block_tokens)),)
     accept = Step(f"acceptance by cache, {p.acceptance_prompts} prompts",
                   (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
                                 block=p.block)))
-    sizes = (f"{p.replay_prompts} trajectories of {g} tokens per workload, {rows} replayed at a time; windows "
-             f"{p.windows or 'scaled'}; Algorithm 1 on {3 * p.exact_prompts} prompts in {p.exact_dtype}")
-    return ChapterPlan("ch04", sizes, (exact, targets, *replays, accept))
+    sizes = (f"{prompts} trajectories of {g} tokens, {rows} replayed at a time; windows {p.windows or 'scaled'}; "
+             f"Algorithm 1 on {3 * p.exact_prompts} prompts in {p.exact_dtype}; block dependence in {bd or ref}")
+    return ChapterPlan("ch04", sizes, (exact, targets, *replays, *ripeness, *block, accept))
 
 
 def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:
@@ -295,8 +309,7 @@ def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:
 def ch06(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     p, m = profile.ch06, profile.dtype
     base = (Held(f"{m} weights", weights(config, m)),)
-    prompt, block = profile.prompt_tokens, max(settings.WAVE["block"], p.drawn_block["block"],
-                                               *p.sweep.get("block", ()))
+    prompt, block = profile.prompt_tokens, max(settings.WAVE["block"], *p.sweep.get("block", ()))
     accept = Step(f"DAS-Wave and the drafters, {p.acceptance_prompts} prompts",
                   (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
                                 block=block)))
