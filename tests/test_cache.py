@@ -13,7 +13,7 @@ from looped_kv.runtime.config import raven_olmo
 from looped_kv.runtime.memory import layer_token_bytes, per_token_kb
 from looped_kv.runtime.policy import make_prefix_reads
 
-FAMILIES = ["huginn", "raven", "raven-olmo"]
+FAMILIES = ["huginn", "raven", "raven-olmo", "ouro"]
 
 
 def test_per_token_memory_of_the_papers():

@@ -184,7 +184,7 @@ def state_changes(model: LoopedLM, ids: Tensor, num_loops: int, real: Tensor | N
     positions = torch.arange(ids.shape[1], device=model.device)
     router = CausalRouter()
     embedded = model.embed(ids, positions, router)
-    state = model.initial_state(positions, ids.shape[0])
+    state = model.initial_state(positions, ids.shape[0], tokens=ids)
     keep = torch.ones_like(ids, dtype=torch.bool) if real is None else real.to(model.device)
     medians = []
     for r in range(1, num_loops + 1):

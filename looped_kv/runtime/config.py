@@ -11,6 +11,11 @@ One dataclass covers the public families (the four checkpoints of the DAS paper)
 * Raven retrofits of OLMo-2 (``family="raven-olmo"``): as Raven, but OLMo-2's
   reordered blocks (norms on the sublayer outputs), RMSNorm over the whole query and
   key projections before rotary, and plain rotate-half rotary.
+* Ouro (``family="ouro"``, ByteDance's Ouro-1.4B and -2.6B, ``model_type: ouro``): no prelude,
+  coda nor input injection: the whole stack is the core, run ``total_ut_steps`` times from the
+  token embedding; every loop ends with the final norm, whose output is the next loop's input and
+  what the head reads; blocks with a norm before and after each sublayer (four per block);
+  rotate-half rotary; an exit gate per loop (:mod:`looped_kv.runtime.exit_gate`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Family = Literal["huginn", "raven", "raven-olmo"]
-FAMILIES: tuple[str, ...] = ("huginn", "raven", "raven-olmo")
-BlockKind = Literal["sandwich", "pre-norm", "reordered"]
+Family = Literal["huginn", "raven", "raven-olmo", "ouro"]
+FAMILIES: tuple[str, ...] = ("huginn", "raven", "raven-olmo", "ouro")
+BlockKind = Literal["sandwich", "pre-norm", "reordered", "peri-norm"]
+#: The ``auto_map`` an Ouro checkpoint's config.json carries (its remote-code files on the hub).
+OURO_AUTO_MAP = {"AutoConfig": "configuration_ouro.OuroConfig", "AutoModel": "modeling_ouro.OuroModel",
+                 "AutoModelForCausalLM": "modeling_ouro.OuroForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class LoopedConfig:
     tie_embeddings: bool = True
     mean_recurrence: int = 32
     mean_backprop_depth: int = 8
+    exit_threshold: float | None = None  # Ouro's early_exit_threshold (the HF readout's default); None elsewhere
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -64,6 +73,9 @@ class LoopedConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.family == "ouro" and (self.n_prelude or self.n_coda):
+            raise ValueError(f"an Ouro model has no prelude or coda (the whole stack is the core): n_prelude and "
+                             f"n_coda must be 0, got {self.n_prelude} and {self.n_coda}")
 
     # -- derived facts -------------------------------------------------------------------------
     @property
@@ -77,9 +89,10 @@ class LoopedConfig:
         ``"sandwich"`` (Huginn): ``x = n2(x + attn(n1(x))); x = n4(x + mlp(n3(x)))``;
         ``"pre-norm"`` (Raven-Llama): ``x = x + attn(n1(x)); x = x + mlp(n2(x))``;
         ``"reordered"`` (Raven-OLMo, OLMo-2's norms on the sublayer outputs): ``x = x + n1(attn(x));
-        x = x + n2(mlp(x))``.
+        x = x + n2(mlp(x))``; ``"peri-norm"`` (Ouro, a norm before and after each sublayer):
+        ``x = x + n2(attn(n1(x))); x = x + n4(mlp(n3(x)))``.
         """
-        return {"huginn": "sandwich", "raven": "pre-norm", "raven-olmo": "reordered"}[self.family]
+        return {"huginn": "sandwich", "raven": "pre-norm", "raven-olmo": "reordered", "ouro": "peri-norm"}[self.family]
 
     @property
     def qk_norm(self) -> bool:
@@ -88,8 +101,19 @@ class LoopedConfig:
 
     @property
     def norm_after_recurrence(self) -> bool:
-        """Huginn applies ``ln_f`` to the recurrent state before the coda; Raven does not."""
+        """Huginn applies ``ln_f`` to the recurrent state before the coda; Raven does not (Ouro: every loop does)."""
         return self.family == "huginn"
+
+    @property
+    def looped_stack(self) -> bool:
+        """Ouro: the whole stack is the loop; each loop starts from the last one's output (the token embedding at
+        first), with no adapter or input injection, and ends with the final norm; the head reads that normed state."""
+        return self.family == "ouro"
+
+    @property
+    def exit_gate(self) -> bool:
+        """Whether the model has an exit gate per loop (Ouro's ``early_exit_gate``)."""
+        return self.family == "ouro"
 
     @property
     def n_layers(self) -> int:
@@ -107,8 +131,10 @@ class LoopedConfig:
         The family comes from the config (``looped_kv_family``, else the modeling file ``auto_map`` names) and,
         when the config names none, from ``tensor_names``, the checkpoint's tensors (see :func:`detect_family`).
         """
+        if raw.get("model_type") == "ouro":
+            return cls.from_ouro_dict(raw)
         if raw.get("model_type") not in (None, "huginn_raven"):
-            raise ValueError(f"config.json model_type must be 'huginn_raven', got {raw.get('model_type')!r}")
+            raise ValueError(f"config.json model_type must be 'huginn_raven' or 'ouro', got {raw.get('model_type')!r}")
         family = raw.get("looped_kv_family") or detect_family(raw, tensor_names)
         n_heads = int(raw.get("n_heads", raw.get("num_attention_heads", 0)))
         init_values = raw.get("init_values", {})
@@ -136,12 +162,64 @@ class LoopedConfig:
         )
 
     @classmethod
+    def from_ouro_dict(cls, raw: dict[str, Any]) -> LoopedConfig:
+        """Read an Ouro checkpoint's ``config.json`` (``model_type: ouro``; ``configuration_ouro.OuroConfig``).
+
+        ``num_hidden_layers`` layers form the core, run ``total_ut_steps`` times (the default loop count);
+        ``early_exit_threshold`` is the threshold readout's default. What this runtime does not implement is
+        refused: sliding-window layers, rotary scaling, another activation or a ``head_dim`` other than
+        ``hidden_size / num_attention_heads``.
+        """
+        def field_(name: str, default: Any = None) -> Any:
+            if name not in raw and default is None:
+                raise ValueError(f"Ouro config.json has no {name!r}")
+            return raw.get(name, default)
+
+        n_embd, n_heads = int(field_("hidden_size")), int(field_("num_attention_heads"))
+        head_dim = int(field_("head_dim", n_embd // n_heads))
+        if head_dim * n_heads != n_embd:
+            raise ValueError(f"Ouro config.json head_dim must be hidden_size / num_attention_heads = "
+                             f"{n_embd} / {n_heads}, got {head_dim}")
+        sliding = [i for i, kind in enumerate(raw.get("layer_types") or []) if kind != "full_attention"]
+        if raw.get("use_sliding_window") or sliding:
+            raise ValueError(f"Ouro config.json: sliding-window attention is not supported (use_sliding_window "
+                             f"{raw.get('use_sliding_window')}, layers {sliding} not 'full_attention')")
+        if raw.get("rope_scaling") is not None:
+            raise ValueError(f"Ouro config.json rope_scaling must be null, got {raw['rope_scaling']!r}")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"Ouro config.json hidden_act must be 'silu', got {raw['hidden_act']!r}")
+        threshold = raw.get("early_exit_threshold", 1.0)
+        return cls(
+            family="ouro", vocab_size=int(field_("vocab_size")), n_embd=n_embd, n_heads=n_heads,
+            n_kv_heads=int(raw.get("num_key_value_heads") or n_heads), n_prelude=0,
+            n_core=int(field_("num_hidden_layers")), n_coda=0, intermediate_size=int(field_("intermediate_size")),
+            block_size=int(field_("max_position_embeddings")), norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_base=float(raw.get("rope_theta", 10000.0)), state_std=0.0,
+            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            mean_recurrence=int(raw.get("total_ut_steps", 4)), mean_backprop_depth=int(raw.get("total_ut_steps", 4)),
+            exit_threshold=None if threshold is None else float(threshold), extra=raw,
+        )
+
+    @classmethod
     def from_file(cls, path: str | Path, tensor_names: Iterable[str] = ()) -> LoopedConfig:
         return cls.from_hf_dict(json.loads(Path(path).read_text()), tensor_names)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The ``config.json`` that ``from_hf_dict`` reads back (used for the shipped tiny model)."""
+        """The ``config.json`` that ``from_hf_dict`` reads back (used for the shipped tiny model); an Ouro model's
+        in Ouro's own format."""
         d = {k: v for k, v in asdict(self).items() if k != "extra"}
+        if self.family == "ouro":
+            return {
+                "architectures": ["OuroForCausalLM"], "auto_map": dict(OURO_AUTO_MAP), "model_type": "ouro",
+                "vocab_size": d["vocab_size"], "hidden_size": d["n_embd"], "num_attention_heads": d["n_heads"],
+                "num_key_value_heads": d["n_kv_heads"], "head_dim": self.head_dim,
+                "num_hidden_layers": d["n_core"], "intermediate_size": d["intermediate_size"], "hidden_act": "silu",
+                "max_position_embeddings": d["block_size"], "rms_norm_eps": d["norm_eps"],
+                "rope_theta": d["rope_base"], "rope_scaling": None, "use_sliding_window": False,
+                "sliding_window": None, "layer_types": ["full_attention"] * d["n_core"],
+                "tie_word_embeddings": d["tie_embeddings"], "total_ut_steps": d["mean_recurrence"],
+                "early_exit_threshold": d["exit_threshold"],
+            }
         out = {
             "model_type": "huginn_raven",
             "looped_kv_family": d["family"],
