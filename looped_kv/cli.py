@@ -38,14 +38,13 @@ from looped_kv.decoding.settings import METHODS
 from looped_kv.protocol import batches
 from looped_kv.protocol.reproducibility import check_device
 from looped_kv.protocol.selftest import SelfTestFailure
-from looped_kv.runtime.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
+from looped_kv.runtime.config import PRESETS, LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load, resolve_source
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
 
 PROG = "looped-kv"
-NAMED_CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo}
 
 
 def plain(doc: str | None) -> str:
@@ -197,9 +196,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def model_config(model: str) -> LoopedConfig:
-    """A named architecture (:data:`NAMED_CONFIGS`), 'tiny', a folder or config.json, or a hub id's config.json."""
-    if model in NAMED_CONFIGS:
-        return NAMED_CONFIGS[model]()
+    """A named architecture (:data:`PRESETS`), 'tiny', a folder or config.json, or a hub id's config.json."""
+    if model in PRESETS:
+        return PRESETS[model]()
     path = TINY_DIR if model == "tiny" else Path(model).expanduser()
     if path.is_dir():
         path = path / "config.json"
@@ -207,7 +206,7 @@ def model_config(model: str) -> LoopedConfig:
         return LoopedConfig.from_file(path)
     if model == "tiny":
         raise FileNotFoundError(f"no config.json at {path} (the tiny model is not trained yet)")
-    what = f"--model {model!r} is not one of {tuple(NAMED_CONFIGS)}, 'tiny', a folder or a config.json"
+    what = f"--model {model!r} is not one of {tuple(PRESETS)}, 'tiny', a folder or a config.json"
     reason = hub_unreachable()
     if reason:
         raise ValueError(f"{what}, and {reason}")
@@ -264,7 +263,7 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
                        description="Memory from the package's model (RIPE Eq. 3 and Eq. 10): the "
                                    "weights, and the KV cache of the full cache, the deepest plane and RIPE windows, "
                                    "for each context length.")
-    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(NAMED_CONFIGS)}, 'tiny', a checkpoint "
+    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(PRESETS)}, 'tiny', a checkpoint "
                                                           f"folder, a config.json or a hub id (default: huginn-0125)")
     p.add_argument("--context", type=int, nargs="+", default=[1024], help="context lengths L (default: 1024)")
     p.add_argument("--dtype", default="bf16", choices=tuple(BYTES), help="storage dtype (default: bf16)")
@@ -310,7 +309,7 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
                                    "(looped_kv.profiles): weights in each dtype, replay records, caches and the "
                                    "working set of a forward pass. Prints each chapter's predicted peak GPU and "
                                    "host memory and whether it fits; exits 1 if any chapter does not.")
-    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(NAMED_CONFIGS)}, 'tiny', a checkpoint "
+    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(PRESETS)}, 'tiny', a checkpoint "
                                                           f"folder, a config.json or a hub id (default: huginn-0125)")
     p.add_argument("--gpu-memory", type=float, default=40.0, help="GPU memory in GB (default: 40, an A100-40GB)")
     p.add_argument("--profile", help=f"run profile, one of {tuple(profiles.PROFILES)} (default: the model's)")

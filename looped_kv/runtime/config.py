@@ -300,3 +300,49 @@ def raven_olmo() -> LoopedConfig:
         n_coda=4, intermediate_size=8192, block_size=4096, norm_eps=1e-6, rope_base=500000.0,
         tie_embeddings=False, mean_recurrence=32,
     )
+
+
+def raven_tinyllama() -> LoopedConfig:
+    """Raven-TinyLlama's architecture (DAS paper, Table 3: 4/8/4 layers, R = 32), TinyLlama-1.1B retrofitted.
+
+    The split is the public conversion script's (``convert_pretrained_model/convert_llama.py`` of the
+    retrofitting-recurrence code, ``LoopedLMs/retrofitting-recurrence`` at commit 1b2dfe0: from
+    ``TinyLlama-1.1B-intermediate-step-1431k-3T``, prelude = layers 0-3, core = layers 10-17, coda = layers
+    18-21). The widths, vocabulary, rope_theta (no scaling) and context are TinyLlama-1.1B's public config
+    (hidden 2048, 32 heads of width 64, 4 KV heads, intermediate 5632, vocabulary 32000, rope_theta 10000, 2048
+    positions), which that script copies; norm eps 1e-5 is the script's. R = 32 as in the checkpoint
+    ``smcleish/Recurrent-TinyLlama-3T-train-recurrence-32``.
+    """
+    return LoopedConfig(
+        family="raven", vocab_size=32000, n_embd=2048, n_heads=32, n_kv_heads=4, n_prelude=4, n_core=8, n_coda=4,
+        intermediate_size=5632, block_size=2048, norm_eps=1e-5, rope_base=10000.0, tie_embeddings=False,
+        mean_recurrence=32,
+    )
+
+
+def _ouro(layers: int) -> LoopedConfig:
+    return LoopedConfig(
+        family="ouro", vocab_size=49152, n_embd=2048, n_heads=16, n_kv_heads=16, n_prelude=0, n_core=layers, n_coda=0,
+        intermediate_size=5632, block_size=65536, norm_eps=1e-6, rope_base=1000000.0, state_std=0.0,
+        tie_embeddings=False, mean_recurrence=4, mean_backprop_depth=4, exit_threshold=1.0,
+    )
+
+
+def ouro_1_4b() -> LoopedConfig:
+    """ByteDance's Ouro-1.4B (and -1.4B-Thinking): 24 layers looped 4 times (``total_ut_steps``), 16 heads of width
+    128 with 16 KV heads, hidden 2048, intermediate 5632, vocabulary 49152, 65536 positions, rope_theta 10^6, norm
+    eps 1e-6, an untied head and ``early_exit_threshold`` 1.0: the checkpoint's config.json as the Ouro
+    fixture's README records it (``fixtures/README.md``, section ouro-tiny); :func:`LoopedConfig.from_ouro_dict`
+    reads the real file.
+    """
+    return _ouro(24)
+
+
+def ouro_2_6b() -> LoopedConfig:
+    """ByteDance's Ouro-2.6B (and -2.6B-Thinking): as :func:`ouro_1_4b` with 48 layers (the fixture's README)."""
+    return _ouro(48)
+
+
+#: The published architectures by name (``looped-kv memory --model``, ``plan``, the GPU checks).
+PRESETS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo,
+           "raven-tinyllama": raven_tinyllama, "ouro-1.4b": ouro_1_4b, "ouro-2.6b": ouro_2_6b}
