@@ -278,18 +278,31 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.card is not None:
+        if args.card not in profiles.CARDS:
+            raise ValueError(f"--card must be one of {tuple(profiles.CARDS)}, got {args.card!r}")
+        card = profiles.CARDS[args.card]
+        print(f"Every published model on a {card.memory_gb:g} GB {card.example} (card {card.name}; "
+              f"{'' if card.bf16 else 'no '}native bfloat16), {plan.GPU_RESERVE / plan.GB:g} GB kept free; GPU GB "
+              f"per chapter:\n\n{plan.card_markdown(plan.card_table(args.card))}", end="")
+        return 0
     if not args.gpu_memory > 0:
         raise ValueError(f"--gpu-memory must be > 0 (GB), got {args.gpu_memory}")
     if args.profile is not None and args.profile not in profiles.PROFILES:
         raise ValueError(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
     config = model_config(args.model)
-    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model)]
-    table = plan.plan_table(plan.chapter_plans(config, profile), args.gpu_memory * plan.GB)
+    card = profiles.card_for(args.gpu_memory)
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model, card)]
+    plans = plan.chapter_plans(config, profile)
+    table = plan.plan_table(plans, args.gpu_memory * plan.GB)
     heading = (f"{args.model} at profile {profile.name} ({profile.dtype}; {workloads.SOURCES[profile.workloads]}, "
                f"prompts up to {profile.prompt_tokens} tokens, {profile.rows_per_pass or 'all'} rows per pass) on a "
                f"{args.gpu_memory:g} GB GPU, {plan.GPU_RESERVE / plan.GB:g} GB kept free")
+    too_large = plan.steps_beyond(plans, args.gpu_memory * plan.GB)
     if args.markdown:
         print(f"{heading}:\n\n{plan.markdown(table)}", end="")
+        if too_large:
+            print("\nSteps that do not fit:\n\n" + "".join(f"* {line}\n" for line in too_large), end="")
         return 0 if table["fits"].all() else 1
     print(f"{heading}:")
     shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
@@ -298,6 +311,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  {name}: {sizes}")
     missing = list(table.index[~table["fits"]])
     if missing:
+        for line in too_large:
+            print(f"  does not fit: {line}")
         print(f"{', '.join(missing)} need more than {args.gpu_memory:g} GB; choose a larger GPU or a smaller profile")
         return 1
     return 0
@@ -312,8 +327,11 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(PRESETS)}, 'tiny', a checkpoint "
                                                           f"folder, a config.json or a hub id (default: huginn-0125)")
     p.add_argument("--gpu-memory", type=float, default=40.0, help="GPU memory in GB (default: 40, an A100-40GB)")
-    p.add_argument("--profile", help=f"run profile, one of {tuple(profiles.PROFILES)} (default: the model's)")
+    p.add_argument("--profile", help=f"run profile, one of {tuple(profiles.PROFILES)} (default: the model's for "
+                                     f"a GPU of this memory: looped_kv.profiles.BY_CARD)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (book/data/ keeps one)")
+    p.add_argument("--card", help=f"instead: every published model's profile and peaks on a GPU class, one of "
+                                  f"{tuple(profiles.CARDS)} (a Markdown table; book/data/ keeps one per card)")
     p.set_defaults(func=cmd_plan)
 
 

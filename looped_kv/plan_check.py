@@ -151,7 +151,7 @@ def ch07(model: LoopedLM, profile: profiles.Profile) -> None:
     p = profile.ch07
     largest = max(*p.batch_sizes, *p.memory_batch_sizes)
     generate(model, _prompts(model, profile, largest), max_new_tokens=p.new_tokens, stop_at_eos=False,
-             method="self-spec")
+             method="self-spec", draft_loops=p.draft_loops)
 
 
 RUNS: dict[str, Callable[[LoopedLM, profiles.Profile], None]] = {
@@ -160,12 +160,13 @@ RUNS: dict[str, Callable[[LoopedLM, profiles.Profile], None]] = {
 
 def predicted_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> int:
     """The plan's peak for the steps a run makes: on a GPU its GPU bytes; on a CPU every byte less the weights
-    the model already holds (the meter counts what the run allocates)."""
+    the model already holds (the meter counts what the run allocates, and a model cast in place is new storage)."""
     steps = [s for s in plan.CHAPTERS[chapter](model.config, profile).steps
              if not s.name.startswith(SKIPPED.get(chapter, ("-",)))]
     if model.device.type == "cuda":
         return max(s.bytes(plan.GPU) for s in steps)
-    return max(s.bytes(None) for s in steps) - plan.weights(model.config, profile.dtype)
+    resident = f"{profile.dtype} weights"  # a step without them holds the model cast in place: new storages
+    return max(s.bytes(None) - sum(h.nbytes for h in s.held if h.what == resident) for s in steps)
 
 
 def measured_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> tuple[int, float]:

@@ -101,6 +101,7 @@ def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tenso
         logits = model(ids[:, :-1], num_loops=R).float()
         nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         out[R] = ((nll * keep).sum(1) / keep.sum(1)).cpu().numpy()
+        del logits, nll  # freed before the next forward, which would otherwise hold them beside its own
     return pd.DataFrame(out).rename_axis(index="text", columns="loops")
 
 

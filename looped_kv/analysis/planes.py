@@ -410,6 +410,7 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
         records += [{"text": i, **arm, "kl": float(kl[i, 0]), "size": float(size[i])} for i in range(ids.shape[0])]
         per_position += [{"text": i, **arm, "offset": o, "kl": float(kl[i, o])}
                          for i in range(ids.shape[0]) for o in range(decoded)]
+        del logits  # freed before the next arm's forward, which would otherwise hold it beside its own
     return ArmGrid(ref, pd.DataFrame.from_records(records), pd.DataFrame.from_records(per_position))
 
 
