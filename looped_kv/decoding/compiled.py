@@ -17,7 +17,7 @@ from torch import Tensor
 
 from looped_kv.runtime.attention import Site, attend_segments
 from looped_kv.runtime.cache import PlaneCache, writes_in_own_plane
-from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.model import LoopedLM, check_finite
 
 COMPILABLE = ("full", "deepest", "k-deepest", "share")
 
@@ -88,6 +88,8 @@ class CompiledStep:
         if cache.max_length >= cache.capacity:
             raise ValueError(f"cache capacity {cache.capacity} exceeded")
         logits, new_edges, new_core = self._step(self.model, cache, tokens, cache.lengths, self.num_loops)
+        if self.model.dtype == torch.float16:
+            check_finite(logits, f"the logits of the compiled step at position {cache.max_length}")
         rows, index = torch.arange(cache.batch, device=tokens.device), cache.lengths
         for which in (0, 1):  # advanced indices (rows, index) first: (B, n_edge, H, D) and (B, n_core, n_kept, H, D)
             cache.edge[which][:, rows, :, index] = new_edges[which].permute(1, 0, 2, 3)

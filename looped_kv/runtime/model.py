@@ -23,6 +23,20 @@ from looped_kv.runtime.attention import CausalRouter, Router, Site, Stage
 from looped_kv.runtime.config import LoopedConfig
 
 
+class Float16Overflow(ValueError):
+    """A float16 run produced inf or NaN (float16 ends at 65,504): one line naming where, and the remedy."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"float16 overflow: inf or NaN in {what}; run this model in float32 "
+                         f"(LOOPED_KV_DTYPE=float32, or load(..., dtype='float32'))")
+
+
+def check_finite(tensor: Tensor, what: str) -> None:
+    """Float16Overflow naming ``what`` if ``tensor`` holds inf or NaN."""
+    if not bool(torch.isfinite(tensor).all()):
+        raise Float16Overflow(what)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -221,12 +235,18 @@ class LoopedLM(nn.Module):
     def readout(self, state: Tensor, positions: Tensor, router: Router) -> Tensor:
         """Coda and head: logits z = C(s(R)) (Ouro: the head on the normed state, z = head(s(R)))."""
         if self.config.looped_stack:
-            logits = self.lm_head(state)
-            return logits if logits.dtype == torch.float64 else logits.float()
+            return self._logits(self.lm_head(state), positions)
         x = self.transformer.ln_f(state) if self.config.norm_after_recurrence else state
         for block in self.transformer.coda:
             x = block(x, self.rotary, positions, router)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        return self._logits(self.lm_head(self.transformer.ln_f(x)), positions)
+
+    @staticmethod
+    def _logits(logits: Tensor, positions: Tensor) -> Tensor:
+        """The head's logits as float32 (float64 stay), checked for a float16 overflow (not inside a traced step,
+        whose caller checks them)."""
+        if logits.dtype == torch.float16 and not torch.compiler.is_compiling() and not torch.isfinite(logits).all():
+            raise Float16Overflow(f"the logits (positions {int(positions.min())}-{int(positions.max())})")
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def initial_state(self, positions: Tensor, batch: int = 1, last: int | None = None, *,
@@ -307,8 +327,16 @@ class LoopedLM(nn.Module):
         router = CausalRouter() if router is None else router
         embedded = self.embed(input_ids, positions, router)
         state = self.resolve_state(initial_state, positions, B, last, embedded)
+        finite = []  # float16 only: per loop, whether the state stayed finite (one device sync at the end)
         for r in range(first_loop, first_loop + num_loops):
             state = self.loop(state, embedded, positions, router, r)
+            if state.dtype == torch.float16:
+                finite.append(torch.isfinite(state).all())
+        if finite:  # before the readout, which checks the logits
+            flags = torch.stack(finite).tolist()
+            if not all(flags):
+                raise Float16Overflow(f"the state after loop {first_loop + flags.index(False)} (positions "
+                                      f"{int(positions.min())}-{int(positions.max())})")
         logits = self.readout(state, positions, router)
         return (logits, state) if return_state else logits
 
