@@ -316,15 +316,20 @@ def detect_gpu() -> Gpu | None:
     return Gpu(props.name, props.total_memory / 1e9, torch.cuda.get_device_capability(0) >= (8, 0))
 
 
-def for_model(model: object, gpu: Gpu | None = None) -> Profile:
-    """The profile of a loaded model on ``gpu`` (default: the GPU found, if any); ``$LOOPED_KV_PROFILE`` names
-    another one."""
+def for_config(config: LoopedConfig, source: str = "", gpu: Gpu | None = None) -> Profile:
+    """The profile of a model of ``config`` on ``gpu`` (default: the GPU found, if any; without one, the
+    :data:`DEFAULT_CARD` profile); ``$LOOPED_KV_PROFILE`` names another one."""
     import os
 
     chosen = os.environ.get("LOOPED_KV_PROFILE")
     if not chosen:
         gpu = gpu or detect_gpu()
-        chosen = name_for(model.config, getattr(model, "source", ""), gpu.card if gpu else None)
+        chosen = name_for(config, source, gpu.card if gpu else None)
     if chosen not in PROFILES:
         raise ValueError(f"LOOPED_KV_PROFILE must be one of {tuple(PROFILES)}, got {chosen!r}")
     return PROFILES[chosen]
+
+
+def for_model(model: object, gpu: Gpu | None = None) -> Profile:
+    """The profile of a loaded model (:func:`for_config` of its config and source)."""
+    return for_config(model.config, getattr(model, "source", ""), gpu)
