@@ -152,6 +152,26 @@ class Profile:
 
 
 TINY = Profile("tiny", "float32")
+#: A fixture-sized model (a conformance fixture with a character tokenizer; ``tests/test_chapters_on_ouro.py``):
+#: the fewest texts, prompts and tokens each chapter runs on, so a chapter runs in seconds. Loop counts up to 8 and
+#: drafts at 1-3 loops suit a model of R = 4 (Ouro's) as well as a deeper one; its numbers mean nothing.
+SMOKE = Profile(
+    "smoke", "float32", prompt_tokens=512,
+    ch01=Ch01(texts_per_workload=3, text_chars=160, loops=(1, 2, 4, 8), shallow_loops=2, draft_depths=(1, 2, 3),
+              chain_programs=6, prompts_per_workload=2, new_tokens=6),
+    ch02=Ch02(texts_per_workload=2, length=96, decoded=16, chunk=6),
+    ch03=Ch03(texts_per_workload=2, prefix=64, decoded=8, table3_texts_per_workload=2, table3_length=48,
+              table3_chunk=6),
+    ch04=Ch04(replay_prompts=2, replay_batch=2, new_tokens=10, drawn=(24, 6), exact_prompts=1, acceptance_prompts=2,
+              acceptance_tokens=8, block=3, draft_loops=2),
+    ch05=Ch05(agreement_prompts=2, agreement_tokens=6, grid_prompts=2, grid_tokens=6, acceptance_prompts=2,
+              acceptance_tokens=8, draft_loops=2, block=3, timing_prompts=1, new_tokens=6),
+    ch06=Ch06(drawn_block={"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}, acceptance_prompts=2,
+              acceptance_tokens=8, timing_prompts=1, new_tokens=6, sweep_prompts=1,
+              sweep={"updates": (1, 2), "block": (4,), "initial_width": (1, 2)}),
+    ch07=Ch07(check_rows=2, batch_sizes=(1, 2), memory_batch_sizes=(1, 2, 3), new_tokens=6, prompts=3,
+              draft_loops=2),
+)
 
 #: Huginn-0125 on one 40 GB GPU (A100-40GB), on the papers' workloads: bf16 decoding in passes of 4 rows from
 #: eight-shot GSM8K prompts (held to 1,536 tokens); replays in fp32 with their records on the host; the exactness
@@ -238,7 +258,7 @@ for _model, _base in _BASES.items():
     BY_CARD[_model] = {"t4": _t4_profile, "l4": _l4_profile, "40gb": _base,
                        "80gb": replace(_base, name=f"{_base.name}-80gb", rows_per_pass=8)}
 
-PROFILES = {"tiny": TINY, **{p.name: p for cards in BY_CARD.values() for p in cards.values()}}
+PROFILES = {"tiny": TINY, "smoke": SMOKE, **{p.name: p for cards in BY_CARD.values() for p in cards.values()}}
 MODELS = tuple(BY_CARD)
 
 

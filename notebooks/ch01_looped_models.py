@@ -126,7 +126,7 @@ record: dict = {}
 router = looped_kv.CausalRouter(record)
 with torch.no_grad():
     embedded = model.embed(ids, positions, router)
-    state = model.initial_state(positions, batch=1)
+    state = model.initial_state(positions, batch=1, tokens=ids)
     for r in range(1, R + 1):
         state = model.loop(state, embedded, positions, router, r)
     logits = model.readout(state, positions, router)
@@ -476,7 +476,7 @@ book.md(
 # almost always at one loop cannot show it.
 
 # %%
-depths = papers.DAS_TABLE_6_DEPTHS
+depths = profile.draft_depths  # DAS Table 6's, each below this model's R
 agreement = {w: draft_agreement_rows(model, run, depths) for w, run in runs.items()}
 shallow_d, deep_d = min(depths), max(depths)
 draft_claim = V.Claim(
@@ -499,14 +499,18 @@ for w, table in agreement.items():
         ),
     )
 pooled = {
-    w: [(t[(d, "aligned")] * t["n"]).sum() / t["n"].sum() for d in depths]
+    w: pd.Series(
+        [(t[(d, "aligned")] * t["n"]).sum() / t["n"].sum() for d in depths], depths
+    )
     for w, t in agreement.items()
 }
-paper6 = {f"{m} (DAS)": list(papers.DAS_TABLE_6[m]["Aligned"]) for m in public}
-agree_table = pd.DataFrame(
-    {**{f"this model, {w}": v for w, v in pooled.items()}, **paper6},
-    index=[f"d = {d}" for d in depths],
-).T
+paper6 = {
+    f"{m} (DAS)": pd.Series(papers.DAS_TABLE_6[m]["Aligned"], papers.DAS_TABLE_6_DEPTHS)
+    for m in public
+}
+ours = {f"this model, {w}": v for w, v in pooled.items()}
+agree_table = pd.DataFrame({**ours, **paper6})  # depths of either, a dash where none
+agree_table = agree_table.rename(index=lambda d: f"d = {d}").T
 book.table(agree_table, percent=tuple(agree_table.columns))
 
 # %% tags=["remove-input"]
