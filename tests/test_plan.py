@@ -4,6 +4,7 @@ random model of Huginn's shape on the CPU (where GPU and host memory are one), w
 from __future__ import annotations
 
 import json
+import re
 from argparse import Namespace
 from dataclasses import replace
 from pathlib import Path
@@ -111,6 +112,25 @@ def test_plan_check_records_a_run_and_checks_its_options(tmp_path, capsys):
         with pytest.raises(SystemExit):
             plan_check.main(argv)
         assert message in capsys.readouterr().err
+
+
+def test_plan_check_runs_an_ouro_config_on_the_cpu_at_a_small_profile(tmp_path, capsys):
+    """The GPU check of the T4 profiles (the commands of looped_kv.plan_check's docstring) runs on a CPU with a
+    fixture-sized Ouro config (its context raised for the smoke profile's prompts) and the smoke profile."""
+    config = json.loads((ROOT / "tests" / "fixtures" / "ouro-tiny" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 1024}))
+    out = tmp_path / "check.json"
+    plan_check.main(["--model", str(tmp_path), "--profile", "smoke", "--device", "cpu", "--chapters", "ch07",
+                     "--out", str(out)])
+    record = json.loads(out.read_text())
+    (row,) = record["chapters"]
+    assert record["profile"] == "smoke" and 0.5 < row["predicted / measured"] < 2
+    assert {"ouro-1.4b-t4", "raven-tinyllama-t4"} <= set(profiles.PROFILES)
+    commands = re.findall(r"python -m looped_kv\.plan_check (--model \S+ --profile \S+)", plan_check.__doc__)
+    assert len(commands) == 2
+    for command in commands:
+        model, profile = command.split()[1::2]
+        assert model in profiles.MODELS and profiles.PROFILES[profile].name == profile
 
 
 def test_huginn_fits_a_40gb_gpu_and_not_a_16gb_one(capsys):
