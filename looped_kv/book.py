@@ -15,7 +15,7 @@ from IPython.display import Markdown
 from torch import Tensor
 
 from looped_kv import profiles
-from looped_kv.runtime.loading import load
+from looped_kv.runtime.loading import load, model_config
 from looped_kv.runtime.model import LoopedLM
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,7 +59,6 @@ def choose_run(chapter: str, gpu: profiles.Gpu | None = None) -> ColabRun:
     (:mod:`looped_kv.analysis.plan`). Without a GPU the chapter runs the tiny model on the CPU.
     """
     from looped_kv.analysis import plan
-    from looped_kv.cli import model_config
 
     if chapter not in plan.CHAPTERS:
         raise ValueError(f"chapter must be one of {tuple(plan.CHAPTERS)}, got {chapter!r}")

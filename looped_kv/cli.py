@@ -22,7 +22,6 @@ import os
 import re
 import signal
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 import pandas as pd
@@ -39,7 +38,7 @@ from looped_kv.protocol import batches
 from looped_kv.protocol.reproducibility import check_device
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import PRESETS, LoopedConfig
-from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load, resolve_source
+from looped_kv.runtime.loading import load, model_config, resolve_source
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
@@ -195,29 +194,6 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 # -- memory ---------------------------------------------------------------------------------------------------------
 
 
-def model_config(model: str) -> LoopedConfig:
-    """A named architecture (:data:`PRESETS`), 'tiny', a folder or config.json, or a hub id's config.json."""
-    if model in PRESETS:
-        return PRESETS[model]()
-    path = TINY_DIR if model == "tiny" else Path(model).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        return LoopedConfig.from_file(path)
-    if model == "tiny":
-        raise FileNotFoundError(f"no config.json at {path} (the tiny model is not trained yet)")
-    what = f"--model {model!r} is not one of {tuple(PRESETS)}, 'tiny', a folder or a config.json"
-    reason = hub_unreachable()
-    if reason:
-        raise ValueError(f"{what}, and {reason}")
-    from huggingface_hub import hf_hub_download
-
-    try:
-        return LoopedConfig.from_file(hf_hub_download(repo_id=model, filename="config.json"))
-    except Exception as error:  # unknown id, no network, ...: one clear line instead of a traceback
-        raise ValueError(f"{what}, and its hub config.json could not be fetched ({type(error).__name__})") from None
-
-
 def memory_rows(config: LoopedConfig, contexts: list[int], num_loops: int, dtype: str, windows: list[int],
                 batch_size: int) -> pd.DataFrame:
     """Weights and KV cache (RIPE Eq. 3 and 10) in GB (10^9 bytes) for ``batch_size`` sequences per context."""
@@ -242,7 +218,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         if bad:
             raise ValueError(f"{flag} must be >= {low}, got {bad[0]}")
     _at_least_one(num_loops=args.num_loops)
-    config = model_config(args.model)
+    config = model_config(args.model, "--model")
     R = config.mean_recurrence if args.num_loops is None else args.num_loops
     params = plan.parameter_count(config)
     table = memory_rows(config, args.context, R, args.dtype, args.windows, args.batch_size)
@@ -290,7 +266,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--gpu-memory must be > 0 (GB), got {args.gpu_memory}")
     if args.profile is not None and args.profile not in profiles.PROFILES:
         raise ValueError(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
-    config = model_config(args.model)
+    config = model_config(args.model, "--model")
     card = profiles.card_for(args.gpu_memory)
     profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model, card)]
     plans = plan.chapter_plans(config, profile)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from looped_kv.runtime.config import FAMILIES, LoopedConfig
+from looped_kv.runtime.config import FAMILIES, PRESETS, LoopedConfig
 from looped_kv.runtime.model import LoopedLM, Rotary
 
 TINY_DIR = Path(__file__).parents[1] / "tiny"
@@ -194,6 +194,30 @@ def check_state(model: LoopedLM, state: dict[str, torch.Tensor]) -> None:
     if unknown:
         raise ValueError(f"checkpoint has tensors the {model.config.family!r} config does not describe: {unknown[:5]} "
                          f"(families: {FAMILIES})")
+
+
+def model_config(model: str, name: str = "model") -> LoopedConfig:
+    """A named architecture (:data:`~looped_kv.runtime.config.PRESETS`), 'tiny', a folder or config.json, or a hub
+    id's config.json (the weights are not downloaded). ``name`` is what an error calls the parameter."""
+    if model in PRESETS:
+        return PRESETS[model]()
+    path = TINY_DIR if model == "tiny" else Path(model).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return LoopedConfig.from_file(path)
+    if model == "tiny":
+        raise FileNotFoundError(f"no config.json at {path} (the tiny model is not trained yet)")
+    what = f"{name} {model!r} is not one of {tuple(PRESETS)}, 'tiny', a folder or a config.json"
+    reason = hub_unreachable()
+    if reason:
+        raise ValueError(f"{what}, and {reason}")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return LoopedConfig.from_file(hf_hub_download(repo_id=model, filename="config.json"))
+    except Exception as error:  # unknown id, no network, ...: one clear line instead of a traceback
+        raise ValueError(f"{what}, and its hub config.json could not be fetched ({type(error).__name__})") from None
 
 
 def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
