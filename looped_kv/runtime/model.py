@@ -181,15 +181,13 @@ class LoopedLM(nn.Module):
     def __init__(self, config: LoopedConfig) -> None:
         super().__init__()
         self.config = config
-        modules = dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            prelude=nn.ModuleList(Block(config, "prelude", i) for i in range(config.n_prelude)),
-            core_block=nn.ModuleList(Block(config, "core", i) for i in range(config.n_core)),
-            coda=nn.ModuleList(Block(config, "coda", i) for i in range(config.n_coda)),
-            ln_f=RMSNorm(config.n_embd, config.norm_eps),
-        )
+        modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd),
+                       prelude=nn.ModuleList(Block(config, "prelude", i) for i in range(config.n_prelude)))
         if not config.looped_stack:  # Ouro has no input injection
             modules["adapter"] = nn.Linear(2 * config.n_embd, config.n_embd, bias=False)
+        modules.update(core_block=nn.ModuleList(Block(config, "core", i) for i in range(config.n_core)),
+                       coda=nn.ModuleList(Block(config, "coda", i) for i in range(config.n_coda)),
+                       ln_f=RMSNorm(config.n_embd, config.norm_eps))
         if config.exit_gate:
             modules["exit_gate"] = nn.Linear(config.n_embd, 1)
         self.transformer = nn.ModuleDict(modules)
