@@ -224,7 +224,7 @@ def test_profiles_are_chosen_by_family_and_gpu(monkeypatch):
     from looped_kv.runtime.config import ouro_1_4b, raven_tinyllama
 
     monkeypatch.delenv("LOOPED_KV_PROFILE", raising=False)
-    t4, l4, a100, h100 = (profiles.Gpu("Tesla T4", 15.8, False), profiles.Gpu("NVIDIA L4", 23.7, True),
+    t4, l4, a100, h100 = (profiles.Gpu("Tesla T4", 15.83, False), profiles.Gpu("NVIDIA L4", 23.7, True),
                           profiles.Gpu("NVIDIA A100-SXM4-40GB", 42.4, True), profiles.Gpu("NVIDIA H100", 85.0, True))
     assert [g.card for g in (t4, l4, a100, h100)] == ["t4", "l4", "40gb", "80gb"]
     assert profiles.Gpu("Tesla V100-SXM2-32GB", 34.1, False).card == "t4"  # no bfloat16: the float16 profiles
