@@ -179,6 +179,9 @@ def test_a_checkpoint_that_does_not_fit_its_config_is_refused(tmp_path):
                             ({"rope_scaling": {"rope_type": "yarn"}}, "rope_scaling must be null")):
         with pytest.raises(ValueError, match=message):
             LoopedConfig.from_hf_dict(raw | change)
+    with pytest.raises(ValueError, match=re.escape("Ouro config.json has no 'hidden_size', 'intermediate_size'") + "$"):
+        LoopedConfig.from_hf_dict({k: v for k, v in raw.items() if k not in ("hidden_size", "intermediate_size")})
+    assert LoopedConfig.from_hf_dict(raw | {"head_dim": None}).head_dim == raw["head_dim"]  # null: hidden / heads
     with pytest.raises(ValueError, match="an Ouro model has no prelude or coda"):
         random_model("ouro", n_prelude=1)
 

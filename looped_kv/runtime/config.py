@@ -126,7 +126,8 @@ class LoopedConfig:
     # -- the public checkpoint format ---------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], tensor_names: Iterable[str] = ()) -> LoopedConfig:
-        """Read a ``config.json`` of Huginn-0125 or a Raven retrofit (``model_type: huginn_raven``).
+        """Read a ``config.json`` of Huginn-0125 or a Raven retrofit (``model_type: huginn_raven``), or of Ouro
+        (``model_type: ouro``, :meth:`from_ouro_dict`).
 
         The family comes from the config (``looped_kv_family``, else the modeling file ``auto_map`` names) and,
         when the config names none, from ``tensor_names``, the checkpoint's tensors (see :func:`detect_family`).
@@ -170,13 +171,12 @@ class LoopedConfig:
         refused: sliding-window layers, rotary scaling, another activation or a ``head_dim`` other than
         ``hidden_size / num_attention_heads``.
         """
-        def field_(name: str, default: Any = None) -> Any:
-            if name not in raw and default is None:
-                raise ValueError(f"Ouro config.json has no {name!r}")
-            return raw.get(name, default)
-
-        n_embd, n_heads = int(field_("hidden_size")), int(field_("num_attention_heads"))
-        head_dim = int(field_("head_dim", n_embd // n_heads))
+        missing = [name for name in ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers",
+                                     "intermediate_size", "max_position_embeddings") if name not in raw]
+        if missing:
+            raise ValueError(f"Ouro config.json has no {', '.join(map(repr, missing))}")
+        n_embd, n_heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        head_dim = int(raw.get("head_dim") or n_embd // n_heads)
         if head_dim * n_heads != n_embd:
             raise ValueError(f"Ouro config.json head_dim must be hidden_size / num_attention_heads = "
                              f"{n_embd} / {n_heads}, got {head_dim}")
@@ -188,15 +188,15 @@ class LoopedConfig:
             raise ValueError(f"Ouro config.json rope_scaling must be null, got {raw['rope_scaling']!r}")
         if raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"Ouro config.json hidden_act must be 'silu', got {raw['hidden_act']!r}")
-        threshold = raw.get("early_exit_threshold", 1.0)
+        threshold, loops = raw.get("early_exit_threshold", 1.0), int(raw.get("total_ut_steps", 4))  # OuroConfig's
         return cls(
-            family="ouro", vocab_size=int(field_("vocab_size")), n_embd=n_embd, n_heads=n_heads,
+            family="ouro", vocab_size=int(raw["vocab_size"]), n_embd=n_embd, n_heads=n_heads,
             n_kv_heads=int(raw.get("num_key_value_heads") or n_heads), n_prelude=0,
-            n_core=int(field_("num_hidden_layers")), n_coda=0, intermediate_size=int(field_("intermediate_size")),
-            block_size=int(field_("max_position_embeddings")), norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            n_core=int(raw["num_hidden_layers"]), n_coda=0, intermediate_size=int(raw["intermediate_size"]),
+            block_size=int(raw["max_position_embeddings"]), norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_base=float(raw.get("rope_theta", 10000.0)), state_std=0.0,
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            mean_recurrence=int(raw.get("total_ut_steps", 4)), mean_backprop_depth=int(raw.get("total_ut_steps", 4)),
+            mean_recurrence=loops, mean_backprop_depth=loops,
             exit_threshold=None if threshold is None else float(threshold), extra=raw,
         )
 
