@@ -93,6 +93,7 @@ class Ch05:
 
     agreement_prompts: int = 32  # per workload, decoded as one batch (DAS Table 6)
     agreement_tokens: int = 24
+    draft_depths: tuple[int, ...] = papers.DAS_TABLE_6_DEPTHS  # d of the Table 6 agreement, each at most R
     grid_prompts: int = 8  # a separate cohort, as DAS Figure 4's 8 prompts (descriptive)
     grid_tokens: int = 24
     acceptance_prompts: int = 32  # per workload, decoded as one batch
@@ -164,8 +165,8 @@ SMOKE = Profile(
               table3_chunk=6),
     ch04=Ch04(replay_prompts=2, replay_batch=2, new_tokens=10, drawn=(24, 6), exact_prompts=1, acceptance_prompts=2,
               acceptance_tokens=8, block=3, draft_loops=2),
-    ch05=Ch05(agreement_prompts=2, agreement_tokens=6, grid_prompts=2, grid_tokens=6, acceptance_prompts=2,
-              acceptance_tokens=8, draft_loops=2, block=3, timing_prompts=1, new_tokens=6),
+    ch05=Ch05(agreement_prompts=2, agreement_tokens=6, draft_depths=(1, 2, 3), grid_prompts=2, grid_tokens=6,
+              acceptance_prompts=2, acceptance_tokens=8, draft_loops=2, block=3, timing_prompts=1, new_tokens=6),
     ch06=Ch06(drawn_block={"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}, acceptance_prompts=2,
               acceptance_tokens=8, timing_prompts=1, new_tokens=6, sweep_prompts=1,
               sweep={"updates": (1, 2), "block": (4,), "initial_width": (1, 2)}),
@@ -194,10 +195,12 @@ HUGINN_0125 = Profile(
 #: The Raven retrofits (Llama-3.2 1B, OLMo-2 1B, TinyLlama 1.1B): smaller, so the same sizes with longer replays.
 RAVEN = replace(HUGINN_0125, name="raven", ch02=replace(HUGINN_0125.ch02, length=512))
 #: Ouro-1.4B and -2.6B (R = 4 loops of the whole stack): loop counts up to twice R, the shallow side of every
-#: comparison and the drafts at 2 of the 4 loops, draft agreement at d = 1, 2, 3; otherwise Raven's sizes.
+#: comparison and the drafts at 2 of the 4 loops, draft agreement (chapters 1 and 5) at d = 1, 2, 3; otherwise
+#: Raven's sizes.
 OURO = replace(RAVEN, name="ouro-1.4b",
                ch01=replace(RAVEN.ch01, loops=(1, 2, 3, 4, 6, 8), shallow_loops=2, draft_depths=(1, 2, 3)),
-               ch04=replace(RAVEN.ch04, draft_loops=2), ch05=replace(RAVEN.ch05, draft_loops=2),
+               ch04=replace(RAVEN.ch04, draft_loops=2),
+               ch05=replace(RAVEN.ch05, draft_loops=2, draft_depths=(1, 2, 3)),
                ch07=replace(RAVEN.ch07, draft_loops=2))
 
 

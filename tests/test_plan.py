@@ -250,3 +250,16 @@ def test_the_gpu_is_detected(monkeypatch):
     assert profiles.detect_gpu() == profiles.Gpu("Tesla T4", 15.828320256, False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert profiles.detect_gpu() is None
+
+
+def test_every_profiles_draft_depths_lie_below_its_models_loops():
+    """Draft depths and shallow loop counts below R for every profile of a published model (Ouro's R = 4 has no draft
+    at 4 or 8 loops, DAS Table 6's), and for the smoke profile on the Ouro fixture's R = 4."""
+    from looped_kv.runtime.config import PRESETS
+
+    runs = [(p, PRESETS[model]().mean_recurrence) for model, cards in profiles.BY_CARD.items() for p in cards.values()]
+    for p, R in [*runs, (profiles.SMOKE, 4), (profiles.TINY, 32)]:
+        depths = (*p.ch01.draft_depths, *p.ch05.draft_depths, p.ch01.shallow_loops, p.ch04.draft_loops,
+                  p.ch05.draft_loops, p.ch07.draft_loops)
+        assert all(1 <= d < R for d in depths), (p.name, R, depths)
+    assert profiles.BY_CARD["ouro-1.4b"]["t4"].ch05.draft_depths == (1, 2, 3)
