@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -115,6 +116,9 @@ def test_exit_gate_and_its_readouts(ouro):
     close(exit_gate.expected_logits(loop_logits, out.pdf), ref["logits_weighted_exit"])
     logits, steps = exit_gate.threshold_logits(loop_logits, out.pdf, 0.5)
     assert torch.equal(steps, ref["exit_step_threshold_0p5"])
+    rows = list(ref["input_ids"].split(1))
+    assert torch.equal(exit_gate.threshold_steps(model, rows, 0.5), steps.reshape(-1))
+    assert (exit_gate.threshold_steps(model, rows) == model.config.mean_recurrence - 1).all()  # 1.0, float64
     close(logits, ref["logits_exit_threshold_0p5"])
     # the checkpoints' threshold 1.0 reads out the last loop in float64: the runtime's forward
     logits, steps = exit_gate.threshold_logits(loop_logits, out.pdf, model.config.exit_threshold)
@@ -134,7 +138,12 @@ def test_the_threshold_of_one_can_exit_early_in_float32_but_not_in_float64():
     for dtype in (torch.float64, torch.float32):
         out = exit_gate.loop_outputs(model.to(dtype), ids)
         early[dtype] = int((exit_gate.threshold_exit(out.pdf, 1.0) < last).sum())
+        steps = exit_gate.threshold_steps(model, ids)  # at the config's threshold, 1.0, in the model's dtype
+        assert steps.dtype == torch.int64 and torch.equal(steps, exit_gate.threshold_exit(out.pdf, 1.0).reshape(-1))
     assert early[torch.float64] == 0 < early[torch.float32]
+    model.config = replace(model.config, exit_threshold=None)
+    with pytest.raises(ValueError, match="threshold must be given: this checkpoint's early_exit_threshold is null"):
+        exit_gate.threshold_steps(model, ids)
 
 
 def test_exit_distribution_and_its_summary():

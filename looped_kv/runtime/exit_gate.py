@@ -137,6 +137,21 @@ def exit_distribution(model: LoopedLM, input_ids: Tensor | list[Tensor], num_loo
                       for ids in rows]).double().cpu()
 
 
+def threshold_steps(model: LoopedLM, input_ids: Tensor | list[Tensor], threshold: float | None = None,
+                    num_loops: int | None = None) -> Tensor:
+    """Every token's exit loop (0-based) under the threshold readout, (tokens,) int64 on the CPU, the exit
+    distribution and its cumulative sum in the model's dtype as the reference forms them; ``threshold`` defaults to
+    the config's ``early_exit_threshold``. At Ouro's 1.0 a token exits before the last loop only by rounding (the
+    module's hazard). Rows as :func:`exit_distribution`'s."""
+    check_gate(model)
+    threshold = model.config.exit_threshold if threshold is None else threshold
+    if threshold is None:
+        raise ValueError("threshold must be given: this checkpoint's early_exit_threshold is null")
+    rows = [input_ids] if isinstance(input_ids, Tensor) else input_ids
+    return torch.cat([threshold_exit(loop_outputs(model, ids, num_loops).pdf, threshold).reshape(-1)
+                      for ids in rows]).cpu()
+
+
 def exit_summary(pdf: Tensor, thresholds: tuple[float, ...] = (0.5, 0.9)) -> pd.DataFrame:
     """One row per loop u (1-based, as planes are numbered): the mean exit probability over tokens, and for each
     threshold the share of tokens the threshold readout reads out at that loop (``pdf``: (tokens, S))."""
