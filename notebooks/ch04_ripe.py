@@ -467,6 +467,12 @@ book.md(
 # The KL ratio can discriminate only where most prompts' KLs lie above the resolution of
 # the KL computation; a tail count only where the deepest plane has a tail at all (the
 # counts vary across prompts).
+#
+# On an Ouro checkpoint the first claim also tests Ouro's own: its authors report that
+# keeping only the last loop's keys and values is nearly lossless on their model (Zhu et
+# al. 2025, as the RIPE paper cites it). Where the deepest plane costs more than a
+# precision change, that claim does not hold on this workload; where the verdict
+# disagrees, the deepest plane costs no more than fp32 does, as Ouro reports.
 
 # %%
 fidelity = V.Claim("the deepest plane costs more than a precision change: "
@@ -493,6 +499,15 @@ book.table(V.verdict_table(section51))
 # %% tags=["remove-input"]
 paper_bin = SEC5_1["exceeding bin ratio"]
 paper_tail_ratio = SEC5_1["tail ratio W = 64"]
+ouro_test = {name.split(":")[0]: v.label for name, v in section51.items()
+             if name.endswith("deepest vs fp32")}
+ouro_note = ("\n\nThis model is an Ouro checkpoint, so the deepest-plane verdicts test "
+             "Ouro's claim that the last loop's keys and values suffice: "
+             + ", ".join(f"on {w} the verdict is **{label}**"
+                         for w, label in ouro_test.items())
+             + " (**agrees**, a deepest plane that costs more than a precision change, "
+             "marks a workload on which Ouro's claim fails)."
+             if cfg.family == "ouro" else "")
 book.md(
     " ".join(f"On {name.split(':')[0]}, {v.sentence()}"
              for name, v in section51.items())
@@ -502,7 +517,7 @@ book.md(
     f"{SEC5_1['other bin ratios'][1]}); its tail ratio of $W$ = 64 to the deepest "
     f"plane was {paper_tail_ratio[0]} [{paper_tail_ratio[1]}, {paper_tail_ratio[2]}], "
     f"wide because {SEC5_1['tail prompts']} prompts carried all of Huginn's tail "
-    "positions.")
+    "positions." + ouro_note)
 
 # %% [markdown]
 # ## Block dependence: Section 5.2
