@@ -304,8 +304,9 @@ book.md(
        "Huginn's deep loops." if steep else
        " Too few deep rows lie above the floor for a slope of their own.")
     + " The paper places its largest substitutions (plane 1) outside the "
-    "small-perturbation regime of Eq. (4); here the deep plane-1 median KL is "
-    f"{plane1_ratio:.2g} times the fitted line's value at its size."
+    f"small-perturbation regime of Eq. (4); here the deep plane-{min(planes)} median "
+    f"KL (the shallowest plane substituted) is {plane1_ratio:.2g} times the fitted "
+    "line's value at its size."
 )
 
 # %% [markdown]

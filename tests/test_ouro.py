@@ -231,3 +231,37 @@ def test_every_decoder_and_cache_on_the_fixture(cache, params, exact):
         if exact:
             assert torch.equal(out.tokens, greedy.tokens), (method, cache)
         assert out.verifications >= 1
+
+
+def test_chapters_2_and_3_measure_at_ouros_four_loops():
+    """Ripening fits over loops 1..3 (Table 7's 8..31 scaled to R = 4), and substitution arms whose planes all
+    perturb their region (the shallow region is loop 1 alone, so plane 1 is no arm there): every size > 0, and the
+    sensitivity regression, region contrast and Eq. (6) check run, as chapters 2 and 3 call them."""
+    from looped_kv.analysis.fits import sensitivity_regression
+    from looped_kv.analysis.planes import (
+        arm_grid,
+        eq6_check,
+        exact_replay,
+        in_dtype,
+        precision_floor,
+        region_contrast,
+        regression_rows,
+        ripening_curves,
+        ripening_summary,
+        text_ripening,
+    )
+
+    model = load(FIXTURES / "ouro-tiny")
+    R = model.config.mean_recurrence
+    ids = torch.randint(0, model.config.vocab_size, (4, 20), generator=torch.Generator().manual_seed(0))
+    fp32 = ripening_curves(model, ids, R, decoded=4, chunk=2, exact_dtype=torch.float64)
+    bf16 = ripening_curves(in_dtype(model, torch.bfloat16), ids, R, decoded=4, maturity_kinds=(), chunk=2)
+    fits = ripening_summary(fp32, bf16)
+    assert all(f.geometric.loop_range == (1, 3) for f in fits.values()) and fp32.fitted("k").shape == (4, 3)
+    assert len(text_ripening(fp32, {X: fp32.float_floor(X) for X in ("k", "v")})) == 4
+    grid = arm_grid(model, ids, R, decoded=4, progress=False)
+    assert sorted(grid.rows.plane.unique()) == [2, 3, 4] and (grid.rows["size"] > 0).all()
+    floor = float(precision_floor(model, grid.reference, exact=exact_replay(model, ids, R, decoded=4)).max())
+    fit = sensitivity_regression(regression_rows(grid, floor), floor=floor)
+    assert region_contrast(grid.rows, floor).shape == (4, 2)
+    assert eq6_check(model, grid.reference, fit, grid).measured.shape == (4,)

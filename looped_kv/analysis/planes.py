@@ -379,8 +379,9 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
     """Replay texts ``ids`` (B, n) once and run every (region, plane) arm (RIPE Sec. 3.1, Fig. 2a-b).
 
     ``regions`` defaults to the paper's shallow (loops 2-9) and deep (25-32) regions scaled to R, ``planes``
-    to :func:`paper_planes`. An arm's KL is taken at the first decoded position ``n - decoded`` (``rows``) and
-    at every decoded position (``positions``). The reference's planes stay on ``record_device`` (default the
+    to :func:`paper_planes` but any plane that is a region's only loop (an arm that would substitute nothing).
+    An arm's KL is taken at the first decoded position ``n - decoded`` (``rows``) and at every decoded position
+    (``positions``). The reference's planes stay on ``record_device`` (default the
     model's; ``"cpu"`` keeps a real checkpoint's planes in host memory, and each arm copies in the planes it
     reads, one layer at a time).
     """
@@ -393,7 +394,9 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
         raise ValueError(f"regions must name 'shallow' and 'deep', got {sorted(regions)}")
     for name, loops in regions.items():  # every check before the reference replay, the expensive part
         _check_loops(f"regions[{name!r}]", loops, num_loops, nonempty=True)
-    planes = paper_planes(num_loops) if planes is None else tuple(planes)
+    if planes is None:  # a plane that is a region's one loop substitutes nothing there (R = 4: loop 1, plane 1)
+        planes = tuple(p for p in paper_planes(num_loops) if all(loops != (p,) for loops in regions.values()))
+    planes = tuple(planes)
     _check_loops("planes", planes, num_loops, nonempty=True)
     kinds = _check_kinds("kinds", kinds, ("k", "v"))
     if not kinds:
