@@ -93,7 +93,7 @@ class Ch05:
 
     agreement_prompts: int = 32  # per workload, decoded as one batch (DAS Table 6)
     agreement_tokens: int = 24
-    draft_depths: tuple[int, ...] = papers.DAS_TABLE_6_DEPTHS  # d of the Table 6 agreement, each at most R
+    draft_depths: tuple[int, ...] = papers.DAS_TABLE_6_DEPTHS  # d of the Table 6 agreement, each below R
     grid_prompts: int = 8  # a separate cohort, as DAS Figure 4's 8 prompts (descriptive)
     grid_tokens: int = 24
     acceptance_prompts: int = 32  # per workload, decoded as one batch

@@ -80,7 +80,7 @@ print(workloads.preflight(model, profile))  # every prompt tokenized, held to th
 # %%
 READS = ("aligned", "deep-v", "deep-k", "deep-kv")
 LABELS = dict(zip(READS, ("Aligned", "Deep V", "Deep K", "Deep K/V"), strict=True))
-DEPTHS = list(P.draft_depths)  # DAS Table 6's d = 1, 2, 4, 8, each at most R
+DEPTHS = list(P.draft_depths)  # DAS Table 6's d = 1, 2, 4, 8, each below R
 eval_prompts = {w: workloads.prompt_ids(model, profile, w, P.agreement_prompts)
                 for w in data.WORKLOADS}
 agreement = {w: measure.agreement_by_prompt(model, prompts, P.agreement_tokens, DEPTHS,
