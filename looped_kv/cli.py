@@ -219,6 +219,10 @@ def cmd_memory(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be >= {low}, got {bad[0]}")
     _at_least_one(num_loops=args.num_loops)
     config = model_config(args.model, "--model")
+    beyond = [length for length in args.context if length > config.block_size]
+    if beyond:
+        print(f"{PROG}: warning: --context {beyond[0]} is beyond the model's context (block_size "
+              f"{config.block_size}); the rows below extrapolate the memory equations", file=sys.stderr)
     R = config.mean_recurrence if args.num_loops is None else args.num_loops
     params = plan.parameter_count(config)
     table = memory_rows(config, args.context, R, args.dtype, args.windows, args.batch_size)
@@ -339,23 +343,29 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key(args: argparse.Namespace) -> bytes | None:
+    return None if args.key_file is None else batches.read_key(args.key_file)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    key = _key(args)
     decisions = batches.run_batch(args.table, args.out, progress=not args.quiet, threads=args.threads,
-                                  device=args.device)
+                                  device=args.device, key=key)
     if decisions is None:  # a torchrun rank other than 0
         return 0
     for name, rule in decisions["rules"].items():
         print(f"rule {name}: {rule['label']} ({rule['detail']})")
-    print(batches.ledger([args.out]))
+    print(batches.ledger([args.out], key))
     print(f"archive: {args.out} (check it with `{PROG} batch verify {args.out}`)")
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    failed = 0
+    failed, key = 0, _key(args)
     for archive in args.archives:
-        problems = batches.verify(archive)
-        print(f"{archive}: {'ok' if not problems else 'FAILED: ' + '; '.join(problems)}")
+        problems = batches.verify(archive, key)
+        ok = "ok" if key is None else f"ok, signed with {args.key_file}"
+        print(f"{archive}: {ok if not problems else 'FAILED: ' + '; '.join(problems)}")
         failed += bool(problems)
     return 1 if failed else 0
 
@@ -367,7 +377,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    print(batches.ledger(args.archives))
+    print(batches.ledger(args.archives, _key(args)))
     return 0
 
 
@@ -388,7 +398,11 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
                          description="Check the frozen file table, run the self-tests, run every arm (cuDNN "
                                      "attention disabled, RIPE Sec. 5.5; the spec's CPU thread count, 1 unless it "
                                      "names another, whatever OMP_NUM_THREADS says), write per-position records, a "
-                                     "summary, the labels and a checksum manifest into OUT. Under torchrun the "
+                                     "summary, the labels and a checksum manifest into OUT. The run writes into "
+                                     "OUT.partial, which it creates with its marker before the self-tests (so an "
+                                     "unwritable OUT fails at once) and renames to OUT when complete; it never "
+                                     "deletes a folder it did not mark, and Ctrl-C leaves the marked folder for the "
+                                     "next run to replace. Under torchrun the "
                                      "prompts are sharded across processes: torchrun --nproc-per-node N -m "
                                      "looped_kv.cli batch run TABLE --out OUT; its records equal a single "
                                      "process's byte for byte (check with `batch compare`).")
@@ -398,12 +412,19 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--threads", type=int, help="torch CPU threads per process; must equal the frozen spec's "
                                                "threads (default: that count)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--key-file", help=f"sign the manifest with this file's bytes as key (HMAC-SHA256 in "
+                                      f"{batches.SIGNATURE}; at least 16 bytes, e.g. head -c 32 /dev/urandom)")
     r.set_defaults(func=cmd_run)
     v = steps.add_parser("verify", help="re-check archives: checksums, frozen spec, labels recomputed from records",
-                         description="Re-check archives: every checksum of MANIFEST.sha256, no unlisted file, the "
-                                     "archived spec and prompts equal to the frozen ones, and the summary and "
-                                     "labels recomputed from the records. Exit status 1 if any archive fails.")
+                         description="Re-check archives: every checksum of MANIFEST.sha256, no unlisted file, link "
+                                     "or name outside the archive, the archived spec and prompts equal to the "
+                                     "frozen ones, run.json's self-tests passed, records that cover exactly the "
+                                     "frozen prompts and arms with the fields their arms write, and the summary and "
+                                     "labels recomputed from the records. An unkeyed manifest shows no accidental "
+                                     "change, not who wrote the archive; --key-file also checks its signature. Exit "
+                                     "status 1 if any archive fails.")
     v.add_argument("archives", nargs="+", help="archive folders")
+    v.add_argument("--key-file", help=f"also require {batches.SIGNATURE}, the manifest's HMAC-SHA256 under this key")
     v.set_defaults(func=cmd_verify)
     c = steps.add_parser("compare", help="do two archives of one frozen spec agree byte for byte? else the largest "
                                          "difference per metric",
@@ -419,7 +440,8 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     led = steps.add_parser("ledger", help="print the prediction ledger of archives (RIPE Appendix B layout)",
                            description="Print every prediction of the given (verified) archives with its outcome, "
                                        "held or failed, in the layout of RIPE Appendix B, Table 6.")
-    led.add_argument("archives", nargs="+", help="archive folders")
+    led.add_argument("archives", nargs="+", help="archive folders (each once)")
+    led.add_argument("--key-file", help="verify each archive's signature with this key (see batch verify)")
     led.set_defaults(func=cmd_ledger)
 
 
@@ -438,10 +460,10 @@ def parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["batched"]:  # its options go to the throughput parser (argparse cannot pass them on)
-        return cmd_batched(argparse.Namespace(args=argv[1:]))
-    args = parser().parse_args(argv)
     try:
+        if argv[:1] == ["batched"]:  # its options go to the throughput parser (argparse cannot pass them on)
+            return cmd_batched(argparse.Namespace(args=argv[1:]))
+        args = parser().parse_args(argv)
         if getattr(args, "device", None) is not None:  # before any work: cuda on a CPU-only torch, "foo", ...
             check_device(args.device)
         if getattr(args, "threads", None) is not None and args.command != "batch":
@@ -454,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, SelfTestFailure) as error:  # OSError: missing files, unreachable hub, full disk
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 3 if isinstance(error, SelfTestFailure) else 2
+    except KeyboardInterrupt as error:  # Ctrl-C: one line (a batch run says where its unfinished archive is)
+        print(f"{PROG}: {str(error) or 'interrupted'}", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

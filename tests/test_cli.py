@@ -29,10 +29,11 @@ HELP = {
     ("memory",): ["--model", "--context", "--dtype", "--num-loops", "--windows", "--batch-size"],
     ("batch",): ["freeze", "run", "verify", "compare", "ledger"],
     ("batch", "freeze"): ["spec", "--out", "--force", "regions", "windows"],
-    ("batch", "run"): ["table", "--out", "--device", "--threads", "--quiet", "torchrun", "OMP_NUM_THREADS"],
-    ("batch", "verify"): ["archives", "MANIFEST.sha256"],
+    ("batch", "run"): ["table", "--out", "--device", "--threads", "--quiet", "torchrun", "OMP_NUM_THREADS",
+                       "--key-file"],
+    ("batch", "verify"): ["archives", "MANIFEST.sha256", "--key-file", "unkeyed manifest"],
     ("batch", "compare"): ["first", "second", "torchrun", "identical", "largest", "Exit status"],
-    ("batch", "ledger"): ["archives", "Appendix B"],
+    ("batch", "ledger"): ["archives", "Appendix B", "--key-file"],
 }
 
 

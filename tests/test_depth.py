@@ -75,6 +75,9 @@ def test_answer_hits_and_accuracy(tiny):
 
 
 def test_depth_bucket():
-    assert [depth_bucket(d) for d in (1, 2, 3, 4, 6, 7, 20)] == ["1", "2-3", "2-3", "4-6", "4-6", "7+", "7+"]
-    with pytest.raises(ValueError, match="depth must be >= 1"):
-        depth_bucket(0)
+    depths = (1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 24, 25, 32)
+    assert [depth_bucket(d) for d in depths] == [
+        "1-2", "1-2", "3-4", "3-4", "5-8", "5-8", "9-12", "9-12", "13-16", "13-16", "17-24", "17-24", "25-32", "25-32"]
+    for bad in (0, 33):
+        with pytest.raises(ValueError, match=r"depth must be in 1\.\.32"):
+            depth_bucket(bad)

@@ -28,8 +28,9 @@ from looped_kv.decoding.core import row_passes
 from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.model import LoopedLM
 
-#: Depth buckets of chain queries: one lookup, a few, many.
-DEPTH_BUCKETS = {"1": (1, 1), "2-3": (2, 3), "4-6": (4, 6), "7+": (7, 10**6)}
+#: Depth buckets of chain queries, by the serial steps their answers need.
+DEPTH_BUCKETS = {"1-2": (1, 2), "3-4": (3, 4), "5-8": (5, 8), "9-12": (9, 12), "13-16": (13, 16),
+                 "17-24": (17, 24), "25-32": (25, 32)}
 
 
 def _pad(rows: Sequence[Sequence[int]], fill: int) -> tuple[Tensor, Tensor]:
@@ -143,7 +144,8 @@ def depth_bucket(depth: int) -> str:
     for name, (lo, hi) in DEPTH_BUCKETS.items():
         if lo <= depth <= hi:
             return name
-    raise ValueError(f"depth must be >= 1, got {depth}")
+    top = max(hi for _, hi in DEPTH_BUCKETS.values())
+    raise ValueError(f"depth must be in 1..{top}, got {depth}")
 
 
 @torch.no_grad()

@@ -137,19 +137,19 @@ class LoopedConfig:
         if raw.get("model_type") not in (None, "huginn_raven"):
             raise ValueError(f"config.json model_type must be 'huginn_raven' or 'ouro', got {raw.get('model_type')!r}")
         family = raw.get("looped_kv_family") or detect_family(raw, tensor_names)
-        n_heads = int(raw.get("n_heads", raw.get("num_attention_heads", 0)))
+        n_heads = _integer(raw, "n_heads", "num_attention_heads")
         init_values = raw.get("init_values", {})
         return cls(
             family=family,
-            vocab_size=int(raw.get("padded_vocab_size", raw["vocab_size"])),
-            n_embd=int(raw["n_embd"]),
+            vocab_size=_integer(raw, "padded_vocab_size", "vocab_size"),
+            n_embd=_integer(raw, "n_embd"),
             n_heads=n_heads,
             n_kv_heads=int(raw.get("num_key_value_heads", n_heads)),
-            n_prelude=int(raw["n_layers_in_prelude"]),
-            n_core=int(raw["n_layers_in_recurrent_block"]),
-            n_coda=int(raw["n_layers_in_coda"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            block_size=int(raw.get("block_size", raw.get("max_position_embeddings", 4096))),
+            n_prelude=_integer(raw, "n_layers_in_prelude"),
+            n_core=_integer(raw, "n_layers_in_recurrent_block"),
+            n_coda=_integer(raw, "n_layers_in_coda"),
+            intermediate_size=_integer(raw, "intermediate_size"),
+            block_size=_integer(raw, "block_size", "max_position_embeddings"),
             norm_eps=float(raw.get("norm_eps", 1e-6)),
             qk_bias=bool(raw.get("qk_bias", False)),
             rope_base=float(raw.get("rope_theta", raw.get("rope_base", 10000.0))),
@@ -157,7 +157,7 @@ class LoopedConfig:
             embed_scale=float(init_values.get("embed_scale", 1.0)),
             state_std=float(init_values.get("std", 0.02)),
             tie_embeddings=bool(raw.get("tie_embeddings", raw.get("tie_word_embeddings", True))),
-            mean_recurrence=int(raw.get("mean_recurrence", 32)),
+            mean_recurrence=_integer(raw, "mean_recurrence"),
             mean_backprop_depth=int(raw.get("mean_backprop_depth", 8)),
             extra=raw,
         )
@@ -202,7 +202,17 @@ class LoopedConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, tensor_names: Iterable[str] = ()) -> LoopedConfig:
-        return cls.from_hf_dict(json.loads(Path(path).read_text()), tensor_names)
+        """A ``config.json``; one-line ValueError naming the file (and the key) when it is not a valid config."""
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path} is not valid JSON ({error})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+        try:
+            return cls.from_hf_dict(raw, tensor_names)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The ``config.json`` that ``from_hf_dict`` reads back (used for the shipped tiny model); an Ouro model's
@@ -245,6 +255,17 @@ class LoopedConfig:
             out["rope_scaling"] = d["rope_scaling"]
             out["rope_theta"] = d["rope_base"]
         return out
+
+
+def _integer(raw: dict[str, Any], *keys: str) -> int:
+    """The first of ``keys`` the config has, as an int: no default, since the format defines none for these."""
+    key = next((k for k in keys if k in raw), None)
+    if key is None:
+        raise ValueError(f"config has no {' or '.join(repr(k) for k in keys)}")
+    value = raw[key]
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+        raise ValueError(f"config {key!r} must be an integer, got {value!r}")
+    return int(value)
 
 
 def detect_family(raw: dict[str, Any], tensor_names: Iterable[str] = ()) -> Family:

@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from looped_kv.runtime.config import FAMILIES, PRESETS, LoopedConfig
@@ -111,10 +112,17 @@ def _config_path(folder: Path) -> Path:
 
 
 def load_state(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a folder's safetensors files (one file or shards listed by an index)."""
+    """All tensors of a folder's safetensors files (one file or shards listed by an index); a file that cannot be
+    read, or a tensor with a NaN or an infinity, is a one-line ValueError naming the file (and the tensor)."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
+            raise ValueError(f"{index} is not a JSON object ({error})") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ValueError(f"{index} has no 'weight_map' from tensor names to file names")
+        files = sorted(set(weight_map.values()))
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors") if p.name != "reference.safetensors")
     if not files:
@@ -122,7 +130,15 @@ def load_state(folder: Path) -> dict[str, torch.Tensor]:
                                 f"by model.safetensors.index.json)")
     state: dict[str, torch.Tensor] = {}
     for name in files:
-        state.update(load_file(folder / name))
+        try:
+            tensors = load_file(folder / name)
+        except (SafetensorError, OSError) as error:
+            raise ValueError(f"{folder / name} is not a readable safetensors file ({error})") from None
+        for key, tensor in tensors.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ValueError(f"{folder / name}: tensor {key!r} holds NaN or infinite values; a checkpoint's "
+                                 f"weights must be finite")
+        state.update(tensors)
     return state
 
 
@@ -237,7 +253,10 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
     config = LoopedConfig.from_file(config_path, tensor_names=state)
     with torch.device("meta"):  # no second copy of the weights: the checkpoint's tensors are assigned
         model = LoopedLM(config)
-    check_state(model, state)
+    try:
+        check_state(model, state)
+    except ValueError as error:
+        raise ValueError(f"{folder}: {error}") from None
     if config.family == "ouro":
         state = from_ouro_tensors(config, state)
     model.load_state_dict({k: v for k, v in state.items() if k not in _IGNORED_KEYS}, strict=False, assign=True)
@@ -279,13 +298,18 @@ def save(model: LoopedLM, folder: str | Path) -> Path:
 
 
 def load_tokenizer(folder: Path):
-    """The folder's tokenizer through ``transformers``, or None when it has none."""
-    if (folder / "tokenizer.json").exists():
-        from transformers import PreTrainedTokenizerFast
+    """The folder's tokenizer through ``transformers``, or None when it has none; a ValueError naming the folder
+    when its tokenizer files cannot be read."""
+    try:
+        if (folder / "tokenizer.json").exists():
+            from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(str(folder))
-    if (folder / "tokenizer_config.json").exists():
-        from transformers import AutoTokenizer
+            return PreTrainedTokenizerFast.from_pretrained(str(folder))
+        if (folder / "tokenizer_config.json").exists():
+            from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(folder))
+            return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as error:  # tokenizers and transformers raise many kinds: one line naming the folder instead
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"the tokenizer in {folder} cannot be read ({message})") from None
     return None

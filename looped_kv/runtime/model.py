@@ -13,6 +13,7 @@ to float64 rounding.
 from __future__ import annotations
 
 import math
+import numbers
 from functools import lru_cache
 
 import torch
@@ -291,11 +292,11 @@ class LoopedLM(nn.Module):
         ``first_loop`` numbers the loops (and so the planes they write) from a later start, for a
         state that has already been refined (DAS-Wave's carried states). ``max_position`` (the largest
         position, known to a decoder) and ``check=False`` (ids already validated) spare the device sync
-        of the range checks: the decoders' hot path.
+        of the range checks and of a given initial state's finiteness check: the decoders' hot path.
         """
         num_loops = self.config.mean_recurrence if num_loops is None else num_loops
-        if num_loops < 1:
-            raise ValueError(f"num_loops must be >= 1, got {num_loops}")
+        if isinstance(num_loops, bool) or not isinstance(num_loops, numbers.Integral) or num_loops < 1:
+            raise ValueError(f"num_loops must be an integer >= 1, got {num_loops!r}")
         if input_ids.dim() != 2 or input_ids.dtype.is_floating_point or input_ids.dtype.is_complex \
                 or input_ids.dtype == torch.bool:
             raise ValueError(f"input_ids must be an integer tensor of shape (batch, length), got "
@@ -310,10 +311,15 @@ class LoopedLM(nn.Module):
         if not check:
             last = int(positions.max()) if max_position is None else max_position
         elif input_ids.numel():
-            # One reduction over the ids and one device sync for both range checks (the decoders call forward every
-            # step, so the ids check adds no sync to the one the positions check always cost).
+            # One reduction over the ids and one device sync for both range checks and a given initial state's
+            # finiteness (the decoders call forward every step, with check=False).
             low, high = torch.aminmax(input_ids)
-            low, high, last = torch.stack((low.long(), high.long(), positions.max().to(low.device).long())).tolist()
+            checked = [low.long(), high.long(), positions.max().to(low.device).long()]
+            if isinstance(initial_state, Tensor):
+                checked.append(torch.isfinite(initial_state).all().to(low.device).long())
+            low, high, last, *finite = torch.stack(checked).tolist()
+            if finite != [1] * len(finite):
+                raise ValueError("initial_state holds NaN or infinite values; it must be finite")
             if low < 0 or high >= self.config.vocab_size:
                 raise ValueError(f"input_ids must be token ids in [0, {self.config.vocab_size - 1}] (vocab_size "
                                  f"{self.config.vocab_size}), got ids in [{low}, {high}]")
