@@ -191,6 +191,8 @@ def test_a_checkpoint_that_does_not_fit_its_config_is_refused(tmp_path):
     with pytest.raises(ValueError, match=re.escape("Ouro config.json has no 'hidden_size', 'intermediate_size'") + "$"):
         LoopedConfig.from_hf_dict({k: v for k, v in raw.items() if k not in ("hidden_size", "intermediate_size")})
     assert LoopedConfig.from_hf_dict(raw | {"head_dim": None}).head_dim == raw["head_dim"]  # null: hidden / heads
+    with pytest.raises(ValueError, match=re.escape("config 'total_ut_steps' must be an integer, got 2.5")):
+        LoopedConfig.from_hf_dict(raw | {"total_ut_steps": 2.5})
     with pytest.raises(ValueError, match="an Ouro model has no prelude or coda"):
         random_model("ouro", n_prelude=1)
 

@@ -175,8 +175,8 @@ class LoopedConfig:
                                      "intermediate_size", "max_position_embeddings") if name not in raw]
         if missing:
             raise ValueError(f"Ouro config.json has no {', '.join(map(repr, missing))}")
-        n_embd, n_heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-        head_dim = int(raw.get("head_dim") or n_embd // n_heads)
+        n_embd, n_heads = _integer(raw, "hidden_size"), _integer(raw, "num_attention_heads")
+        head_dim = _integer(raw, "head_dim") if raw.get("head_dim") is not None else n_embd // n_heads
         if head_dim * n_heads != n_embd:
             raise ValueError(f"Ouro config.json head_dim must be hidden_size / num_attention_heads = "
                              f"{n_embd} / {n_heads}, got {head_dim}")
@@ -188,14 +188,15 @@ class LoopedConfig:
             raise ValueError(f"Ouro config.json rope_scaling must be null, got {raw['rope_scaling']!r}")
         if raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"Ouro config.json hidden_act must be 'silu', got {raw['hidden_act']!r}")
-        threshold, loops = raw.get("early_exit_threshold", 1.0), int(raw.get("total_ut_steps", 4))  # OuroConfig's
+        threshold = raw.get("early_exit_threshold", 1.0)  # OuroConfig's defaults: 1.0 and 4 loops
+        loops = _integer(raw, "total_ut_steps") if "total_ut_steps" in raw else 4
         return cls(
-            family="ouro", vocab_size=int(raw["vocab_size"]), n_embd=n_embd, n_heads=n_heads,
-            n_kv_heads=int(raw.get("num_key_value_heads") or n_heads), n_prelude=0,
-            n_core=int(raw["num_hidden_layers"]), n_coda=0, intermediate_size=int(raw["intermediate_size"]),
-            block_size=int(raw["max_position_embeddings"]), norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_base=float(raw.get("rope_theta", 10000.0)), state_std=0.0,
-            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            family="ouro", vocab_size=_integer(raw, "vocab_size"), n_embd=n_embd, n_heads=n_heads,
+            n_kv_heads=_integer(raw, "num_key_value_heads") if raw.get("num_key_value_heads") else n_heads,
+            n_prelude=0, n_core=_integer(raw, "num_hidden_layers"), n_coda=0,
+            intermediate_size=_integer(raw, "intermediate_size"), block_size=_integer(raw, "max_position_embeddings"),
+            norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_base=float(raw.get("rope_theta", 10000.0)),
+            state_std=0.0, tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             mean_recurrence=loops, mean_backprop_depth=loops,
             exit_threshold=None if threshold is None else float(threshold), extra=raw,
         )
