@@ -566,7 +566,8 @@ book.md(
     "that a plain forward of the reference reads from a shallower loop than this "
     "book's decoders do."
     if gated
-    else f"{model.source} has no exit gate, so it has no exit distribution."
+    else f"The model at hand ({model.source}, family {cfg.family}) has no exit gate, "
+    "so it has no exit distribution."
 )
 
 # %% [markdown]
