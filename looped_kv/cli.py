@@ -22,7 +22,6 @@ import os
 import re
 import signal
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 import pandas as pd
@@ -38,14 +37,13 @@ from looped_kv.decoding.settings import METHODS
 from looped_kv.protocol import batches
 from looped_kv.protocol.reproducibility import check_device
 from looped_kv.protocol.selftest import SelfTestFailure
-from looped_kv.runtime.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
-from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load, resolve_source
+from looped_kv.runtime.config import PRESETS, LoopedConfig
+from looped_kv.runtime.loading import load, model_config, resolve_source
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
 
 PROG = "looped-kv"
-NAMED_CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo}
 
 
 def plain(doc: str | None) -> str:
@@ -198,29 +196,6 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 # -- memory ---------------------------------------------------------------------------------------------------------
 
 
-def model_config(model: str) -> LoopedConfig:
-    """A named architecture (:data:`NAMED_CONFIGS`), 'tiny', a folder or config.json, or a hub id's config.json."""
-    if model in NAMED_CONFIGS:
-        return NAMED_CONFIGS[model]()
-    path = TINY_DIR if model == "tiny" else Path(model).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        return LoopedConfig.from_file(path)
-    if model == "tiny":
-        raise FileNotFoundError(f"no config.json at {path} (the tiny model is not trained yet)")
-    what = f"--model {model!r} is not one of {tuple(NAMED_CONFIGS)}, 'tiny', a folder or a config.json"
-    reason = hub_unreachable()
-    if reason:
-        raise ValueError(f"{what}, and {reason}")
-    from huggingface_hub import hf_hub_download
-
-    try:
-        return LoopedConfig.from_file(hf_hub_download(repo_id=model, filename="config.json"))
-    except Exception as error:  # unknown id, no network, ...: one clear line instead of a traceback
-        raise ValueError(f"{what}, and its hub config.json could not be fetched ({type(error).__name__})") from None
-
-
 def memory_rows(config: LoopedConfig, contexts: list[int], num_loops: int, dtype: str, windows: list[int],
                 batch_size: int) -> pd.DataFrame:
     """Weights and KV cache (RIPE Eq. 3 and 10) in GB (10^9 bytes) for ``batch_size`` sequences per context."""
@@ -245,7 +220,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         if bad:
             raise ValueError(f"{flag} must be >= {low}, got {bad[0]}")
     _at_least_one(num_loops=args.num_loops)
-    config = model_config(args.model)
+    config = model_config(args.model, "--model")
     beyond = [length for length in args.context if length > config.block_size]
     if beyond:
         print(f"{PROG}: warning: --context {beyond[0]} is beyond the model's context (block_size "
@@ -270,7 +245,7 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
                        description="Memory from the package's model (RIPE Eq. 3 and Eq. 10): the "
                                    "weights, and the KV cache of the full cache, the deepest plane and RIPE windows, "
                                    "for each context length.")
-    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(NAMED_CONFIGS)}, 'tiny', a checkpoint "
+    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(PRESETS)}, 'tiny', a checkpoint "
                                                           f"folder, a config.json or a hub id (default: huginn-0125)")
     p.add_argument("--context", type=int, nargs="+", default=[1024], help="context lengths L (default: 1024)")
     p.add_argument("--dtype", default="bf16", choices=tuple(BYTES), help="storage dtype (default: bf16)")
@@ -285,18 +260,31 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.card is not None:
+        if args.card not in profiles.CARDS:
+            raise ValueError(f"--card must be one of {tuple(profiles.CARDS)}, got {args.card!r}")
+        card = profiles.CARDS[args.card]
+        print(f"Every published model on a {card.memory_gb:g} GB {card.example} (card {card.name}; "
+              f"{'' if card.bf16 else 'no '}native bfloat16), {plan.GPU_RESERVE / plan.GB:g} GB kept free; GPU GB "
+              f"per chapter:\n\n{plan.card_markdown(plan.card_table(args.card))}", end="")
+        return 0
     if not args.gpu_memory > 0:
         raise ValueError(f"--gpu-memory must be > 0 (GB), got {args.gpu_memory}")
     if args.profile is not None and args.profile not in profiles.PROFILES:
         raise ValueError(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
-    config = model_config(args.model)
-    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model)]
-    table = plan.plan_table(plan.chapter_plans(config, profile), args.gpu_memory * plan.GB)
+    config = model_config(args.model, "--model")
+    card = profiles.card_for(args.gpu_memory)
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model, card)]
+    plans = plan.chapter_plans(config, profile)
+    table = plan.plan_table(plans, args.gpu_memory * plan.GB)
     heading = (f"{args.model} at profile {profile.name} ({profile.dtype}; {workloads.SOURCES[profile.workloads]}, "
                f"prompts up to {profile.prompt_tokens} tokens, {profile.rows_per_pass or 'all'} rows per pass) on a "
                f"{args.gpu_memory:g} GB GPU, {plan.GPU_RESERVE / plan.GB:g} GB kept free")
+    too_large = plan.steps_beyond(plans, args.gpu_memory * plan.GB)
     if args.markdown:
         print(f"{heading}:\n\n{plan.markdown(table)}", end="")
+        if too_large:
+            print("\nSteps that do not fit:\n\n" + "".join(f"* {line}\n" for line in too_large), end="")
         return 0 if table["fits"].all() else 1
     print(f"{heading}:")
     shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
@@ -305,6 +293,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  {name}: {sizes}")
     missing = list(table.index[~table["fits"]])
     if missing:
+        for line in too_large:
+            print(f"  does not fit: {line}")
         print(f"{', '.join(missing)} need more than {args.gpu_memory:g} GB; choose a larger GPU or a smaller profile")
         return 1
     return 0
@@ -316,11 +306,14 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
                                    "(looped_kv.profiles): weights in each dtype, replay records, caches and the "
                                    "working set of a forward pass. Prints each chapter's predicted peak GPU and "
                                    "host memory and whether it fits; exits 1 if any chapter does not.")
-    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(NAMED_CONFIGS)}, 'tiny', a checkpoint "
+    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(PRESETS)}, 'tiny', a checkpoint "
                                                           f"folder, a config.json or a hub id (default: huginn-0125)")
     p.add_argument("--gpu-memory", type=float, default=40.0, help="GPU memory in GB (default: 40, an A100-40GB)")
-    p.add_argument("--profile", help=f"run profile, one of {tuple(profiles.PROFILES)} (default: the model's)")
+    p.add_argument("--profile", help=f"run profile, one of {tuple(profiles.PROFILES)} (default: the model's for "
+                                     f"a GPU of this memory: looped_kv.profiles.BY_CARD)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (book/data/ keeps one)")
+    p.add_argument("--card", help=f"instead: every published model's profile and peaks on a GPU class, one of "
+                                  f"{tuple(profiles.CARDS)} (a Markdown table; book/data/ keeps one per card)")
     p.set_defaults(func=cmd_plan)
 
 

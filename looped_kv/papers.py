@@ -355,6 +355,11 @@ DAS_SEC_3_1_COSINE: dict[str, dict[str, float]] = {
     RAVEN_LLAMA: {"q": 0.96, "k": 0.97, "v": 0.79},
 }
 
+#: DAS Table 3: the evaluated checkpoints' (prelude, shared core, coda) layers and recurrences R.
+DAS_TABLE_3: dict[str, tuple[int, int, int, int]] = {
+    HUGINN: (2, 4, 2, 32), RAVEN_LLAMA: (4, 6, 4, 32), RAVEN_OLMO: (4, 6, 4, 32), RAVEN_TINYLLAMA: (4, 8, 4, 32),
+}
+
 #: DAS Table 1: end-to-end decoding, by model, method and task: (mean throughput speed-up over paired
 #: full-depth AR, accepted length A). Secs. 4.2-4.3, the abstract and Table 13 repeat some cells.
 DAS_TABLE_1_TASKS = ("GSM8K", "MATH-500", "HumanEval", "MBPP")

@@ -10,10 +10,17 @@ real checkpoint's peak).
 On a GPU the measured peak is ``torch.cuda.max_memory_allocated`` over the run, the resident weights included,
 against the plan's GPU peak; on a CPU, where GPU and host memory are one, it is
 :func:`~looped_kv.analysis.memory_bench.tensor_peak_bytes` of the run, against the plan's peak of both less the
-resident weights. ``tests/test_plan.py`` holds every prediction to 10% of the CPU measurement on a scaled-down
-model of Huginn's shape; on a GPU, one command records the full-size check:
+resident weights. ``tests/test_plan.py`` holds every prediction to 10% of the CPU measurement on scaled-down
+models (Huginn's shape, Ouro's and Raven-TinyLlama's); on a GPU, one command records a full-size check (the
+profile defaults to the model's for the GPU found; name a T4 profile to check it on a larger GPU):
 
     python -m looped_kv.plan_check --model huginn-0125 --out book/data/plan-check-huginn-0125.json
+    python -m looped_kv.plan_check --model ouro-1.4b --profile ouro-1.4b-t4 --out book/data/plan-check-ouro-1.4b-t4.json
+    python -m looped_kv.plan_check --model raven-tinyllama --profile raven-tinyllama-t4 \
+        --out book/data/plan-check-raven-tinyllama-t4.json
+
+``--model`` also takes a checkpoint folder or a config.json (random weights of that config): the same command runs
+on a CPU with a fixture-sized model and the ``smoke`` profile.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from looped_kv.analysis.planes import (
 from looped_kv.analysis.ripe import acceptance_by_cache, replay_records, with_dtype
 from looped_kv.decoding.generate import generate
 from looped_kv.protocol.reproducibility import check_device, measurement_mode
+from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy
 
@@ -164,7 +172,7 @@ def ch07(model: LoopedLM, profile: profiles.Profile) -> None:
     p = profile.ch07
     largest = max(*p.batch_sizes, *p.memory_batch_sizes)
     generate(model, _prompts(model, profile, largest), max_new_tokens=p.new_tokens, stop_at_eos=False,
-             method="self-spec")
+             method="self-spec", draft_loops=p.draft_loops)
 
 
 RUNS: dict[str, Callable[[LoopedLM, profiles.Profile], None]] = {
@@ -173,12 +181,13 @@ RUNS: dict[str, Callable[[LoopedLM, profiles.Profile], None]] = {
 
 def predicted_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> int:
     """The plan's peak for the steps a run makes: on a GPU its GPU bytes; on a CPU every byte less the weights
-    the model already holds (the meter counts what the run allocates)."""
+    the model already holds (the meter counts what the run allocates, and a model cast in place is new storage)."""
     steps = [s for s in plan.CHAPTERS[chapter](model.config, profile).steps
              if not s.name.startswith(SKIPPED.get(chapter, ("-",)))]
     if model.device.type == "cuda":
         return max(s.bytes(plan.GPU) for s in steps)
-    return max(s.bytes(None) for s in steps) - plan.weights(model.config, profile.dtype)
+    resident = f"{profile.dtype} weights"  # a step without them holds the model cast in place: new storages
+    return max(s.bytes(None) - sum(h.nbytes for h in s.held if h.what == resident) for s in steps)
 
 
 def measured_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> tuple[int, float]:
@@ -215,14 +224,18 @@ def main(argv: list[str] | None = None) -> None:
     from looped_kv.gpu_check import CONFIGS, random_model
 
     ap = argparse.ArgumentParser(prog="python -m looped_kv.plan_check", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="huginn-0125", help=f"one of {tuple(CONFIGS)}")
-    ap.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's)")
+    ap.add_argument("--model", default="huginn-0125", help=f"one of {tuple(CONFIGS)}, or a checkpoint folder or "
+                                                          f"config.json (its config with random weights)")
+    ap.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's for the "
+                                                    "GPU found)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--chapters", nargs="+", default=list(RUNS), help="chapters to run (default: all)")
     ap.add_argument("--out", type=Path, default=None, help="write the record as JSON here")
     args = ap.parse_args(argv)
-    if args.model not in CONFIGS:  # every argument checked before the model is built
-        ap.error(f"--model must be one of {tuple(CONFIGS)}, got {args.model!r}")
+    path = Path(args.model).expanduser()
+    path = path / "config.json" if path.is_dir() else path
+    if args.model not in CONFIGS and not path.is_file():  # every argument checked before the model is built
+        ap.error(f"--model must be one of {tuple(CONFIGS)}, a checkpoint folder or a config.json, got {args.model!r}")
     if args.profile is not None and args.profile not in profiles.PROFILES:
         ap.error(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
     unknown = [c for c in args.chapters if c not in RUNS]
@@ -232,8 +245,9 @@ def main(argv: list[str] | None = None) -> None:
         check_device(args.device)
     except ValueError as error:
         ap.error(str(error))
-    config = CONFIGS[args.model]()
-    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model)]
+    config = CONFIGS[args.model]() if args.model in CONFIGS else LoopedConfig.from_file(path)
+    gpu = profiles.detect_gpu() if args.device.startswith("cuda") else None
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model, gpu.card if gpu else None)]
     with measurement_mode() as settings:
         model = random_model(config, args.device, _dtype(profile.dtype))
         table = check(model, profile, args.chapters)

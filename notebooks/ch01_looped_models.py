@@ -35,18 +35,12 @@
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:  # on Colab only: install the package
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv",
-        ],
-        check=True,
-    )
+if "google.colab" in sys.modules:  # on Colab: install, then choose what fits the GPU
+    PACKAGE = "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", PACKAGE], check=True)
+    from looped_kv import book
+
+    book.colab_setup("ch01")
 
 # %%
 import matplotlib.pyplot as plt
@@ -66,6 +60,7 @@ from looped_kv.analysis.depth import (
 )
 from looped_kv.analysis.measure import draft_agreement_rows
 from looped_kv.decoding.core import prefill
+from looped_kv.runtime import exit_gate
 from looped_kv.runtime.memory import m_deep, m_full
 from looped_kv.tiny.gates import GATES
 
@@ -82,12 +77,13 @@ print(workloads.preflight(model, run))  # every prompt tokenized, held to the bo
 # %% [markdown]
 # ## Prelude, core and coda
 #
-# The table compares the model at hand with the three public families whose shapes the
+# The table compares the model at hand with the public families whose shapes the
 # package knows from their configs: Huginn-0125, trained as a looped model from scratch,
-# and the two Raven retrofits of pretrained models, Raven-Llama (Llama-3.2 1B) and
-# Raven-OLMo (OLMo-2 1B). The tiny model has Huginn's structure: sandwich blocks, an
-# adapter over $[s, P(x)]$, a random initial state and $R = 32$ at inference. It is much
-# smaller.
+# the two Raven retrofits of pretrained models, Raven-Llama (Llama-3.2 1B) and
+# Raven-OLMo (OLMo-2 1B), and Ouro-1.4B, which loops its whole stack of layers from the
+# token embedding, with no prelude, coda or adapter. The tiny model has Huginn's
+# structure: sandwich blocks, an adapter over $[s, P(x)]$, a random initial state and
+# $R = 32$ at inference. It is much smaller.
 
 
 # %%
@@ -113,8 +109,9 @@ public = {
     papers.RAVEN_OLMO: looped_kv.raven_olmo(),
 }
 params = sum(p.numel() for p in model.parameters())
+known = public | {"Ouro-1.4B": looped_kv.ouro_1_4b()}  # DAS Table 6 has no Ouro
 architectures = pd.DataFrame.from_dict(
-    {"this model": shape(cfg, params)} | {name: shape(c) for name, c in public.items()},
+    {"this model": shape(cfg, params)} | {name: shape(c) for name, c in known.items()},
     orient="index",
 )
 book.table(architectures)
@@ -134,7 +131,7 @@ record: dict = {}
 router = looped_kv.CausalRouter(record)
 with torch.no_grad():
     embedded = model.embed(ids, positions, router)
-    state = model.initial_state(positions, batch=1)
+    state = model.initial_state(positions, batch=1, tokens=ids)
     for r in range(1, R + 1):
         state = model.loop(state, embedded, positions, router, r)
     logits = model.readout(state, positions, router)
@@ -523,7 +520,7 @@ book.md(
 # almost always at one loop cannot show it.
 
 # %%
-depths = papers.DAS_TABLE_6_DEPTHS
+depths = profile.draft_depths  # DAS Table 6's, each below this model's R
 agreement = {w: draft_agreement_rows(model, run, depths) for w, run in runs.items()}
 shallow_d, deep_d = min(depths), max(depths)
 draft_claim = V.Claim(
@@ -547,14 +544,18 @@ for w, table in agreement.items():
         ),
     )
 pooled = {
-    w: [(t[(d, "aligned")] * t["n"]).sum() / t["n"].sum() for d in depths]
+    w: pd.Series(
+        [(t[(d, "aligned")] * t["n"]).sum() / t["n"].sum() for d in depths], depths
+    )
     for w, t in agreement.items()
 }
-paper6 = {f"{m} (DAS)": list(papers.DAS_TABLE_6[m]["Aligned"]) for m in public}
-agree_table = pd.DataFrame(
-    {**{f"this model, {w}": v for w, v in pooled.items()}, **paper6},
-    index=[f"d = {d}" for d in depths],
-).T
+paper6 = {
+    f"{m} (DAS)": pd.Series(papers.DAS_TABLE_6[m]["Aligned"], papers.DAS_TABLE_6_DEPTHS)
+    for m in public
+}
+ours = {f"this model, {w}": v for w, v in pooled.items()}
+agree_table = pd.DataFrame({**ours, **paper6})  # depths of either, a dash where none
+agree_table = agree_table.rename(index=lambda d: f"d = {d}").T
 book.table(agree_table, percent=tuple(agree_table.columns))
 
 # %% tags=["remove-input"]
@@ -565,6 +566,50 @@ book.md(
     + " ".join(
         f"On {name.split(':')[0]}, {v.sentence()}" for name, v in draft_verdicts.items()
     )
+)
+
+# %% [markdown]
+# ## Where an exit gate would stop (Ouro)
+#
+# Ouro's checkpoints carry an exit gate. After each loop $u$ a linear map of the loop's
+# normed state gives $\lambda_u = \sigma(g_u)$, and the exit distribution over loops is
+# $p_u = \lambda_u \prod_{v<u} (1 - \lambda_v)$, the last loop taking the remaining
+# mass (`looped_kv.runtime.exit_gate`, formed as the reference forms it). The
+# reference's plain forward reads each token out at the first loop whose cumulative
+# exit probability reaches the checkpoint's threshold, 1.0. In exact arithmetic that is
+# the last loop; in float32, float16 or bfloat16 the sum can round up to 1 earlier, and
+# the token is then read out of a shallower loop. The runtime and every decoder in this
+# book read the last loop they run. Huginn, the Raven retrofits and the tiny model have
+# no gate. On a model with one, the table gives the mean exit probability of each loop
+# over the tokens of the held-out texts above, and the share of tokens a threshold of
+# 0.5 or 0.9 would read out at each loop.
+
+# %%
+gated = exit_gate.has_exit_gate(model)
+if gated:
+    rows = [
+        ids_w[i : i + 1, : int(real[i].sum())].to(model.device)
+        for ids_w, real in texts.values()
+        for i in range(len(ids_w))
+    ]
+    exits = exit_gate.exit_distribution(model, rows)  # (tokens, R), float64
+    steps = exit_gate.threshold_steps(model, rows)  # at the checkpoint's threshold
+    early_share = float((steps < R - 1).double().mean())
+    exit_table = exit_gate.exit_summary(exits)
+book.table(exit_table, percent=tuple(exit_table.columns)) if gated else None
+
+# %% tags=["remove-input"]
+book.md(
+    f"Over {len(exits)} tokens the gate puts most exit probability on loop "
+    f"{int(exit_table['mean exit probability'].idxmax())} of {R}. At the checkpoint's "
+    f"threshold {cfg.exit_threshold:g}, computed in "
+    f"{str(model.dtype).removeprefix('torch.')} as the reference computes it, "
+    f"{early_share:.1%} of the tokens would be read out before loop {R}: the share "
+    "that a plain forward of the reference reads from a shallower loop than this "
+    "book's decoders do."
+    if gated
+    else f"The model at hand ({model.source}, family {cfg.family}) has no exit gate, "
+    "so it has no exit distribution."
 )
 
 # %% [markdown]

@@ -53,10 +53,12 @@
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:  # on Colab only: install the package
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"],
-                   check=True)
+if "google.colab" in sys.modules:  # on Colab: install, then choose what fits the GPU
+    PACKAGE = "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", PACKAGE], check=True)
+    from looped_kv import book
+
+    book.colab_setup("ch02")
 
 # %%
 import time
@@ -67,7 +69,12 @@ import pandas as pd
 
 from looped_kv import book, data, papers, profiles
 from looped_kv.analysis import verdicts as vd
-from looped_kv.analysis.fits import deep_loop_range, floor_model, ripeness
+from looped_kv.analysis.fits import (
+    deep_loop_range,
+    fit_loop_range,
+    floor_model,
+    ripeness,
+)
 from looped_kv.analysis.planes import (
     free_memory,
     in_dtype,
@@ -143,7 +150,7 @@ bf16 = ripening_curves(copy, ids, R, decoded=profile.decoded, maturity_kinds=(),
                        chunk=profile.chunk, record_device=where)
 del copy
 free_memory(model.device)
-fits = ripening_summary(fp32, bf16)  # c rho^r on loops 8..R-1, then Eq. (5)'s floor
+fits = ripening_summary(fp32, bf16)  # c rho^r on fit_loop_range(R), then Eq. (5)
 floors = {X: fp32.float_floor(X) for X in ("k", "v")}
 for X in ("k", "v"):
     assert fp32.delta[X][-1] == 0 and bf16.delta[X][-1] == 0  # plane R against itself
@@ -223,8 +230,9 @@ plt.show()
 # The paper's claim has two parts. The planes converge: $\rho < 1$. And they converge
 # geometrically: $c\rho^r$ describes the curve. A fit describes a curve only in
 # comparison with an alternative that has as many parameters, so each text's curve over
-# loops 8 to $R-1$ is fitted twice on a log scale, once as $c\rho^r$ and once as a power
-# of the loop, $s\,r^{-k}$, a decay that slows down with depth. The geometric law
+# the loops Table 7 fits (8 to $R-1$, scaled to $R$) is fitted twice on a log scale,
+# once as $c\rho^r$ and once as a power of the loop, $s\,r^{-k}$, a decay that slows
+# down with depth. The geometric law
 # describes the text better when its root-mean-square log residual is the smaller one.
 # Distances at or below the float32 floor enter both fits at the floor, and a verdict
 # needs the share of the fitted distances above the floor that the package's
@@ -234,8 +242,10 @@ plt.show()
 NAMES = {"q": "queries", "k": "keys", "v": "values"}
 NAME = {"q": "query", "k": "key", "v": "value"}
 per_text = text_ripening(fp32, floors).assign(workload=workload)
+FIT_LOW, FIT_HIGH = fit_loop_range(R)  # 8..31 at R = 32
 resolved = {X: vd.above_floor(fp32.fitted(X), floors[X],
-                              f"the float32 {NAME[X]} distances of loops 8-{R - 1}")
+                              f"the float32 {NAME[X]} distances of loops "
+                              f"{FIT_LOW}-{FIT_HIGH}")
             for X in ("k", "v")}
 BOOK = "the book's smallest effect"
 verdicts = {}

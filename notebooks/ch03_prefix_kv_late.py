@@ -52,10 +52,12 @@
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:  # on Colab only: install the package
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"],
-                   check=True)
+if "google.colab" in sys.modules:  # on Colab: install, then choose what fits the GPU
+    PACKAGE = "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", PACKAGE], check=True)
+    from looped_kv import book
+
+    book.colab_setup("ch03")
 
 # %%
 import time
@@ -322,8 +324,9 @@ book.md(
        "Huginn's deep loops." if steep else
        " Too few deep rows lie above the floor for a slope of their own.")
     + " The paper places its largest substitutions (plane 1) outside the "
-    "small-perturbation regime of Eq. (4); here the deep plane-1 median KL is "
-    f"{plane1_ratio:.2g} times the fitted line's value at its size."
+    f"small-perturbation regime of Eq. (4); here the deep plane-{min(planes)} median "
+    f"KL (the shallowest plane substituted) is {plane1_ratio:.2g} times the fitted "
+    "line's value at its size."
 )
 
 # %% [markdown]

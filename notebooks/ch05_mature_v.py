@@ -44,10 +44,12 @@
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:  # on Colab only: install the package
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"],
-                   check=True)
+if "google.colab" in sys.modules:  # on Colab: install, then choose what fits the GPU
+    PACKAGE = "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", PACKAGE], check=True)
+    from looped_kv import book
+
+    book.colab_setup("ch05")
 
 # %%
 import matplotlib.pyplot as plt
@@ -81,7 +83,7 @@ print(workloads.preflight(model, profile))  # every prompt tokenized, held to th
 # %%
 READS = ("aligned", "deep-v", "deep-k", "deep-kv")
 LABELS = dict(zip(READS, ("Aligned", "Deep V", "Deep K", "Deep K/V"), strict=True))
-DEPTHS = list(papers.DAS_TABLE_6_DEPTHS)  # d = 1, 2, 4, 8
+DEPTHS = list(P.draft_depths)  # DAS Table 6's d = 1, 2, 4, 8, each below R
 eval_prompts = {w: workloads.prompt_ids(model, profile, w, P.agreement_prompts)
                 for w in data.WORKLOADS}
 agreement = {w: measure.agreement_by_prompt(model, prompts, P.agreement_tokens, DEPTHS,
@@ -89,11 +91,11 @@ agreement = {w: measure.agreement_by_prompt(model, prompts, P.agreement_tokens, 
              for w, prompts in eval_prompts.items()}
 means = {w: frame.groupby(["read", "d"], sort=False)["agreement"].mean().unstack()
          for w, frame in agreement.items()}
-paper = {m: pd.DataFrame(papers.DAS_TABLE_6[m], index=DEPTHS)[list(LABELS.values())].T
-         for m in (papers.HUGINN, papers.RAVEN_LLAMA)}
+paper = {m: pd.DataFrame(papers.DAS_TABLE_6[m], index=papers.DAS_TABLE_6_DEPTHS)
+         [list(LABELS.values())].T for m in (papers.HUGINN, papers.RAVEN_LLAMA)}
 table6 = pd.concat({**{w: m.rename(index=LABELS) for w, m in means.items()},
                     **{f"{m} (paper)": t for m, t in paper.items()}})
-table6.columns = [f"d = {d}" for d in DEPTHS]
+table6.columns = [f"d = {d}" for d in table6.columns]  # depths of either; NaN where none
 book.table(table6, caption="Draft-target agreement: mean over prompts (this model) and "
                            "DAS Table 6 (the paper)")
 

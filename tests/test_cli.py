@@ -135,6 +135,21 @@ def test_memory_prints_the_plane_bytes_of_raven_olmo(capsys):
            "full cache 1,638,400, deepest plane 114,688" in out
 
 
+@pytest.mark.parametrize("model, line", [
+    ("ouro-1.4b", "KV bytes per token: 8,192 per layer (b = 2 H_kv d_h x 2), one plane 196,608 (24 core layers), "
+                  "full cache 786,432, deepest plane 196,608"),
+    ("ouro-2.6b", "one plane 393,216 (48 core layers), full cache 1,572,864, deepest plane 393,216"),
+    ("raven-tinyllama", "KV bytes per token: 1,024 per layer (b = 2 H_kv d_h x 2), one plane 8,192 (8 core layers), "
+                        "full cache 270,336, deepest plane 16,384"),
+])
+def test_memory_of_ouro_and_raven_tinyllama(capsys, model, line):
+    """Eq. (3) per token (tests/test_cache.py derives these bytes); Ouro has no prelude or coda, R = 4."""
+    assert main(["memory", "--model", model, "--windows", "64"]) == 0
+    out = capsys.readouterr().out
+    assert line in out
+    assert ("R = 4, 0/" if model.startswith("ouro") else "R = 32, 4/8/4") in out
+
+
 def test_memory_num_loops_is_used(capsys):
     assert main(["memory", "--model", "huginn-0125", "--num-loops", "3", "--windows", "64"]) == 0
     assert "R = 3," in capsys.readouterr().out

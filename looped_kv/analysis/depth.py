@@ -104,6 +104,7 @@ def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tenso
         logits = model(ids[:, :-1], num_loops=R).float()
         nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         out[R] = ((nll * keep).sum(1) / keep.sum(1)).cpu().numpy()
+        del logits, nll  # freed before the next forward, which would otherwise hold them beside its own
     return pd.DataFrame(out).rename_axis(index="text", columns="loops")
 
 
@@ -203,7 +204,7 @@ def state_changes(model: LoopedLM, ids: Tensor, num_loops: int, real: Tensor | N
     positions = torch.arange(ids.shape[1], device=model.device)
     router = CausalRouter()
     embedded = model.embed(ids, positions, router)
-    state = model.initial_state(positions, ids.shape[0])
+    state = model.initial_state(positions, ids.shape[0], tokens=ids)
     keep = torch.ones_like(ids, dtype=torch.bool) if real is None else real.to(model.device)
     medians = []
     for r in range(1, num_loops + 1):

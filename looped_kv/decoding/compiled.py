@@ -17,7 +17,7 @@ from torch import Tensor
 
 from looped_kv.runtime.attention import Site, attend_segments
 from looped_kv.runtime.cache import PlaneCache, writes_in_own_plane
-from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.model import LoopedLM, check_finite
 
 COMPILABLE = ("full", "deepest", "k-deepest", "share")
 
@@ -48,7 +48,7 @@ def _forward(model: LoopedLM, cache: PlaneCache, tokens: Tensor, lengths: Tensor
     positions = lengths[:, None]
     router = StaticStepRouter(cache, positions)
     embedded = model.embed(tokens, positions, router)
-    state = model._states[positions]
+    state = embedded if model.config.looped_stack else model._states[positions]  # Ouro starts from the embedding
     for r in range(1, num_loops + 1):
         state = model.loop(state, embedded, positions, router, r)
     logits = model.readout(state, positions, router)
@@ -56,7 +56,9 @@ def _forward(model: LoopedLM, cache: PlaneCache, tokens: Tensor, lengths: Tensor
     edges = [Site("prelude", i) for i in range(cfg.n_prelude)] + [Site("coda", i) for i in range(cfg.n_coda)]
     writer = {policy.plane(r): r for r in range(1, num_loops + 1)}  # the last loop writing each kept plane
     core = [[Site("core", layer, writer[p]) for p in policy.kept] for layer in range(cfg.n_core)]
-    new_edges = torch.stack([torch.stack([router.new[s][which][:, :, 0] for s in edges]) for which in (0, 1)])
+    B, H_kv, D = tokens.shape[0], cfg.n_kv_heads, cfg.head_dim
+    new_edges = torch.stack([torch.stack([router.new[s][which][:, :, 0] for s in edges]) if edges  # Ouro has none
+                             else embedded.new_empty(0, B, H_kv, D) for which in (0, 1)])
     new_core = torch.stack([torch.stack([torch.stack([router.new[s][which][:, :, 0] for s in row]) for row in core])
                             for which in (0, 1)])
     return logits, new_edges, new_core
@@ -86,6 +88,8 @@ class CompiledStep:
         if cache.max_length >= cache.capacity:
             raise ValueError(f"cache capacity {cache.capacity} exceeded")
         logits, new_edges, new_core = self._step(self.model, cache, tokens, cache.lengths, self.num_loops)
+        if self.model.dtype == torch.float16:
+            check_finite(logits, f"the logits of the compiled step at position {cache.max_length}")
         rows, index = torch.arange(cache.batch, device=tokens.device), cache.lengths
         for which in (0, 1):  # advanced indices (rows, index) first: (B, n_edge, H, D) and (B, n_core, n_kept, H, D)
             cache.edge[which][:, rows, :, index] = new_edges[which].permute(1, 0, 2, 3)

@@ -74,7 +74,8 @@ def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, ro
     for j in range(rounds):
         width = min(block, initial_width + j)
         router = BlockPass(cache, block_positions(cache, width), reads=reads, store=None)
-        fresh = model.initial_state(router.positions, anchor.shape[0], last=router.last_position)
+        fresh = model.initial_state(router.positions, anchor.shape[0], last=router.last_position,
+                                    tokens=guesses[:, :width])
         if carry and states is not None:  # only newly active positions start from the initial state
             fresh[:, :states.shape[1]] = states
         first_loop = 1 + (j * updates if carry else 0)

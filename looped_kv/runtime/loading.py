@@ -1,4 +1,10 @@
-"""Load a looped model from the shipped tiny model, a local checkpoint folder or a hub id."""
+"""Load a looped model from the shipped tiny model, a local checkpoint folder or a hub id, and save one.
+
+Huginn-0125 and the Raven retrofits store the runtime's own tensor names (``transformer.prelude.0.attn.Wqkv``,
+...). Ouro stores Hugging Face Llama-style names (``model.layers.0.self_attn.q_proj``, ...): :func:`ouro_layout`
+maps each runtime tensor to the Ouro tensors it is made of, for loading (:func:`from_ouro_tensors`) and saving
+(:func:`to_ouro_tensors`).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
-from looped_kv.runtime.config import FAMILIES, LoopedConfig
+from looped_kv.runtime.config import FAMILIES, PRESETS, LoopedConfig
 from looped_kv.runtime.model import LoopedLM, Rotary
 
 TINY_DIR = Path(__file__).parents[1] / "tiny"
@@ -136,22 +142,98 @@ def load_state(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+#: Ouro's four norms per layer and the runtime's names for them (:class:`~looped_kv.runtime.model.Block`, peri-norm).
+OURO_NORMS = {"input_layernorm": "norm_1", "input_layernorm_2": "norm_2", "post_attention_layernorm": "norm_3",
+              "post_attention_layernorm_2": "norm_4"}
+
+
+def ouro_layout(config: LoopedConfig) -> dict[str, list[tuple[str, int]]]:
+    """Each runtime tensor of an Ouro model and the Ouro checkpoint tensors it is made of: (name, rows), stacked
+    along the first axis (q, k, v into ``Wqkv``; gate and up into the MLP's ``fc``), in that order."""
+    H, H_kv, D, d, inner = config.n_heads, config.n_kv_heads, config.head_dim, config.n_embd, config.intermediate_size
+    layout = {"transformer.wte.weight": [("model.embed_tokens.weight", config.vocab_size)],
+              "transformer.ln_f.weight": [("model.norm.weight", d)],
+              "transformer.exit_gate.weight": [("model.early_exit_gate.weight", 1)],
+              "transformer.exit_gate.bias": [("model.early_exit_gate.bias", 1)]}
+    if not config.tie_embeddings:
+        layout["lm_head.weight"] = [("lm_head.weight", config.vocab_size)]
+    for i in range(config.n_core):
+        ouro, ours = f"model.layers.{i}", f"transformer.core_block.{i}"
+        attn, mlp = f"{ouro}.self_attn", f"{ouro}.mlp"
+        layout[f"{ours}.attn.Wqkv.weight"] = [(f"{attn}.q_proj.weight", H * D), (f"{attn}.k_proj.weight", H_kv * D),
+                                              (f"{attn}.v_proj.weight", H_kv * D)]
+        layout[f"{ours}.attn.proj.weight"] = [(f"{attn}.o_proj.weight", d)]
+        layout[f"{ours}.mlp.fc.weight"] = [(f"{mlp}.gate_proj.weight", inner), (f"{mlp}.up_proj.weight", inner)]
+        layout[f"{ours}.mlp.proj.weight"] = [(f"{mlp}.down_proj.weight", d)]
+        for norm, name in OURO_NORMS.items():
+            layout[f"{ours}.{name}.weight"] = [(f"{ouro}.{norm}.weight", d)]
+    return layout
+
+
+def from_ouro_tensors(config: LoopedConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An Ouro checkpoint's tensors (checked by :func:`check_state`) under the runtime's names."""
+    return {ours: torch.cat([state[name] for name, _ in parts]) if len(parts) > 1 else state[parts[0][0]]
+            for ours, parts in ouro_layout(config).items()}
+
+
+def to_ouro_tensors(config: LoopedConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The runtime's tensors of an Ouro model under the checkpoint's names (inverse of :func:`from_ouro_tensors`)."""
+    out = {}
+    for ours, parts in ouro_layout(config).items():
+        for (name, _), piece in zip(parts, state[ours].split([rows for _, rows in parts]), strict=True):
+            out[name] = piece.contiguous()
+    return out
+
+
+def _expected_shapes(model: LoopedLM) -> dict[str, tuple[int, ...]]:
+    """The checkpoint's tensor names and shapes the config implies (for Ouro, its own names)."""
+    ours = {key: tuple(t.shape) for key, t in model.state_dict().items()}
+    if model.config.family != "ouro":
+        return ours
+    return {name: (rows, *ours[key][1:]) for key, parts in ouro_layout(model.config).items() for name, rows in parts}
+
+
 def check_state(model: LoopedLM, state: dict[str, torch.Tensor]) -> None:
     """Every tensor the config implies is present with its shape; nothing unknown is left over."""
-    expected = model.state_dict()
-    for key, tensor in expected.items():
-        if key == "lm_head.weight" and model.config.tie_embeddings and key not in state:
+    expected = _expected_shapes(model)
+    tied_head = "lm_head.weight" if model.config.tie_embeddings else None
+    for key, shape in expected.items():
+        if key == tied_head and key not in state:
             continue
         if key not in state:
             raise ValueError(f"checkpoint is missing tensor {key!r} (the {model.config.family!r} config expects "
-                             f"shape {tuple(tensor.shape)})")
-        if state[key].shape != tensor.shape:
+                             f"shape {shape})")
+        if tuple(state[key].shape) != shape:
             raise ValueError(f"tensor {key!r} has shape {tuple(state[key].shape)} in the checkpoint but the "
-                             f"config implies {tuple(tensor.shape)}")
-    unknown = sorted(k for k in state if k not in expected and k not in _IGNORED_KEYS)
+                             f"config implies {shape}")
+    unknown = sorted(k for k in state if k not in expected and k not in _IGNORED_KEYS and k != tied_head)
     if unknown:
         raise ValueError(f"checkpoint has tensors the {model.config.family!r} config does not describe: {unknown[:5]} "
                          f"(families: {FAMILIES})")
+
+
+def model_config(model: str, name: str = "model") -> LoopedConfig:
+    """A named architecture (:data:`~looped_kv.runtime.config.PRESETS`), 'tiny', a folder or config.json, or a hub
+    id's config.json (the weights are not downloaded). ``name`` is what an error calls the parameter."""
+    if model in PRESETS:
+        return PRESETS[model]()
+    path = TINY_DIR if model == "tiny" else Path(model).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return LoopedConfig.from_file(path)
+    if model == "tiny":
+        raise FileNotFoundError(f"no config.json at {path} (the tiny model is not trained yet)")
+    what = f"{name} {model!r} is not one of {tuple(PRESETS)}, 'tiny', a folder or a config.json"
+    reason = hub_unreachable()
+    if reason:
+        raise ValueError(f"{what}, and {reason}")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return LoopedConfig.from_file(hf_hub_download(repo_id=model, filename="config.json"))
+    except Exception as error:  # unknown id, no network, ...: one clear line instead of a traceback
+        raise ValueError(f"{what}, and its hub config.json could not be fetched ({type(error).__name__})") from None
 
 
 def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
@@ -175,6 +257,8 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
         check_state(model, state)
     except ValueError as error:
         raise ValueError(f"{folder}: {error}") from None
+    if config.family == "ouro":
+        state = from_ouro_tensors(config, state)
     model.load_state_dict({k: v for k, v in state.items() if k not in _IGNORED_KEYS}, strict=False, assign=True)
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
@@ -183,6 +267,34 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
     model.tokenizer = load_tokenizer(folder)
     model.source = str(source)
     return model
+
+
+def save(model: LoopedLM, folder: str | Path) -> Path:
+    """Write ``model`` as a checkpoint folder in its family's public format, which :func:`load` reads back.
+
+    ``config.json`` (:meth:`LoopedConfig.to_hf_dict`, with the weights' dtype), ``model.safetensors`` (Ouro
+    under its own tensor names; a tied head stored once) and the tokenizer, if the model carries one. A folder
+    that already holds a config.json or model.safetensors is refused: nothing is overwritten.
+    """
+    folder = Path(folder).expanduser()
+    taken = [name for name in ("config.json", "model.safetensors") if (folder / name).exists()]
+    if taken:
+        raise FileExistsError(f"{folder} already holds {', '.join(taken)}; save writes a checkpoint into a new or "
+                              f"empty folder and overwrites nothing")
+    config = model.config
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if config.tie_embeddings:
+        state.pop("lm_head.weight")
+    if config.family == "ouro":
+        state = to_ouro_tensors(config, state)
+    dtype = str(model.dtype).removeprefix("torch.")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict() | {"torch_dtype": dtype}, indent=2) + "\n")
+    save_file(state, str(folder / "model.safetensors"))
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+    return folder
 
 
 def load_tokenizer(folder: Path):
