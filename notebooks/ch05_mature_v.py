@@ -95,7 +95,7 @@ paper = {m: pd.DataFrame(papers.DAS_TABLE_6[m], index=papers.DAS_TABLE_6_DEPTHS)
          [list(LABELS.values())].T for m in (papers.HUGINN, papers.RAVEN_LLAMA)}
 table6 = pd.concat({**{w: m.rename(index=LABELS) for w, m in means.items()},
                     **{f"{m} (paper)": t for m, t in paper.items()}})
-table6.columns = [f"d = {d}" for d in table6.columns]  # depths of either; NaN where none
+table6.columns = [f"d = {d}" for d in table6.columns]  # either depths; NaN: none
 book.table(table6, caption="Draft-target agreement: mean over prompts (this model) and "
                            "DAS Table 6 (the paper)")
 
