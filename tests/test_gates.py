@@ -16,7 +16,7 @@ import torch
 from looped_kv import data
 from looped_kv.analysis.depth import answer_hits, encode_chains, fit_state_rho, state_changes
 from looped_kv.runtime.loading import TINY_DIR, load
-from looped_kv.tiny.gates import DEEPEST, GATES, LOOPS, Gate, answer_figures, verdicts
+from looped_kv.tiny.gates import COMMAND, DEEPEST, GATES, LOOPS, Gate, answer_figures, depth_story, verdicts
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,21 @@ def test_answer_figures_score_answer_tokens_by_loops():
     assert f["answer loss R=64 - answer loss R=32"] == pytest.approx(0.25 - 0.2)
     assert f["accuracy R=32 - accuracy R=4"] == pytest.approx(0.5)
     assert f[f"accuracy R=32 on depth {DEEPEST} / chance"] == pytest.approx(1 / data.CHAIN_CHANCE)
+
+
+def test_depth_story_reads_the_record():
+    """Chapter 1's opening figures come from the recorded gates, and a failed gate is named."""
+    hits = pd.DataFrame({"loops": [R for R in LOOPS for _ in range(2)], "bucket": [DEEPEST, "1-2"] * len(LOOPS),
+                         "hit": [0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                         "nll": [2.0, 0.5, 1.0, 0.4, 0.1, 0.3, 0.1, 0.3]})
+    figures = answer_figures(hits) | {"rho (loops 4-16)": 0.9, "self-spec acceptance (d=4, gamma=4)": 0.55,
+                                      "DAS-Wave A / ceiling": 0.95}
+    record = {"command": COMMAND, "figures": figures,
+              "passed": {row["gate"]: row["passes"] for row in verdicts(figures)}}
+    story = depth_story(record)
+    assert "answers 50% after 4, 50% after 16, 100% after 32, 100% after 64 loops" in story
+    assert "falls by 1.05 nats" in story and "55% of its drafts" in story and "95% of its ceiling" in story
+    assert story.count("not: ") == 1 and "DAS-Wave unsaturated" in story and "passes 6 of the 7" in story
 
 
 def test_answer_and_rho_figures_recompute(record):
