@@ -23,11 +23,11 @@
 # that chose its recipe, and whether it passes the numeric gates that say its depth
 # matters.
 #
-# **The depth workload.** A program is one or more chains of value-changing bindings,
-# `a=3;b=a+4;c=b+1;`, each digit added mod 10, followed by one query per chain
-# (`c?8;`). A query $k$ bindings from its chain's digit needs $k$ serial additions, and
+# **The depth workload.** A program is a chain of value-changing bindings,
+# `a=3;b=a+4;c=b+1;`, each digit added mod 10, followed by a query of its last variable
+# (`c?8;`); training packs several programs into a row, renamed apart. A query $k$ bindings from its chain's digit needs $k$ serial additions, and
 # nothing short of all of them helps: given everything but one term, the answer is
-# uniform over the ten digits, so chance is 0.1 at every depth. Chains share no
+# uniform over the ten digits, so chance is 0.1 at every depth. Programs share no
 # variable, so no answer informs another, and nothing intermediate is written out.
 # Depths run from 1 to 32, far beyond what four loops of a one-layer core can do at one
 # step per layer (`looped_kv.data.chain_programs`).

@@ -62,7 +62,7 @@ from looped_kv.analysis.measure import draft_agreement_rows
 from looped_kv.decoding.core import prefill
 from looped_kv.runtime import exit_gate
 from looped_kv.runtime.memory import m_deep, m_full
-from looped_kv.tiny.gates import GATES
+from looped_kv.tiny import gates
 
 book.setup()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
@@ -73,6 +73,22 @@ cfg = model.config
 R = cfg.mean_recurrence
 print(book.environment(model))
 print(workloads.preflight(model, run))  # every prompt tokenized, held to the bound
+
+# %% [markdown]
+# ## How far this model's depth pays
+#
+# Every later chapter asks what a model's deep loops add, so every ceiling it meets
+# follows from how much the model gains from its loops. For the shipped tiny model the
+# training gates measured that on held-out chain programs; this chapter measures it
+# again below, on text and on chain answers, for whatever model it runs on.
+
+# %% tags=["remove-input"]
+gate_record = cfg.extra.get("gates")
+book.md(
+    gates.depth_story(gate_record) if book.is_tiny(model) and gate_record else
+    "This checkpoint has no recorded gates: the measurements below are the first "
+    "word on how far its depth pays."
+)
 
 # %% [markdown]
 # ## Prelude, core and coda
@@ -290,7 +306,7 @@ ax.legend()
 plt.show()
 
 LOSS_GAIN = V.BOOK_MINIMUM["log"]  # nats: the smallest loss gain that counts
-ACCURACY_GATE = {gate.name: gate for gate in GATES}["answer accuracy gain"]
+ACCURACY_GATE = {gate.name: gate for gate in gates.GATES}["answer accuracy gain"]
 depth_pays = V.Claim(
     f"more loops lower held-out loss: loss after R = {R} < after {SHALLOW} loops",
     "Geiping et al. (2025); RIPE Eq. (1)",
@@ -358,10 +374,12 @@ book.md(
 # %% [markdown]
 # ## Answers that need depth: chain programs
 #
-# A chain program binds variables to digits or to other variables and then asks for the
-# value of some of them (`k=4;b=k;x=9;m=b;` then `m?4;`). A query $d$ bindings away from
-# its digit takes $d$ serial lookups, with no intermediate steps written out, so a
-# looped model should need more loops for deeper queries. Teacher-forced, the model
+# A chain program binds a variable to a digit and each next one to the one before plus a
+# digit, mod 10 (`a=3;b=a+4;c=b+1;`), then asks for the last one's value (`c?8;`). A
+# query $d$ bindings away from its digit takes $d$ serial additions, with no
+# intermediate steps written out, and short of all of them the answer is uniform over
+# the ten digits: chance is 0.1 at every depth. A looped model should need more loops
+# for deeper queries. Teacher-forced, the model
 # reads each program and its queries, and we score whether its argmax after `x?` is
 # $x$'s value, by loop count and by the depth of the query. The claims, on paired
 # per-program accuracies: more loops answer more queries, overall and on the deep

@@ -44,7 +44,7 @@ def test_every_answer_is_its_chain_computed_and_its_depth_the_steps(interleave):
 
 
 def test_depths_span_the_range_and_answers_are_uniform_over_ten_digits():
-    queries = [q for p in data.chain_programs(2000, "eval") for q in p.queries]
+    queries = [q for p in data.chain_programs(2000, "eval", max_chains=3) for q in p.queries]
     depths = Counter(q.depth for q in queries)
     assert set(depths) == set(range(1, data.CHAIN_DEPTH + 1))
     assert min(depths.values()) >= 20  # every depth has items
@@ -54,11 +54,11 @@ def test_depths_span_the_range_and_answers_are_uniform_over_ten_digits():
 
 
 def test_max_depth_caps_the_queries_and_distractors_lengthen_the_programs():
-    programs = data.chain_programs(300, "train", max_depth=4)
+    programs = data.chain_programs(300, "train", max_depth=4, max_chains=3)
     assert max(q.depth for p in programs for q in p.queries) == 4
     lengths = [len(evaluate(p.program)[0]) for p in programs]
     assert max(lengths) > 4 * 2  # distractor chains make programs longer than the depth asked
-    assert all(len(p.queries) == 1 for p in data.chain_programs(50, "train", max_chains=1))
+    assert all(len(p.queries) == 1 for p in data.chain_programs(50, "train"))  # the workload: one chain each
 
 
 def test_splits_and_seeds_differ_and_repeat():
