@@ -25,7 +25,8 @@
 #
 # **The depth workload.** A program is a chain of value-changing bindings,
 # `a=3;b=a+4;c=b+1;`, each digit added mod 10, followed by a query of its last variable
-# (`c?8;`); training packs several programs into a row, renamed apart. A query $k$ bindings from its chain's digit needs $k$ serial additions, and
+# (`c?8;`); training packs several programs into a row, renamed apart. A query $k$
+# bindings from its chain's digit needs $k$ serial additions, and
 # nothing short of all of them helps: given everything but one term, the answer is
 # uniform over the ten digits, so chance is 0.1 at every depth. Programs share no
 # variable, so no answer informs another, and nothing intermediate is written out.

@@ -635,8 +635,10 @@ book.md(
 #
 # The shipped model was trained on a 2-core CPU with Huginn's recipe
 # (`looped_kv/tiny/train.py`): a recurrence count per step drawn from a
-# Poisson-lognormal and truncated backpropagation through the last loops, on the book's
-# workloads (`looped_kv.data`). The next chapters measure on it the phenomena the papers
+# Poisson-lognormal and truncated backpropagation through the last loops, on chain
+# programs under a depth curriculum, joined by the word problems and code once the
+# curriculum reached deep chains (`looped_kv.data`; the training page has the scouting
+# runs that chose this). The next chapters measure on it the phenomena the papers
 # report (planes that ripen with depth, deep loops that matter more, drafts that agree
 # with the target) and give for each a verdict against the smallest effect that counts
 # for the claim: agrees with the paper, disagrees, no effect of that size, identical
@@ -650,42 +652,31 @@ book.table(V.interval_table(chapter_verdicts))
 
 # %%
 training = cfg.extra.get("training", {})
-fields = (
-    "parameters",
-    "steps",
-    "batch",
-    "seq",
-    "train_mean_recurrence",
-    "backprop_loops",
-    "mix",
-    "minutes",
-)
-summary = pd.Series(
-    {
-        k: str(training[k]) if isinstance(training[k], dict) else training[k]
-        for k in fields
-        if k in training
-    },
-    name="training",
-    dtype=object,
-)
+recipe = training.get("args", {})
+fields = ("batch", "seq", "mean_recurrence", "backprop", "chains", "mix",
+          "mix_from_depth")
 log_file = looped_kv.runtime.loading.TINY_DIR / "training_log.json"
-fastest = None
+fastest = steps = None
 if book.is_tiny(model) and log_file.exists():
     log = pd.read_json(log_file)
+    log = log[log["step"].notna() & log["time_s"].notna()]
+    steps = int(log["step"].max())
     seconds_per_step = (log["time_s"].diff() / log["step"].diff()).dropna()
-    fastest = seconds_per_step.min()
+    fastest = seconds_per_step[seconds_per_step > 0].min()
+summary = pd.Series(
+    {"parameters": training.get("parameters"), "steps": steps,
+     **{k: str(recipe[k]) for k in fields if k in recipe},
+     "minutes": training.get("minutes")},
+    name="training", dtype=object,
+).dropna()
 book.table(summary.to_frame())
 
 # %% tags=["remove-input"]
 book.md(
     ""
     if fastest is None
-    else f"Training took {training['minutes']} minutes of wall time on cores that "
-         "other work "
-    f"shared part of the time; its fastest stretch ran at {fastest:.2f} s per step, "
-    "which "
-    f"is {fastest * training['steps'] / 60:.0f} minutes for all {training['steps']} "
-    "steps "
-    "on idle cores."
+    else f"Training took {training['minutes']} minutes of wall time over {steps:,} "
+    "steps, on cores that other work shared part of the time; its fastest stretch ran "
+    f"at {fastest:.2f} s per step, which is {fastest * steps / 60:.0f} minutes for "
+    "all of them on idle cores."
 )
