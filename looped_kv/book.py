@@ -1,10 +1,12 @@
-"""What every chapter needs: the model named by ``LOOPED_KV_MODEL`` on the best device, text I/O, and the
-book's formatting (figures at the column's width, tables for reading, prose that renders math)."""
+"""What every chapter needs: the model named by ``LOOPED_KV_MODEL`` on the best device, what fits a Colab GPU,
+text I/O, and the book's formatting (figures at the column's width, tables for reading, prose that renders math)."""
 
 from __future__ import annotations
 
 import math
 import os
+import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -12,31 +14,106 @@ import torch
 from IPython.display import Markdown
 from torch import Tensor
 
-from looped_kv.runtime.loading import load
+from looped_kv import profiles
+from looped_kv.runtime.loading import load, model_config
 from looped_kv.runtime.model import LoopedLM
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The public checkpoint of each published model (book/gpu.md).
+HUB_IDS = {"huginn-0125": "tomg-group-umd/huginn-0125",
+           "raven-llama": "smcleish/Recurrent-Llama-3.2-train-recurrence-32",
+           "raven-olmo": "smcleish/Recurrent-OLMo-2-0425-train-recurrence-32",
+           "raven-tinyllama": "smcleish/Recurrent-TinyLlama-3T-train-recurrence-32",
+           "ouro-1.4b": "ByteDance/Ouro-1.4B", "ouro-2.6b": "ByteDance/Ouro-2.6B"}
+#: The model a chapter runs on Colab, by GPU class, when ``LOOPED_KV_MODEL`` names none: every chapter fits it there
+#: (``looped-kv plan --card``). On a T4, Raven-TinyLlama fits too.
+COLAB_MODELS = {"t4": "ouro-1.4b", "l4": "ouro-1.4b", "40gb": "huginn-0125", "80gb": "huginn-0125"}
+
+
+@dataclass(frozen=True)
+class ColabRun:
+    """What a chapter's first cell chose on Colab: the GPU found, the model and its profile, the plan's line."""
+
+    gpu: profiles.Gpu | None
+    source: str  # what LOOPED_KV_MODEL now names
+    profile: profiles.Profile | None
+    fits: bool
+    line: str
+
+
+def colab_setup(chapter: str) -> ColabRun | None:
+    """A chapter's first cell on Colab (does nothing elsewhere): :func:`choose_run`, its line printed."""
+    if "google.colab" not in sys.modules:
+        return None
+    run = choose_run(chapter)
+    print(run.line)
+    return run
+
+
+def choose_run(chapter: str, gpu: profiles.Gpu | None = None) -> ColabRun:
+    """The model and profile ``chapter`` runs on the GPU found (or ``gpu``), before any weights are downloaded.
+
+    ``$LOOPED_KV_MODEL`` if set, else :data:`COLAB_MODELS` for the GPU's class (then set, for :func:`chapter_model`);
+    the profile the chapter will read there (:func:`profiles.for_config`: by the GPU's class, or
+    ``$LOOPED_KV_PROFILE``); and the plan's peak for the chapter against the GPU's memory
+    (:mod:`looped_kv.analysis.plan`). Without a GPU the chapter runs the tiny model on the CPU.
+    """
+    from looped_kv.analysis import plan
+
+    if chapter not in plan.CHAPTERS:
+        raise ValueError(f"chapter must be one of {tuple(plan.CHAPTERS)}, got {chapter!r}")
+    gpu = gpu or profiles.detect_gpu()
+    if gpu is None:
+        return ColabRun(None, os.environ.get("LOOPED_KV_MODEL", "tiny"), None, True,
+                        f"{chapter}: no GPU found, so it runs the tiny model on the CPU (for a real checkpoint: "
+                        f"Runtime > Change runtime type > a GPU, then run this cell again)")
+    name = os.environ.get("LOOPED_KV_MODEL") or COLAB_MODELS[gpu.card]
+    published = {**{hub: model for model, hub in HUB_IDS.items()}, **{model: model for model in HUB_IDS}}.get(name)
+    source = HUB_IDS[published] if published else name
+    config = model_config(published or name)  # a published model's preset: nothing is downloaded
+    profile = profiles.for_config(config, source, gpu)
+    peak = plan.CHAPTERS[chapter](config, profile).peak(plan.GPU)
+    fits = peak + plan.GPU_RESERVE <= gpu.memory_gb * plan.GB
+    os.environ["LOOPED_KV_MODEL"] = source
+    verdict = "fits" if fits else ("does NOT fit: set LOOPED_KV_MODEL to one that does (looped-kv plan --card "
+                                   f"{gpu.card}) or choose a larger GPU")
+    native = "" if gpu.bf16 else ", no native bfloat16"
+    line = (f"{gpu.name} ({gpu.memory_gb:.1f} GB{native}): {chapter} runs {source} at profile {profile.name} in "
+            f"{profile.dtype}; the plan's peak is {peak / plan.GB:.1f} GB, with {plan.GPU_RESERVE / plan.GB:g} GB "
+            f"kept free it {verdict}")
+    return ColabRun(gpu, source, profile, fits, line)
 
 
 def chapter_model(default: str = "tiny") -> LoopedLM:
-    """The chapter's model: ``$LOOPED_KV_MODEL`` (default the shipped tiny model) on CUDA when available.
+    """The chapter's model: ``$LOOPED_KV_MODEL`` (default the shipped tiny model; a published model's name, such as
+    ``ouro-1.4b``, is its hub id of :data:`HUB_IDS`) on CUDA when available.
 
-    bfloat16 on a GPU and float32 on a CPU unless ``$LOOPED_KV_DTYPE`` names another dtype. On a CPU,
+    bfloat16 on a GPU (float16 on one without native bfloat16, such as a T4) and float32 on a CPU unless
+    ``$LOOPED_KV_DTYPE`` names another dtype. On a CPU,
     PyTorch runs ``$LOOPED_KV_THREADS`` threads (default 1): the small matrices of decoding gain nothing
     from more, and several threads contending for busy cores make each attention call up to 100x slower,
     which would distort every timing ratio. On a GPU, cuDNN's attention backend is turned off: RIPE Section 5.5
     found it to make bf16 reruns differ, and every chapter measures (:func:`environment` records the setting).
     """
     source = os.environ.get("LOOPED_KV_MODEL", default)
+    source = HUB_IDS.get(source, source)  # a published model's name: its checkpoint on the hub
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("LOOPED_KV_THREADS", "1")))
     else:
         torch.backends.cuda.enable_cudnn_sdp(False)
-    dtype_name = os.environ.get("LOOPED_KV_DTYPE", "bfloat16" if device == "cuda" else "float32")
+    dtype_name = os.environ.get("LOOPED_KV_DTYPE", default_dtype(device))
     if dtype_name not in DTYPES:
         raise ValueError(f"LOOPED_KV_DTYPE must be one of {tuple(DTYPES)}, got {dtype_name!r}")
     return load(source, dtype=DTYPES[dtype_name], device=device)
+
+
+def default_dtype(device: str) -> str:
+    """A chapter's dtype unless ``$LOOPED_KV_DTYPE`` names one: float32 on a CPU, bfloat16 on a GPU that runs it
+    natively, float16 on one that does not (a T4; its profiles decode in float16)."""
+    if device == "cpu":
+        return "float32"
+    return "bfloat16" if profiles.detect_gpu().bf16 else "float16"
 
 
 def is_tiny(model: LoopedLM) -> bool:

@@ -22,7 +22,6 @@ import os
 import re
 import signal
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 import pandas as pd
@@ -30,15 +29,15 @@ import torch
 
 from looped_kv import profiles, workloads
 from looped_kv.analysis import plan
-from looped_kv.analysis.verdicts import MIN_PROMPTS
+from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import METHODS, DasWave, Greedy, PromptLookup, SelfSpec
 from looped_kv.experiments import bench, throughput
 from looped_kv.protocol import batches
 from looped_kv.protocol.selftest import SelfTestFailure
-from looped_kv.runtime.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
-from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load, resolve_source
+from looped_kv.runtime.config import PRESETS, LoopedConfig
+from looped_kv.runtime.loading import load, model_config, resolve_source
 from looped_kv.runtime.measurement import check_device
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
@@ -46,7 +45,6 @@ from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
 from looped_kv.workloads import data
 
 PROG = "looped-kv"
-NAMED_CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo}
 
 
 def plain(doc: str | None) -> str:
@@ -152,7 +150,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.block, args.methods, args.workloads)
+    bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.block, args.methods, args.workloads,
+                        args.repeats)
     try:  # the config first (no weights): R is known before the model is loaded
         config = LoopedConfig.from_file(resolve_source(args.model) / "config.json")
     except (OSError, ValueError) as error:
@@ -162,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
     bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops, args.block,
-                 progress=not args.quiet, modes=args.modes)
+                 progress=not args.quiet, repeats=args.repeats, modes=args.modes)
     return 0
 
 
@@ -170,20 +169,21 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="speed-ups of every decoder over paired greedy decoding, one sequence at a "
                                      "time, and the verdict on Mature-Spec against self-speculation (chapters 5-6; "
                                      "batched throughput and memory: looped-kv batched)",
-                       description="Each evaluation prompt is decoded alone, greedily and by every method, in the "
-                                   "same process, stopping at end-of-text. The speed-up is DAS Eq. (8), the mean "
-                                   "over prompts of the tokens/s ratio to the paired greedy run, with a 95% paired "
-                                   "bootstrap interval; beside it, tau (sequential drafters) or A (das-wave) as a "
-                                   "fraction of its ceiling (gamma + 1, or w = min(gamma, W_init + J - 1)), A and G "
-                                   "(DAS Eq. 9-10). Per workload it prints the paired-bootstrap verdicts on "
-                                   "'Mature-Spec beats self-speculation' (acceptance, DAS Table 2; speed, DAS "
-                                   "Table 1).")
+                       description="Each evaluation prompt is decoded alone, greedily and by every method, in the same"
+                                   " process, stopping at end-of-text, in interleaved rounds. The speed-up is DAS Eq. "
+                                   "(8), the mean over prompts of the tokens/s ratio to the paired greedy run, with a "
+                                   "95% paired bootstrap interval; beside it, tau (sequential drafters) or A (das-"
+                                   "wave) as a fraction of its ceiling (gamma + 1, or w = min(gamma, W_init + J - 1)),"
+                                   " A and G (DAS Eq. 9-10). Per workload it prints the verdicts on 'Mature-Spec beats"
+                                   " self-speculation' (acceptance, DAS Table 2; speed, DAS Table 1).")
     _model_options(p)
     p.add_argument("--workloads", nargs="+", default=list(data.WORKLOADS), choices=data.WORKLOADS,
                    help="prompt workloads (default: all)")
-    p.add_argument("--prompts", type=int, default=MIN_PROMPTS,
-                   help=f"evaluation prompts per workload, >= 2 (default: {MIN_PROMPTS}, the fewest an acceptance "
-                        f"verdict accepts)")
+    p.add_argument("--prompts", type=int, default=MIN_UNITS["paired"],
+                   help=f"evaluation prompts per workload, >= 2 (default: {MIN_UNITS['paired']}, the fewest an "
+                        f"acceptance verdict accepts; a speed verdict needs {MIN_UNITS['timing']})")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="interleaved timing rounds per prompt, >= 1 (default: 2; a speed verdict needs 2)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens generated per prompt (default: 128)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
                    help="decoders (default: all); greedy decoding (ar) always runs as the reference")
@@ -199,29 +199,6 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 # -- memory ---------------------------------------------------------------------------------------------------------
-
-
-def model_config(model: str) -> LoopedConfig:
-    """A named architecture (:data:`NAMED_CONFIGS`), 'tiny', a folder or config.json, or a hub id's config.json."""
-    if model in NAMED_CONFIGS:
-        return NAMED_CONFIGS[model]()
-    path = TINY_DIR if model == "tiny" else Path(model).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        return LoopedConfig.from_file(path)
-    if model == "tiny":
-        raise FileNotFoundError(f"no config.json at {path} (the tiny model is not trained yet)")
-    what = f"--model {model!r} is not one of {tuple(NAMED_CONFIGS)}, 'tiny', a folder or a config.json"
-    reason = hub_unreachable()
-    if reason:
-        raise ValueError(f"{what}, and {reason}")
-    from huggingface_hub import hf_hub_download
-
-    try:
-        return LoopedConfig.from_file(hf_hub_download(repo_id=model, filename="config.json"))
-    except Exception as error:  # unknown id, no network, ...: one clear line instead of a traceback
-        raise ValueError(f"{what}, and its hub config.json could not be fetched ({type(error).__name__})") from None
 
 
 def memory_rows(config: LoopedConfig, contexts: list[int], num_loops: int, dtype: str, windows: list[int],
@@ -248,7 +225,11 @@ def cmd_memory(args: argparse.Namespace) -> int:
         if bad:
             raise ValueError(f"{flag} must be >= {low}, got {bad[0]}")
     _at_least_one(num_loops=args.num_loops)
-    config = model_config(args.model)
+    config = model_config(args.model, "--model")
+    beyond = [length for length in args.context if length > config.block_size]
+    if beyond:
+        print(f"{PROG}: warning: --context {beyond[0]} is beyond the model's context (block_size "
+              f"{config.block_size}); the rows below extrapolate the memory equations", file=sys.stderr)
     R = config.mean_recurrence if args.num_loops is None else args.num_loops
     params = plan.parameter_count(config)
     table = memory_rows(config, args.context, R, args.dtype, args.windows, args.batch_size)
@@ -269,7 +250,7 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
                        description="Memory from the package's model (RIPE Eq. 3 and Eq. 10): the "
                                    "weights, and the KV cache of the full cache, the deepest plane and RIPE windows, "
                                    "for each context length.")
-    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(NAMED_CONFIGS)}, 'tiny', a checkpoint "
+    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(PRESETS)}, 'tiny', a checkpoint "
                                                           f"folder, a config.json or a hub id (default: huginn-0125)")
     p.add_argument("--context", type=int, nargs="+", default=[1024], help="context lengths L (default: 1024)")
     p.add_argument("--dtype", default="bf16", choices=tuple(BYTES), help="storage dtype (default: bf16)")
@@ -284,18 +265,31 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.card is not None:
+        if args.card not in profiles.CARDS:
+            raise ValueError(f"--card must be one of {tuple(profiles.CARDS)}, got {args.card!r}")
+        card = profiles.CARDS[args.card]
+        print(f"Every published model on a {card.memory_gb:g} GB {card.example} (card {card.name}; "
+              f"{'' if card.bf16 else 'no '}native bfloat16), {plan.GPU_RESERVE / plan.GB:g} GB kept free; GPU GB "
+              f"per chapter:\n\n{plan.card_markdown(plan.card_table(args.card))}", end="")
+        return 0
     if not args.gpu_memory > 0:
         raise ValueError(f"--gpu-memory must be > 0 (GB), got {args.gpu_memory}")
     if args.profile is not None and args.profile not in profiles.PROFILES:
         raise ValueError(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
-    config = model_config(args.model)
-    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model)]
-    table = plan.plan_table(plan.chapter_plans(config, profile), args.gpu_memory * plan.GB)
+    config = model_config(args.model, "--model")
+    card = profiles.card_for(args.gpu_memory)
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model, card)]
+    plans = plan.chapter_plans(config, profile)
+    table = plan.plan_table(plans, args.gpu_memory * plan.GB)
     heading = (f"{args.model} at profile {profile.name} ({profile.dtype}; {workloads.SOURCES[profile.workloads]}, "
                f"prompts up to {profile.prompt_tokens} tokens, {profile.rows_per_pass or 'all'} rows per pass) on a "
                f"{args.gpu_memory:g} GB GPU, {plan.GPU_RESERVE / plan.GB:g} GB kept free")
+    too_large = plan.steps_beyond(plans, args.gpu_memory * plan.GB)
     if args.markdown:
         print(f"{heading}:\n\n{plan.markdown(table)}", end="")
+        if too_large:
+            print("\nSteps that do not fit:\n\n" + "".join(f"* {line}\n" for line in too_large), end="")
         return 0 if table["fits"].all() else 1
     print(f"{heading}:")
     shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
@@ -304,6 +298,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  {name}: {sizes}")
     missing = list(table.index[~table["fits"]])
     if missing:
+        for line in too_large:
+            print(f"  does not fit: {line}")
         print(f"{', '.join(missing)} need more than {args.gpu_memory:g} GB; choose a larger GPU or a smaller profile")
         return 1
     return 0
@@ -315,11 +311,14 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
                                    "(looped_kv.profiles): weights in each dtype, replay records, caches and the "
                                    "working set of a forward pass. Prints each chapter's predicted peak GPU and "
                                    "host memory and whether it fits; exits 1 if any chapter does not.")
-    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(NAMED_CONFIGS)}, 'tiny', a checkpoint "
+    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(PRESETS)}, 'tiny', a checkpoint "
                                                           f"folder, a config.json or a hub id (default: huginn-0125)")
     p.add_argument("--gpu-memory", type=float, default=40.0, help="GPU memory in GB (default: 40, an A100-40GB)")
-    p.add_argument("--profile", help=f"run profile, one of {tuple(profiles.PROFILES)} (default: the model's)")
+    p.add_argument("--profile", help=f"run profile, one of {tuple(profiles.PROFILES)} (default: the model's for "
+                                     f"a GPU of this memory: looped_kv.profiles.BY_CARD)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (book/data/ keeps one)")
+    p.add_argument("--card", help=f"instead: every published model's profile and peaks on a GPU class, one of "
+                                  f"{tuple(profiles.CARDS)} (a Markdown table; book/data/ keeps one per card)")
     p.set_defaults(func=cmd_plan)
 
 
@@ -351,23 +350,29 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key(args: argparse.Namespace) -> bytes | None:
+    return None if args.key_file is None else batches.read_key(args.key_file)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    key = _key(args)
     decisions = batches.run_batch(args.table, args.out, progress=not args.quiet, threads=args.threads,
-                                  device=args.device)
+                                  device=args.device, key=key)
     if decisions is None:  # a torchrun rank other than 0
         return 0
     for name, rule in decisions["rules"].items():
         print(f"rule {name}: {rule['label']} ({rule['detail']})")
-    print(batches.ledger([args.out]))
+    print(batches.ledger([args.out], key))
     print(f"archive: {args.out} (check it with `{PROG} batch verify {args.out}`)")
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    failed = 0
+    failed, key = 0, _key(args)
     for archive in args.archives:
-        problems = batches.verify(archive)
-        print(f"{archive}: {'ok' if not problems else 'FAILED: ' + '; '.join(problems)}")
+        problems = batches.verify(archive, key)
+        ok = "ok" if key is None else f"ok, signed with {args.key_file}"
+        print(f"{archive}: {ok if not problems else 'FAILED: ' + '; '.join(problems)}")
         failed += bool(problems)
     return 1 if failed else 0
 
@@ -379,7 +384,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    print(batches.ledger(args.archives))
+    print(batches.ledger(args.archives, _key(args)))
     return 0
 
 
@@ -400,7 +405,11 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
                          description="Check the frozen file table, run the self-tests, run every arm (cuDNN "
                                      "attention disabled, RIPE Sec. 5.5; the spec's CPU thread count, 1 unless it "
                                      "names another, whatever OMP_NUM_THREADS says), write per-position records, a "
-                                     "summary, the labels and a checksum manifest into OUT. Under torchrun the "
+                                     "summary, the labels and a checksum manifest into OUT. The run writes into "
+                                     "OUT.partial, which it creates with its marker before the self-tests (so an "
+                                     "unwritable OUT fails at once) and renames to OUT when complete; it never "
+                                     "deletes a folder it did not mark, and Ctrl-C leaves the marked folder for the "
+                                     "next run to replace. Under torchrun the "
                                      "prompts are sharded across processes: torchrun --nproc-per-node N -m "
                                      "looped_kv.cli batch run TABLE --out OUT; its records equal a single "
                                      "process's byte for byte (check with `batch compare`).")
@@ -410,12 +419,19 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--threads", type=int, help="torch CPU threads per process; must equal the frozen spec's "
                                                "threads (default: that count)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--key-file", help=f"sign the manifest with this file's bytes as key (HMAC-SHA256 in "
+                                      f"{batches.SIGNATURE}; at least 16 bytes, e.g. head -c 32 /dev/urandom)")
     r.set_defaults(func=cmd_run)
     v = steps.add_parser("verify", help="re-check archives: checksums, frozen spec, labels recomputed from records",
-                         description="Re-check archives: every checksum of MANIFEST.sha256, no unlisted file, the "
-                                     "archived spec and prompts equal to the frozen ones, and the summary and "
-                                     "labels recomputed from the records. Exit status 1 if any archive fails.")
+                         description="Re-check archives: every checksum of MANIFEST.sha256, no unlisted file, link "
+                                     "or name outside the archive, the archived spec and prompts equal to the "
+                                     "frozen ones, run.json's self-tests passed, records that cover exactly the "
+                                     "frozen prompts and arms with the fields their arms write, and the summary and "
+                                     "labels recomputed from the records. An unkeyed manifest shows no accidental "
+                                     "change, not who wrote the archive; --key-file also checks its signature. Exit "
+                                     "status 1 if any archive fails.")
     v.add_argument("archives", nargs="+", help="archive folders")
+    v.add_argument("--key-file", help=f"also require {batches.SIGNATURE}, the manifest's HMAC-SHA256 under this key")
     v.set_defaults(func=cmd_verify)
     c = steps.add_parser("compare", help="do two archives of one frozen spec agree byte for byte? else the largest "
                                          "difference per metric",
@@ -431,7 +447,8 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     led = steps.add_parser("ledger", help="print the prediction ledger of archives (RIPE Appendix B layout)",
                            description="Print every prediction of the given (verified) archives with its outcome, "
                                        "held or failed, in the layout of RIPE Appendix B, Table 6.")
-    led.add_argument("archives", nargs="+", help="archive folders")
+    led.add_argument("archives", nargs="+", help="archive folders (each once)")
+    led.add_argument("--key-file", help="verify each archive's signature with this key (see batch verify)")
     led.set_defaults(func=cmd_ledger)
 
 
@@ -450,10 +467,10 @@ def parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["batched"]:  # its options go to the throughput parser (argparse cannot pass them on)
-        return cmd_batched(argparse.Namespace(args=argv[1:]))
-    args = parser().parse_args(argv)
     try:
+        if argv[:1] == ["batched"]:  # its options go to the throughput parser (argparse cannot pass them on)
+            return cmd_batched(argparse.Namespace(args=argv[1:]))
+        args = parser().parse_args(argv)
         if getattr(args, "device", None) is not None:  # before any work: cuda on a CPU-only torch, "foo", ...
             check_device(args.device)
         if getattr(args, "threads", None) is not None and args.command != "batch":
@@ -466,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, SelfTestFailure) as error:  # OSError: missing files, unreachable hub, full disk
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 3 if isinstance(error, SelfTestFailure) else 2
+    except KeyboardInterrupt as error:  # Ctrl-C: one line (a batch run says where its unfinished archive is)
+        print(f"{PROG}: {str(error) or 'interrupted'}", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

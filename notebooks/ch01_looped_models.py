@@ -35,18 +35,12 @@
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:  # on Colab only: install the package
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv",
-        ],
-        check=True,
-    )
+if "google.colab" in sys.modules:  # on Colab: install, then choose what fits the GPU
+    PACKAGE = "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", PACKAGE], check=True)
+    from looped_kv import book
+
+    book.colab_setup("ch01")
 
 # %%
 import matplotlib.pyplot as plt
@@ -59,13 +53,16 @@ from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.depth import (
     DEPTH_BUCKETS,
     answer_hits,
+    depth_stops_paying,
     encode_chains,
     encode_texts,
     loss_by_text,
 )
 from looped_kv.analysis.measure import draft_agreement_rows
 from looped_kv.decoding.core import prefill
+from looped_kv.runtime import exit_gate
 from looped_kv.runtime.memory import m_deep, m_full
+from looped_kv.tiny import gates
 from looped_kv.workloads import data
 
 book.setup()
@@ -79,14 +76,31 @@ print(book.environment(model))
 print(workloads.preflight(model, run))  # every prompt tokenized, held to the bound
 
 # %% [markdown]
+# ## How far this model's depth pays
+#
+# Every later chapter asks what a model's deep loops add, so every ceiling it meets
+# follows from how much the model gains from its loops. For the shipped tiny model the
+# training gates measured that on held-out chain programs; this chapter measures it
+# again below, on text and on chain answers, for whatever model it runs on.
+
+# %% tags=["remove-input"]
+gate_record = cfg.extra.get("gates")
+book.md(
+    gates.depth_story(gate_record) if book.is_tiny(model) and gate_record else
+    "This checkpoint has no recorded gates: the measurements below are the first "
+    "word on how far its depth pays."
+)
+
+# %% [markdown]
 # ## Prelude, core and coda
 #
-# The table compares the model at hand with the three public families whose shapes the
+# The table compares the model at hand with the public families whose shapes the
 # package knows from their configs: Huginn-0125, trained as a looped model from scratch,
-# and the two Raven retrofits of pretrained models, Raven-Llama (Llama-3.2 1B) and
-# Raven-OLMo (OLMo-2 1B). The tiny model has Huginn's structure: sandwich blocks, an
-# adapter over $[s, P(x)]$, a random initial state and $R = 32$ at inference. It is much
-# smaller.
+# the two Raven retrofits of pretrained models, Raven-Llama (Llama-3.2 1B) and
+# Raven-OLMo (OLMo-2 1B), and Ouro-1.4B, which loops its whole stack of layers from the
+# token embedding, with no prelude, coda or adapter. The tiny model has Huginn's
+# structure: sandwich blocks, an adapter over $[s, P(x)]$, a random initial state and
+# $R = 32$ at inference. It is much smaller.
 
 
 # %%
@@ -112,8 +126,9 @@ public = {
     papers.RAVEN_OLMO: looped_kv.raven_olmo(),
 }
 params = sum(p.numel() for p in model.parameters())
+known = public | {"Ouro-1.4B": looped_kv.ouro_1_4b()}  # DAS Table 6 has no Ouro
 architectures = pd.DataFrame.from_dict(
-    {"this model": shape(cfg, params)} | {name: shape(c) for name, c in public.items()},
+    {"this model": shape(cfg, params)} | {name: shape(c) for name, c in known.items()},
     orient="index",
 )
 book.table(architectures)
@@ -133,7 +148,7 @@ record: dict = {}
 router = looped_kv.CausalRouter(record)
 with torch.no_grad():
     embedded = model.embed(ids, positions, router)
-    state = model.initial_state(positions, batch=1)
+    state = model.initial_state(positions, batch=1, tokens=ids)
     for r in range(1, R + 1):
         state = model.loop(state, embedded, positions, router, r)
     logits = model.readout(state, positions, router)
@@ -251,8 +266,13 @@ book.md(
 # answers need one lookup per binding and so are where depth should pay
 # (`looped_kv.workloads.data`). A real checkpoint's profile puts solved GSM8K problems
 # and MBPP tasks in place of the first two (`looped_kv.workloads`). The claim is tested
-# per workload on paired per-text losses: the loss after $R$ loops is lower than after
-# a few.
+# per workload on paired per-text losses: the loss after $R$ loops is lower than after a
+# few, by at least the book's smallest effect in log units, here nats
+# (`verdicts.BOOK_MINIMUM`; the papers print no smallest gain, and the training gates of
+# `looped_kv.tiny.gates` ask theirs of answer tokens alone). The same gain says where
+# depth stops paying: at the smallest loop count from which no deeper count lowers the
+# mean loss by that much (`depth_stops_paying`). Every later chapter's wording about the
+# model's depth follows from these figures.
 
 # %%
 SHALLOW = profile.shallow_loops
@@ -286,17 +306,18 @@ ax.minorticks_off()
 ax.legend()
 plt.show()
 
+LOSS_GAIN = V.BOOK_MINIMUM["log"]  # nats: the smallest loss gain that counts
+ACCURACY_GATE = {gate.name: gate for gate in gates.GATES}["answer accuracy gain"]
 depth_pays = V.Claim(
     f"more loops lower held-out loss: loss after R = {R} < after {SHALLOW} loops",
     "Geiping et al. (2025); RIPE Eq. (1)",
     "less",
+    minimum=LOSS_GAIN,
+    minimum_source="the book's smallest effect in log units (nats)",
 )
 loss_verdicts = {
     f"{w}: loss, R = {R} vs {SHALLOW}": V.verdict(
-        depth_pays,
-        table[R],
-        table[SHALLOW],
-        discrimination=V.discrimination(V.enough_units(len(table), what="texts")),
+        depth_pays, table[R], table[SHALLOW], units="texts"
     )
     for w, table in losses.items()
 }
@@ -323,17 +344,48 @@ book.md(
     )
 )
 
+# %% tags=["remove-input"]
+stops = {w: depth_stops_paying(curve[w], LOSS_GAIN) for w in curve}
+
+
+def after(w: str) -> str:
+    deeper = curve[w][curve.index > stops[w]]
+    if deeper.empty:
+        return "it is the deepest count measured"
+    best = curve.loc[stops[w], w] - deeper.min()
+    if best > 0:
+        return f"the best deeper count lowers the mean loss by {best:.2g} nats"
+    return f"every deeper count raises the mean loss, by {-best:.2g} nats or more"
+
+
+book.md(
+    f"Where depth stops paying, by the smallest gain of {LOSS_GAIN:g} nats: "
+    + "; ".join(f"on {w} at {stops[w]} loop{'s' * (stops[w] > 1)} ({after(w)})"
+                for w in curve)
+    + ". "
+    + (f"On every workload that is before the R = {R} loops the model runs at, "
+       "so the later chapters probe a model whose last loops buy less loss than "
+       "that."
+       if all(r < R for r in stops.values()) else
+       f"On {', '.join(w for w in curve if stops[w] >= R)} depth still pays up to "
+       f"R = {R}" + (f"; on {', '.join(w for w in curve if stops[w] < R)} it stops "
+                     "before." if any(r < R for r in stops.values()) else "."))
+)
+
 # %% [markdown]
 # ## Answers that need depth: chain programs
 #
-# A chain program binds variables to digits or to other variables and then asks for the
-# value of some of them (`k=4;b=k;x=9;m=b;` then `m?4;`). A query $d$ bindings away from
-# its digit takes $d$ serial lookups, with no intermediate steps written out, so a
-# looped model should need more loops for deeper queries. Teacher-forced, the model
+# A chain program binds a variable to a digit and each next one to the one before plus a
+# digit, mod 10 (`a=3;b=a+4;c=b+1;`), then asks for the last one's value (`c?8;`). A
+# query $d$ bindings away from its digit takes $d$ serial additions, with no
+# intermediate steps written out, and short of all of them the answer is uniform over
+# the ten digits: chance is 0.1 at every depth. A looped model should need more loops
+# for deeper queries. Teacher-forced, the model
 # reads each program and its queries, and we score whether its argmax after `x?` is
 # $x$'s value, by loop count and by the depth of the query. The claims, on paired
 # per-program accuracies: more loops answer more queries, overall and on the deep
-# queries (depth 4 and more).
+# queries (the depth buckets beyond 8, as on the training page), by at least the
+# accuracy gain of the training gate.
 
 # %%
 programs = data.chain_programs(profile.chain_programs, split="eval")
@@ -368,9 +420,10 @@ ax.minorticks_off()
 ax.legend()
 plt.show()
 
-deep = hits["depth"] >= DEPTH_BUCKETS["4-6"][0]
+DEEP_FROM = min(lo for lo, _ in DEPTH_BUCKETS.values() if lo > 8)
+deep = hits["depth"] >= DEEP_FROM
 chain_verdicts = {}
-for name, selected in (("all queries", hits), ("depth ≥ 4", hits[deep])):
+for name, selected in (("all queries", hits), (f"depth ≥ {DEEP_FROM}", hits[deep])):
     per_program = selected.pivot_table(
         index="program", columns="loops", values="hit", aggfunc="mean"
     )
@@ -379,13 +432,15 @@ for name, selected in (("all queries", hits), ("depth ≥ 4", hits[deep])):
         f"R = {R} > after {SHALLOW} loops",
         "Geiping et al. (2025)",
         "greater",
+        minimum=ACCURACY_GATE.bound,
+        minimum_source=f"the training gate '{ACCURACY_GATE.name}'",
     )
     chain_verdicts[f"chains: {name}, R = {R} vs {SHALLOW}"] = V.verdict(
         claim,
         per_program[R],
         per_program[SHALLOW],
+        units="programs",
         discrimination=V.discrimination(
-            V.enough_units(len(per_program), what="programs"),
             V.varies(per_program.to_numpy(), f"answer accuracy ({name}) by loops"),
             V.below_ceiling(
                 per_program[SHALLOW], 1.0, f"accuracy after {SHALLOW} loops"
@@ -479,11 +534,12 @@ book.md(
 # next token; along each greedy generation above we count how often it agrees with the
 # full-depth token, at the draft depths of DAS Table 6 (aligned prefix reads: loop $r$
 # of the draft reads plane $r$). The paper's claim: agreement rises with draft depth, so
-# a one-loop draft agrees less often than an eight-loop one. A draft that already agrees
+# a one-loop draft agrees less often than an eight-loop one (the paper prints no
+# smallest gain; the book's for a share is five points). A draft that already agrees
 # almost always at one loop cannot show it.
 
 # %%
-depths = papers.DAS_TABLE_6_DEPTHS
+depths = profile.draft_depths  # DAS Table 6's, each below this model's R
 agreement = {w: draft_agreement_rows(model, run, depths) for w, run in runs.items()}
 shallow_d, deep_d = min(depths), max(depths)
 draft_claim = V.Claim(
@@ -491,6 +547,8 @@ draft_claim = V.Claim(
     f"than a {deep_d}-loop draft",
     "DAS Table 6",
     "less",
+    minimum=V.BOOK_MINIMUM["share"],
+    minimum_source="the book's smallest effect for a share",
 )
 draft_verdicts = {}
 for w, table in agreement.items():
@@ -501,19 +559,22 @@ for w, table in agreement.items():
         one,
         eight,
         discrimination=V.discrimination(
-            V.enough_units(len(table)),
             V.below_ceiling(one, 1.0, f"{shallow_d}-loop agreement"),
         ),
     )
 pooled = {
-    w: [(t[(d, "aligned")] * t["n"]).sum() / t["n"].sum() for d in depths]
+    w: pd.Series(
+        [(t[(d, "aligned")] * t["n"]).sum() / t["n"].sum() for d in depths], depths
+    )
     for w, t in agreement.items()
 }
-paper6 = {f"{m} (DAS)": list(papers.DAS_TABLE_6[m]["Aligned"]) for m in public}
-agree_table = pd.DataFrame(
-    {**{f"this model, {w}": v for w, v in pooled.items()}, **paper6},
-    index=[f"d = {d}" for d in depths],
-).T
+paper6 = {
+    f"{m} (DAS)": pd.Series(papers.DAS_TABLE_6[m]["Aligned"], papers.DAS_TABLE_6_DEPTHS)
+    for m in public
+}
+ours = {f"this model, {w}": v for w, v in pooled.items()}
+agree_table = pd.DataFrame({**ours, **paper6})  # depths of either, a dash where none
+agree_table = agree_table.rename(index=lambda d: f"d = {d}").T
 book.table(agree_table, percent=tuple(agree_table.columns))
 
 # %% tags=["remove-input"]
@@ -527,60 +588,96 @@ book.md(
 )
 
 # %% [markdown]
+# ## Where an exit gate would stop (Ouro)
+#
+# Ouro's checkpoints carry an exit gate. After each loop $u$ a linear map of the loop's
+# normed state gives $\lambda_u = \sigma(g_u)$, and the exit distribution over loops is
+# $p_u = \lambda_u \prod_{v<u} (1 - \lambda_v)$, the last loop taking the remaining
+# mass (`looped_kv.runtime.exit_gate`, formed as the reference forms it). The
+# reference's plain forward reads each token out at the first loop whose cumulative
+# exit probability reaches the checkpoint's threshold, 1.0. In exact arithmetic that is
+# the last loop; in float32, float16 or bfloat16 the sum can round up to 1 earlier, and
+# the token is then read out of a shallower loop. The runtime and every decoder in this
+# book read the last loop they run. Huginn, the Raven retrofits and the tiny model have
+# no gate. On a model with one, the table gives the mean exit probability of each loop
+# over the tokens of the held-out texts above, and the share of tokens a threshold of
+# 0.5 or 0.9 would read out at each loop.
+
+# %%
+gated = exit_gate.has_exit_gate(model)
+if gated:
+    rows = [
+        ids_w[i : i + 1, : int(real[i].sum())].to(model.device)
+        for ids_w, real in texts.values()
+        for i in range(len(ids_w))
+    ]
+    exits = exit_gate.exit_distribution(model, rows)  # (tokens, R), float64
+    steps = exit_gate.threshold_steps(model, rows)  # at the checkpoint's threshold
+    early_share = float((steps < R - 1).double().mean())
+    exit_table = exit_gate.exit_summary(exits)
+book.table(exit_table, percent=tuple(exit_table.columns)) if gated else None
+
+# %% tags=["remove-input"]
+book.md(
+    f"Over {len(exits)} tokens the gate puts most exit probability on loop "
+    f"{int(exit_table['mean exit probability'].idxmax())} of {R}. At the checkpoint's "
+    f"threshold {cfg.exit_threshold:g}, computed in "
+    f"{str(model.dtype).removeprefix('torch.')} as the reference computes it, "
+    f"{early_share:.1%} of the tokens would be read out before loop {R}: the share "
+    "that a plain forward of the reference reads from a shallower loop than this "
+    "book's decoders do."
+    if gated
+    else f"The model at hand ({model.source}, family {cfg.family}) has no exit gate, "
+    "so it has no exit distribution."
+)
+
+# %% [markdown]
 # ## What the tiny model is, and is not
 #
 # The shipped model was trained on a 2-core CPU with Huginn's recipe
 # (`looped_kv/tiny/train.py`): a recurrence count per step drawn from a
-# Poisson-lognormal and truncated backpropagation through the last loops, on the book's
-# workloads (`looped_kv.workloads.data`). The next chapters measure on it the phenomena
-# the papers report (planes that ripen with depth, deep loops that matter more, drafts
-# that agree with the target) and give for each a verdict: agrees with the paper,
-# disagrees, or inconclusive on this model, with the reason. It is far too small to
+# Poisson-lognormal and truncated backpropagation through the last loops, on chain
+# programs under a depth curriculum, joined by the word problems and code once the
+# curriculum reached deep chains (`looped_kv.workloads.data`; the training page has the
+# scouting runs that chose this). The next chapters measure on it the phenomena the
+# papers report (planes that ripen with depth, deep loops that matter more, drafts that
+# agree with the target) and give for each a verdict against the smallest effect that
+# counts for the claim: agrees with the paper, disagrees, no effect of that size,
+# identical arms, or inconclusive on this model, with the reason. It is far too small to
 # match the papers' magnitudes: every chapter prints the papers' numbers beside the tiny
 # model's. This chapter's verdicts:
 
 # %%
 chapter_verdicts = loss_verdicts | chain_verdicts | draft_verdicts
-book.table(V.verdict_table(chapter_verdicts))
+book.table(V.interval_table(chapter_verdicts))
 
 # %%
 training = cfg.extra.get("training", {})
-fields = (
-    "parameters",
-    "steps",
-    "batch",
-    "seq",
-    "train_mean_recurrence",
-    "backprop_loops",
-    "mix",
-    "minutes",
-)
-summary = pd.Series(
-    {
-        k: str(training[k]) if isinstance(training[k], dict) else training[k]
-        for k in fields
-        if k in training
-    },
-    name="training",
-    dtype=object,
-)
+recipe = training.get("args", {})
+fields = ("batch", "seq", "mean_recurrence", "backprop", "chains", "mix",
+          "mix_from_depth")
 log_file = looped_kv.runtime.loading.TINY_DIR / "training_log.json"
-fastest = None
+fastest = steps = None
 if book.is_tiny(model) and log_file.exists():
     log = pd.read_json(log_file)
+    log = log[log["step"].notna() & log["time_s"].notna()]
+    steps = int(log["step"].max())
     seconds_per_step = (log["time_s"].diff() / log["step"].diff()).dropna()
-    fastest = seconds_per_step.min()
+    fastest = seconds_per_step[seconds_per_step > 0].min()
+summary = pd.Series(
+    {"parameters": training.get("parameters"), "steps": steps,
+     **{k: str(recipe[k]) for k in fields if k in recipe},
+     "minutes": training.get("minutes")},
+    name="training", dtype=object,
+).dropna()
 book.table(summary.to_frame())
 
 # %% tags=["remove-input"]
 book.md(
     ""
     if fastest is None
-    else f"Training took {training['minutes']} minutes of wall time on cores that "
-         "other work "
-    f"shared part of the time; its fastest stretch ran at {fastest:.2f} s per step, "
-    "which "
-    f"is {fastest * training['steps'] / 60:.0f} minutes for all {training['steps']} "
-    "steps "
-    "on idle cores."
+    else f"Training took {training['minutes']} minutes of wall time over {steps:,} "
+    "steps, on cores that other work shared part of the time; its fastest stretch ran "
+    f"at {fastest:.2f} s per step, which is {fastest * steps / 60:.0f} minutes for "
+    "all of them on idle cores."
 )

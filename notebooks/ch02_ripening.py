@@ -40,18 +40,25 @@
 # 3.1, Figure 2 top).
 #
 # This chapter measures all of it on the model at hand, text by text, and gives each
-# claim a verdict (`looped_kv.analysis.verdicts`): *agrees* or *disagrees* when a paired
-# bootstrap interval over texts lies on one side of "no difference", *inconclusive* when
-# it does not, or when the measurement cannot tell outcomes apart on this model.
+# claim a verdict (`looped_kv.analysis.verdicts`) against the smallest effect that
+# counts for it (the papers print none for these claims, so the book's own,
+# `verdicts.BOOK_MINIMUM`, which each verdict states). *Agrees* when a paired interval
+# over texts lies beyond that effect in the paper's direction, *disagrees* when it lies
+# on the other side of no difference, *no effect of that size* when it lies inside the
+# band of effects smaller than that, and *inconclusive* otherwise, or when the
+# measurement cannot tell outcomes apart on this model (too few texts, distances at the
+# float floor, cosines at their ceiling).
 
 # %% tags=["remove-cell"]
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:  # on Colab only: install the package
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"],
-                   check=True)
+if "google.colab" in sys.modules:  # on Colab: install, then choose what fits the GPU
+    PACKAGE = "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", PACKAGE], check=True)
+    from looped_kv import book
+
+    book.colab_setup("ch02")
 
 # %%
 import time
@@ -62,7 +69,12 @@ import pandas as pd
 
 from looped_kv import book, papers, profiles
 from looped_kv.analysis import verdicts as vd
-from looped_kv.analysis.fits import deep_loop_range, floor_model, ripeness
+from looped_kv.analysis.fits import (
+    deep_loop_range,
+    fit_loop_range,
+    floor_model,
+    ripeness,
+)
 from looped_kv.analysis.planes import (
     free_memory,
     in_dtype,
@@ -91,8 +103,9 @@ print(book.environment(model))
 # Every measurement replays whole texts, teacher-forced, with an explicit softmax (RIPE
 # Section 2). The texts are evaluation texts of the three workloads: worked word
 # problems, excerpts of the Python standard library, and variable chains, the workload
-# on which depth pays (on a real checkpoint, solved GSM8K problems and MBPP tasks in
-# place of the first two). Each text is cut to the same number of tokens. The last
+# built so that depth should pay (chapter 1 measures where it stops paying on this
+# model; on a real checkpoint, solved GSM8K problems and MBPP tasks take the place of
+# the first two). Each text is cut to the same number of tokens. The last
 # positions play the decoded tokens, and $\Delta_r$ is measured over the prefix before
 # them. Each text is one unit of the verdicts below, with its own curves and its own
 # fits.
@@ -138,7 +151,7 @@ bf16 = ripening_curves(copy, ids, R, decoded=profile.decoded, maturity_kinds=(),
                        chunk=profile.chunk, record_device=where)
 del copy
 free_memory(model.device)
-fits = ripening_summary(fp32, bf16)  # c rho^r on loops 8..R-1, then Eq. (5)'s floor
+fits = ripening_summary(fp32, bf16)  # c rho^r on fit_loop_range(R), then Eq. (5)
 floors = {X: fp32.float_floor(X) for X in ("k", "v")}
 for X in ("k", "v"):
     assert fp32.delta[X][-1] == 0 and bf16.delta[X][-1] == 0  # plane R against itself
@@ -218,8 +231,9 @@ plt.show()
 # The paper's claim has two parts. The planes converge: $\rho < 1$. And they converge
 # geometrically: $c\rho^r$ describes the curve. A fit describes a curve only in
 # comparison with an alternative that has as many parameters, so each text's curve over
-# loops 8 to $R-1$ is fitted twice on a log scale, once as $c\rho^r$ and once as a power
-# of the loop, $s\,r^{-k}$, a decay that slows down with depth. The geometric law
+# the loops Table 7 fits (8 to $R-1$, scaled to $R$) is fitted twice on a log scale,
+# once as $c\rho^r$ and once as a power of the loop, $s\,r^{-k}$, a decay that slows
+# down with depth. The geometric law
 # describes the text better when its root-mean-square log residual is the smaller one.
 # Distances at or below the float32 floor enter both fits at the floor, and a verdict
 # needs the share of the fitted distances above the floor that the package's
@@ -229,38 +243,64 @@ plt.show()
 NAMES = {"q": "queries", "k": "keys", "v": "values"}
 NAME = {"q": "query", "k": "key", "v": "value"}
 per_text = text_ripening(fp32, floors).assign(workload=workload)
-texts = vd.enough_units(len(per_text), what="texts")
+FIT_LOW, FIT_HIGH = fit_loop_range(R)  # 8..31 at R = 32
 resolved = {X: vd.above_floor(fp32.fitted(X), floors[X],
-                              f"the float32 {NAME[X]} distances of loops 8-{R - 1}")
+                              f"the float32 {NAME[X]} distances of loops "
+                              f"{FIT_LOW}-{FIT_HIGH}")
             for X in ("k", "v")}
+BOOK = "the book's smallest effect"
 verdicts = {}
 for X, figure in (("k", "Fig. 2c"), ("v", "Fig. 6")):
-    checks = vd.discrimination(texts, resolved[X])
+    checks = vd.discrimination(resolved[X])
     converge = vd.Claim(f"{NAMES[X]} converge to plane R: rho < 1", "RIPE Sec. 3.2",
-                        expects="less")
+                        expects="less", minimum=vd.BOOK_MINIMUM["share"],
+                        minimum_source=f"{BOOK} for a rate")
     verdicts[f"{NAMES[X]} converge"] = vd.verdict(
-        converge, per_text[f"rho_{X}"], null=1.0, discrimination=checks)
+        converge, per_text[f"rho_{X}"], null=1.0, discrimination=checks,
+        units="texts")
     geometric = vd.Claim(f"{NAMES[X]} ripen geometrically: rms log residual of "
                          "c rho^r minus that of s r^-k", f"RIPE Sec. 3.2, {figure}",
-                         expects="less")
+                         expects="less", minimum=vd.BOOK_MINIMUM["log"],
+                         minimum_source=f"{BOOK} in log units")
     verdicts[f"{NAMES[X]} ripen geometrically"] = vd.verdict(
         geometric, per_text[f"geometric_rms_{X}"], per_text[f"power_rms_{X}"],
-        discrimination=checks)
+        discrimination=checks, units="texts")
 
 # %% tags=["remove-input"]
 fk, fv = fits["k"], fits["v"]
 above = {X: float((fp32.fitted(X) > floors[X]).mean()) for X in ("k", "v")}
 hug, rav = PAPER_TABLE7["Huginn-0125"], PAPER_TABLE7["Raven-Llama"]
 paper_rho = (hug["rho"][0], rav["rho"][0])
-rate = ("faster than both papers' models" if fk.geometric.rho < min(paper_rho)
-        else "more slowly than both papers' models" if fk.geometric.rho > max(paper_rho)
-        else "at a rate between the papers' models'")
+
+
+def against_papers(value: float, printed: tuple, low: str, high: str) -> str:
+    """Where ``value`` lies against the papers' two figures, in words."""
+    return (low if value < min(printed) else high if value > max(printed)
+            else "between the papers' models")
+
+
+# rho is the share of the remaining distance kept per loop; how ripe the planes end
+# is Table 7's absolute rows (the deep-loop distances), which can disagree with it
+rate = against_papers(fk.geometric.rho, paper_rho,
+                      "a smaller share kept per loop than both papers' models",
+                      "a larger share kept per loop than both papers' models")
+DEEP_ROWS = {"bf16": "deep-loop Delta, bf16", "fp32": "deep-loop Delta, fp32"}
+closeness = {dtype: against_papers(
+    getattr(fk, f"deep_{dtype}"), (hug[row][0], rav[row][0]),
+    "closer to plane R than on both papers' models",
+    "farther from plane R than on both papers' models")
+    for dtype, row in DEEP_ROWS.items()}
 book.md(
     f"Over all texts (Table 7's column) the keys of {who} approach plane {R} at "
     f"$\\rho$ = {fk.geometric.rho:.3f} per loop, a half-life of "
     f"{fk.geometric.half_life:.1f} loops, and its values at $\\rho$ = "
     f"{fv.geometric.rho:.3f} ({fv.geometric.half_life:.1f} loops): {rate} (keys: "
-    f"Huginn {paper_rho[0]}, Raven {paper_rho[1]}). The float32 floors are "
+    f"Huginn {paper_rho[0]}, Raven {paper_rho[1]}). The rate is the shape of the "
+    "approach, not how ripe the planes end: over the deep loops its keys are "
+    + " and ".join(f"{closeness[dtype]} in {dtype} ({getattr(fk, f'deep_{dtype}'):.2g}"
+                   f" against {hug[row][0]:g} and {rav[row][0]:g})"
+                   for dtype, row in DEEP_ROWS.items())
+    + ". The float32 floors are "
     f"{floors['k']:.2g} (keys) and {floors['v']:.2g} (values), and "
     f"{above['k']:.0%} of the fitted key distances and {above['v']:.0%} of the fitted "
     "value distances lie above them"
@@ -280,12 +320,13 @@ book.md(
 # %%
 later = vd.Claim("values stay farther from plane R than keys over the deep loops: "
                  "fp32 Delta, values / keys", "RIPE Sec. 3.2, Table 7",
-                 expects="greater", scale="log-ratio")
+                 expects="greater", scale="log-ratio", minimum=vd.BOOK_MINIMUM["ratio"],
+                 minimum_source=f"{BOOK} for a ratio")
 deep_checks = vd.discrimination(
-    texts, *(vd.above_floor(per_text[f"deep_{X}"], floors[X],
-                            f"the deep-loop {NAME[X]} distances") for X in ("k", "v")))
-verdicts["values later than keys"] = vd.verdict(later, per_text.deep_v, per_text.deep_k,
-                                                discrimination=deep_checks)
+    *(vd.above_floor(per_text[f"deep_{X}"], floors[X],
+                     f"the deep-loop {NAME[X]} distances") for X in ("k", "v")))
+verdicts["values later than keys"] = vd.verdict(
+    later, per_text.deep_v, per_text.deep_k, discrimination=deep_checks, units="texts")
 by_workload = per_text.groupby("workload", sort=False).agg(
     texts=("rho_k", "size"), rho_keys=("rho_k", "median"),
     rho_values=("rho_v", "median"), deep_keys=("deep_k", "median"),
@@ -367,11 +408,13 @@ plt.show()
 for X in "qk":
     claim = vd.Claim(f"values are less mature than {NAMES[X]} at loop 1: cosine to "
                      f"loop R, V minus {KIND[X]}", "DAS Sec. 3.1, Fig. 2 top",
-                     expects="less")
-    checks = vd.discrimination(texts, vd.below_ceiling(
-        np.r_[per_text.cos1_v, per_text[f"cos1_{X}"]], 1.0, "the loop-1 cosine"))
+                     expects="less", minimum=vd.BOOK_MINIMUM["share"],
+                     minimum_source=f"{BOOK} for a cosine")
+    checks = vd.discrimination(vd.below_ceiling(
+        per_text.cos1_v, 1.0, "the loop-1 cosine of the values"))
     verdicts[f"V less mature than {KIND[X]}"] = vd.verdict(
-        claim, per_text.cos1_v, per_text[f"cos1_{X}"], discrimination=checks)
+        claim, per_text.cos1_v, per_text[f"cos1_{X}"], discrimination=checks,
+        units="texts")
 first_loop = pd.DataFrame(
     {f"{model.source} (this run)": {KIND[X]: fp32.maturity[X][0] for X in "qkv"},
      **{f"{n} (DAS)": {KIND[X]: p[X] for X in "qkv"} for n, p in PAPER_DAS.items()}})
@@ -401,9 +444,10 @@ book.md(
 # ## Verdicts
 #
 # Every claim of this chapter: the paired estimate over texts (a mean difference, or a
-# ratio of geometric means) with its 95% bootstrap interval, and the verdict. An
-# *inconclusive* row says why: an interval that contains no difference, or a check that
-# failed (distances at the float floor, cosines at their ceiling, too few texts).
+# ratio of geometric means) with its 95% BCa bootstrap interval, its n, the smallest
+# effect that counts, and the verdict. An *inconclusive* row says why: an interval that
+# crosses no difference or an edge of the no-effect band, or a check that failed
+# (distances at the float floor, cosines at their ceiling, too few texts).
 
 # %%
 book.table(vd.interval_table(verdicts))

@@ -28,15 +28,17 @@ def fixture_model(request) -> tuple[LoopedLM, dict[str, torch.Tensor]]:
 
 
 def random_model(family: str = "huginn", seed: int = 0, **overrides) -> LoopedLM:
-    """A small randomly initialised looped model in float64 (any architecture of any family)."""
+    """A small randomly initialised looped model in float64 (any architecture of any family; Ouro's whole stack of 2
+    layers is its core)."""
+    ouro = family == "ouro"
     params = dict(family=family, vocab_size=50, n_embd=32, n_heads=4, n_kv_heads=4 if family == "huginn" else 2,
-                  n_prelude=1, n_core=2, n_coda=1, intermediate_size=48, block_size=128,
+                  n_prelude=0 if ouro else 1, n_core=2, n_coda=0 if ouro else 1, intermediate_size=48, block_size=128,
                   qk_bias=family == "huginn", rope_base=10000.0 if family == "huginn" else 500000.0,
                   rope_scaling=None if family != "raven" else {
                       "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                       "original_max_position_embeddings": 64, "rope_type": "llama3"},
                   embed_scale=5.0 if family == "huginn" else 1.0, state_std=0.1,
-                  tie_embeddings=family == "huginn", mean_recurrence=6)
+                  tie_embeddings=family == "huginn", mean_recurrence=6, exit_threshold=1.0 if ouro else None)
     params.update(overrides)
     torch.manual_seed(seed)
     model = LoopedLM(LoopedConfig(**params)).double().eval()

@@ -9,7 +9,7 @@ import torch
 from conftest import random_model
 
 from looped_kv.analysis.fits import interaction_effect
-from looped_kv.analysis.verdicts import AGREES, DISAGREES, INCONCLUSIVE
+from looped_kv.analysis.verdicts import AGREES, DISAGREES, IDENTICAL, INCONCLUSIVE, Claim
 from looped_kv.decoding import settings
 from looped_kv.experiments import bench
 
@@ -48,8 +48,8 @@ def test_run_paired_and_summarize():
     model = random_model("huginn", seed=5, mean_recurrence=4)
     methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 2, "block": 3},
                "das-wave": {"method": "das-wave", **SMALL_WAVE}}
-    runs = bench.run_paired(model, prompts(model), methods, max_new_tokens=8, progress=False)
-    assert len(runs) == 9 and runs["same_as_greedy"].all()
+    runs = bench.run_paired(model, prompts(model), methods, max_new_tokens=8, progress=False, repeats=2)
+    assert len(runs) == 9 and runs["same_as_greedy"].all() and (runs["repeats"] == 2).all()
     greedy = runs[runs["method"] == "ar"]
     assert np.allclose(greedy["speed-up"], 1.0) and greedy["A"].isna().all()
     summary = bench.summarize(runs, n_boot=200)
@@ -60,6 +60,10 @@ def test_run_paired_and_summarize():
     assert 1 <= spec["tau"] <= 4 and 0 <= spec["A"] <= 3 and spec["ceiling"] == "tau <= 4"
     assert spec["of ceiling"] == pytest.approx(runs[runs["method"] == "self-spec"]["tau"].mean() / 4)
     assert wave["ceiling"] == "A <= 4" and 0 <= wave["of ceiling"] <= 1
+    wave_rows = runs[runs["method"] == "das-wave"]
+    assert np.allclose(wave_rows["share"], wave_rows["A"] / 4)  # A over the most one verification accepts (w)
+    with pytest.raises(ValueError, match="repeats must be"):
+        bench.run_paired(model, prompts(model), methods, max_new_tokens=8, progress=False, repeats=0)
 
 
 def test_batched_acceptance_equals_decoding_each_prompt_alone():
@@ -81,45 +85,65 @@ def frame(method, values, statistic, ceiling, **extra):
     """Runs of one method: per-prompt A (and tau = G = A + 1 for a sequential drafter)."""
     values = np.asarray(values, dtype=float)
     tau = values + 1 if statistic == "tau" else values
+    extra = {"share": values / (ceiling - 1 if statistic == "tau" else ceiling), **extra}
     return pd.DataFrame({"prompt": range(len(values)), "method": [method] * len(values), "A": values, "G": tau,
                          "tau": tau, "verifications": 4, "statistic": statistic, "ceiling": ceiling,
                          "floor": 1 if statistic == "tau" else 0, **extra})
 
 
-def test_mature_spec_verdicts_check_the_ceiling_first():
+def test_mature_spec_verdicts_check_units_and_ceilings():
     rng = np.random.default_rng(0)
     spec = rng.uniform(1, 3, 40)
     runs = pd.concat([frame("self-spec", spec, "tau", 9), frame("mature-spec", spec + 2, "tau", 9)])
     runs["speed-up"] = np.where(runs["method"] == "mature-spec", 1.5, 1.2) * rng.uniform(0.95, 1.05, 80)
+    runs["repeats"] = 2
     verdicts = bench.mature_spec_verdicts(runs)
     assert verdicts["acceptance"].label == AGREES and verdicts["acceptance"].n == 40
     assert verdicts["speed"].label == AGREES and verdicts["speed"].estimate == pytest.approx(1.25, rel=0.05)
     slower = runs.assign(**{"speed-up": np.where(runs["method"] == "mature-spec", 0.8, 1.2)})
     assert bench.mature_spec_verdicts(slower)["speed"].label == DISAGREES
-    saturated = pd.concat([frame("self-spec", np.full(40, 8.0), "tau", 9), frame("mature-spec", np.full(40, 8.0),
-                                                                                 "tau", 9)])
-    saturated["speed-up"] = 1.0
-    for v in bench.mature_spec_verdicts(saturated).values():
-        assert v.label == INCONCLUSIVE and "within 5% of its ceiling 9" in v.reason
+    near = rng.uniform(7.8, 8.0, 40)  # both arms near tau = 9: no difference, but no room for one either
+    saturated = pd.concat([frame("self-spec", near, "tau", 9), frame("mature-spec", near + rng.normal(0, 0.01, 40),
+                                                                     "tau", 9)]).assign(**{"speed-up": 1.0})
+    v = bench.mature_spec_verdicts(saturated)["acceptance"]
+    assert v.label == INCONCLUSIVE and "within 5% of its ceiling 9" in v.reason
+    assert bench.mature_spec_verdicts(saturated.assign(repeats=2))["speed"].label == IDENTICAL
     few = runs[runs["prompt"] < 8]
-    assert "8 prompts, fewer than 32" in bench.mature_spec_verdicts(few)["acceptance"].reason
+    assert "too few units (8 prompts" in bench.mature_spec_verdicts(few)["acceptance"].reason
     with pytest.raises(ValueError, match="same gamma"):
         bench.mature_spec_verdicts(pd.concat([frame("self-spec", spec, "tau", 9), frame("mature-spec", spec, "tau",
                                                                                         5)]))
 
 
-def test_a_verdict_on_das_wave_needs_its_a_below_w():
+def test_a_speed_verdict_needs_16_prompts_timed_in_interleaved_repeats():
+    """Chapter 5 printed "agrees" on 4 timed prompts, each timed once (bench.speed_verdict ran no unit check)."""
+    rng = np.random.default_rng(3)
+    spec = rng.uniform(1, 3, 16)
+    runs = pd.concat([frame("self-spec", spec, "tau", 9), frame("mature-spec", spec + 2, "tau", 9)])
+    runs["speed-up"] = np.where(runs["method"] == "mature-spec", 1.5, 1.2) * rng.uniform(0.95, 1.05, 32)
+    assert bench.speed_verdict(bench.MATURE_SPEC_FASTER, runs.assign(repeats=2), "mature-spec",
+                               "self-spec").label == AGREES
+    once = bench.speed_verdict(bench.MATURE_SPEC_FASTER, runs.assign(repeats=1), "mature-spec", "self-spec")
+    assert once.label == INCONCLUSIVE and "timed 1 time(s) each" in once.reason
+    four = runs[runs["prompt"] < 4].assign(repeats=2)
+    v = bench.speed_verdict(bench.MATURE_SPEC_FASTER, four, "mature-spec", "self-spec")
+    assert v.label == INCONCLUSIVE and v.reason.startswith("too few units (4 timed prompts")
+
+
+def test_arms_with_different_ceilings_are_not_compared_by_raw_a():
+    """DAS-Wave's A <= 25 against Mature-Spec's A <= 8 "agreed" by construction."""
     rng = np.random.default_rng(1)
     mature = frame("mature-spec", rng.uniform(1, 4, 40), "tau", 9)
-    for wave_a, label in ((rng.uniform(10, 15, 40), AGREES), (np.full(40, 24.9), INCONCLUSIVE)):
-        runs = pd.concat([mature, frame("das-wave", wave_a, "A", 25)])
-        v = bench.acceptance_verdict(bench.WAVE_ACCEPTS_MORE, runs, "das-wave", "mature-spec")
-        assert v.label == label
-    assert "A of DAS-Wave is 24.9, within 5% of its ceiling 25" in v.reason
-    # Mature-Spec at its ceiling (8 of 8 drafts) can still be beaten by DAS-Wave's 25 proposals
-    full = pd.concat([frame("mature-spec", np.full(40, 8.0), "tau", 9),
-                      frame("das-wave", rng.uniform(10, 15, 40), "A", 25)])
-    assert bench.acceptance_verdict(bench.WAVE_ACCEPTS_MORE, full, "das-wave", "mature-spec").label == AGREES
+    wave = frame("das-wave", rng.uniform(10, 15, 40), "A", 25)
+    runs = pd.concat([mature, wave])
+    claim = bench.MATURE_SPEC_ACCEPTS_MORE
+    with pytest.raises(ValueError, match=r"different ceilings.*statistic=.share."):
+        bench.acceptance_verdict(claim, runs, "das-wave", "mature-spec")
+    shares = Claim("DAS-Wave fills more of its ceiling", "test", minimum=0.05, minimum_source="test")
+    share = bench.acceptance_verdict(shares, runs, "das-wave", "mature-spec", statistic="share")
+    assert share.n == 40 and share.estimate == pytest.approx((wave["A"] / 25 - mature["A"] / 8).mean())
+    with pytest.raises(ValueError, match="statistic must be"):
+        bench.acceptance_verdict(claim, runs, "das-wave", "mature-spec", statistic="tau")
 
 
 def test_factorial_cells_and_interaction_verdict():

@@ -6,14 +6,28 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv import huginn_0125, m_deep, m_full, m_ripe, make_policy, memory_table, papers, policy_bytes, raven_llama
+from looped_kv import (
+    huginn_0125,
+    m_deep,
+    m_full,
+    m_ripe,
+    make_policy,
+    memory_table,
+    ouro_1_4b,
+    ouro_2_6b,
+    papers,
+    policy_bytes,
+    raven_llama,
+    raven_tinyllama,
+)
 from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.decoding.greedy import greedy
+from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.config import raven_olmo
 from looped_kv.runtime.memory import layer_token_bytes
 from looped_kv.runtime.policy import make_prefix_reads
 
-FAMILIES = ["huginn", "raven", "raven-olmo"]
+FAMILIES = ["huginn", "raven", "raven-olmo", "ouro"]
 
 
 def per_token_kb(config, cache):
@@ -37,6 +51,32 @@ def test_per_token_memory_of_raven_olmo():
     assert layer_token_bytes(config) == 8192 == 4 * layer_token_bytes(raven_llama())
     assert round(per_token_kb(config, "full"), 1) == 1638.4
     assert round(per_token_kb(config, "deepest"), 1) == 114.7
+
+
+def test_presets_are_the_papers_checkpoints():
+    """DAS Table 3's layer split and R for every preset of its four checkpoints."""
+    presets = {papers.HUGINN: huginn_0125(), papers.RAVEN_LLAMA: raven_llama(), papers.RAVEN_OLMO: raven_olmo(),
+               papers.RAVEN_TINYLLAMA: raven_tinyllama()}
+    for name, config in presets.items():
+        assert (config.n_prelude, config.n_core, config.n_coda, config.mean_recurrence) == papers.DAS_TABLE_3[name]
+
+
+def test_per_token_memory_of_raven_tinyllama_and_ouro():
+    """Eq. (3) on the new presets, in bf16. Raven-TinyLlama: 4 KV heads of width 64 make b = 2 x 4 x 64 x 2 = 1,024 B,
+    so the full cache at R = 32 holds (4 + 4 + 32 x 8) b = 270,336 B per token and the deepest plane (4 + 4 + 8) b =
+    16,384 B. Ouro-1.4B: 16 KV heads of width 128 make b = 8,192 B; no prelude or coda, so the full cache at its R = 4
+    holds 4 x 24 b = 786,432 B and the deepest plane (Ouro's last loop) 24 b = 196,608 B, a quarter; Ouro-2.6B twice
+    both. The caches allocate exactly these bytes."""
+    tiny_llama, ouro, ouro_big = raven_tinyllama(), ouro_1_4b(), ouro_2_6b()
+    assert layer_token_bytes(tiny_llama) == 1024 and layer_token_bytes(ouro) == layer_token_bytes(ouro_big) == 8192
+    assert m_full(tiny_llama, 1) == 270_336 and m_deep(tiny_llama, 1) == 16_384
+    assert m_full(ouro, 1) == 786_432 == 4 * m_deep(ouro, 1) and m_deep(ouro, 1) == 196_608
+    assert m_full(ouro_big, 1) == 2 * m_full(ouro, 1) and m_deep(ouro_big, 1) == 2 * m_deep(ouro, 1)
+    assert m_ripe(ouro, 1024, 64) == m_deep(ouro, 1024) + 8192 * 24 * 3 * 64  # Eq. (10): b n_core (R - 1) W
+    for config in (tiny_llama, ouro):
+        for policy in (make_policy("full", config.mean_recurrence), make_policy("deepest", config.mean_recurrence)):
+            cache = PlaneCache(config, policy, batch=1, capacity=3, dtype=torch.bfloat16, device="meta")
+            assert cache.allocated_bytes == policy_bytes(config, policy, 3, torch.bfloat16)
 
 
 def test_table_2_reproduced_from_configs():

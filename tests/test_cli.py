@@ -23,16 +23,17 @@ HELP = {
     ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--block", "--prefix-reads", "--inexact",
                     "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
     ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--draft-loops", "--block", "--model",
-                 "--quiet", "Mature-Spec beats self-speculation"],
+                 "--repeats", "--quiet", "Mature-Spec beats self-speculation"],
     ("batched",): ["looped-kv batched", "--batch-sizes", "--max-new-tokens", "--draft-loops", "--block", "--budget-mb",
                    "--memory-batch-sizes", "--fit-on", "--device"],
     ("memory",): ["--model", "--context", "--dtype", "--num-loops", "--windows", "--batch-size"],
     ("batch",): ["freeze", "run", "verify", "compare", "ledger"],
     ("batch", "freeze"): ["spec", "--out", "--force", "regions", "windows"],
-    ("batch", "run"): ["table", "--out", "--device", "--threads", "--quiet", "torchrun", "OMP_NUM_THREADS"],
-    ("batch", "verify"): ["archives", "MANIFEST.sha256"],
+    ("batch", "run"): ["table", "--out", "--device", "--threads", "--quiet", "torchrun", "OMP_NUM_THREADS",
+                       "--key-file"],
+    ("batch", "verify"): ["archives", "MANIFEST.sha256", "--key-file", "unkeyed manifest"],
     ("batch", "compare"): ["first", "second", "torchrun", "identical", "largest", "Exit status"],
-    ("batch", "ledger"): ["archives", "Appendix B"],
+    ("batch", "ledger"): ["archives", "Appendix B", "--key-file"],
 }
 
 
@@ -98,6 +99,7 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["bench", "--device", "cuda:99"], "--device 'cuda:99'"),
     (["bench", "--prompts", "1"], "--prompts must be >= 2 (paired intervals need two prompts), got 1"),
     (["bench", "--block", "0"], "--block must be >= 1, got 0"),
+    (["bench", "--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["bench", "--methods", "greedy"], "argument --methods: invalid choice: 'greedy'"),
     (["bench", "--model", "./no-such-folder"], "--model './no-such-folder'"),
     pytest.param(["generate", "--device", "cuda", "hi"], "--device 'cuda': no cuda device is available",
@@ -133,6 +135,21 @@ def test_memory_prints_the_plane_bytes_of_raven_olmo(capsys):
            "full cache 1,638,400, deepest plane 114,688" in out
 
 
+@pytest.mark.parametrize("model, line", [
+    ("ouro-1.4b", "KV bytes per token: 8,192 per layer (b = 2 H_kv d_h x 2), one plane 196,608 (24 core layers), "
+                  "full cache 786,432, deepest plane 196,608"),
+    ("ouro-2.6b", "one plane 393,216 (48 core layers), full cache 1,572,864, deepest plane 393,216"),
+    ("raven-tinyllama", "KV bytes per token: 1,024 per layer (b = 2 H_kv d_h x 2), one plane 8,192 (8 core layers), "
+                        "full cache 270,336, deepest plane 16,384"),
+])
+def test_memory_of_ouro_and_raven_tinyllama(capsys, model, line):
+    """Eq. (3) per token (tests/test_cache.py derives these bytes); Ouro has no prelude or coda, R = 4."""
+    assert main(["memory", "--model", model, "--windows", "64"]) == 0
+    out = capsys.readouterr().out
+    assert line in out
+    assert ("R = 4, 0/" if model.startswith("ouro") else "R = 32, 4/8/4") in out
+
+
 def test_memory_num_loops_is_used(capsys):
     assert main(["memory", "--model", "huginn-0125", "--num-loops", "3", "--windows", "64"]) == 0
     assert "R = 3," in capsys.readouterr().out
@@ -166,7 +183,7 @@ def test_bench_prints_speedups_ceilings_and_the_mature_spec_verdicts(model_sourc
                  "4", "--methods", "ar", "self-spec", "mature-spec", "--quiet", "--modes", "eager"]) == 0
     out = capsys.readouterr().out
     for text in ("speed-up", "of ceiling", "greedy", "self-spec", "Mature-Spec", "2/2", "tau <= 5",
-                 "Mature-Spec beats self-speculation, acceptance: inconclusive", "2 prompts, fewer than 32",
+                 "Mature-Spec beats self-speculation, acceptance: inconclusive", "too few units (2 prompts",
                  "Mature-Spec beats self-speculation, speed: "):
         assert text in out, text
 

@@ -14,6 +14,7 @@ from looped_kv.analysis.depth import (
     answer_accuracy,
     answer_hits,
     depth_bucket,
+    depth_stops_paying,
     encode_chains,
     encode_texts,
     loss_by_loops,
@@ -76,6 +77,24 @@ def test_answer_hits_and_accuracy(tiny):
 
 
 def test_depth_bucket():
-    assert [depth_bucket(d) for d in (1, 2, 3, 4, 6, 7, 20)] == ["1", "2-3", "2-3", "4-6", "4-6", "7+", "7+"]
-    with pytest.raises(ValueError, match="depth must be >= 1"):
-        depth_bucket(0)
+    depths = (1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 17, 24, 25, 32)
+    assert [depth_bucket(d) for d in depths] == [
+        "1-2", "1-2", "3-4", "3-4", "5-8", "5-8", "9-12", "9-12", "13-16", "13-16", "17-24", "17-24", "25-32", "25-32"]
+    for bad in (0, 33):
+        with pytest.raises(ValueError, match=r"depth must be in 1\.\.32"):
+            depth_bucket(bad)
+
+
+def test_depth_stops_paying_where_no_deeper_count_gains_the_gate():
+    """Chapter 1 states where depth stops paying: the first count no deeper count improves on by the gate's gain."""
+    curve = pd.Series({1: 3.0, 2: 2.5, 4: 2.3, 8: 2.27, 16: 2.26, 32: 2.29})
+    assert depth_stops_paying(curve, 0.05) == 4  # from 4 loops the best deeper count gains 2.3 - 2.26 = 0.04
+    assert depth_stops_paying(curve, 0.02) == 8 and depth_stops_paying(curve, 0.005) == 16
+    assert depth_stops_paying(curve.iloc[::-1], 0.05) == 4  # the order of the index does not matter
+    rising = pd.Series({1: 2.0, 4: 2.1, 16: 2.2})  # the loss rises with depth: one loop is as good as it gets
+    assert depth_stops_paying(rising, 0.05) == 1
+    assert depth_stops_paying(pd.Series({1: 3.0, 4: 2.0, 16: 1.0}), 0.05) == 16  # every count still pays
+    with pytest.raises(ValueError, match="gain must be"):
+        depth_stops_paying(curve, 0.0)
+    with pytest.raises(ValueError, match="curve must hold finite"):
+        depth_stops_paying(pd.Series({1: float("nan")}), 0.05)

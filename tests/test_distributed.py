@@ -35,7 +35,7 @@ def test_records_are_ordered_independently_of_the_shards(tmp_path):
     records = [{"prompt": p, "arm": a, "position": t} for p in range(3) for a in ("reference", "same", "spec")
                for t in range(2)]
     shuffled = random.Random(0).sample(records, len(records))
-    assert batches._order(spec, shuffled) == records
+    assert batches.order_records(spec, shuffled) == records
 
 
 def reduced_windows(folder: Path, prompts: int = 3) -> Path:

@@ -28,6 +28,7 @@ from looped_kv.analysis.fits import (
     fidelity_label,
     fit_floor,
     fit_geometric,
+    fit_loop_range,
     floor_model,
     half_life,
     interaction_effect,
@@ -81,7 +82,11 @@ def test_fit_geometric_recovers_rho_and_c():
 def test_fit_geometric_default_range_follows_num_loops():
     loops = np.arange(1, 16)
     fit = fit_geometric(loops, 0.2 * 0.7**loops, num_loops=16)
-    assert fit.loop_range == (8, 15) and fit.rho == pytest.approx(0.7)
+    assert fit.loop_range == (4, 15) and fit.rho == pytest.approx(0.7)  # Table 7's 8..31, scaled to R
+    assert fit_loop_range(32) == (8, 31) and fit_loop_range(4) == (1, 3)  # Ouro's R = 4: three loops
+    assert fit_geometric(np.arange(1, 4), 0.2 * 0.7 ** np.arange(1, 4), num_loops=4).loop_range == (1, 3)
+    with pytest.raises(ValueError, match="num_loops must be >= 3"):
+        fit_loop_range(2)
 
 
 def test_fit_floor_recovers_delta_inf_from_bf16_like_data():

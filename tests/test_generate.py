@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
+
 import pytest
 import torch
 from conftest import random_model
@@ -87,12 +89,19 @@ def test_chapter_model_measures_without_cudnn_attention_on_a_gpu(monkeypatch):
 
     calls, loads = [], []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Namespace(name="A100", total_memory=42e9))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0))
     monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
     monkeypatch.setattr(book, "load", lambda source, dtype, device: loads.append((source, dtype, device)))
     for name in ("LOOPED_KV_DTYPE", "LOOPED_KV_MODEL", "LOOPED_KV_THREADS"):
         monkeypatch.delenv(name, raising=False)
     book.chapter_model()
     assert calls == [False] and loads == [("tiny", torch.bfloat16, "cuda")]
+    monkeypatch.setenv("LOOPED_KV_MODEL", "ouro-1.4b")  # a published model's name: its hub id
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (7, 5))  # a T4: no native bfloat16
+    book.chapter_model()
+    assert loads[-1] == ("ByteDance/Ouro-1.4B", torch.float16, "cuda")
+    monkeypatch.delenv("LOOPED_KV_MODEL")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     book.chapter_model()
-    assert calls == [False] and loads[-1] == ("tiny", torch.float32, "cpu")
+    assert calls == [False, False] and loads[-1] == ("tiny", torch.float32, "cpu")

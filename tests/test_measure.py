@@ -191,7 +191,7 @@ def test_channel_verdict_pairs_prompts_and_checks_the_ceiling():
     ceiling = frame.assign(agreement=np.where(frame["read"] == "deep-k", 0.99, 0.996))
     saturated = channel_verdict(ceiling)
     assert saturated.label == INCONCLUSIVE and "agreement of deep-k drafts at d = 1" in saturated.reason
-    assert "fewer than 32" in channel_verdict(frame[frame["prompt"] < 10]).reason
+    assert "too few units (10 prompts" in channel_verdict(frame[frame["prompt"] < 10]).reason
     with pytest.raises(ValueError, match="d must be one of"):
         channel_verdict(frame, d=2)
     with pytest.raises(ValueError, match="b must be one of"):
@@ -474,14 +474,14 @@ def test_kl_by_prompt_and_kl_ratio_verdict():
     assert kl_by_prompt(records, "a").to_dict() == pytest.approx({0: 0.255, 1: 0.1})
     with pytest.raises(ValueError, match="no records"):
         kl_by_prompt(records, "c")
-    claim = verdicts.Claim("a exceeds b", "test", "greater", "log-ratio")
+    claim = verdicts.Claim("a exceeds b", "test", "greater", "log-ratio", minimum=2, minimum_source="test")
     rng = np.random.default_rng(0)
     reference = rng.uniform(1e-6, 2e-6, 40)
     higher = kl_ratio_verdict(claim, 3 * reference, reference, ("a", "b"))
     assert higher.label == verdicts.AGREES and higher.estimate == pytest.approx(3.0)
     assert higher.n == 40
     few = kl_ratio_verdict(claim, 3 * reference[:10], reference[:10], ("a", "b"))
-    assert few.label == verdicts.INCONCLUSIVE and "fewer than 32" in few.reason
+    assert few.label == verdicts.INCONCLUSIVE and "too few units (10 prompts" in few.reason
     at_floor = np.where(np.arange(40) < 30, 0.0, reference)  # most prompts below the resolution
     floored = kl_ratio_verdict(claim, 3 * reference, at_floor, ("a", "b"))
     assert floored.label == verdicts.INCONCLUSIVE and "float floor" in floored.reason
@@ -490,6 +490,6 @@ def test_kl_by_prompt_and_kl_ratio_verdict():
     assert with_nan.n == 40
     assert KL_RESOLUTION > 0
     with pytest.raises(ValueError, match="log-ratio"):
-        kl_ratio_verdict(verdicts.Claim("x", "y"), reference, reference, ("a", "b"))
+        kl_ratio_verdict(verdicts.Claim("x", "y", minimum=1, minimum_source="test"), reference, reference, ("a", "b"))
     with pytest.raises(ValueError, match="paired per prompt"):
         kl_ratio_verdict(claim, reference, reference[:3], ("a", "b"))

@@ -320,6 +320,18 @@ def test_ripe_section_5(ripe):
     assert f"within {100 * table1['acceptance, held-out error']:.0f}%" in ripe
 
 
+def test_ripe_minimum_effects(ripe):
+    """The smallest effects the book takes from RIPE are its pre-registered thresholds, as printed."""
+    ledger = _after(ripe, "Table 6. Pre-registered predictions and outcomes", "F ITTED PARAMETERS")
+    t6 = papers.RIPE_TABLE_6_THRESHOLDS
+    assert f"+ ≥ {t6['tau gain of the deepest plane']} (shared)" in ledger
+    assert f"shared ≥ {t6['fixed-memory gain of one shared slot']}×" in ledger
+    assert f"deep coefficient ≥ {t6['deep coefficient b']} (bf16)" in ledger
+    assert f"changes the ratio by > {t6['reference asymmetry']:.0%}" in ledger
+    assert papers.RIPE_SEC_3_2_EQ_6_FACTOR == 2 and "The agreement is to within a factor of two, not better" in ripe
+    assert f"threshold of {papers.RIPE_SEC_5_2['block dependence threshold']}" in ripe
+
+
 DAS_NAMES = {papers.HUGINN: "Huginn", papers.RAVEN_LLAMA: "Raven Llama", papers.RAVEN_OLMO: "Raven OLMo",
              papers.RAVEN_TINYLLAMA: "Raven TinyLlama"}
 

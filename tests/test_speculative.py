@@ -55,7 +55,7 @@ def test_tiny_model_speculation_is_greedy(tiny64, workload, cache):
             assert out.verifications >= 1
 
 
-@pytest.mark.parametrize("family", ["huginn", "raven", "raven-olmo"])
+@pytest.mark.parametrize("family", ["huginn", "raven", "raven-olmo", "ouro"])
 def test_random_models_speculation_is_greedy(family):
     model = random_model(family, seed=7)
     generator = torch.Generator().manual_seed(1)
@@ -71,7 +71,7 @@ def cache_state(cache):
     return [t.clone() for t in (*cache.edge, *cache.core, *cache.ring)]
 
 
-@pytest.mark.parametrize("family", ["huginn", "raven", "raven-olmo"])
+@pytest.mark.parametrize("family", ["huginn", "raven", "raven-olmo", "ouro"])
 @pytest.mark.parametrize("window, block", [(4, 4), (6, 3), (0, 3)])
 def test_proposition_1(family, window, block):
     """RIPE Proposition 1: with W >= gamma, one batched pass over gamma + 1 tokens gives the logits and the

@@ -3,7 +3,8 @@
 These are the measurements behind the tiny model's gates and the book's training page:
 
 * :func:`loss_by_loops`: mean next-token loss of teacher-forced texts after R loops, and
-  :func:`loss_by_text` the same per text (paired measurements for a verdict);
+  :func:`loss_by_text` the same per text (paired measurements for a verdict); :func:`depth_stops_paying`:
+  the loop count from which no deeper count lowers the mean loss by a gain that counts;
 * :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.workloads.data.chain_programs`),
   how often the argmax after ``x?`` is x's value, and its loss, by R and by the binding depth;
   :func:`answer_hits` gives the same per query;
@@ -14,6 +15,7 @@ These are the measurements behind the tiny model's gates and the book's training
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,8 +30,9 @@ from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads.data import ChainProgram
 
-#: Depth buckets of chain queries: one lookup, a few, many.
-DEPTH_BUCKETS = {"1": (1, 1), "2-3": (2, 3), "4-6": (4, 6), "7+": (7, 10**6)}
+#: Depth buckets of chain queries, by the serial steps their answers need.
+DEPTH_BUCKETS = {"1-2": (1, 2), "3-4": (3, 4), "5-8": (5, 8), "9-12": (9, 12), "13-16": (13, 16),
+                 "17-24": (17, 24), "25-32": (25, 32)}
 
 
 def _pad(rows: Sequence[Sequence[int]], fill: int) -> tuple[Tensor, Tensor]:
@@ -101,7 +104,23 @@ def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tenso
         logits = model(ids[:, :-1], num_loops=R).float()
         nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         out[R] = ((nll * keep).sum(1) / keep.sum(1)).cpu().numpy()
+        del logits, nll  # freed before the next forward, which would otherwise hold them beside its own
     return pd.DataFrame(out).rename_axis(index="text", columns="loops")
+
+
+def depth_stops_paying(curve: pd.Series, gain: float) -> int:
+    """The loop count from which more loops stop paying: the smallest measured count r whose mean loss no deeper
+    count lowers by ``gain`` nats or more (``curve``: mean loss indexed by loop count, as a column of
+    :func:`loss_by_text`'s means). ``gain`` is the smallest gain that counts: the training gate's
+    (:mod:`looped_kv.tiny.gates`). The deepest count is returned when every count before it still pays."""
+    if not (math.isfinite(gain) and gain > 0):
+        raise ValueError(f"gain must be a finite number of nats > 0, got {gain}")
+    if curve.empty or not np.isfinite(curve.to_numpy(dtype=float)).all():
+        raise ValueError(f"curve must hold finite mean losses, got {curve.to_dict()}")
+    curve = curve.sort_index()
+    loss = curve.to_numpy(dtype=float)
+    paying = [loss[i] - loss[i + 1:].min() >= gain for i in range(len(loss) - 1)]
+    return int(curve.index[paying.index(False) if False in paying else len(loss) - 1])
 
 
 @dataclass(frozen=True)
@@ -142,7 +161,8 @@ def depth_bucket(depth: int) -> str:
     for name, (lo, hi) in DEPTH_BUCKETS.items():
         if lo <= depth <= hi:
             return name
-    raise ValueError(f"depth must be >= 1, got {depth}")
+    top = max(hi for _, hi in DEPTH_BUCKETS.values())
+    raise ValueError(f"depth must be in 1..{top}, got {depth}")
 
 
 @torch.no_grad()
@@ -184,7 +204,7 @@ def state_changes(model: LoopedLM, ids: Tensor, num_loops: int, real: Tensor | N
     positions = torch.arange(ids.shape[1], device=model.device)
     router = CausalRouter()
     embedded = model.embed(ids, positions, router)
-    state = model.initial_state(positions, ids.shape[0])
+    state = model.initial_state(positions, ids.shape[0], tokens=ids)
     keep = torch.ones_like(ids, dtype=torch.bool) if real is None else real.to(model.device)
     medians = []
     for r in range(1, num_loops + 1):

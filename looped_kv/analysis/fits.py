@@ -87,7 +87,7 @@ def _loop_selection(loops: ArrayLike, delta: ArrayLike, num_loops: int, loop_ran
     r = _vector("loops", loops)
     dist = _vector(delta_name, delta)
     _same_length(loops=r, **{delta_name: dist})
-    low, high = loop_range if loop_range is not None else (8, num_loops - 1)
+    low, high = loop_range if loop_range is not None else fit_loop_range(num_loops)
     if low > high:
         raise ValueError(f"loop_range must be (low, high) with low <= high, got {loop_range}")
     keep = (r >= low) & (r <= high)
@@ -120,7 +120,7 @@ def fit_geometric(loops: ArrayLike, delta: ArrayLike, num_loops: int = 32,
                   loop_range: tuple[int, int] | None = None) -> GeometricFit:
     """Fit Delta_r = c rho^r to the fp32 distances of loop r's plane to plane R (RIPE Sec. 3.2, Table 7).
 
-    ``loop_range`` defaults to the paper's loops 8 to R - 1.
+    ``loop_range`` defaults to the paper's loops 8 to R - 1, scaled to R (:func:`fit_loop_range`).
     """
     r, dist, chosen = _loop_selection(loops, delta, num_loops, loop_range, "delta")
     slope, intercept = np.polyfit(r, np.log(dist), 1)
@@ -150,7 +150,7 @@ class DecayLaws:
 
 def decay_laws(loops: ArrayLike, delta: ArrayLike, num_loops: int = 32, loop_range: tuple[int, int] | None = None,
                floor: float = 0.0) -> DecayLaws:
-    """Fit c rho^r and s r^-k to one curve of Delta_r (default loops 8 to R - 1, as Table 7 fits c rho^r).
+    """Fit c rho^r and s r^-k to one curve of Delta_r (default :func:`fit_loop_range`, as Table 7 fits c rho^r).
 
     Distances at or below ``floor`` (a float floor, >= 0) enter the fits at the floor, as the KL rows at the
     floor enter the sensitivity regression. Unlike
@@ -200,6 +200,14 @@ def fit_floor(loops: ArrayLike, delta_bf16: ArrayLike, rho: float, c: float, num
     result = least_squares(residual, x0=[np.log(dist.min())], method="lm")
     return FloorFit(delta_inf=float(np.exp(result.x[0])),
                     max_abs_log_residual=float(np.max(np.abs(residual(result.x)))))
+
+
+def fit_loop_range(num_loops: int = 32) -> tuple[int, int]:
+    """The loops RIPE Table 7 fits c rho^r over (inclusive): 8..31 for R = 32, round(8 R / 32)..R - 1 in general,
+    at least two loops (1..3 for Ouro's R = 4)."""
+    if num_loops < 3:
+        raise ValueError(f"num_loops must be >= 3 for a fit over two loops below R, got {num_loops}")
+    return min(max(round(8 * num_loops / 32), 1), num_loops - 2), num_loops - 1
 
 
 def deep_loop_range(num_loops: int = 32) -> range:

@@ -25,7 +25,16 @@ from torch import Tensor
 from looped_kv.analysis.replay import KL_RESOLUTION as KL_RESOLUTION  # the one KL function and its resolution
 from looped_kv.analysis.replay import kl
 from looped_kv.analysis.teacher_forcing import check_depths, draft_readouts, force
-from looped_kv.analysis.verdicts import Claim, Verdict, below_ceiling, discrimination, enough_units, varies, verdict
+from looped_kv.analysis.verdicts import (
+    BOOK_MINIMUM,
+    Claim,
+    Verdict,
+    below_ceiling,
+    discrimination,
+    enough_units,
+    varies,
+    verdict,
+)
 from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_passes
 from looped_kv.decoding.loop import DecodeView, Observer, Outcome, decode
 from looped_kv.runtime.model import LoopedLM
@@ -33,7 +42,8 @@ from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
 
 #: DAS Sec. 3.1 and Table 6: at draft depth 1, mature prefix values help a shallow draft more than mature keys.
 MATURE_V_CLAIM = Claim("at d = 1, drafts reading full-depth prefix values (deep V) agree with the target more "
-                       "often than drafts reading full-depth prefix keys (deep K)", "DAS Sec. 3.1, Table 6")
+                       "often than drafts reading full-depth prefix keys (deep K)", "DAS Sec. 3.1, Table 6",
+                       minimum=BOOK_MINIMUM["share"], minimum_source="the book's smallest effect for a share")
 
 
 def _check_prompt_length(prompt_length: int, n: int, least: int = 1) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from looped_kv import profiles
 from looped_kv.decoding.settings import DasWave, SelfSpec
 from looped_kv.profiles import Profile
 from looped_kv.runtime.config import LoopedConfig
@@ -42,8 +43,11 @@ def parameter_count(config: LoopedConfig) -> int:
 
 
 def weights(config: LoopedConfig, dtype: str | torch.dtype) -> int:
-    """Bytes of the weights in ``dtype``, with the rotary tables."""
+    """Bytes of the weights in ``dtype``, with the rotary tables and the table of initial states of the first
+    1,024 positions (the first block of :meth:`LoopedLM._state_table`; Ouro starts from the embedding and has none)."""
     tables = 2 * config.block_size * (config.head_dim // 2) * _bytes(dtype)
+    if not config.looped_stack:
+        tables += 1024 * config.n_embd * _bytes(dtype)
     return parameter_count(config) * _bytes(dtype) + tables
 
 
@@ -79,6 +83,12 @@ def forward_peak(config: LoopedConfig, rows: int, tokens: int, dtype: str | torc
     head = B * n * config.vocab_size * m if m not in (4, 8) else 0
     readout = B * n * d * (m + 8) + head + logits(config, B, n, dtype)
     return max(layer, readout)
+
+
+def kl_work(config: LoopedConfig, rows: int, positions: int) -> int:
+    """The float64 arrays of a KL per position over rows x positions (:func:`~looped_kv.analysis.replay.
+    kl_per_position`): both log-softmaxes, an exp, a difference and their product."""
+    return 5 * rows * positions * config.vocab_size * 8
 
 
 def kv_cache(config: LoopedConfig, rows: int, tokens: int, num_loops: int, dtype: str | torch.dtype) -> int:
@@ -143,9 +153,15 @@ def decode_step(config: LoopedConfig, rows: int, prompt: int, new: int, dtype: s
     R = config.mean_recurrence
     policy = policy or make_policy("full", R)
     capacity = prompt + new + (block + 1 if block else 0)
+    prefill = forward_peak(config, rows, prompt, dtype)
     held = [Held(f"{policy.name} cache, {rows} x {capacity} tokens",
-                 rows * policy_bytes(config, policy, capacity, _bytes(dtype))),
-            Held(f"prefill of {rows} x {prompt} tokens", forward_peak(config, rows, prompt, dtype))]
+                 rows * policy_bytes(config, policy, capacity, _bytes(dtype)))]
+    if block:  # a block's pass reads the cache with an explicit float32 softmax (attend_segments)
+        verify = forward_peak(config, rows, block + 1, dtype, softmax_dtype="float32", reads=capacity)
+        held.append(Held(f"prefill of {rows} x {prompt} tokens, or a pass of {block + 1} over the cache",
+                         max(prefill, verify)))
+    else:
+        held.append(Held(f"prefill of {rows} x {prompt} tokens", prefill))
     if block:
         held.append(Held(f"block buffer, {rows} x {block + 1} tokens", kv_cache(config, rows, block + 1, R, dtype)))
     return tuple(held)
@@ -190,17 +206,23 @@ def ch02(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     steps = []
     for i, dtype in enumerate(p.replay_dtypes):
         kinds = "qkv"  # k and v for Delta_r, and q, k, v for the maturity
-        planes = Held(f"{dtype} records ({kinds}, {R} loops)", records(config, rows, n, R, kinds, dtype), where)
+        planes = Held(f"{dtype} records ({kinds}, {R} loops) and logits",
+                      records(config, rows, n, R, kinds, dtype) + logits(config, rows, n, dtype), where)
         steps.append(Step(f"{dtype} replay of {rows} texts x {n} tokens",
                           (*base, *_copy(config, m, dtype), planes,
                            Held(f"{dtype} replay", forward_peak(config, rows, n, dtype, softmax_dtype="float32")))))
-        if i == 0 and p.exact_dtype:  # the copy cast in place to float64 and replayed beside the reference's planes
+        if i == 0 and p.exact_dtype:  # the copy (or the model) cast in place to float64, replayed beside its planes
+            cast = (Held(f"{p.exact_dtype} weights (the model, cast in place)", weights(config, p.exact_dtype)),) \
+                if dtype == m else (*base, Held(f"{p.exact_dtype} weights (the copy, cast in place)",
+                                                weights(config, p.exact_dtype)))
             steps.append(Step(f"{p.exact_dtype} replay (the float floor)", (
-                *base, Held(f"{p.exact_dtype} weights (the copy, cast in place)", weights(config, p.exact_dtype)),
+                *cast,
                 planes, Held(f"{p.exact_dtype} records (kv, {R} loops)",
                              records(config, rows, n, R, "kv", p.exact_dtype), where),
-                Held(f"{p.exact_dtype} replay", forward_peak(config, rows, n, p.exact_dtype,
-                                                            softmax_dtype="float64")))))
+                Held(f"{p.exact_dtype} replay, then its logits and the rounding's work (three {p.exact_dtype} prefix "
+                     f"planes of one loop)", max(forward_peak(config, rows, n, p.exact_dtype, softmax_dtype="float64"),
+                                                 logits(config, rows, n, p.exact_dtype)
+                                                 + 3 * records(config, rows, n - p.decoded, 1, "k", p.exact_dtype))))))
     texts = 3 * p.texts_per_workload
     sizes = f"{texts} texts x {n} tokens, {rows} per replay; records on {where}; {', '.join(p.replay_dtypes)}"
     return ChapterPlan("ch02", sizes, tuple(steps))
@@ -220,8 +242,10 @@ def ch03(config: LoopedConfig, profile: Profile) -> ChapterPlan:
                 (*base, *_copy(config, m, p.arm_dtype), exact_logits,
                  Held(f"{p.arm_dtype} records (kv, {R} loops)", records(config, rows, n, R, "kv", p.arm_dtype), where),
                  Held(f"{p.arm_dtype} reference logits", logits(config, rows, n)),
-                 Held("arm forward (a substituted query reads the prefix planes and its own: 2n keys)",
-                      forward_peak(config, rows, n, p.arm_dtype, softmax_dtype="float32", reads=2 * n))))
+                 Held("arm forward (a substituted query reads the prefix planes and its own: 2n keys), then its "
+                      "logits and their KL", max(forward_peak(config, rows, n, p.arm_dtype, softmax_dtype="float32",
+                                                              reads=2 * n),
+                                                 logits(config, rows, n) + kl_work(config, rows, p.decoded)))))
     t_rows, first = p.table3_chunk, p.table3_length - 1
     full = kv_cache(config, t_rows, first + 1, R, m)
     table3 = Step(f"Table 3: {t_rows} texts x {first} tokens prefilled, then stepped under each cache",
@@ -238,41 +262,56 @@ def ch03(config: LoopedConfig, profile: Profile) -> ChapterPlan:
 def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     p, m, R = profile.ch04, profile.dtype, config.mean_recurrence
     base = (Held(f"{m} weights", weights(config, m)),)
-    prompt = profile.prompt_tokens
+    prompt, prompts = profile.prompt_tokens, 3 * p.replay_prompts  # the workloads' trajectories, replayed together
     exact = Step(f"Algorithm 1 in {p.exact_dtype}, {3 * p.exact_prompts} prompts",
                  (*base, Held(f"{p.exact_dtype} weights (copy)", weights(config, p.exact_dtype)),
                   *decode_step(config, _passes(profile, 3 * p.exact_prompts), prompt, p.acceptance_tokens,
                                p.exact_dtype, block=p.block, policy=make_policy("ripe", R, window=p.block))))
     ref, floor = p.reference_dtype, "float32"
     copies = (*_copy(config, m, ref), Held(f"{floor} weights (copy, the precision floor)", weights(config, floor)))
-    targets = Step(f"{ref} trajectories, {p.replay_prompts} prompts per workload",
+    targets = Step(f"{ref} trajectories, {prompts} prompts",
                    (*base, *_copy(config, m, ref),
-                    *decode_step(config, _passes(profile, p.replay_prompts), prompt, p.new_tokens, ref)))
+                    *decode_step(config, _passes(profile, prompts), prompt, p.new_tokens, ref)))
     rows, g = p.replay_batch, p.new_tokens
     arms = 4 + len(p.windows or (0, 0, 0))  # deepest, the windows, sinks, two planes, fp32
-    arm_logits = Held("logits of the reference (float32 and float64) and of the arms",
-                      logits(config, rows, g + 1) * (3 + arms))
 
-    def replay(name: str, dtype: str, shared: bool) -> Step:
-        """Replays of one model's arms (:func:`~looped_kv.analysis.ripe.replay_records`): an arm's cache (at most
-        full), and for a model of several arms their shared prompt planes, freed before the next model's, and the
-        block buffer of the arms that measure it. A model of one arm prefills straight into its cache."""
-        held = (*base, *copies, arm_logits,
-                Held(f"an arm's cache (at most full, {dtype})", kv_cache(config, rows, prompt + g, R, dtype)),
-                Held("prefill", forward_peak(config, rows, prompt, dtype)))
+    def replay(name: str, dtype: str, shared: bool, extra: tuple[Held, ...] = (), g: int = g) -> Step:
+        """Replays of one model's arms (:func:`~looped_kv.analysis.ripe.replay_records`). A model of several arms
+        prefills their shared prompt planes once (freed before the next model's); then each arm copies them into
+        its cache (at most full) and runs the generated tokens, with the block buffer of the arms that measure it.
+        A model of one arm prefills straight into its cache. One arm's logits are held at a time, beside the
+        reference's (float32 and float64)."""
+        arm_logits = Held("logits of the reference (float32 and float64) and of the arm replayed",
+                          logits(config, rows, g + 1, dtype) * 4)
+        cache, prefill = kv_cache(config, rows, prompt + g, R, dtype), forward_peak(config, rows, prompt, dtype)
         if shared:
-            held += (Held(f"prompt planes ({dtype})", kv_cache(config, rows, prompt, R, dtype)),
-                     Held("block buffer", kv_cache(config, rows, p.block + 1, R, dtype)))
-        return Step(name, held)
+            arm = cache + kv_cache(config, rows, p.block + 1, R, dtype) + forward_peak(config, rows, g + 1, dtype)
+            work = Held(f"prompt planes ({dtype}) and their prefill, then an arm's cache (at most full), block "
+                        f"buffer and forward", kv_cache(config, rows, prompt, R, dtype) + max(prefill, arm))
+        else:
+            work = Held(f"an arm's cache (at most full, {dtype}) and its prefill", cache + prefill)
+        return Step(name, (*base, *copies, *extra, arm_logits, work))
 
     replays = (replay(f"replay through the {arms - 1} {ref} arms, {rows} at a time", ref, True),
                replay(f"replay through the {floor} arm (the precision floor), {rows} at a time", floor, False))
+    c2, where2 = profile.ch02, _where(profile.ch02.record_device)
+    ripeness = tuple(Step(f"Remark 1's {dtype} replay, {c2.chunk} texts x {c2.length} tokens", (
+        *base, *copies, Held(f"{dtype} records (kv, {R} loops)", records(config, c2.chunk, c2.length, R, "kv", dtype),
+                             where2),
+        Held(f"{dtype} replay", forward_peak(config, c2.chunk, c2.length, dtype, softmax_dtype="float32"))))
+        for dtype in (floor, ref))
+    bd = p.block_dtype
+    block = ()
+    if bd is not None:
+        block_copy = () if bd in (m, ref, floor) else (Held(f"{bd} weights (copy, Sec. 5.2)", weights(config, bd)),)
+        block = (replay(f"block dependence in {bd} (full cache and deepest plane), {rows} at a time", bd, True,
+                        extra=block_copy, g=min(g, p.block_tokens)),)
     accept = Step(f"acceptance by cache, {p.acceptance_prompts} prompts",
                   (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
                                 block=p.block)))
-    sizes = (f"{p.replay_prompts} trajectories of {g} tokens per workload, {rows} replayed at a time; windows "
-             f"{p.windows or 'scaled'}; Algorithm 1 on {3 * p.exact_prompts} prompts in {p.exact_dtype}")
-    return ChapterPlan("ch04", sizes, (exact, targets, *replays, accept))
+    sizes = (f"{prompts} trajectories of {g} tokens, {rows} replayed at a time; windows {p.windows or 'scaled'}; "
+             f"Algorithm 1 on {3 * p.exact_prompts} prompts in {p.exact_dtype}; block dependence in {bd or ref}")
+    return ChapterPlan("ch04", sizes, (exact, targets, *replays, *ripeness, *block, accept))
 
 
 def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:
@@ -295,8 +334,7 @@ def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:
 def ch06(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     p, m = profile.ch06, profile.dtype
     base = (Held(f"{m} weights", weights(config, m)),)
-    prompt, block = profile.prompt_tokens, max(DasWave.block, p.drawn_block["block"],
-                                               *p.sweep.get("block", ()))
+    prompt, block = profile.prompt_tokens, max(DasWave.block, *p.sweep.get("block", ()))
     accept = Step(f"DAS-Wave and the drafters, {p.acceptance_prompts} prompts",
                   (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
                                 block=block)))
@@ -335,9 +373,47 @@ def plan_table(plans: dict[str, ChapterPlan], gpu_bytes: float) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("chapter")
 
 
+def steps_beyond(plans: dict[str, ChapterPlan], gpu_bytes: float) -> list[str]:
+    """One line per step that does not fit a GPU of ``gpu_bytes`` (with :data:`GPU_RESERVE` kept free), chapter by
+    chapter: what it is and its GPU GB."""
+    return [f"{name}, {step.name}: {step.bytes(GPU) / GB:.1f} GB" for name, p in plans.items() for step in p.steps
+            if step.bytes(GPU) + GPU_RESERVE > gpu_bytes]
+
+
 def markdown(table: pd.DataFrame) -> str:
     """:func:`plan_table` as a Markdown table (the GPU page includes one)."""
     lines = ["| chapter | GPU GB | host GB | fits | GPU peak at | sizes |", "| --- | ---: | ---: | --- | --- | --- |"]
     lines += [f"| {name} | {row['GPU GB']:.1f} | {row['host GB']:.1f} | {'yes' if row['fits'] else 'no'} | "
               f"{row['GPU peak at']} | {row['sizes']} |" for name, row in table.iterrows()]
+    return "\n".join(lines) + "\n"
+
+
+def card_table(card: str) -> pd.DataFrame:
+    """One row per published model on a GPU of class ``card`` (:data:`looped_kv.profiles.CARDS`): its profile there
+    (:data:`~looped_kv.profiles.BY_CARD`), the predicted peak GPU GB of each chapter, whether every chapter fits the
+    card, and what the profile changes from the model's 40 GB run."""
+    if card not in profiles.CARDS:
+        raise ValueError(f"card must be one of {tuple(profiles.CARDS)}, got {card!r}")
+    from looped_kv.runtime.config import PRESETS
+
+    gpu_bytes, rows = profiles.CARDS[card].memory_gb * GB, []
+    for model, cards in profiles.BY_CARD.items():
+        profile, plans = cards[card], chapter_plans(PRESETS[model](), cards[card])
+        changed = profiles.changes(profile, cards[profiles.DEFAULT_CARD])
+        rows.append({"model": model, "profile": profile.name, "dtype": profile.dtype,
+                     **{name: p.peak(GPU) / GB for name, p in plans.items()},
+                     "fits": all(p.fits(gpu_bytes) for p in plans.values()),
+                     "changes from the 40 GB run": "; ".join(changed) or "nothing"})
+    return pd.DataFrame(rows).set_index("model")
+
+
+def card_markdown(table: pd.DataFrame) -> str:
+    """:func:`card_table` as a Markdown table (GPU GB per chapter; the GPU page includes one per card)."""
+    chapters = [c for c in table.columns if c in CHAPTERS]
+    head = ["model", "profile", "dtype", *chapters, "fits", "changes from the 40 GB run"]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * 3 + ["---:"] * len(chapters) + ["---"] * 2)
+             + " |"]
+    lines += [f"| {model} | {row['profile']} | {row['dtype']} | " + " | ".join(f"{row[c]:.1f}" for c in chapters)
+              + f" | {'yes' if row['fits'] else 'no'} | {row['changes from the 40 GB run']} |"
+              for model, row in table.iterrows()]
     return "\n".join(lines) + "\n"

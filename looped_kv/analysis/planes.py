@@ -52,6 +52,7 @@ from looped_kv.analysis.fits import (
     deep_perturbation_size,
     fit_floor,
     fit_geometric,
+    fit_loop_range,
     ripeness,
 )
 from looped_kv.analysis.replay import (
@@ -205,10 +206,10 @@ class RipeningCurves:
             raise ValueError(f"kind must be one of {tuple(measured)}, got {kind!r}")
 
     def fitted(self, kind: str, loop_range: tuple[int, int] | None = None) -> np.ndarray:
-        """Every text's Delta_r of ``kind`` over the loops a ripening fit uses (default 8..R-1, as Table 7):
-        (texts, loops)."""
+        """Every text's Delta_r of ``kind`` over the loops a ripening fit uses (default :func:`fit_loop_range`, as
+        Table 7): (texts, loops)."""
         self._check_kind(kind, self.text_delta)
-        low, high = loop_range if loop_range is not None else (8, self.num_loops - 1)
+        low, high = loop_range if loop_range is not None else fit_loop_range(self.num_loops)
         if not 1 <= low <= high <= self.num_loops:
             raise ValueError(f"loop_range must be (low, high) with 1 <= low <= high <= {self.num_loops}, "
                              f"got {loop_range}")
@@ -275,7 +276,7 @@ def text_ripening(curves: RipeningCurves, floors: Mapping[str, float],
     """One row per text of the quantities the ripening claims pair over texts (RIPE Sec. 3.2, DAS Sec. 3.1).
 
     Per kind X in k, v: ``rho_X``, ``geometric_rms_X`` and ``power_rms_X`` (:func:`fits.decay_laws` over
-    ``loop_range``, default loops 8 to R - 1, distances at or below ``floors[X]`` set to it), and ``deep_X``,
+    ``loop_range``, default :func:`fit_loop_range`, distances at or below ``floors[X]`` set to it), and ``deep_X``,
     the mean Delta_r over the deep loops of Table 7 (25..31 of R = 32, scaled). Per recorded maturity kind:
     ``cos1_X``, the cosine of loop 1 to loop R.
     """
@@ -302,7 +303,7 @@ class RipeningFit:
     """One column entry of RIPE Table 7 for one kind (keys or values)."""
 
     kind: str
-    geometric: GeometricFit  # c rho^r on fp32, loops 8..R-1
+    geometric: GeometricFit  # c rho^r on fp32, loops 8..R-1 (scaled)
     floor: FloorFit  # Delta_inf of Eq. (5) on bf16, rho and c fixed
     deep_bf16: float  # mean Delta over the deep loops 25..31 (scaled), bf16
     deep_fp32: float
@@ -311,8 +312,8 @@ class RipeningFit:
 
 def ripening_summary(fp32: RipeningCurves, bf16: RipeningCurves,
                      loop_range: tuple[int, int] | None = None) -> dict[str, RipeningFit]:
-    """Table 7 fits for keys and values: geometric fit to fp32 (default loops 8..R-1), the bf16 floor of Eq. (5)
-    with rho and c fixed, deep-loop Delta in both precisions and the ripeness label of Remark 1."""
+    """Table 7 fits for keys and values: geometric fit to fp32 (default :func:`fit_loop_range`), the bf16 floor of
+    Eq. (5) with rho and c fixed, deep-loop Delta in both precisions and the ripeness label of Remark 1."""
     R = fp32.num_loops
     if bf16.num_loops != R:
         raise ValueError(f"fp32 and bf16 curves must have the same R, got {R} and {bf16.num_loops}")
@@ -378,8 +379,9 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
     """Replay texts ``ids`` (B, n) once and run every (region, plane) arm (RIPE Sec. 3.1, Fig. 2a-b).
 
     ``regions`` defaults to the paper's shallow (loops 2-9) and deep (25-32) regions scaled to R, ``planes``
-    to :func:`paper_planes`. An arm's KL is taken at the first decoded position ``n - decoded`` (``rows``) and
-    at every decoded position (``positions``). The reference's planes stay on ``record_device`` (default the
+    to :func:`paper_planes` but any plane that is a region's only loop (an arm that would substitute nothing).
+    An arm's KL is taken at the first decoded position ``n - decoded`` (``rows``) and at every decoded position
+    (``positions``). The reference's planes stay on ``record_device`` (default the
     model's; ``"cpu"`` keeps a real checkpoint's planes in host memory, and each arm copies in the planes it
     reads, one layer at a time).
     """
@@ -392,7 +394,9 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
         raise ValueError(f"regions must name 'shallow' and 'deep', got {sorted(regions)}")
     for name, loops in regions.items():  # every check before the reference replay, the expensive part
         check_loops(f"regions[{name!r}]", loops, num_loops, nonempty=True)
-    planes = paper_planes(num_loops) if planes is None else tuple(planes)
+    if planes is None:  # a plane that is a region's one loop substitutes nothing there (R = 4: loop 1, plane 1)
+        planes = tuple(p for p in paper_planes(num_loops) if all(loops != (p,) for loops in regions.values()))
+    planes = tuple(planes)
     check_loops("planes", planes, num_loops, nonempty=True)
     kinds = check_kinds("kinds", kinds, ("k", "v"))
     if not kinds:
@@ -411,6 +415,7 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
                     for i in range(ids.shape[0])]
         per_position += [{"text": i, **arm, "offset": o, "kl": float(divergence[i, o])}
                          for i in range(ids.shape[0]) for o in range(decoded)]
+        del logits  # freed before the next arm's forward, which would otherwise hold it beside its own
     return ArmGrid(ref, pd.DataFrame.from_records(records), pd.DataFrame.from_records(per_position))
 
 

@@ -255,6 +255,7 @@ def _replay_rows(trajectories: list[Tensor], prompt_lengths: list[int], referenc
                 "kl": kl(reference_logits, arm.logits).clamp_min(0).cpu().numpy(),
                 "flip": (arm.logits.argmax(-1) != reference_logits.argmax(-1)).cpu().numpy(),
                 "margin": (top2[:, 0] - top2[:, 1]).cpu().numpy()}))
+        del replays  # freed before the next arm's replay, which would otherwise hold them beside its own
     return pd.concat(frames, ignore_index=True), pd.DataFrame(dependence)
 
 

@@ -89,7 +89,7 @@ def draft_readouts(model: LoopedLM, cache: PlaneCache, pending: Tensor, depths: 
         router = BlockPass(cache, block_positions(cache, 1), reads=read, store=None)
         positions = router.positions
         embedded = model.embed(pending, positions, router)
-        state = model.initial_state(positions, pending.shape[0], last=router.last_position)
+        state = model.initial_state(positions, pending.shape[0], last=router.last_position, tokens=pending)
         for r in range(1, max(depths) + 1):
             state = model.loop(state, embedded, positions, router, r)
             if r in depths:

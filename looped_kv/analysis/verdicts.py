@@ -1,69 +1,134 @@
 """One verdict for every comparison in the book: a paper's claim against paired measurements.
 
-A claim says which way a paired statistic points: method A commits more tokens per verification
-than method B, deep-loop substitutions cost more KL than shallow ones, this model's acceptance lies
-below its ceiling. :func:`verdict` takes the per-prompt (per-text) measurements of the two arms,
-estimates the mean paired difference (or the mean log ratio), draws a paired bootstrap interval over
-prompts, and labels the claim:
+A claim (:class:`Claim`) says which way a paired statistic points (``expects``: "greater", "less", or
+"none" for a paper that finds no effect), on which scale (a mean paired difference, a geometric mean
+ratio, or a ratio of means), and how large an effect must be to count (``minimum``, taken from the paper
+where the paper gives one, else the book's :data:`BOOK_MINIMUM` for that kind of quantity).
+:func:`verdict` takes the per-unit (per-prompt, per-text) measurements of the two arms and applies one
+rule, in this order, to every comparison of the book, timing included:
 
-* ``agrees``: the interval lies wholly on the side the claim predicts;
-* ``disagrees``: it lies wholly on the other side;
-* ``inconclusive``: it contains no difference, or the experiment cannot discriminate.
+1. **Enough units** (:func:`enough_units`): at least :data:`MIN_UNITS` paired units: 32 prompts or texts;
+   16 timed prompts, each timed in interleaved repeats; 5 cells of a model check. Fewer give
+   ``inconclusive``, "too few units (n)", whatever the data say.
+2. **Can discriminate**: the blocking checks (:func:`above_floor`, :func:`varies`) pass, else
+   ``inconclusive``, "cannot discriminate on this model".
+3. **Identical**: arms equal on every unit are ``identical``.
+4. **The interval**: a BCa (bias-corrected and accelerated) bootstrap interval over units, resampling pairs
+   (Efron 1987), seeded, so a verdict is the same on every run. Percentile intervals are too narrow at the
+   sample sizes of this book; BCa corrects their bias and skew to second order.
+5. **The label**, from the interval of the effect in the paper's direction and the smallest effect m:
 
-The label never comes from a point estimate, and no chapter sets its own threshold: the null is
-"no difference" (0 on the difference scale, a ratio of 1 on the log-ratio scale), and the checks
-of :func:`discrimination` use the package-wide constants below. An experiment that cannot tell
-outcomes apart (a saturated acceptance, a constant table, measurements at the float floor, too
-few prompts) gives ``inconclusive`` with the reason, whatever its interval.
+   * ``agrees``: the interval lies beyond m in the paper's direction;
+   * ``no effect of that size``: the interval lies inside the no-effect band (-m, m);
+   * ``disagrees``: the interval lies wholly on the other side of no difference (and reaches beyond the band);
+   * ``inconclusive``: anything else (an interval that crosses no difference or an edge of the band).
+
+   For a claim of no effect (``expects="none"``), ``agrees`` is an interval inside the band and ``disagrees``
+   one beyond it on either side.
+6. **Ceilings** (:func:`below_ceiling`): an effect established beyond the band is not voided because an arm
+   is near its ceiling; the reason notes the ceiling. An interval inside the band (no effect, or a claim of no
+   effect that agrees) next to an arm near its ceiling, or with less room to the ceiling than m, cannot tell
+   "no effect" from saturation, and is ``inconclusive``.
+
+On a ratio scale m is a factor > 1: the band is (1/m, m). Every verdict states its n, its smallest effect and
+its interval method. :func:`model_check` is the same rule for a model's prediction against held-out cells.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
+from scipy.special import ndtr, ndtri
 
 AGREES, DISAGREES, INCONCLUSIVE = "agrees", "disagrees", "inconclusive"
-LABELS = (AGREES, DISAGREES, INCONCLUSIVE)
-#: Fewest paired prompts (or texts) behind an acceptance comparison (issue: at least 32 per arm).
-MIN_PROMPTS = 32
-#: A bounded statistic (tau <= gamma + 1, agreement <= 1) must stay this fraction of its range below its ceiling.
+NO_EFFECT, IDENTICAL = "no effect of that size", "identical"
+LABELS = (AGREES, DISAGREES, NO_EFFECT, IDENTICAL, INCONCLUSIVE)
+#: Fewest units behind a verdict, by kind: paired prompts or texts; prompts timed alone, each in interleaved repeats
+#: (timing noise is larger and its units fewer); cells of a model check (every cell must fit, an exact sign test
+#: that passes at 5% from 5 cells on: 0.5^5 = 0.031).
+MIN_UNITS: dict[str, int] = {"paired": 32, "timing": 16, "cells": 5}
+#: Fewest interleaved repeats of each timed prompt.
+MIN_REPEATS = 2
+#: A bounded statistic (tau <= gamma + 1, agreement <= 1) near its ceiling: within this fraction of its range.
 CEILING_MARGIN = 0.05
 #: Fewest measurements that must lie above the float floor for a comparison of them to mean anything.
 MIN_ABOVE_FLOOR = 0.5
+#: The book's smallest effects where a paper prints none, by the kind of quantity. Rates and shares (agreement,
+#: accuracy, cosine): five points. Tokens per verification (tau, A, G, E_cKV): half a token, RIPE Table 6's
+#: pre-registered threshold for tau (:data:`looped_kv.papers.RIPE_TABLE_6_THRESHOLDS`). Log units (residuals):
+#: 0.05. Ratios of speeds and distances: 10%, the smallest ratio RIPE Table 6 pre-registers. Ratios of KLs: 2,
+#: the pre-registered threshold of RIPE Sec. 5.2.
+BOOK_MINIMUM: dict[str, float] = {"share": 0.05, "tokens": 0.5, "log": 0.05, "ratio": 1.1, "KL ratio": 2.0}
+BCA = "BCa bootstrap"
+SCALES = ("difference", "log-ratio", "ratio of means")
+EXPECTS = ("greater", "less", "none")
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A paper's claim about a paired statistic: which sign it predicts, and where it is printed.
+    """A paper's claim about a paired statistic: its direction, its scale, where it is printed, and the smallest
+    effect that counts with where that comes from.
 
-    ``scale="difference"`` compares mean(a - b); ``"log-ratio"`` compares mean(log(a / b)) (speed-ups,
-    KL ratios) and reports the ratio exp(.). With one arm (b omitted) the statistic is a - ``null``
-    (or log(a / null)).
+    ``scale="difference"`` compares mean(a - b); ``"log-ratio"`` the geometric mean of a / b (reported as the
+    ratio); ``"ratio of means"`` mean(a) / mean(b) (RIPE Sec. 5.1's statistic). With one arm (b omitted) the
+    statistic is a against ``null``. ``minimum`` is a difference > 0, or on a ratio scale a factor > 1.
     """
 
     statement: str
     source: str
-    expects: Literal["greater", "less"] = "greater"
-    scale: Literal["difference", "log-ratio"] = "difference"
+    expects: Literal["greater", "less", "none"] = "greater"
+    scale: Literal["difference", "log-ratio", "ratio of means"] = "difference"
+    minimum: float = field(kw_only=True)
+    minimum_source: str = field(kw_only=True)
 
     def __post_init__(self) -> None:
-        if self.expects not in ("greater", "less"):
-            raise ValueError(f"expects must be 'greater' or 'less', got {self.expects!r}")
-        if self.scale not in ("difference", "log-ratio"):
-            raise ValueError(f"scale must be 'difference' or 'log-ratio', got {self.scale!r}")
+        if self.expects not in EXPECTS:
+            raise ValueError(f"expects must be one of {EXPECTS}, got {self.expects!r}")
+        if self.scale not in SCALES:
+            raise ValueError(f"scale must be one of {SCALES}, got {self.scale!r}")
+        low = 1.0 if self.ratio else 0.0
+        if not (math.isfinite(self.minimum) and self.minimum > low):
+            raise ValueError(f"minimum must be a finite {'factor > 1' if self.ratio else 'difference > 0'} on the "
+                             f"{self.scale} scale, got {self.minimum}")
+        if not self.minimum_source:
+            raise ValueError("minimum_source must say where the smallest effect comes from (a paper's table or "
+                             "equation, or the book's convention)")
+
+    @property
+    def ratio(self) -> bool:
+        return self.scale != "difference"
+
+    @property
+    def band(self) -> float:
+        """Half-width of the no-effect band on the estimation scale (log units for ratios)."""
+        return math.log(self.minimum) if self.ratio else self.minimum
+
+    @property
+    def minimum_text(self) -> str:
+        if not self.ratio:
+            return f"{self.minimum:g}"
+        return f"a factor of {self.minimum:g}" + (f" ({100 * (self.minimum - 1):.3g}%)" if self.minimum < 1.5 else "")
 
 
 @dataclass(frozen=True)
 class Check:
-    """One discrimination check: its name, whether it passed, and what was measured."""
+    """One discrimination check: its name, whether it passed, and what was measured.
+
+    ``kind``: "units" (enough units), "blocks" (a failure makes any verdict inconclusive) or "ceiling" (a bounded
+    arm near its ceiling; ``room`` is how far its mean may still rise, on the statistic's scale).
+    """
 
     name: str
     passed: bool
     detail: str
+    kind: Literal["units", "blocks", "ceiling"] = "blocks"
+    room: float | None = None
 
 
 @dataclass(frozen=True)
@@ -80,13 +145,16 @@ class Discrimination:
     def reason(self) -> str:
         return "; ".join(c.detail for c in self.checks if not c.passed)
 
+    def failed(self, *kinds: str) -> list[Check]:
+        return [c for c in self.checks if not c.passed and c.kind in kinds]
+
     def __add__(self, other: Discrimination) -> Discrimination:
         return Discrimination(self.checks + other.checks)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A claim, the paired estimate with its bootstrap interval, and the three-way label."""
+    """A claim, the paired estimate with its interval, n, the label and why."""
 
     claim: Claim
     estimate: float
@@ -97,47 +165,68 @@ class Verdict:
     reason: str
     level: float = 0.95
     discrimination: Discrimination = field(default_factory=Discrimination)
+    units: str = "prompts"
+    method: str = BCA
+    parts: tuple[tuple[str, Verdict], ...] = ()  # per-part verdicts of a combined verdict (bins of positions)
+    values: tuple[float, ...] = field(default=(), repr=False, compare=False)  # the per-unit data, for repeats
 
     @property
     def null(self) -> float:
-        return 1.0 if self.claim.scale == "log-ratio" else 0.0
+        return 1.0 if self.claim.ratio else 0.0
+
+    @property
+    def blocked(self) -> bool:
+        """The experiment could not discriminate (too few units, a failed check or a ceiling)."""
+        return self.label == INCONCLUSIVE and self.reason.startswith(("too few units", "cannot discriminate"))
 
     def interval(self, digits: int = 3) -> str:
+        if math.isnan(self.estimate):
+            return "undefined"
         fmt = f"{{:.{digits}g}}"
         return f"{fmt.format(self.estimate)} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
 
     @property
     def measure(self) -> str:
-        """What the estimate is: a ratio (log-ratio claims) or a difference."""
-        return "ratio" if self.claim.scale == "log-ratio" else "difference"
+        """What the estimate is: a ratio (ratio scales) or a difference."""
+        return "ratio" if self.claim.ratio else "difference"
+
+    @property
+    def how(self) -> str:
+        """The interval and its n, in words."""
+        if self.method == BCA:
+            return f"{self.level:.0%} {BCA} interval over {self.n} {self.units}"
+        return f"{self.method} over {self.n} {self.units}"
 
     def __str__(self) -> str:
-        return (f"{self.label} ({self.claim.source}: {self.claim.statement}): {self.measure} {self.interval()}, "
-                f"{self.level:.0%} paired bootstrap over {self.n}; {self.reason}")
+        return (f"{self.label} ({self.claim.source}: {self.claim.statement}; smallest effect {self.claim.minimum_text},"
+                f" {self.claim.minimum_source}): {self.measure} {self.interval()}, {self.how}; {self.reason}")
 
     def sentence(self, digits: int = 3) -> str:
         """The verdict as a sentence for the chapter's prose (MyST markdown)."""
-        what = "ratio" if self.claim.scale == "log-ratio" else "difference"
-        return (f"**{self.label}** ({self.claim.source}: {self.claim.statement}): {what} {self.interval(digits)} "
-                f"({self.level:.0%} paired bootstrap interval over {self.n}); {self.reason}.")
+        return (f"**{self.label}** ({self.claim.source}: {self.claim.statement}; smallest effect that counts: "
+                f"{self.claim.minimum_text}, {self.claim.minimum_source}): {self.measure} {self.interval(digits)} "
+                f"({self.how}); {self.reason}.")
 
     def row(self) -> dict[str, object]:
-        """A table row: the claim, its source, the estimate and interval, the label and why."""
+        """A table row: the claim, its source, the estimate and interval, n, the smallest effect, the label and why."""
         return {"claim": self.claim.statement, "source": self.claim.source, "estimate": self.estimate,
-                "low": self.low, "high": self.high, "n": self.n, "verdict": self.label, "why": self.reason}
+                "low": self.low, "high": self.high, "n": self.n, "smallest effect": self.claim.minimum_text,
+                "verdict": self.label, "why": self.reason}
+
+
+# -- inputs and statistics -------------------------------------------------------------------------------------
 
 
 def _vector(name: str, values: ArrayLike) -> np.ndarray:
     x = np.asarray(values, dtype=float).reshape(-1)
-    if x.size < 2:
-        raise ValueError(f"{name} must hold at least 2 paired measurements, got {x.size}")
+    if x.size < 1:
+        raise ValueError(f"{name} must hold at least 1 measurement, got none")
     if not np.isfinite(x).all():
         raise ValueError(f"{name} must be finite, got {int((~np.isfinite(x)).sum())} non-finite values")
     return x
 
 
-def paired_statistic(claim: Claim, a: ArrayLike, b: ArrayLike | None = None, null: float | None = None) -> np.ndarray:
-    """Per-unit statistic of a claim: a - b (or a - null), or log(a / b) (or log(a / null))."""
+def _arms(claim: Claim, a: ArrayLike, b: ArrayLike | None, null: float | None) -> tuple[np.ndarray, np.ndarray]:
     x = _vector("a", a)
     if b is None:
         if null is None:
@@ -149,66 +238,92 @@ def paired_statistic(claim: Claim, a: ArrayLike, b: ArrayLike | None = None, nul
         y = _vector("b", b)
         if y.size != x.size:
             raise ValueError(f"a and b must be paired (same length), got {x.size} and {y.size}")
-    if claim.scale == "log-ratio":
-        if (x <= 0).any() or (y <= 0).any():
-            raise ValueError("a log-ratio claim needs positive measurements in a and b (or null)")
-        return np.log(x) - np.log(y)
-    return x - y
+    if claim.scale == "log-ratio" and ((x <= 0).any() or (y <= 0).any()):
+        raise ValueError("a log-ratio claim needs positive measurements in a and b (or null)")
+    if claim.scale == "ratio of means" and ((x < 0).any() or (y < 0).any()):
+        raise ValueError("a ratio-of-means claim needs measurements >= 0 in a and b (or null)")
+    return x, y
 
 
-def verdict(claim: Claim, a: ArrayLike, b: ArrayLike | None = None, *, null: float | None = None,
-            discrimination: Discrimination | None = None, n_boot: int = 10_000, seed: int = 0,
-            level: float = 0.95) -> Verdict:
-    """The verdict on ``claim`` from paired per-prompt measurements ``a`` (arm) and ``b`` (reference).
+def _statistic(scale: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The statistic on (..., n, 2) paired data (a, b), on the estimation scale (log for ratios)."""
+    if scale == "difference":
+        return lambda d: (d[..., 0] - d[..., 1]).mean(axis=-1)
+    if scale == "log-ratio":
+        return lambda d: (np.log(d[..., 0]) - np.log(d[..., 1])).mean(axis=-1)
 
-    Estimate: the mean per-prompt statistic (:func:`paired_statistic`); interval: percentile bootstrap
-    over prompts (resampling pairs, so the pairing is kept). ``discrimination`` (from
-    :func:`discrimination`) turns any label into ``inconclusive`` when the experiment cannot
-    tell outcomes apart.
+    def log_ratio_of_means(d: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(d[..., 0].mean(axis=-1)) - np.log(d[..., 1].mean(axis=-1))
+
+    return log_ratio_of_means
+
+
+def bca_interval(data: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], level: float = 0.95,
+                 n_boot: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """The statistic of ``data`` (units along axis 0) and its BCa bootstrap interval (Efron 1987).
+
+    ``statistic`` maps (..., n, k) to (...). Resampling draws units with replacement (pairs stay together); the
+    bias correction z0 comes from the share of resamples below the estimate, the acceleration from the jackknife.
+    Undefined resamples (NaN) are dropped; a jackknife that is not finite gives no acceleration (bias-corrected
+    percentile interval). Seeded: the same data give the same interval.
     """
-    if not 0 < level < 1:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
-    if not isinstance(n_boot, int) or n_boot < 100:
-        raise ValueError(f"n_boot must be an integer >= 100, got {n_boot!r}")
-    stat = paired_statistic(claim, a, b, null)
+    n = data.shape[0]
+    estimate = float(statistic(data))
+    if n < 2:  # one unit: no resampling to do (and too few units for any verdict)
+        return estimate, estimate, estimate
     rng = np.random.default_rng(seed)
-    means = np.concatenate([stat[rng.integers(0, stat.size, (size, stat.size))].mean(axis=1)
-                            for size in np.diff(np.r_[0:n_boot:1000, n_boot])])
-    low, high = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
-    estimate = float(stat.mean())
-    discrimination = discrimination or Discrimination()
-    if not discrimination.ok:
-        label, reason = INCONCLUSIVE, f"cannot discriminate on this model: {discrimination.reason}"
-    elif low > 0 or high < 0:
-        predicted = (low > 0) == (claim.expects == "greater")
-        label = AGREES if predicted else DISAGREES
-        reason = ("the interval lies on the side the paper predicts" if predicted
-                  else "the interval lies on the other side of no difference")
-    else:
-        label, reason = INCONCLUSIVE, "the interval contains no difference"
-    if claim.scale == "log-ratio":
-        estimate, low, high = float(np.exp(estimate)), float(np.exp(low)), float(np.exp(high))
-    return Verdict(claim, estimate, float(low), float(high), stat.size, label, reason, level, discrimination)
+    chunks = np.diff(np.r_[0:n_boot:1000, n_boot])
+    boot = np.concatenate([statistic(data[rng.integers(0, n, (size, n))]) for size in chunks])
+    boot = boot[~np.isnan(boot)]
+    if boot.size == 0 or np.all(boot == boot[0]) or not np.isfinite(estimate):
+        return estimate, estimate, estimate
+    below = np.clip(np.mean(boot < estimate) + 0.5 * np.mean(boot == estimate), 1 / (boot.size + 1),
+                    boot.size / (boot.size + 1))
+    z0 = float(ndtri(below))
+    jack = statistic(np.stack([np.delete(data, i, axis=0) for i in range(n)]))
+    accel = 0.0
+    if np.isfinite(jack).all():
+        d = jack.mean() - jack
+        denominator = 6 * float((d ** 2).sum()) ** 1.5
+        accel = float((d ** 3).sum()) / denominator if denominator > 0 else 0.0
+    z = ndtri(np.array([(1 - level) / 2, (1 + level) / 2]))
+    quantiles = ndtr(z0 + (z0 + z) / (1 - accel * (z0 + z)))
+    low, high = np.quantile(boot, np.clip(quantiles, 0, 1), method="inverted_cdf")  # no interpolation: inf-safe
+    return estimate, float(low), float(high)
 
 
-# -- discrimination checks ------------------------------------------------------------------------------------
+# -- the rule --------------------------------------------------------------------------------------------------
 
 
-def enough_units(n: int, minimum: int = MIN_PROMPTS, what: str = "prompts") -> Check:
-    """At least ``minimum`` paired prompts (texts) behind the comparison."""
-    return Check(f"at least {minimum} {what}", n >= minimum, f"{n} {what}, fewer than {minimum}")
+def enough_units(n: int, kind: str = "paired", what: str = "prompts", repeats: int | None = None) -> Check:
+    """At least :data:`MIN_UNITS` [kind] units; a timing verdict also needs each prompt timed in
+    :data:`MIN_REPEATS` or more interleaved repeats (``repeats``: the fewest any prompt had)."""
+    if kind not in MIN_UNITS:
+        raise ValueError(f"kind must be one of {tuple(MIN_UNITS)}, got {kind!r}")
+    minimum = MIN_UNITS[kind]
+    detail = f"too few units ({n} {what}; a {kind} verdict needs at least {minimum})"
+    passed = n >= minimum
+    if kind == "timing":
+        timed = repeats is not None and repeats >= MIN_REPEATS
+        passed = passed and timed
+        detail = (f"too few units ({n} {what}; a timing verdict needs at least {minimum}, each timed in "
+                  f"{MIN_REPEATS} or more interleaved repeats" + ("" if timed else f", and these were timed "
+                                                                 f"{repeats or 1} time(s) each") + ")")
+    return Check(f"at least {minimum} {what}", passed, detail, kind="units")
 
 
 def below_ceiling(values: ArrayLike, ceiling: float, name: str, floor: float = 0.0) -> Check:
     """The mean of a bounded statistic stays ``CEILING_MARGIN`` of its range [floor, ceiling] below the ceiling.
 
-    A statistic at its ceiling (every draft accepted: tau = gamma + 1) is the same for every arm, so
-    arms cannot differ in it.
+    A statistic at its ceiling (every draft accepted: tau = gamma + 1) cannot rise, so an arm that must rise to
+    show the claimed effect cannot show it. ``room`` is ceiling - mean.
     """
     mean = float(np.mean(np.asarray(values, dtype=float)))
     limit = ceiling - CEILING_MARGIN * (ceiling - floor)
     return Check(f"{name} below its ceiling", mean <= limit,
-                 f"{name} is {mean:.3g}, within {CEILING_MARGIN:.0%} of its ceiling {ceiling:.3g}")
+                 f"{name} is {mean:.3g}, within {CEILING_MARGIN:.0%} of its ceiling {ceiling:.3g}", kind="ceiling",
+                 room=ceiling - mean)
 
 
 def varies(values: ArrayLike, name: str, rtol: float = 1e-9) -> Check:
@@ -234,6 +349,164 @@ def discrimination(*checks: Check) -> Discrimination:
     return Discrimination(tuple(checks))
 
 
+def _label(claim: Claim, low: float, high: float) -> tuple[str, str]:
+    """The label of an interval [low, high] (estimation scale) against the claim's band."""
+    m = claim.band
+    inside = -m < low and high < m
+    if claim.expects == "none":
+        if inside:
+            return AGREES, "the interval lies inside the no-effect band, as the paper finds"
+        if low >= m or high <= -m:
+            return DISAGREES, "the interval lies beyond the no-effect band: an effect of at least that size"
+        return INCONCLUSIVE, "the interval crosses an edge of the no-effect band"
+    low, high = (low, high) if claim.expects == "greater" else (-high, -low)
+    if low >= m:
+        return AGREES, "the interval lies beyond the smallest effect in the paper's direction"
+    if inside:
+        return NO_EFFECT, "the interval lies inside the no-effect band"
+    if high < 0:
+        return DISAGREES, "the interval lies on the other side of no difference"
+    if low > 0:
+        return INCONCLUSIVE, "the interval lies on the paper's side but reaches below the smallest effect"
+    return INCONCLUSIVE, "the interval contains no difference"
+
+
+def _with_ceilings(claim: Claim, label: str, reason: str, checks: Discrimination) -> tuple[str, str]:
+    """Step 6 of the rule: an established effect notes the ceilings; an interval inside the band next to a
+    ceiling cannot tell no effect from saturation."""
+    near = checks.failed("ceiling")
+    short = [c for c in checks.checks if c.kind == "ceiling" and c.room is not None and not claim.ratio
+             and c.room < claim.minimum]
+    inside = label == NO_EFFECT or (claim.expects == "none" and label == AGREES)
+    if inside and (near or short):
+        details = [c.detail for c in near] + [f"{c.name.removesuffix(' below its ceiling')} has room for "
+                                              f"{c.room:.3g} below its ceiling, less than the smallest effect "
+                                              f"{claim.minimum:g}" for c in short if c not in near]
+        return INCONCLUSIVE, "cannot discriminate on this model: " + "; ".join(details)
+    if near:
+        reason += " (note: " + "; ".join(c.detail for c in near) + ")"
+    return label, reason
+
+
+def verdict(claim: Claim, a: ArrayLike, b: ArrayLike | None = None, *, null: float | None = None,
+            discrimination: Discrimination | None = None, kind: str = "paired", units: str = "prompts",
+            repeats: int | None = None, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> Verdict:
+    """The verdict on ``claim`` from paired per-unit measurements ``a`` (arm) and ``b`` (reference), by the rule of
+    the module docstring: enough units of ``kind`` (named ``units``; ``repeats`` for timing), the blocking checks of
+    ``discrimination``, identical arms, a seeded BCa bootstrap interval over units, the label against the claim's
+    smallest effect, and the ceiling checks."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    if not isinstance(n_boot, int) or n_boot < 100:
+        raise ValueError(f"n_boot must be an integer >= 100, got {n_boot!r}")
+    x, y = _arms(claim, a, b, null)
+    checks = discrimination or Discrimination()
+    units_check = enough_units(x.size, kind, units, repeats)
+    checks = Discrimination((units_check, *(c for c in checks.checks if c.kind != "units")))
+    if claim.scale == "ratio of means" and not checks.failed("blocks"):  # mean(a) / mean(b) needs a b above 0
+        checks += Discrimination((Check("reference above 0", bool(y.sum() > 0), "every value of the reference is 0"),))
+    data = np.column_stack([x, y])
+    estimate, low, high = bca_interval(data, _statistic(claim.scale), level, n_boot, seed)
+    if not units_check.passed:
+        label, reason = INCONCLUSIVE, units_check.detail
+    elif checks.failed("blocks"):
+        label = INCONCLUSIVE
+        reason = "cannot discriminate on this model: " + "; ".join(c.detail for c in checks.failed("blocks"))
+    elif np.array_equal(x, y):
+        label, reason = IDENTICAL, f"the arms are equal on every one of the {x.size} {units}"
+        near = checks.failed("ceiling")
+        reason += f" (note: {'; '.join(c.detail for c in near)})" if near else ""
+    else:
+        label, reason = _with_ceilings(claim, *_label(claim, low, high), checks)
+    if claim.ratio:
+        estimate, low, high = (math.exp(v) for v in (estimate, low, high))
+    return Verdict(claim, float(estimate), float(low), float(high), int(x.size), label, reason, level, checks,
+                   units=units, values=tuple(np.r_[x, y].tolist()))
+
+
+def combined(claim: Claim, parts: Mapping[str, Verdict], units: str = "prompts") -> Verdict:
+    """One verdict from verdicts on parts of the data (RIPE Sec. 5.1: bins of generated positions), by the paper's
+    rule for its label: a claimed effect holds through any single part; no effect holds only in every part.
+
+    ``greater``/``less``: agrees if some part agrees; else inconclusive if some part is; else disagrees if some
+    part disagrees (the others finding no effect of that size); else no effect (or identical). ``none``: agrees if
+    every part agrees (or is identical); disagrees if some part disagrees; else inconclusive. The estimate and
+    interval are those of the deciding part (of the parts with the combined label, the one whose interval lies
+    farthest from no effect in the claim's direction); n is the largest part's.
+    """
+    if not parts:
+        raise ValueError("parts must hold at least one verdict")
+    if any(v.claim != claim for v in parts.values()):
+        raise ValueError("every part must be a verdict on the same claim")
+    labels = {v.label for v in parts.values()}
+
+    def distance(v: Verdict) -> float:  # how far the interval lies from no effect, in the claim's direction
+        lo, hi = (math.log(v.low), math.log(v.high)) if claim.ratio else (v.low, v.high)
+        return {"greater": lo, "less": -hi}.get(claim.expects, max(lo, -hi))
+
+    if claim.expects == "none":
+        label = AGREES if labels <= {AGREES, IDENTICAL} else DISAGREES if DISAGREES in labels else INCONCLUSIVE
+    else:  # the first label present, in this order of precedence
+        label = next(lab for lab in (AGREES, INCONCLUSIVE, DISAGREES, NO_EFFECT, IDENTICAL) if lab in labels)
+    deciding = [v for v in parts.values() if v.label == label] or list(parts.values())
+    pick = max(deciding, key=distance)
+    name = next(k for k, v in parts.items() if v is pick)
+    counts = pd.Series([v.label for v in parts.values()]).value_counts()
+    summary = ", ".join(f"{count} {lab}" for lab, count in counts.items())
+    reason = f"over {len(parts)} parts ({summary}), deciding part {name}: {pick.reason}"
+    return Verdict(claim, pick.estimate, pick.low, pick.high, max(v.n for v in parts.values()), label, reason,
+                   pick.level, pick.discrimination, units=units, method=pick.method,
+                   parts=tuple(parts.items()), values=tuple(x for v in parts.values() for x in v.values))
+
+
+def model_check(claim: Claim, predicted: ArrayLike, measured: ArrayLike, units: str = "held-out cells",
+                kind: str = "cells", repeats: int | None = None) -> Verdict:
+    """A model's predictions against held-out measurements (RIPE Sec. 3.5: "predicts the 9 batch-8 cells within
+    0.15%"): the claim is a ratio within ``claim.minimum`` (``expects="none"``, ``scale="log-ratio"``) on every cell.
+
+    At least :data:`MIN_UNITS` [kind] cells (``kind="timing"`` for measured speeds, with ``repeats``). The estimate
+    is the geometric mean of measured / predicted and the interval is the range over the cells: every cell must fit,
+    so the range is what decides. Agrees if every cell lies inside the band, disagrees if some cell lies beyond it,
+    identical if the model is exact on every cell.
+    """
+    if claim.expects != "none" or claim.scale != "log-ratio":
+        raise ValueError("a model check's claim must expect no effect ('none') on the 'log-ratio' scale, got "
+                         f"{claim.expects!r} on {claim.scale!r}")
+    y, x = _arms(claim, measured, predicted, None)
+    ratio = y / x
+    units_check = enough_units(x.size, kind, units, repeats)
+    outside = int(((ratio >= claim.minimum) | (ratio <= 1 / claim.minimum)).sum())
+    if not units_check.passed:
+        label, reason = INCONCLUSIVE, units_check.detail
+    elif np.array_equal(x, y):
+        label, reason = IDENTICAL, f"the model is exact on every one of the {x.size} {units}"
+    elif outside:
+        label, reason = DISAGREES, f"{outside} of the {x.size} {units} lie beyond the band"
+    else:
+        label, reason = AGREES, f"every one of the {x.size} {units} lies inside the band"
+    return Verdict(claim, float(np.exp(np.log(ratio).mean())), float(ratio.min()), float(ratio.max()), int(x.size),
+                   label, reason, discrimination=Discrimination((units_check,)), units=units,
+                   method="range of measured / predicted", values=tuple(np.r_[y, x].tolist()))
+
+
+# -- tables and summaries ----------------------------------------------------------------------------------------
+
+
+def distinct(verdicts: Mapping[str, Verdict]) -> tuple[dict[str, Verdict], dict[str, str]]:
+    """The verdicts without repeats: a verdict whose per-unit data and label equal an earlier one's (the same numbers
+    under another claim) is dropped. Returns (the kept verdicts, each dropped name -> the name it repeats)."""
+    kept: dict[str, Verdict] = {}
+    repeats: dict[str, str] = {}
+    for name, v in verdicts.items():
+        same = next((k for k, u in kept.items() if u.values == v.values and (u.estimate, u.low, u.high, u.label)
+                     == (v.estimate, v.low, v.high, v.label)), None)
+        if same is None:
+            kept[name] = v
+        else:
+            repeats[name] = same
+    return kept, repeats
+
+
 def verdict_table(verdicts: dict[str, Verdict] | list[Verdict]) -> pd.DataFrame:
     """Verdicts as a table, one row each (index: the given names, or the claims)."""
     items = verdicts.items() if isinstance(verdicts, dict) else ((v.claim.statement, v) for v in verdicts)
@@ -242,9 +515,10 @@ def verdict_table(verdicts: dict[str, Verdict] | list[Verdict]) -> pd.DataFrame:
 
 
 def interval_table(verdicts: dict[str, Verdict]) -> pd.DataFrame:
-    """A chapter's verdicts for reading: source, the estimate with its 95% interval, n, the label and why."""
-    table = verdict_table(verdicts)[["source", "n", "verdict", "why"]]
-    table.insert(1, "estimate [95% interval]", [f"{v.measure} {v.interval()}" for v in verdicts.values()])
+    """A chapter's verdicts for reading: source, the estimate with its interval, n, the smallest effect, the label
+    and why."""
+    table = verdict_table(verdicts)[["source", "n", "smallest effect", "verdict", "why"]]
+    table.insert(1, "estimate [interval]", [f"{v.measure} {v.interval()}" for v in verdicts.values()])
     return table
 
 
@@ -253,13 +527,16 @@ def _count(count: int, singular: str, plural: str) -> str:
 
 
 def tally(verdicts: dict[str, Verdict], model: str, against: str) -> str:
-    """One sentence: how many of a chapter's claims on ``model`` agree with ``against``, disagree, are
-    inconclusive, and which of the inconclusive ones could not discriminate."""
-    counts = pd.Series({name: v.label for name, v in verdicts.items()}).value_counts()
+    """One sentence: how many of a chapter's claims on ``model`` agree with ``against``, disagree, find no effect of
+    the size that counts, are identical or inconclusive, and which inconclusive ones could not discriminate."""
+    counts = pd.Series({name: v.label for name, v in verdicts.items()}, dtype=object).value_counts()
     counts = counts.reindex(LABELS, fill_value=0)
-    blocked = [name for name, v in verdicts.items() if not v.discrimination.ok]
-    return (f"Of {len(verdicts)} claims on {model}, {_count(counts[AGREES], 'agrees', 'agree')} with {against}, "
-            f"{_count(counts[DISAGREES], 'disagrees', 'disagree')} and "
-            f"{_count(counts[INCONCLUSIVE], 'is inconclusive', 'are inconclusive')}"
+    blocked = [name for name, v in verdicts.items() if v.blocked]
+    parts = [_count(counts[AGREES], "agrees", "agree") + f" with {against}",
+             _count(counts[DISAGREES], "disagrees", "disagree"),
+             f"{counts[NO_EFFECT]} find{'s' if counts[NO_EFFECT] == 1 else ''} no effect of the size that counts",
+             f"{counts[IDENTICAL]} compare{'s' if counts[IDENTICAL] == 1 else ''} identical arms",
+             _count(counts[INCONCLUSIVE], "is inconclusive", "are inconclusive")]
+    return (f"Of {len(verdicts)} claims on {model}, " + ", ".join(parts[:-1]) + f" and {parts[-1]}"
             + (f"; {len(blocked)} of these because the measurement cannot discriminate on this model "
                f"({'; '.join(blocked)})." if blocked else "."))

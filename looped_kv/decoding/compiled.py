@@ -32,7 +32,7 @@ from torch import Tensor
 
 from looped_kv.decoding.passes import Passes
 from looped_kv.runtime.cache import BlockBuffer, PlaneCache, StaticBlockPass
-from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.model import LoopedLM, check_finite
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
 
 BACKEND: str | object = "inductor"
@@ -73,7 +73,7 @@ def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor
     gamma = guesses.shape[1] - 1
     columns = torch.arange(gamma, device=guesses.device)
     positions = lengths[:, None] + columns
-    fresh = model.initial_state(positions, guesses.shape[0], last=cache.capacity - 1)
+    fresh = model.initial_state(positions, guesses.shape[0], last=cache.capacity - 1, tokens=guesses[:, :gamma])
     state = torch.where((columns < previous)[None, :, None], carried, fresh)
     router = StaticBlockPass(cache, positions, lengths, planes)
     logits, state = model(guesses[:, :gamma], num_loops, state, positions=positions, router=router,
@@ -110,8 +110,8 @@ class CompiledPasses(Passes):
 
     def __init__(self, model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None) -> None:
         super().__init__(model, cache, buffer, into_cache=True)
-        # the table of initial states, built before tracing: the steps only gather from it
-        model.initial_state(torch.arange(cache.capacity, device=cache.lengths.device), 1, last=cache.capacity - 1)
+        if not model.config.looped_stack:  # the table of initial states, built before tracing (Ouro has none)
+            model.initial_state(torch.arange(cache.capacity, device=cache.lengths.device), 1, last=cache.capacity - 1)
         self._planes: dict[tuple, tuple] = {}
 
     def planes(self, reads: PrefixReads, first_loop: int, num_loops: int) -> tuple:
@@ -133,6 +133,8 @@ class CompiledPasses(Passes):
         fn = _step if n == 1 else _verify
         logits, _ = traced(fn)(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
                                self.planes(ALIGNED, 1, R), "cache" if self.into_cache else "buffer")
+        if self.model.dtype == torch.float16:
+            check_finite(logits, f"the logits of the compiled pass at position {self.cache.max_length}")
         return logits
 
     def refine(self, guesses: Tensor, carried: Tensor | None, previous: int, width: int, num_loops: int, *,

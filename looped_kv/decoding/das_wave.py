@@ -75,7 +75,7 @@ def wave(passes: Passes, anchor: Tensor, *, block: int, rounds: int, initial_wid
             guesses, states = passes.refine(guesses, states if carry else None, previous if carry else 0, width,
                                             updates, reads=reads, first_loop=first_loop)
         else:
-            fresh = passes.initial_state(width)
+            fresh = passes.initial_state(guesses[:, :width])
             if carry and states is not None:  # only newly active positions start from the initial state
                 fresh[:, :states.shape[1]] = states
             logits, states = passes.run(guesses[:, :width], updates, reads=reads, state=fresh, first_loop=first_loop)

@@ -37,13 +37,16 @@ class Passes:
                            buffer=self.buffer, offset=offset, store=store)
         return run_block(self.model, tokens, router, num_loops, state, first_loop=first_loop)
 
-    def initial_state(self, n: int) -> Tensor:
-        """The initial states of the n positions after each row's committed prefix (B, n, n_embd), a new tensor."""
+    def initial_state(self, tokens: Tensor) -> Tensor:
+        """The initial states of ``tokens`` (B, n) at the n positions after each row's committed prefix
+        (B, n, n_embd), a new tensor (Ouro: their embedding)."""
+        n = tokens.shape[1]
         positions = block_positions(self.cache, n)
         if isinstance(positions, range):
             positions = torch.arange(positions.start, positions.stop, device=self.cache.lengths.device)
             positions = positions.expand(self.cache.batch, -1)
-        return self.model.initial_state(positions, self.cache.batch, last=self.cache.max_length + n - 1)
+        return self.model.initial_state(positions, self.cache.batch, last=self.cache.max_length + n - 1,
+                                        tokens=tokens)
 
     def verify(self, tokens: Tensor) -> Tensor:
         """One R-loop pass over ``tokens`` (B, n) under the cache policy; logits (B, n, V)."""

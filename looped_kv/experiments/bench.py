@@ -5,11 +5,13 @@ Two kinds of runs, one row per (prompt, method, mode) each:
 
 * timing (:func:`run_paired`): each prompt is decoded alone (batch 1) by greedy full-depth
   decoding and by every method, eager and compiled (``compile=True``: every pass on a traced
-  step with static shapes), interleaved in the same process, so each method's speed-up is paired
-  with the greedy run of its own mode on the same prompt. The speed-up is DAS Eq. (8): the mean
-  over prompts of (n/t)_method / (n/t)_greedy, prefill included, with a paired prompt bootstrap
-  interval (:func:`looped_kv.analysis.fits.mean_speedup`); every compiled run is also paired with
-  eager greedy decoding (what compilation gains);
+  step with static shapes), in the same process, in ``repeats`` interleaved rounds per mode (greedy
+  and every method once per round, the order reversed every other round), so each method's speed-up
+  is paired with the greedy run of its own mode on the same prompt and a slow stretch of the machine
+  falls on every arm alike. The speed-up is DAS Eq. (8): the mean over prompts of
+  (n/t)_method / (n/t)_greedy, prefill included, each time the median over the rounds, with a paired
+  prompt bootstrap interval (:func:`looped_kv.analysis.fits.mean_speedup`); every compiled run is
+  also paired with eager greedy decoding (what compilation gains);
 * acceptance (:func:`acceptance_runs`): each method decodes all prompts as one batch. Every row is
   what decoding that prompt alone gives, so the per-prompt accepted length A (Eq. 9), committed
   progress G (Eq. 10) and tokens per verification tau cost a fraction of the timing runs.
@@ -18,8 +20,11 @@ Methods are named by :data:`looped_kv.decoding.settings.METHODS` (``ar``, ``self
 ``mature-spec``, ``pld``, ``das-wave``) and configured by their dataclasses there;
 :data:`~looped_kv.decoding.settings.DISPLAY` labels tables only. Each drafter's acceptance has a
 ceiling: tau <= gamma + 1 for the sequential drafters (self-spec, mature-spec, pld) and A <= w for
-DAS-Wave, w = min(gamma, W_init + J - 1) (DAS Eq. 5). An arm at its ceiling cannot be beaten, so
-every verdict here (:mod:`looped_kv.analysis.verdicts`) checks the ceilings first.
+DAS-Wave, w = min(gamma, W_init + J - 1) (DAS Eq. 5). Every verdict here goes through
+:func:`looped_kv.analysis.verdicts.verdict`: a timing verdict needs 16 prompts timed in interleaved
+repeats; arms with different ceilings are compared as shares of their ceilings (``share``: A over the
+most drafts one verification can accept) or by speed, never by raw A (:func:`acceptance_verdict`
+refuses it).
 
     looped-kv bench --workloads problems --prompts 32 --max-new-tokens 128
 """
@@ -37,12 +42,12 @@ from tqdm.auto import tqdm
 
 from looped_kv.analysis.fits import accepted_length, committed_progress, interaction_effect, mean_speedup
 from looped_kv.analysis.verdicts import (
+    BOOK_MINIMUM,
     Check,
     Claim,
     Verdict,
     below_ceiling,
     discrimination,
-    enough_units,
     varies,
     verdict,
 )
@@ -55,20 +60,21 @@ from looped_kv.runtime.measurement import measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
 
+TOKENS = "the book's smallest effect for tokens per verification (RIPE Table 6's +0.5 for tau)"
+SPEED = "the book's smallest speed ratio (10%, the smallest ratio RIPE Table 6 pre-registers)"
 #: DAS Sec. 4.3 and Table 2: with the same draft depth and block, deep K/V prefix reads accept more drafts.
 MATURE_SPEC_ACCEPTS_MORE = Claim("Mature-Spec accepts more drafts per verification than self-speculation "
-                                 "(same d and gamma)", "DAS Sec. 4.3, Table 2")
+                                 "(same d and gamma)", "DAS Sec. 4.3, Table 2", minimum=BOOK_MINIMUM["tokens"],
+                                 minimum_source=TOKENS)
 #: DAS Sec. 4.2 and Table 1: Mature-Spec improves over sequential self-speculation in all sixteen settings.
 MATURE_SPEC_FASTER = Claim("Mature-Spec decodes faster than self-speculation", "DAS Sec. 4.2, Table 1",
-                           scale="log-ratio")
-#: DAS Sec. 4.2 and Table 1: DAS-Wave produces the longest accepted blocks in every setting.
-WAVE_ACCEPTS_MORE = Claim("DAS-Wave accepts more drafts per verification than Mature-Spec",
-                          "DAS Sec. 4.2, Table 1")
+                           scale="log-ratio", minimum=BOOK_MINIMUM["ratio"], minimum_source=SPEED)
 #: DAS Sec. 4.2 and Table 1: DAS-Wave obtains the largest measured speed-up in every setting.
-WAVE_FASTER = Claim("DAS-Wave decodes faster than Mature-Spec", "DAS Sec. 4.2, Table 1", scale="log-ratio")
+WAVE_FASTER = Claim("DAS-Wave decodes faster than Mature-Spec", "DAS Sec. 4.2, Table 1", scale="log-ratio",
+                    minimum=BOOK_MINIMUM["ratio"], minimum_source=SPEED)
 #: DAS Sec. C.4, Eq. (11) and Table 9: the three-way interaction of carry, deep K and deep V is positive.
 INTERACTION = Claim("carry strengthens the complementarity of mature keys and values: E_cKV > 0",
-                    "DAS Sec. C.4, Eq. 11, Table 9")
+                    "DAS Sec. C.4, Eq. 11, Table 9", minimum=BOOK_MINIMUM["tokens"], minimum_source=TOKENS)
 
 #: The DAS-Wave prefix reads of the carry x K x V factorial, by (deep K, deep V) (DAS Eq. 4).
 FACTORIAL_READS = {(0, 0): "aligned", (0, 1): "deep-v", (1, 0): "deep-k", (1, 1): "deep-kv"}
@@ -130,8 +136,10 @@ def ceiling(config: dict) -> Ceiling | None:
 
 
 def _rows(out: Generation, key: Hashable, config: dict) -> list[dict]:
-    """One row per prompt of a run: its tokens, verifications, A, G (= tau) and the fraction of its ceiling."""
+    """One row per prompt of a run: its tokens, verifications, A, G (= tau), the fraction of its ceiling reached by
+    its statistic (tau or A), and ``share``: A over the most drafts one verification can accept (gamma, or w)."""
     bound = ceiling(config)
+    most = (bound.value - 1 if bound.statistic == "tau" else bound.value) if bound else float("nan")
     rows = []
     for i, (accepted, retained, new, stopped) in enumerate(
             zip(out.row_accepted, out.row_retained, out.new_rows, out.stopped, strict=True)):
@@ -142,7 +150,7 @@ def _rows(out: Generation, key: Hashable, config: dict) -> list[dict]:
                      "G": g, "tau": g, "accepted": list(accepted), "retained": list(retained), "stopped": stopped,
                      "statistic": bound.statistic if bound else "", "ceiling": bound.value if bound else np.nan,
                      "floor": bound.floor if bound else np.nan,
-                     "of ceiling": stat / bound.value if bound else float("nan")})
+                     "of ceiling": stat / bound.value if bound else float("nan"), "share": a / most})
     return rows
 
 
@@ -174,34 +182,47 @@ def warm_up(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, 
 
 
 def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
-               progress: bool = True, modes: Sequence[str] = ("eager",)) -> pd.DataFrame:
-    """Timing runs: every prompt alone, for each of ``modes`` (:data:`MODES`) greedy first, then each method, modes
-    interleaved prompt by prompt; one row per (prompt, method, mode) with its time, tokens/s, per-prompt speed-up
-    over the paired greedy run of its mode (DAS Eq. 8) and over eager greedy decoding, A, G, tau and whether it
-    equals greedy. Compiled steps are traced before any timed run (:func:`warm_up`)."""
+               progress: bool = True, repeats: int = 1, modes: Sequence[str] = ("eager",)) -> pd.DataFrame:
+    """Timing runs: every prompt alone, for each of ``modes`` (:data:`MODES`) in ``repeats`` interleaved rounds of
+    greedy decoding and each method (the order reversed every other round), modes one after the other prompt by
+    prompt; one row per (prompt, method, mode) with its median time over the rounds, tokens/s, per-prompt speed-up
+    over the paired greedy run of its mode (DAS Eq. 8) and over eager greedy decoding, A, G, tau, whether it equals
+    greedy and ``repeats``. Compiled steps are traced before any timed run (:func:`warm_up`)."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise ValueError(f"modes must name some of {MODES}, got {list(modes)}")
     generate(model, prompts[0], max_new_tokens=4)  # warm-up
     if "compiled" in modes:
         warm_up(model, prompts, methods, max_new_tokens, progress)
+    keys = ["ar", *(k for k, c in methods.items() if c.get("method") != "ar")]
+    configs = {"ar": {"method": "ar"}, **methods}
     rows = []
     for i, ids in enumerate(tqdm(prompts, desc="prompts", disable=not progress, leave=False)):
-        eager = None
+        eager: tuple[Generation, float] | None = None  # eager greedy decoding's run and median time
         for mode in modes:
             compiled = mode == "compiled"
-            reference = generate(model, ids, max_new_tokens=max_new_tokens, method="ar", compile=compiled)
-            eager = reference if eager is None and not compiled else eager
+            times: dict[Hashable, list[float]] = {key: [] for key in keys}
+            outs: dict[Hashable, Generation] = {}
+            for r in range(repeats):
+                for key in keys if r % 2 == 0 else keys[::-1]:
+                    out = generate(model, ids, max_new_tokens=max_new_tokens, compile=compiled, **configs[key])
+                    times[key].append(out.wall_time)
+                    outs.setdefault(key, out)
+            reference, greedy_time = outs["ar"], float(np.median(times["ar"]))
+            if not compiled and eager is None:
+                eager = (reference, greedy_time)
             for key, config in methods.items():
-                out = reference if config.get("method") == "ar" else generate(
-                    model, ids, max_new_tokens=max_new_tokens, compile=compiled, **config)
+                source = "ar" if config.get("method") == "ar" else key
+                out, time_s = outs[source], float(np.median(times[source]))
                 (row,) = _rows(out, key, config)
-                rows.append({**row, "prompt": i, "mode": mode, "time_s": out.wall_time,
-                             "tokens_per_s": out.tokens_per_s, "greedy_time_s": reference.wall_time,
-                             "greedy_tokens": reference.num_new, "speed-up": out.tokens_per_s / reference.tokens_per_s,
-                             "eager_greedy_time_s": np.nan if eager is None else eager.wall_time,
-                             "eager_greedy_tokens": np.nan if eager is None else eager.num_new,
-                             "same_as_greedy": bool(torch.equal(out.tokens, reference.tokens))})
+                rows.append({**row, "prompt": i, "mode": mode, "time_s": time_s, "tokens_per_s": out.num_new / time_s,
+                             "greedy_time_s": greedy_time, "greedy_tokens": reference.num_new,
+                             "speed-up": (out.num_new / time_s) / (reference.num_new / greedy_time),
+                             "eager_greedy_time_s": np.nan if eager is None else eager[1],
+                             "eager_greedy_tokens": np.nan if eager is None else eager[0].num_new,
+                             "same_as_greedy": bool(torch.equal(out.tokens, reference.tokens)), "repeats": repeats})
     return pd.DataFrame(rows)
 
 
@@ -307,31 +328,41 @@ def _rooms(runs: pd.DataFrame, method: Hashable, baseline: Hashable) -> list[Che
     return checks + [room(runs, key) for key in (method, baseline) if key == "das-wave"]
 
 
-def acceptance_verdict(claim: Claim, runs: pd.DataFrame, method: Hashable, baseline: Hashable) -> Verdict:
-    """``claim`` on the paired per-prompt accepted length A (DAS Eq. 9) of ``method`` against ``baseline``.
+def acceptance_verdict(claim: Claim, runs: pd.DataFrame, method: Hashable, baseline: Hashable,
+                       statistic: str = "A") -> Verdict:
+    """``claim`` on the paired per-prompt accepted length A (DAS Eq. 9) of ``method`` against ``baseline``, or with
+    ``statistic="share"`` on A as a share of the most each verification can accept (gamma, or w).
 
-    Discrimination: enough prompts (:data:`~looped_kv.analysis.verdicts.MIN_PROMPTS`), the baseline below its
-    ceiling where the method can accept no more per verification than the baseline, DAS-Wave below w, and
-    values that are not all equal.
+    Raw A compares arms only at the same ceiling: DAS-Wave's A <= w = 25 against Mature-Spec's A <= gamma = 8 would
+    agree by construction, so that comparison is refused (compare ``share`` or speed). Discrimination: the verdict's
+    unit rule, the baseline below its ceiling where the method can accept no more per verification than the
+    baseline, DAS-Wave below w, and values that are not all equal.
     """
-    a, b = _arm(runs, method)["A"], _arm(runs, baseline)["A"]
+    if statistic not in ("A", "share"):
+        raise ValueError(f"statistic must be 'A' or 'share', got {statistic!r}")
+    most = {key: _most_accepted(runs, key) for key in (method, baseline)}
+    if statistic == "A" and most[method] != most[baseline]:
+        raise ValueError(f"{label(method)} accepts at most {most[method]:g} drafts per verification and "
+                         f"{label(baseline)} {most[baseline]:g}: raw A of arms with different ceilings agrees by "
+                         "construction; compare statistic='share' (A over its ceiling) or their speed")
+    a, b = _arm(runs, method)[statistic], _arm(runs, baseline)[statistic]
     both = a.notna() & b.reindex(a.index).notna()
     a, b = a[both].to_numpy(), b.reindex(a.index)[both].to_numpy()
-    checks = discrimination(enough_units(len(a)), *_rooms(runs, method, baseline),
-                            varies(np.r_[a, b], f"A of {label(method)} and {label(baseline)}"))
+    checks = discrimination(*_rooms(runs, method, baseline),
+                            varies(np.r_[a, b], f"{statistic} of {label(method)} and {label(baseline)}"))
     return verdict(claim, a, b, discrimination=checks)
 
 
-def speed_verdict(claim: Claim, timing: pd.DataFrame, method: Hashable, baseline: Hashable,
-                  acceptance: pd.DataFrame | None = None) -> Verdict:
+def speed_verdict(claim: Claim, timing: pd.DataFrame, method: Hashable, baseline: Hashable) -> Verdict:
     """``claim`` on the paired per-prompt speed-ups (DAS Eq. 8) of ``method`` and ``baseline``, as a ratio.
 
-    The timing prompts may be few (each is decoded alone); their interval says how far the ratio is
-    known. The ceiling checks use ``acceptance`` runs where given (more prompts), else the timing runs.
+    A timing verdict: at least 16 prompts, each timed in interleaved repeats (:func:`run_paired`), else
+    inconclusive. Acceptance ceilings do not bound a speed ratio, so none is checked.
     """
     a, b = _arm(timing, method)["speed-up"], _arm(timing, baseline)["speed-up"]
-    checks = discrimination(*_rooms(timing if acceptance is None else acceptance, method, baseline))
-    return verdict(claim, a.to_numpy(), b.reindex(a.index).to_numpy(), discrimination=checks)
+    repeats = int(timing["repeats"].min()) if "repeats" in timing else 1
+    return verdict(claim, a.to_numpy(), b.reindex(a.index).to_numpy(), kind="timing", units="timed prompts",
+                   repeats=repeats)
 
 
 def mature_spec_verdicts(timing: pd.DataFrame, acceptance: pd.DataFrame | None = None) -> dict[str, Verdict]:
@@ -341,7 +372,7 @@ def mature_spec_verdicts(timing: pd.DataFrame, acceptance: pd.DataFrame | None =
     if set(_arm(runs, "self-spec")["ceiling"]) != set(_arm(runs, "mature-spec")["ceiling"]):
         raise ValueError("self-spec and mature-spec must verify blocks of the same gamma to compare acceptance")
     return {"acceptance": acceptance_verdict(MATURE_SPEC_ACCEPTS_MORE, runs, "mature-spec", "self-spec"),
-            "speed": speed_verdict(MATURE_SPEC_FASTER, timing, "mature-spec", "self-spec", acceptance)}
+            "speed": speed_verdict(MATURE_SPEC_FASTER, timing, "mature-spec", "self-spec")}
 
 
 # -- the carry x K x V factorial (DAS Table 9, Eq. 11) ----------------------------------------------------------
@@ -369,7 +400,7 @@ def interaction_by_prompt(runs: pd.DataFrame) -> np.ndarray:
 def interaction_verdict(runs: pd.DataFrame) -> Verdict:
     """:data:`INTERACTION` on the per-prompt E_cKV, against no interaction.
 
-    Discrimination: enough prompts; the carried cells' G below the ceiling w (when every carried cell
+    Discrimination: the verdict's unit rule; the carried cells' G below the ceiling w (when every carried cell
     commits all w proposals, carry's K/V interaction is zero by saturation, whatever the reads do); and
     G that is not the same in every cell.
     """
@@ -377,7 +408,7 @@ def interaction_verdict(runs: pd.DataFrame) -> Verdict:
     carried = runs[runs["method"].map(lambda cell: cell[0] == 1)]
     w = int(carried["ceiling"].iloc[0])
     per_prompt = carried.groupby("prompt")["G"].mean().dropna()
-    checks = discrimination(enough_units(len(e)), below_ceiling(per_prompt, w, "G of the carried cells"),
+    checks = discrimination(below_ceiling(per_prompt, w, "G of the carried cells"),
                             varies(runs["G"].dropna(), "G of the eight cells"))
     return verdict(INTERACTION, e, null=0.0, discrimination=checks)
 
@@ -386,11 +417,12 @@ def interaction_verdict(runs: pd.DataFrame) -> Verdict:
 
 
 def check_options(prompts: int, max_new_tokens: int, draft_loops: int, block: int, methods: Sequence[str],
-                  workloads: Sequence[str]) -> None:
+                  workloads: Sequence[str], repeats: int = 2) -> None:
     """The bench's arguments, before any model is loaded: one-line ValueErrors naming the option and the value."""
     if prompts < 2:
         raise ValueError(f"--prompts must be >= 2 (paired intervals need two prompts), got {prompts}")
-    for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-loops", draft_loops), ("--block", block)):
+    for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-loops", draft_loops), ("--block", block),
+                        ("--repeats", repeats)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     for flag, names, allowed in (("--methods", methods, settings.METHODS), ("--workloads", workloads, data.WORKLOADS)):
@@ -408,13 +440,13 @@ def check_model(model_loops: int, draft_loops: int) -> None:
 
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
            draft_loops: int = SelfSpec.draft_loops, block: int = SelfSpec.block, progress: bool = True,
-           n_boot: int = 10_000, modes: Sequence[str] = MODES) -> None:
+           n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES) -> None:
     """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts
-    (each decoded alone, stopping at end-of-text), eager and compiled side by side (``modes``), tau or A as a
-    fraction of its ceiling, the best compiled speculative method against compiled greedy decoding, and the
-    verdicts on "Mature-Spec beats self-speculation", measured with cuDNN attention off
+    (each decoded alone, stopping at end-of-text, in ``repeats`` interleaved rounds), eager and compiled side by side
+    (``modes``), tau or A as a fraction of its ceiling, the best compiled speculative method against compiled greedy
+    decoding, and the verdicts on "Mature-Spec beats self-speculation", measured with cuDNN attention off
     (:func:`looped_kv.runtime.measurement.measurement_mode`). Every prompt is checked before decoding."""
-    check_options(prompts, max_new_tokens, draft_loops, block, methods, workloads)
+    check_options(prompts, max_new_tokens, draft_loops, block, methods, workloads, repeats)
     check_model(model.config.mean_recurrence, draft_loops)
     configs = {name: config for name, config in method_configs(draft_loops, block).items() if name in methods}
     margin = max(config.get("block", 0) + 1 for config in configs.values())
@@ -437,10 +469,11 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
               f"{PromptLookup.ngram}-grams; das-wave: {', '.join(f'{k} {wave[k]}' for k in WAVE_KEYS)}; "
               f"modes: {', '.join(modes)}")
         for workload, ids in encoded.items():
-            runs = run_paired(model, ids, configs, max_new_tokens, progress=progress, modes=modes)
+            runs = run_paired(model, ids, configs, max_new_tokens, progress=progress, repeats=repeats,
+                              modes=modes)
             print(f"\n{workload}: {len(ids)} evaluation prompts, each decoded alone, up to {max_new_tokens} new "
-                  f"tokens (stopping at end-of-text), modes interleaved prompt by prompt; speed-up: DAS Eq. (8) over "
-                  f"paired greedy decoding of the same mode, 95% paired bootstrap interval")
+                  f"tokens (stopping at end-of-text), {repeats} interleaved rounds per mode; speed-up: DAS Eq. (8) "
+                  f"over paired greedy decoding of the same mode, 95% paired bootstrap interval")
             print(side_by_side(runs, n_boot=n_boot).to_string(float_format=lambda x: f"{x:.1f}", na_rep="–"))
             best = best_compiled(runs, n_boot=n_boot)
             if best is not None:

@@ -32,13 +32,12 @@ from tqdm.auto import tqdm
 from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.analysis.perf import peak_memory
-from looped_kv.runtime.config import LoopedConfig, huginn_0125, raven_llama, raven_olmo
+from looped_kv.runtime.config import PRESETS, LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR
 from looped_kv.runtime.measurement import check_device, environment, measurement_mode
 from looped_kv.runtime.model import LoopedLM
 
-CONFIGS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo,
-           "tiny": lambda: LoopedConfig.from_file(TINY_DIR / "config.json")}
+CONFIGS = {**PRESETS, "tiny": lambda: LoopedConfig.from_file(TINY_DIR / "config.json")}
 
 
 def random_model(config: LoopedConfig, device: str, dtype: torch.dtype) -> LoopedLM:

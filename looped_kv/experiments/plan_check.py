@@ -10,10 +10,18 @@ are not a real checkpoint's peak).
 On a GPU the measured peak is ``torch.cuda.max_memory_allocated`` over the run, the resident weights included,
 against the plan's GPU peak; on a CPU, where GPU and host memory are one, it is
 :func:`~looped_kv.analysis.memory_bench.tensor_peak_bytes` of the run, against the plan's peak of both less the
-resident weights. ``tests/test_plan.py`` holds every prediction to 10% of the CPU measurement on a scaled-down
-model of Huginn's shape; on a GPU, one command records the full-size check:
+resident weights. ``tests/test_plan.py`` holds every prediction to 10% of the CPU measurement on scaled-down
+models (Huginn's shape, Ouro's and Raven-TinyLlama's); on a GPU, one command records a full-size check (the
+profile defaults to the model's for the GPU found; name a T4 profile to check it on a larger GPU):
 
     python -m looped_kv.experiments.plan_check --model huginn-0125 --out book/data/plan-check-huginn-0125.json
+    python -m looped_kv.experiments.plan_check --model ouro-1.4b --profile ouro-1.4b-t4 \
+        --out book/data/plan-check-ouro-1.4b-t4.json
+    python -m looped_kv.experiments.plan_check --model raven-tinyllama --profile raven-tinyllama-t4 \
+        --out book/data/plan-check-raven-tinyllama-t4.json
+
+``--model`` also takes a checkpoint folder or a config.json (random weights of that config): the same command runs
+on a CPU with a fixture-sized model and the ``smoke`` profile.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from tqdm.auto import tqdm
 
 from looped_kv import profiles
 from looped_kv.analysis import measure, plan
+from looped_kv.analysis.claims import measured_ripeness
 from looped_kv.analysis.depth import loss_by_text
 from looped_kv.analysis.memory_bench import tensor_peak_bytes
 from looped_kv.analysis.planes import (
@@ -46,6 +55,7 @@ from looped_kv.analysis.planes import (
 from looped_kv.analysis.ripe import acceptance_by_cache, replay_records
 from looped_kv.decoding.generate import generate
 from looped_kv.experiments import bench
+from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.measurement import check_device, measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy
@@ -116,17 +126,29 @@ def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
     generate(model_exact, exact_prompts, **spec, method="self-spec", draft_loops=p.draft_loops, block=p.block)
     del model_exact, exact_prompts
     model16 = in_dtype(model, _dtype(p.reference_dtype))
-    targets = generate(model16, _prompts(model, profile, p.replay_prompts), max_new_tokens=p.new_tokens,
+    targets = generate(model16, _prompts(model, profile, 3 * p.replay_prompts), max_new_tokens=p.new_tokens,
                        stop_at_eos=False, rows_per_pass=rows)
+    trajectories, lengths = [s[None] for s in targets.sequences], targets.prompt_lengths
     model32 = in_dtype(model16, torch.float32)
-    full = make_policy("full", R)
-    arms = {"deepest": (model16, make_policy("deepest", R)),
+    full, deepest = make_policy("full", R), make_policy("deepest", R)
+    arms = {"deepest": (model16, deepest),
             **{f"W = {w}": (model16, make_policy("ripe", R, window=w)) for w in p.windows},
             "sinks": (model16, make_policy("sinks", R, sinks=4)), "two": (model16, make_policy("k-deepest", R, k=2)),
             "fp32": (model32, full)}
-    replay_records([s[None] for s in targets.sequences], targets.prompt_lengths, (model16, full), arms,
-                   block=p.block, block_arms=["deepest"], batch_size=p.replay_batch)
-    del model32, arms
+    replay_records(trajectories, lengths, (model16, full), arms, block=p.block, block_arms=["deepest"],
+                   batch_size=p.replay_batch)
+    del arms
+    c2 = profile.ch02
+    measured_ripeness(model32, model16, token_ids(model, 3 * p.ripeness_texts_per_workload, c2.length),
+                      decoded=c2.decoded, chunk=c2.chunk, record_device=_records_device(model, c2.record_device))
+    if p.block_dtype is not None:
+        block_dtype = _dtype(p.block_dtype)
+        exact = model32 if model32.dtype == block_dtype else in_dtype(model16, block_dtype)
+        first = [t[:, :n + p.block_tokens] for t, n in zip(trajectories, lengths, strict=True)]
+        replay_records(first, lengths, (exact, full), {"deepest": (exact, deepest)}, block=p.block,
+                       block_arms=["deepest"], batch_size=p.replay_batch)
+        del exact
+    del model32
     acceptance_by_cache(model, _prompts(model, profile, p.acceptance_prompts), {"full": {"cache": "full"}},
                         p.acceptance_tokens, draft_loops=p.draft_loops, block=p.block, rows_per_pass=rows)
 
@@ -152,7 +174,7 @@ def ch07(model: LoopedLM, profile: profiles.Profile) -> None:
     p = profile.ch07
     largest = max(*p.batch_sizes, *p.memory_batch_sizes)
     generate(model, _prompts(model, profile, largest), max_new_tokens=p.new_tokens, stop_at_eos=False,
-             method="self-spec")
+             method="self-spec", draft_loops=p.draft_loops)
 
 
 RUNS: dict[str, Callable[[LoopedLM, profiles.Profile], None]] = {
@@ -161,12 +183,13 @@ RUNS: dict[str, Callable[[LoopedLM, profiles.Profile], None]] = {
 
 def predicted_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> int:
     """The plan's peak for the steps a run makes: on a GPU its GPU bytes; on a CPU every byte less the weights
-    the model already holds (the meter counts what the run allocates)."""
+    the model already holds (the meter counts what the run allocates, and a model cast in place is new storage)."""
     steps = [s for s in plan.CHAPTERS[chapter](model.config, profile).steps
              if not s.name.startswith(SKIPPED.get(chapter, ("-",)))]
     if model.device.type == "cuda":
         return max(s.bytes(plan.GPU) for s in steps)
-    return max(s.bytes(None) for s in steps) - plan.weights(model.config, profile.dtype)
+    resident = f"{profile.dtype} weights"  # a step without them holds the model cast in place: new storages
+    return max(s.bytes(None) - sum(h.nbytes for h in s.held if h.what == resident) for s in steps)
 
 
 def measured_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> tuple[int, float]:
@@ -202,15 +225,20 @@ def check(model: LoopedLM, profile: profiles.Profile, chapters: list[str] | None
 def main(argv: list[str] | None = None) -> None:
     from looped_kv.experiments.gpu_check import CONFIGS, random_model
 
-    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.plan_check", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="huginn-0125", help=f"one of {tuple(CONFIGS)}")
-    ap.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's)")
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.plan_check",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="huginn-0125", help=f"one of {tuple(CONFIGS)}, or a checkpoint folder or "
+                                                          f"config.json (its config with random weights)")
+    ap.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's for the "
+                                                    "GPU found)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--chapters", nargs="+", default=list(RUNS), help="chapters to run (default: all)")
     ap.add_argument("--out", type=Path, default=None, help="write the record as JSON here")
     args = ap.parse_args(argv)
-    if args.model not in CONFIGS:  # every argument checked before the model is built
-        ap.error(f"--model must be one of {tuple(CONFIGS)}, got {args.model!r}")
+    path = Path(args.model).expanduser()
+    path = path / "config.json" if path.is_dir() else path
+    if args.model not in CONFIGS and not path.is_file():  # every argument checked before the model is built
+        ap.error(f"--model must be one of {tuple(CONFIGS)}, a checkpoint folder or a config.json, got {args.model!r}")
     if args.profile is not None and args.profile not in profiles.PROFILES:
         ap.error(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
     unknown = [c for c in args.chapters if c not in RUNS]
@@ -220,8 +248,9 @@ def main(argv: list[str] | None = None) -> None:
         check_device(args.device)
     except ValueError as error:
         ap.error(str(error))
-    config = CONFIGS[args.model]()
-    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model)]
+    config = CONFIGS[args.model]() if args.model in CONFIGS else LoopedConfig.from_file(path)
+    gpu = profiles.detect_gpu() if args.device.startswith("cuda") else None
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model, gpu.card if gpu else None)]
     with measurement_mode() as settings:
         model = random_model(config, args.device, _dtype(profile.dtype))
         table = check(model, profile, args.chapters)

@@ -11,6 +11,11 @@ One dataclass covers the public families (the four checkpoints of the DAS paper)
 * Raven retrofits of OLMo-2 (``family="raven-olmo"``): as Raven, but OLMo-2's
   reordered blocks (norms on the sublayer outputs), RMSNorm over the whole query and
   key projections before rotary, and plain rotate-half rotary.
+* Ouro (``family="ouro"``, ByteDance's Ouro-1.4B and -2.6B, ``model_type: ouro``): no prelude,
+  coda nor input injection: the whole stack is the core, run ``total_ut_steps`` times from the
+  token embedding; every loop ends with the final norm, whose output is the next loop's input and
+  what the head reads; blocks with a norm before and after each sublayer (four per block);
+  rotate-half rotary; an exit gate per loop (:mod:`looped_kv.runtime.exit_gate`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Family = Literal["huginn", "raven", "raven-olmo"]
-FAMILIES: tuple[str, ...] = ("huginn", "raven", "raven-olmo")
-BlockKind = Literal["sandwich", "pre-norm", "reordered"]
+Family = Literal["huginn", "raven", "raven-olmo", "ouro"]
+FAMILIES: tuple[str, ...] = ("huginn", "raven", "raven-olmo", "ouro")
+BlockKind = Literal["sandwich", "pre-norm", "reordered", "peri-norm"]
+#: The ``auto_map`` an Ouro checkpoint's config.json carries (its remote-code files on the hub).
+OURO_AUTO_MAP = {"AutoConfig": "configuration_ouro.OuroConfig", "AutoModel": "modeling_ouro.OuroModel",
+                 "AutoModelForCausalLM": "modeling_ouro.OuroForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class LoopedConfig:
     tie_embeddings: bool = True
     mean_recurrence: int = 32
     mean_backprop_depth: int = 8
+    exit_threshold: float | None = None  # Ouro's early_exit_threshold (the HF readout's default); None elsewhere
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -64,6 +73,9 @@ class LoopedConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.family == "ouro" and (self.n_prelude or self.n_coda):
+            raise ValueError(f"an Ouro model has no prelude or coda (the whole stack is the core): n_prelude and "
+                             f"n_coda must be 0, got {self.n_prelude} and {self.n_coda}")
 
     # -- derived facts -------------------------------------------------------------------------
     @property
@@ -77,9 +89,10 @@ class LoopedConfig:
         ``"sandwich"`` (Huginn): ``x = n2(x + attn(n1(x))); x = n4(x + mlp(n3(x)))``;
         ``"pre-norm"`` (Raven-Llama): ``x = x + attn(n1(x)); x = x + mlp(n2(x))``;
         ``"reordered"`` (Raven-OLMo, OLMo-2's norms on the sublayer outputs): ``x = x + n1(attn(x));
-        x = x + n2(mlp(x))``.
+        x = x + n2(mlp(x))``; ``"peri-norm"`` (Ouro, a norm before and after each sublayer):
+        ``x = x + n2(attn(n1(x))); x = x + n4(mlp(n3(x)))``.
         """
-        return {"huginn": "sandwich", "raven": "pre-norm", "raven-olmo": "reordered"}[self.family]
+        return {"huginn": "sandwich", "raven": "pre-norm", "raven-olmo": "reordered", "ouro": "peri-norm"}[self.family]
 
     @property
     def qk_norm(self) -> bool:
@@ -88,8 +101,19 @@ class LoopedConfig:
 
     @property
     def norm_after_recurrence(self) -> bool:
-        """Huginn applies ``ln_f`` to the recurrent state before the coda; Raven does not."""
+        """Huginn applies ``ln_f`` to the recurrent state before the coda; Raven does not (Ouro: every loop does)."""
         return self.family == "huginn"
+
+    @property
+    def looped_stack(self) -> bool:
+        """Ouro: the whole stack is the loop; each loop starts from the last one's output (the token embedding at
+        first), with no adapter or input injection, and ends with the final norm; the head reads that normed state."""
+        return self.family == "ouro"
+
+    @property
+    def exit_gate(self) -> bool:
+        """Whether the model has an exit gate per loop (Ouro's ``early_exit_gate``)."""
+        return self.family == "ouro"
 
     @property
     def n_layers(self) -> int:
@@ -102,27 +126,30 @@ class LoopedConfig:
     # -- the public checkpoint format ---------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], tensor_names: Iterable[str] = ()) -> LoopedConfig:
-        """Read a ``config.json`` of Huginn-0125 or a Raven retrofit (``model_type: huginn_raven``).
+        """Read a ``config.json`` of Huginn-0125 or a Raven retrofit (``model_type: huginn_raven``), or of Ouro
+        (``model_type: ouro``, :meth:`from_ouro_dict`).
 
         The family comes from the config (``looped_kv_family``, else the modeling file ``auto_map`` names) and,
         when the config names none, from ``tensor_names``, the checkpoint's tensors (see :func:`detect_family`).
         """
+        if raw.get("model_type") == "ouro":
+            return cls.from_ouro_dict(raw)
         if raw.get("model_type") not in (None, "huginn_raven"):
-            raise ValueError(f"config.json model_type must be 'huginn_raven', got {raw.get('model_type')!r}")
+            raise ValueError(f"config.json model_type must be 'huginn_raven' or 'ouro', got {raw.get('model_type')!r}")
         family = raw.get("looped_kv_family") or detect_family(raw, tensor_names)
-        n_heads = int(raw.get("n_heads", raw.get("num_attention_heads", 0)))
+        n_heads = _integer(raw, "n_heads", "num_attention_heads")
         init_values = raw.get("init_values", {})
         return cls(
             family=family,
-            vocab_size=int(raw.get("padded_vocab_size", raw["vocab_size"])),
-            n_embd=int(raw["n_embd"]),
+            vocab_size=_integer(raw, "padded_vocab_size", "vocab_size"),
+            n_embd=_integer(raw, "n_embd"),
             n_heads=n_heads,
             n_kv_heads=int(raw.get("num_key_value_heads", n_heads)),
-            n_prelude=int(raw["n_layers_in_prelude"]),
-            n_core=int(raw["n_layers_in_recurrent_block"]),
-            n_coda=int(raw["n_layers_in_coda"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            block_size=int(raw.get("block_size", raw.get("max_position_embeddings", 4096))),
+            n_prelude=_integer(raw, "n_layers_in_prelude"),
+            n_core=_integer(raw, "n_layers_in_recurrent_block"),
+            n_coda=_integer(raw, "n_layers_in_coda"),
+            intermediate_size=_integer(raw, "intermediate_size"),
+            block_size=_integer(raw, "block_size", "max_position_embeddings"),
             norm_eps=float(raw.get("norm_eps", 1e-6)),
             qk_bias=bool(raw.get("qk_bias", False)),
             rope_base=float(raw.get("rope_theta", raw.get("rope_base", 10000.0))),
@@ -130,18 +157,80 @@ class LoopedConfig:
             embed_scale=float(init_values.get("embed_scale", 1.0)),
             state_std=float(init_values.get("std", 0.02)),
             tie_embeddings=bool(raw.get("tie_embeddings", raw.get("tie_word_embeddings", True))),
-            mean_recurrence=int(raw.get("mean_recurrence", 32)),
+            mean_recurrence=_integer(raw, "mean_recurrence"),
             mean_backprop_depth=int(raw.get("mean_backprop_depth", 8)),
             extra=raw,
         )
 
     @classmethod
+    def from_ouro_dict(cls, raw: dict[str, Any]) -> LoopedConfig:
+        """Read an Ouro checkpoint's ``config.json`` (``model_type: ouro``; ``configuration_ouro.OuroConfig``).
+
+        ``num_hidden_layers`` layers form the core, run ``total_ut_steps`` times (the default loop count);
+        ``early_exit_threshold`` is the threshold readout's default. What this runtime does not implement is
+        refused: sliding-window layers, rotary scaling, another activation or a ``head_dim`` other than
+        ``hidden_size / num_attention_heads``.
+        """
+        missing = [name for name in ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers",
+                                     "intermediate_size", "max_position_embeddings") if name not in raw]
+        if missing:
+            raise ValueError(f"Ouro config.json has no {', '.join(map(repr, missing))}")
+        n_embd, n_heads = _integer(raw, "hidden_size"), _integer(raw, "num_attention_heads")
+        head_dim = _integer(raw, "head_dim") if raw.get("head_dim") is not None else n_embd // n_heads
+        if head_dim * n_heads != n_embd:
+            raise ValueError(f"Ouro config.json head_dim must be hidden_size / num_attention_heads = "
+                             f"{n_embd} / {n_heads}, got {head_dim}")
+        sliding = [i for i, kind in enumerate(raw.get("layer_types") or []) if kind != "full_attention"]
+        if raw.get("use_sliding_window") or sliding:
+            raise ValueError(f"Ouro config.json: sliding-window attention is not supported (use_sliding_window "
+                             f"{raw.get('use_sliding_window')}, layers {sliding} not 'full_attention')")
+        if raw.get("rope_scaling") is not None:
+            raise ValueError(f"Ouro config.json rope_scaling must be null, got {raw['rope_scaling']!r}")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"Ouro config.json hidden_act must be 'silu', got {raw['hidden_act']!r}")
+        threshold = raw.get("early_exit_threshold", 1.0)  # OuroConfig's defaults: 1.0 and 4 loops
+        loops = _integer(raw, "total_ut_steps") if "total_ut_steps" in raw else 4
+        return cls(
+            family="ouro", vocab_size=_integer(raw, "vocab_size"), n_embd=n_embd, n_heads=n_heads,
+            n_kv_heads=_integer(raw, "num_key_value_heads") if raw.get("num_key_value_heads") else n_heads,
+            n_prelude=0, n_core=_integer(raw, "num_hidden_layers"), n_coda=0,
+            intermediate_size=_integer(raw, "intermediate_size"), block_size=_integer(raw, "max_position_embeddings"),
+            norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_base=float(raw.get("rope_theta", 10000.0)),
+            state_std=0.0, tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            mean_recurrence=loops, mean_backprop_depth=loops,
+            exit_threshold=None if threshold is None else float(threshold), extra=raw,
+        )
+
+    @classmethod
     def from_file(cls, path: str | Path, tensor_names: Iterable[str] = ()) -> LoopedConfig:
-        return cls.from_hf_dict(json.loads(Path(path).read_text()), tensor_names)
+        """A ``config.json``; one-line ValueError naming the file (and the key) when it is not a valid config."""
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path} is not valid JSON ({error})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+        try:
+            return cls.from_hf_dict(raw, tensor_names)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The ``config.json`` that ``from_hf_dict`` reads back (used for the shipped tiny model)."""
+        """The ``config.json`` that ``from_hf_dict`` reads back (used for the shipped tiny model); an Ouro model's
+        in Ouro's own format."""
         d = {k: v for k, v in asdict(self).items() if k != "extra"}
+        if self.family == "ouro":
+            return {
+                "architectures": ["OuroForCausalLM"], "auto_map": dict(OURO_AUTO_MAP), "model_type": "ouro",
+                "vocab_size": d["vocab_size"], "hidden_size": d["n_embd"], "num_attention_heads": d["n_heads"],
+                "num_key_value_heads": d["n_kv_heads"], "head_dim": self.head_dim,
+                "num_hidden_layers": d["n_core"], "intermediate_size": d["intermediate_size"], "hidden_act": "silu",
+                "max_position_embeddings": d["block_size"], "rms_norm_eps": d["norm_eps"],
+                "rope_theta": d["rope_base"], "rope_scaling": None, "use_sliding_window": False,
+                "sliding_window": None, "layer_types": ["full_attention"] * d["n_core"],
+                "tie_word_embeddings": d["tie_embeddings"], "total_ut_steps": d["mean_recurrence"],
+                "early_exit_threshold": d["exit_threshold"],
+            }
         out = {
             "model_type": "huginn_raven",
             "looped_kv_family": d["family"],
@@ -167,6 +256,17 @@ class LoopedConfig:
             out["rope_scaling"] = d["rope_scaling"]
             out["rope_theta"] = d["rope_base"]
         return out
+
+
+def _integer(raw: dict[str, Any], *keys: str) -> int:
+    """The first of ``keys`` the config has, as an int: no default, since the format defines none for these."""
+    key = next((k for k in keys if k in raw), None)
+    if key is None:
+        raise ValueError(f"config has no {' or '.join(repr(k) for k in keys)}")
+    value = raw[key]
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+        raise ValueError(f"config {key!r} must be an integer, got {value!r}")
+    return int(value)
 
 
 def detect_family(raw: dict[str, Any], tensor_names: Iterable[str] = ()) -> Family:
@@ -222,3 +322,49 @@ def raven_olmo() -> LoopedConfig:
         n_coda=4, intermediate_size=8192, block_size=4096, norm_eps=1e-6, rope_base=500000.0,
         tie_embeddings=False, mean_recurrence=32,
     )
+
+
+def raven_tinyllama() -> LoopedConfig:
+    """Raven-TinyLlama's architecture (DAS paper, Table 3: 4/8/4 layers, R = 32), TinyLlama-1.1B retrofitted.
+
+    The split is the public conversion script's (``convert_pretrained_model/convert_llama.py`` of the
+    retrofitting-recurrence code, ``LoopedLMs/retrofitting-recurrence`` at commit 1b2dfe0: from
+    ``TinyLlama-1.1B-intermediate-step-1431k-3T``, prelude = layers 0-3, core = layers 10-17, coda = layers
+    18-21). The widths, vocabulary, rope_theta (no scaling) and context are TinyLlama-1.1B's public config
+    (hidden 2048, 32 heads of width 64, 4 KV heads, intermediate 5632, vocabulary 32000, rope_theta 10000, 2048
+    positions), which that script copies; norm eps 1e-5 is the script's. R = 32 as in the checkpoint
+    ``smcleish/Recurrent-TinyLlama-3T-train-recurrence-32``.
+    """
+    return LoopedConfig(
+        family="raven", vocab_size=32000, n_embd=2048, n_heads=32, n_kv_heads=4, n_prelude=4, n_core=8, n_coda=4,
+        intermediate_size=5632, block_size=2048, norm_eps=1e-5, rope_base=10000.0, tie_embeddings=False,
+        mean_recurrence=32,
+    )
+
+
+def _ouro(layers: int) -> LoopedConfig:
+    return LoopedConfig(
+        family="ouro", vocab_size=49152, n_embd=2048, n_heads=16, n_kv_heads=16, n_prelude=0, n_core=layers, n_coda=0,
+        intermediate_size=5632, block_size=65536, norm_eps=1e-6, rope_base=1000000.0, state_std=0.0,
+        tie_embeddings=False, mean_recurrence=4, mean_backprop_depth=4, exit_threshold=1.0,
+    )
+
+
+def ouro_1_4b() -> LoopedConfig:
+    """ByteDance's Ouro-1.4B (and -1.4B-Thinking): 24 layers looped 4 times (``total_ut_steps``), 16 heads of width
+    128 with 16 KV heads, hidden 2048, intermediate 5632, vocabulary 49152, 65536 positions, rope_theta 10^6, norm
+    eps 1e-6, an untied head and ``early_exit_threshold`` 1.0: the checkpoint's config.json as the Ouro
+    fixture's README records it (``fixtures/README.md``, section ouro-tiny); :func:`LoopedConfig.from_ouro_dict`
+    reads the real file.
+    """
+    return _ouro(24)
+
+
+def ouro_2_6b() -> LoopedConfig:
+    """ByteDance's Ouro-2.6B (and -2.6B-Thinking): as :func:`ouro_1_4b` with 48 layers (the fixture's README)."""
+    return _ouro(48)
+
+
+#: The published architectures by name (``looped-kv memory --model``, ``plan``, the GPU checks).
+PRESETS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo,
+           "raven-tinyllama": raven_tinyllama, "ouro-1.4b": ouro_1_4b, "ouro-2.6b": ouro_2_6b}

@@ -1,4 +1,10 @@
-"""Load a looped model from the shipped tiny model, a local checkpoint folder or a hub id."""
+"""Load a looped model from the shipped tiny model, a local checkpoint folder or a hub id, and save one.
+
+Huginn-0125 and the Raven retrofits store the runtime's own tensor names (``transformer.prelude.0.attn.Wqkv``,
+...). Ouro stores Hugging Face Llama-style names (``model.layers.0.self_attn.q_proj``, ...): :func:`ouro_layout`
+maps each runtime tensor to the Ouro tensors it is made of, for loading (:func:`from_ouro_tensors`) and saving
+(:func:`to_ouro_tensors`).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,10 @@ import socket
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
-from looped_kv.runtime.config import FAMILIES, LoopedConfig
+from looped_kv.runtime.config import FAMILIES, PRESETS, LoopedConfig
 from looped_kv.runtime.model import LoopedLM, Rotary
 
 TINY_DIR = Path(__file__).parents[1] / "tiny"
@@ -105,10 +112,17 @@ def _config_path(folder: Path) -> Path:
 
 
 def load_state(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a folder's safetensors files (one file or shards listed by an index)."""
+    """All tensors of a folder's safetensors files (one file or shards listed by an index); a file that cannot be
+    read, or a tensor with a NaN or an infinity, is a one-line ValueError naming the file (and the tensor)."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
+            raise ValueError(f"{index} is not a JSON object ({error})") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ValueError(f"{index} has no 'weight_map' from tensor names to file names")
+        files = sorted(set(weight_map.values()))
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors") if p.name != "reference.safetensors")
     if not files:
@@ -116,26 +130,110 @@ def load_state(folder: Path) -> dict[str, torch.Tensor]:
                                 f"by model.safetensors.index.json)")
     state: dict[str, torch.Tensor] = {}
     for name in files:
-        state.update(load_file(folder / name))
+        try:
+            tensors = load_file(folder / name)
+        except (SafetensorError, OSError) as error:
+            raise ValueError(f"{folder / name} is not a readable safetensors file ({error})") from None
+        for key, tensor in tensors.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ValueError(f"{folder / name}: tensor {key!r} holds NaN or infinite values; a checkpoint's "
+                                 f"weights must be finite")
+        state.update(tensors)
     return state
+
+
+#: Ouro's four norms per layer and the runtime's names for them (:class:`~looped_kv.runtime.model.Block`, peri-norm).
+OURO_NORMS = {"input_layernorm": "norm_1", "input_layernorm_2": "norm_2", "post_attention_layernorm": "norm_3",
+              "post_attention_layernorm_2": "norm_4"}
+
+
+def ouro_layout(config: LoopedConfig) -> dict[str, list[tuple[str, int]]]:
+    """Each runtime tensor of an Ouro model and the Ouro checkpoint tensors it is made of: (name, rows), stacked
+    along the first axis (q, k, v into ``Wqkv``; gate and up into the MLP's ``fc``), in that order."""
+    H, H_kv, D, d, inner = config.n_heads, config.n_kv_heads, config.head_dim, config.n_embd, config.intermediate_size
+    layout = {"transformer.wte.weight": [("model.embed_tokens.weight", config.vocab_size)],
+              "transformer.ln_f.weight": [("model.norm.weight", d)],
+              "transformer.exit_gate.weight": [("model.early_exit_gate.weight", 1)],
+              "transformer.exit_gate.bias": [("model.early_exit_gate.bias", 1)]}
+    if not config.tie_embeddings:
+        layout["lm_head.weight"] = [("lm_head.weight", config.vocab_size)]
+    for i in range(config.n_core):
+        ouro, ours = f"model.layers.{i}", f"transformer.core_block.{i}"
+        attn, mlp = f"{ouro}.self_attn", f"{ouro}.mlp"
+        layout[f"{ours}.attn.Wqkv.weight"] = [(f"{attn}.q_proj.weight", H * D), (f"{attn}.k_proj.weight", H_kv * D),
+                                              (f"{attn}.v_proj.weight", H_kv * D)]
+        layout[f"{ours}.attn.proj.weight"] = [(f"{attn}.o_proj.weight", d)]
+        layout[f"{ours}.mlp.fc.weight"] = [(f"{mlp}.gate_proj.weight", inner), (f"{mlp}.up_proj.weight", inner)]
+        layout[f"{ours}.mlp.proj.weight"] = [(f"{mlp}.down_proj.weight", d)]
+        for norm, name in OURO_NORMS.items():
+            layout[f"{ours}.{name}.weight"] = [(f"{ouro}.{norm}.weight", d)]
+    return layout
+
+
+def from_ouro_tensors(config: LoopedConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An Ouro checkpoint's tensors (checked by :func:`check_state`) under the runtime's names."""
+    return {ours: torch.cat([state[name] for name, _ in parts]) if len(parts) > 1 else state[parts[0][0]]
+            for ours, parts in ouro_layout(config).items()}
+
+
+def to_ouro_tensors(config: LoopedConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The runtime's tensors of an Ouro model under the checkpoint's names (inverse of :func:`from_ouro_tensors`)."""
+    out = {}
+    for ours, parts in ouro_layout(config).items():
+        for (name, _), piece in zip(parts, state[ours].split([rows for _, rows in parts]), strict=True):
+            out[name] = piece.contiguous()
+    return out
+
+
+def _expected_shapes(model: LoopedLM) -> dict[str, tuple[int, ...]]:
+    """The checkpoint's tensor names and shapes the config implies (for Ouro, its own names)."""
+    ours = {key: tuple(t.shape) for key, t in model.state_dict().items()}
+    if model.config.family != "ouro":
+        return ours
+    return {name: (rows, *ours[key][1:]) for key, parts in ouro_layout(model.config).items() for name, rows in parts}
 
 
 def check_state(model: LoopedLM, state: dict[str, torch.Tensor]) -> None:
     """Every tensor the config implies is present with its shape; nothing unknown is left over."""
-    expected = model.state_dict()
-    for key, tensor in expected.items():
-        if key == "lm_head.weight" and model.config.tie_embeddings and key not in state:
+    expected = _expected_shapes(model)
+    tied_head = "lm_head.weight" if model.config.tie_embeddings else None
+    for key, shape in expected.items():
+        if key == tied_head and key not in state:
             continue
         if key not in state:
             raise ValueError(f"checkpoint is missing tensor {key!r} (the {model.config.family!r} config expects "
-                             f"shape {tuple(tensor.shape)})")
-        if state[key].shape != tensor.shape:
+                             f"shape {shape})")
+        if tuple(state[key].shape) != shape:
             raise ValueError(f"tensor {key!r} has shape {tuple(state[key].shape)} in the checkpoint but the "
-                             f"config implies {tuple(tensor.shape)}")
-    unknown = sorted(k for k in state if k not in expected and k not in _IGNORED_KEYS)
+                             f"config implies {shape}")
+    unknown = sorted(k for k in state if k not in expected and k not in _IGNORED_KEYS and k != tied_head)
     if unknown:
         raise ValueError(f"checkpoint has tensors the {model.config.family!r} config does not describe: {unknown[:5]} "
                          f"(families: {FAMILIES})")
+
+
+def model_config(model: str, name: str = "model") -> LoopedConfig:
+    """A named architecture (:data:`~looped_kv.runtime.config.PRESETS`), 'tiny', a folder or config.json, or a hub
+    id's config.json (the weights are not downloaded). ``name`` is what an error calls the parameter."""
+    if model in PRESETS:
+        return PRESETS[model]()
+    path = TINY_DIR if model == "tiny" else Path(model).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return LoopedConfig.from_file(path)
+    if model == "tiny":
+        raise FileNotFoundError(f"no config.json at {path} (the tiny model is not trained yet)")
+    what = f"{name} {model!r} is not one of {tuple(PRESETS)}, 'tiny', a folder or a config.json"
+    reason = hub_unreachable()
+    if reason:
+        raise ValueError(f"{what}, and {reason}")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return LoopedConfig.from_file(hf_hub_download(repo_id=model, filename="config.json"))
+    except Exception as error:  # unknown id, no network, ...: one clear line instead of a traceback
+        raise ValueError(f"{what}, and its hub config.json could not be fetched ({type(error).__name__})") from None
 
 
 def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
@@ -155,7 +253,12 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
     config = LoopedConfig.from_file(config_path, tensor_names=state)
     with torch.device("meta"):  # no second copy of the weights: the checkpoint's tensors are assigned
         model = LoopedLM(config)
-    check_state(model, state)
+    try:
+        check_state(model, state)
+    except ValueError as error:
+        raise ValueError(f"{folder}: {error}") from None
+    if config.family == "ouro":
+        state = from_ouro_tensors(config, state)
     model.load_state_dict({k: v for k, v in state.items() if k not in _IGNORED_KEYS}, strict=False, assign=True)
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
@@ -166,14 +269,47 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
     return model
 
 
+def save(model: LoopedLM, folder: str | Path) -> Path:
+    """Write ``model`` as a checkpoint folder in its family's public format, which :func:`load` reads back.
+
+    ``config.json`` (:meth:`LoopedConfig.to_hf_dict`, with the weights' dtype), ``model.safetensors`` (Ouro
+    under its own tensor names; a tied head stored once) and the tokenizer, if the model carries one. A folder
+    that already holds a config.json or model.safetensors is refused: nothing is overwritten.
+    """
+    folder = Path(folder).expanduser()
+    taken = [name for name in ("config.json", "model.safetensors") if (folder / name).exists()]
+    if taken:
+        raise FileExistsError(f"{folder} already holds {', '.join(taken)}; save writes a checkpoint into a new or "
+                              f"empty folder and overwrites nothing")
+    config = model.config
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if config.tie_embeddings:
+        state.pop("lm_head.weight")
+    if config.family == "ouro":
+        state = to_ouro_tensors(config, state)
+    dtype = str(model.dtype).removeprefix("torch.")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict() | {"torch_dtype": dtype}, indent=2) + "\n")
+    save_file(state, str(folder / "model.safetensors"))
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+    return folder
+
+
 def load_tokenizer(folder: Path):
-    """The folder's tokenizer through ``transformers``, or None when it has none."""
-    if (folder / "tokenizer.json").exists():
-        from transformers import PreTrainedTokenizerFast
+    """The folder's tokenizer through ``transformers``, or None when it has none; a ValueError naming the folder
+    when its tokenizer files cannot be read."""
+    try:
+        if (folder / "tokenizer.json").exists():
+            from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(str(folder))
-    if (folder / "tokenizer_config.json").exists():
-        from transformers import AutoTokenizer
+            return PreTrainedTokenizerFast.from_pretrained(str(folder))
+        if (folder / "tokenizer_config.json").exists():
+            from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(folder))
+            return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as error:  # tokenizers and transformers raise many kinds: one line naming the folder instead
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"the tokenizer in {folder} cannot be read ({message})") from None
     return None

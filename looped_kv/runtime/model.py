@@ -1,8 +1,10 @@
-"""One looped-model implementation for Huginn-0125 and the Raven retrofits (Llama, TinyLlama, OLMo-2).
+"""One looped-model implementation for Huginn-0125, the Raven retrofits (Llama, TinyLlama, OLMo-2) and Ouro.
 
 The pieces the papers talk about are methods: :meth:`LoopedLM.embed` (embedding and
 prelude P), :meth:`LoopedLM.loop` (one loop of the core B, writing plane r),
-:meth:`LoopedLM.readout` (coda C and head), and :meth:`LoopedLM.initial_state`.
+:meth:`LoopedLM.readout` (coda C and head), and :meth:`LoopedLM.initial_state`. An Ouro
+model is the same pieces with an empty prelude and coda: its loop is the whole stack followed
+by the final norm, it starts from the token embedding, and its head reads the normed state.
 Numerics follow the public reference code: RMSNorm and the Huginn rotary step run in
 float32 whatever the model dtype, so that float64 runs agree with the reference outputs
 to float64 rounding.
@@ -11,6 +13,7 @@ to float64 rounding.
 from __future__ import annotations
 
 import math
+import numbers
 from functools import lru_cache
 
 import torch
@@ -19,6 +22,20 @@ from torch import Tensor, nn
 
 from looped_kv.runtime.attention import CausalRouter, Router, Site, Stage
 from looped_kv.runtime.config import LoopedConfig
+
+
+class Float16Overflow(ValueError):
+    """A float16 run produced inf or NaN (float16 ends at 65,504): one line naming where, and the remedy."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"float16 overflow: inf or NaN in {what}; run this model in float32 "
+                         f"(LOOPED_KV_DTYPE=float32, or load(..., dtype='float32'))")
+
+
+def check_finite(tensor: Tensor, what: str) -> None:
+    """Float16Overflow naming ``what`` if ``tensor`` holds inf or NaN."""
+    if not bool(torch.isfinite(tensor).all()):
+        raise Float16Overflow(what)
 
 
 class RMSNorm(nn.Module):
@@ -125,7 +142,8 @@ class GatedMLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Sandwich block (Huginn), pre-norm block (Raven) or OLMo-2's reordered block (Raven-OLMo): ``config.block``."""
+    """Sandwich block (Huginn), pre-norm block (Raven), OLMo-2's reordered block (Raven-OLMo) or a norm before and
+    after each sublayer (Ouro): ``config.block``."""
 
     def __init__(self, config: LoopedConfig, stage: Stage, layer: int) -> None:
         super().__init__()
@@ -134,7 +152,7 @@ class Block(nn.Module):
         self.attn = Attention(config)
         self.norm_2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = GatedMLP(config)
-        if self.kind == "sandwich":
+        if self.kind in ("sandwich", "peri-norm"):
             self.norm_3 = RMSNorm(config.n_embd, config.norm_eps)
             self.norm_4 = RMSNorm(config.n_embd, config.norm_eps)
 
@@ -146,24 +164,34 @@ class Block(nn.Module):
         if self.kind == "reordered":
             x = x + self.norm_1(self.attn(x, rotary, positions, router, site))
             return x + self.norm_2(self.mlp(x))
+        if self.kind == "peri-norm":
+            x = x + self.norm_2(self.attn(self.norm_1(x), rotary, positions, router, site))
+            return x + self.norm_4(self.mlp(self.norm_3(x)))
         x = x + self.attn(self.norm_1(x), rotary, positions, router, site)
         return x + self.mlp(self.norm_2(x))
 
 
 class LoopedLM(nn.Module):
-    """Prelude P, core B run R times on a state s (RIPE Eq. 1), coda C and head (Eq. 2)."""
+    """Prelude P, core B run R times on a state s (RIPE Eq. 1), coda C and head (Eq. 2).
+
+    Ouro (``config.looped_stack``): P and C are empty and s(0) = e, the token embedding; loop r is
+    s(r) = norm(B(s(r-1))), with no input injection, and the head reads s(R) directly. Its exit gate
+    (``transformer.exit_gate``) is read by :mod:`looped_kv.runtime.exit_gate`.
+    """
 
     def __init__(self, config: LoopedConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            prelude=nn.ModuleList(Block(config, "prelude", i) for i in range(config.n_prelude)),
-            adapter=nn.Linear(2 * config.n_embd, config.n_embd, bias=False),
-            core_block=nn.ModuleList(Block(config, "core", i) for i in range(config.n_core)),
-            coda=nn.ModuleList(Block(config, "coda", i) for i in range(config.n_coda)),
-            ln_f=RMSNorm(config.n_embd, config.norm_eps),
-        ))
+        modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd),
+                       prelude=nn.ModuleList(Block(config, "prelude", i) for i in range(config.n_prelude)))
+        if not config.looped_stack:  # Ouro has no input injection
+            modules["adapter"] = nn.Linear(2 * config.n_embd, config.n_embd, bias=False)
+        modules.update(core_block=nn.ModuleList(Block(config, "core", i) for i in range(config.n_core)),
+                       coda=nn.ModuleList(Block(config, "coda", i) for i in range(config.n_coda)),
+                       ln_f=RMSNorm(config.n_embd, config.norm_eps))
+        if config.exit_gate:
+            modules["exit_gate"] = nn.Linear(config.n_embd, 1)
+        self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
@@ -191,29 +219,50 @@ class LoopedLM(nn.Module):
         return x
 
     def loop(self, state: Tensor, embedded: Tensor, positions: Tensor, router: Router, r: int) -> Tensor:
-        """Loop r of the core: s(r) = B(adapter([s(r-1), e])); its attention calls write plane r."""
+        """Loop r of the core: s(r) = B(adapter([s(r-1), e])), or Ouro's s(r) = ln_f(B(s(r-1))); its attention calls
+        write plane r."""
+        if self.config.looped_stack:
+            x = state
+            for block in self.transformer.core_block:
+                x = block(x, self.rotary, positions, router, loop=r)
+            return self.transformer.ln_f(x)
         x = self.transformer.adapter(torch.cat([state, embedded], dim=-1))
         for block in self.transformer.core_block:
             x = block(x, self.rotary, positions, router, loop=r)
         return x
 
     def readout(self, state: Tensor, positions: Tensor, router: Router) -> Tensor:
-        """Coda and head: logits z = C(s(R))."""
+        """Coda and head: logits z = C(s(R)) (Ouro: the head on the normed state, z = head(s(R)))."""
+        if self.config.looped_stack:
+            return self._logits(self.lm_head(state), positions)
         x = self.transformer.ln_f(state) if self.config.norm_after_recurrence else state
         for block in self.transformer.coda:
             x = block(x, self.rotary, positions, router)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        return self._logits(self.lm_head(self.transformer.ln_f(x)), positions)
+
+    @staticmethod
+    def _logits(logits: Tensor, positions: Tensor) -> Tensor:
+        """The head's logits as float32 (float64 stay), checked for a float16 overflow (not inside a traced step,
+        whose caller checks them)."""
+        if logits.dtype == torch.float16 and not torch.compiler.is_compiling() and not torch.isfinite(logits).all():
+            raise Float16Overflow(f"the logits (positions {int(positions.min())}-{int(positions.max())})")
         return logits if logits.dtype == torch.float64 else logits.float()
 
-    def initial_state(self, positions: Tensor, batch: int = 1, last: int | None = None) -> Tensor:
-        """The checkpoint's random state init, drawn from ``state_seed`` and each absolute position.
+    def initial_state(self, positions: Tensor, batch: int = 1, last: int | None = None, *,
+                      tokens: Tensor | None = None) -> Tensor:
+        """The checkpoint's initial state s(0) of the tokens at ``positions``.
 
-        A truncated normal (std ``state_std``, cut at 3 std, times ``embed_scale``) as in the
-        reference, but deterministic per position, so that every decoder computing position t
-        sees the state that sequential decoding sees. One gather from a table of positions
-        (built in chunks as positions grow); ``last`` (the largest position, if known on the host)
-        spares a device sync.
+        Huginn and Raven: a random draw from ``state_seed`` and each absolute position: a truncated normal
+        (std ``state_std``, cut at 3 std, times ``embed_scale``) as in the reference, but deterministic per
+        position, so that every decoder computing position t sees the state that sequential decoding sees.
+        One gather from a table of positions (built in chunks as positions grow); ``last`` (the largest
+        position, if known on the host) spares a device sync; ``tokens`` is not read.
+        Ouro: the embedding of ``tokens`` (B, n), which must be given.
         """
+        if self.config.looped_stack:
+            if tokens is None:
+                raise ValueError("an Ouro model starts from the token embedding: initial_state needs tokens")
+            return self.transformer.wte(tokens)
         last = int(positions.max()) if last is None else last
         state = self._state_table(last + 1)[positions]
         return state.expand(batch, -1, -1) if positions.dim() == 1 else state
@@ -237,16 +286,17 @@ class LoopedLM(nn.Module):
                 check: bool = True) -> Tensor | tuple[Tensor, Tensor]:
         """Logits for every position after ``num_loops`` loops (default: the config's mean recurrence).
 
-        ``initial_state`` is a tensor (B, n, n_embd), ``"zeros"``, or None for the deterministic draw.
-        With ``return_state`` also returns the final recurrent state s(R) (before any norm).
+        ``initial_state`` is a tensor (B, n, n_embd), ``"zeros"``, or None for the checkpoint's own
+        (:meth:`initial_state`: the deterministic draw; Ouro's token embedding). With ``return_state`` also
+        returns the final recurrent state s(R) (before any norm; Ouro's is the loop's normed output).
         ``first_loop`` numbers the loops (and so the planes they write) from a later start, for a
         state that has already been refined (DAS-Wave's carried states). ``max_position`` (the largest
         position, known to a decoder) and ``check=False`` (ids already validated) spare the device sync
-        of the range checks: the decoders' hot path.
+        of the range checks and of a given initial state's finiteness check: the decoders' hot path.
         """
         num_loops = self.config.mean_recurrence if num_loops is None else num_loops
-        if num_loops < 1:
-            raise ValueError(f"num_loops must be >= 1, got {num_loops}")
+        if isinstance(num_loops, bool) or not isinstance(num_loops, numbers.Integral) or num_loops < 1:
+            raise ValueError(f"num_loops must be an integer >= 1, got {num_loops!r}")
         if input_ids.dim() != 2 or input_ids.dtype.is_floating_point or input_ids.dtype.is_complex \
                 or input_ids.dtype == torch.bool:
             raise ValueError(f"input_ids must be an integer tensor of shape (batch, length), got "
@@ -261,10 +311,15 @@ class LoopedLM(nn.Module):
         if not check:
             last = int(positions.max()) if max_position is None else max_position
         elif input_ids.numel():
-            # One reduction over the ids and one device sync for both range checks (the decoders call forward every
-            # step, so the ids check adds no sync to the one the positions check always cost).
+            # One reduction over the ids and one device sync for both range checks and a given initial state's
+            # finiteness (the decoders call forward every step, with check=False).
             low, high = torch.aminmax(input_ids)
-            low, high, last = torch.stack((low.long(), high.long(), positions.max().to(low.device).long())).tolist()
+            checked = [low.long(), high.long(), positions.max().to(low.device).long()]
+            if isinstance(initial_state, Tensor):
+                checked.append(torch.isfinite(initial_state).all().to(low.device).long())
+            low, high, last, *finite = torch.stack(checked).tolist()
+            if finite != [1] * len(finite):
+                raise ValueError("initial_state holds NaN or infinite values; it must be finite")
             if low < 0 or high >= self.config.vocab_size:
                 raise ValueError(f"input_ids must be token ids in [0, {self.config.vocab_size - 1}] (vocab_size "
                                  f"{self.config.vocab_size}), got ids in [{low}, {high}]")
@@ -275,16 +330,24 @@ class LoopedLM(nn.Module):
                              f"(block_size {self.config.block_size})")
         router = CausalRouter() if router is None else router
         embedded = self.embed(input_ids, positions, router)
-        state = self.resolve_state(initial_state, positions, B, last)
+        state = self.resolve_state(initial_state, positions, B, last, embedded)
+        finite = []  # float16 only: per loop, whether the state stayed finite (one device sync at the end)
         for r in range(first_loop, first_loop + num_loops):
             state = self.loop(state, embedded, positions, router, r)
+            if state.dtype == torch.float16:
+                finite.append(torch.isfinite(state).all())
+        if finite:  # before the readout, which checks the logits
+            flags = torch.stack(finite).tolist()
+            if not all(flags):
+                raise Float16Overflow(f"the state after loop {first_loop + flags.index(False)} (positions "
+                                      f"{int(positions.min())}-{int(positions.max())})")
         logits = self.readout(state, positions, router)
         return (logits, state) if return_state else logits
 
     def resolve_state(self, initial_state: Tensor | str | None, positions: Tensor, batch: int,
-                      last: int | None = None) -> Tensor:
-        if initial_state is None:
-            return self.initial_state(positions, batch, last)
+                      last: int | None = None, embedded: Tensor | None = None) -> Tensor:
+        if initial_state is None:  # Ouro starts from the embedding the forward has already computed
+            return embedded if self.config.looped_stack else self.initial_state(positions, batch, last)
         if isinstance(initial_state, str):
             if initial_state != "zeros":
                 raise ValueError(f"initial_state must be a tensor, 'zeros' or None, got {initial_state!r}")

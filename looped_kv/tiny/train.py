@@ -2,25 +2,28 @@
 
 Recipe (Geiping et al., 2025): prelude / core / coda of sandwich blocks, an adapter over
 [state, embedding], a random initial state, a recurrence count per step drawn from a
-Poisson-lognormal around a mean (32), and truncated backpropagation through the last loops (8).
-Matrix products run in bfloat16 autocast, as Huginn's did (on CPUs with AMX this is several
-times faster than float32); weights, norms and the optimizer stay in float32.
+Poisson-lognormal around a mean, and truncated backpropagation through the last loops.
 
-Data (``looped_kv.workloads.data``), mixed per batch: generated word problems, the Python standard
-library, and variable chains, the workload on which depth pays. Chains follow a curriculum:
-one lookup (chains of length 1) for the first ``--hold`` steps, then the longest binding chain
-grows to ``data.CHAIN_DEPTH`` over ``--ramp`` steps, so that the model first learns one lookup,
-then to repeat it.
-Every ``--eval-every`` steps the log records answer accuracy on development chains at
-several loop counts, so the training page can show when depth starts to pay.
+Data (``looped_kv.workloads.data``), mixed per batch by ``--mix``: generated word problems and the
+Python standard library (next-token loss on every token), and value-changing variable chains,
+the depth workload (loss on the query lines only: the bindings are random). The chains follow
+a curriculum: queries start at most ``--start-depth`` steps deep, and the cap rises by
+``--depth-step`` whenever development accuracy at ``--curriculum-loops`` loops on the deepest
+queries allowed passes ``--advance-at``. With ``--chains`` above 1, distractor chains make
+programs of every length from the start.
+Every ``--eval-every`` steps the log records held-out answer accuracy by depth bucket at
+R = 1, 4, 8, 16, 32, beside chance.
 
-    python -m looped_kv.tiny.train --out looped_kv/tiny            # the shipped recipe
-    python -m looped_kv.tiny.train --out looped_kv/tiny --resume   # continue after an interruption
+    python -m looped_kv.tiny.train --out runs/tiny            # the shipped recipe
+    python -m looped_kv.tiny.train --out runs/tiny --resume   # continue after an interruption
+    python -m looped_kv.tiny.train --out runs/tiny --resume --export looped_kv/tiny   # ship it
 
-Training is resumable: every ``--checkpoint-every`` steps the model, optimizer, step and log are
-written to ``OUT/checkpoint.pt``; ``--resume`` continues from it with the recorded arguments.
-``config.json`` records the recipe, the wall time (summed over resumed segments) and held-out
-figures; ``python -m looped_kv.tiny.gates`` then measures the gates on the evaluation split.
+Training is resumable: every ``--checkpoint-every`` steps the model, optimizer, curriculum,
+step and log are written to ``OUT/checkpoint.pt`` (and the log to ``OUT/training_log.json``);
+``--resume`` continues from it with the recorded arguments. ``--minutes`` ends a sitting
+after that much wall time, with a checkpoint. At the last step the model is written to OUT in
+the public format; ``--export DIR`` writes it there as well. ``python -m looped_kv.tiny.gates``
+then measures the gates on the evaluation split.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -40,16 +43,19 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from looped_kv.analysis.depth import answer_accuracy, encode_chains, loss_by_loops
+from looped_kv.analysis.depth import DEPTH_BUCKETS, answer_hits, encode_chains, loss_by_loops
 from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
 
 EOS = "<|endoftext|>"
-#: Options a resumed run may change: the thread count, and the length of the run and of its curriculum.
-RESUMABLE = ("threads", "steps", "ramp")
-EVAL_LOOPS = (1, 2, 4, 8, 16, 32)
+#: Options a resumed run may change: the thread count, the sitting's length, the run's length and the data mix
+#: with the depth it starts from (a staged mix). Each change is logged with the step it took effect.
+RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth")
+EVAL_LOOPS = (1, 4, 8, 16, 32)
+#: The shipped model's default loop count R at inference (Huginn-0125's), whatever the training mean.
+INFERENCE_LOOPS = 32
 
 
 def corpus(split: str, problems: int) -> tuple[str, str]:
@@ -60,6 +66,7 @@ def corpus(split: str, problems: int) -> tuple[str, str]:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE; at ``vocab_size`` 257 it has no merges: one token per byte (characters, for ASCII)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -98,143 +105,264 @@ def random_state(config: LoopedConfig, shape: tuple[int, ...], generator: torch.
     return x * config.embed_scale
 
 
-def loss_with_loops(model: LoopedLM, batch: torch.Tensor, no_grad_loops: int, grad_loops: int,
-                    state: torch.Tensor, ignore: torch.Tensor | None = None) -> torch.Tensor:
-    """Next-token loss after ``no_grad_loops + grad_loops`` loops, backpropagating through the last ones.
+class Loops:
+    """The core's loops for one batch shape, compiled once (``torch.compile``: the matrix products run in bfloat16
+    under autocast; eager, the elementwise work between them costs more than the products)."""
 
-    ``ignore`` (B, n + 1) marks padding whose prediction is not scored.
-    """
+    def __init__(self, model: LoopedLM, rows: int, length: int, compile: bool) -> None:
+        self.model, self.rows, self.positions = model, rows, torch.arange(length)
+        self.step = torch.compile(self._loop, dynamic=False) if compile else self._loop
+
+    def _loop(self, state: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """One loop (the plain causal model ignores which loop it is, so one graph serves every r)."""
+        return self.model.loop(state, embedded, self.positions, CausalRouter(), 1)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed(ids, self.positions, CausalRouter())
+
+    def readout(self, state: torch.Tensor) -> torch.Tensor:
+        return self.model.readout(state, self.positions, CausalRouter()).float()
+
+
+def token_losses(loops: Loops, batch: torch.Tensor, no_grad_loops: int, grad_loops: int,
+                 state: torch.Tensor) -> torch.Tensor:
+    """Next-token loss (B, n) of every position after ``no_grad_loops + grad_loops`` loops, backpropagating
+    through the last ``grad_loops`` only (truncated backpropagation)."""
     x, y = batch[:, :-1], batch[:, 1:]
-    if ignore is not None:
-        y = y.masked_fill(ignore[:, 1:], -100)
-    positions = torch.arange(x.shape[1])
-    router = CausalRouter()
-    embedded = model.embed(x, positions, router)
+    embedded = loops.embed(x)
     with torch.no_grad():
-        for r in range(1, no_grad_loops + 1):
-            state = model.loop(state, embedded, positions, router, r)
-    for r in range(no_grad_loops + 1, no_grad_loops + grad_loops + 1):
-        state = model.loop(state, embedded, positions, router, r)
-    logits = model.readout(state, positions, router)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=-100)
-
-
-def batches(streams: list[torch.Tensor], batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
-    """Random windows of ``seq + 1`` tokens, taking the streams in turn."""
-    rows = []
-    for i in range(batch):
-        stream = streams[i % len(streams)]
-        start = int(torch.randint(0, len(stream) - seq - 1, (1,), generator=generator))
-        rows.append(stream[start:start + seq + 1])
-    return torch.stack(rows)
-
-
-def chain_rows(tokenizer: PreTrainedTokenizerFast, rows: int, seq: int, step: int,
-               max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of whole chain programs (each followed by end-of-text) packed into ``seq + 1`` tokens.
-
-    The programs of a step are a function of the step alone (``data.chain_programs(seed=step)``), so a resumed
-    run sees the data an uninterrupted one would. Returns (ids, padding mask).
-    """
-    eos = tokenizer.eos_token_id
-    programs = iter(data.chain_programs(6 * rows, "train", seed=step, max_depth=max_depth))
-    ids = torch.full((rows, seq + 1), eos)
-    pad = torch.zeros(rows, seq + 1, dtype=torch.bool)
-    for i in range(rows):
-        row: list[int] = []
-        for program in programs:
-            item = tokenizer(program.text)["input_ids"] + [eos]
-            if len(row) + len(item) > seq + 1:
-                break
-            row += item
-        ids[i, :len(row)] = torch.tensor(row)
-        pad[i, len(row):] = True
-    return ids, pad
-
-
-def curriculum_depth(step: int, hold: int, ramp: int) -> int:
-    """Longest binding chain at a step: 1 for the first ``hold`` steps, then growing to ``data.CHAIN_DEPTH`` over
-    ``ramp`` steps (one lookup first, then chains of them)."""
-    if step < hold:
-        return 1
-    if ramp <= 0:
-        return data.CHAIN_DEPTH
-    return min(data.CHAIN_DEPTH, 1 + (step - hold) * data.CHAIN_DEPTH // ramp)
-
-
-def mixed_batch(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast, streams: list[torch.Tensor],
-                step: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch: ``args.mix`` fractions of word-problem, code and chain rows."""
-    counts = [round(f * args.batch) for f in args.mix[:2]]
-    n_chains = args.batch - sum(counts)
-    parts = [batches([s], n, args.seq, generator) for s, n in zip(streams, counts, strict=True) if n]
-    pads = [torch.zeros(p.shape, dtype=torch.bool) for p in parts]
-    if n_chains:
-        ids, pad = chain_rows(tokenizer, n_chains, args.seq, step, curriculum_depth(step, args.hold, args.ramp))
-        parts.append(ids)
-        pads.append(pad)
-    return torch.cat(parts), torch.cat(pads)
+        for _ in range(no_grad_loops):
+            state = loops.step(state, embedded)
+    for _ in range(grad_loops):
+        state = loops.step(state, embedded)
+    return F.cross_entropy(loops.readout(state).transpose(1, 2), y, reduction="none")
 
 
 @torch.no_grad()
-def validation(model: LoopedLM, windows: dict[str, torch.Tensor], chains, loops: tuple[int, ...]) -> dict:
-    """Held-out loss by loops per workload and chain answer accuracy by loops (deterministic states)."""
-    model.eval()
-    out = {f"{name}_loss_by_loops": {str(r): v for r, v in loss_by_loops(model, w, loops).items()}
-           for name, w in windows.items()}
-    chain_loss = loss_by_loops(model, chains.ids, loops, chains.real)
-    out["chains_loss_by_loops"] = {str(r): v for r, v in chain_loss.items()}
-    acc = answer_accuracy(model, chains, loops)
-    out["chain_accuracy_by_loops"] = {str(r): row.to_dict() for r, row in acc.iterrows()}
-    model.train()
+def quick_hits(loops: Loops, chains, counts: tuple[int, ...], autocast) -> dict[int, torch.Tensor]:
+    """Teacher-forced answer hits (queries,) after each R in ``counts``, in one pass of max(counts) loops read out
+    at every R, in the training batch's shape and precision (for the curriculum and the training log; the model's
+    recorded figures come from :func:`looped_kv.analysis.depth.answer_hits` in float32)."""
+    rows, width = loops.rows, loops.positions.shape[0]
+    if chains.ids.shape[1] > width:
+        raise ValueError(f"chain programs of {chains.ids.shape[1]} tokens do not fit --seq {width}")
+    ids = torch.zeros((-(-chains.ids.shape[0] // rows) * rows, width), dtype=torch.long)
+    ids[:chains.ids.shape[0], :chains.ids.shape[1]] = chains.ids
+    hits = {R: [] for R in counts}
+    for start in range(0, ids.shape[0], rows):
+        x = ids[start:start + rows]
+        mine = (chains.rows >= start) & (chains.rows < start + rows)
+        r_idx, p_idx = chains.rows[mine] - start, chains.positions[mine]
+        with autocast:
+            embedded = loops.embed(x)
+            state = loops.model.initial_state(loops.positions, rows)
+            for r in range(1, max(counts) + 1):
+                state = loops.step(state, embedded)
+                if r in hits:
+                    logits = loops.readout(state)[r_idx, p_idx]
+                    hits[r].append(logits.argmax(-1) == chains.answers[mine])
+    return {R: torch.cat(h).float() for R, h in hits.items()}
+
+
+def text_rows(streams: list[torch.Tensor], rows: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+    """Random windows of ``seq + 1`` tokens, taking the streams in turn."""
+    out = []
+    for i in range(rows):
+        stream = streams[i % len(streams)]
+        start = int(torch.randint(0, len(stream) - seq - 1, (1,), generator=generator))
+        out.append(stream[start:start + seq + 1])
+    return torch.stack(out)
+
+
+def renamed(program: data.ChainProgram, names: dict[str, str]) -> data.ChainProgram:
+    """The same program with its variables renamed (``names``: old to new)."""
+    table = str.maketrans(names)
+    queries = tuple(data.ChainQuery(q.variable.translate(table), q.value, q.depth) for q in program.queries)
+    return data.ChainProgram(program.program.translate(table), queries)
+
+
+def chain_rows(tokenizer: PreTrainedTokenizerFast, rows: int, seq: int, step: int, max_depth: int,
+               shape: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of whole chain programs (each followed by end-of-text) packed into ``seq + 1`` tokens.
+
+    No variable name appears in two programs of a row (each program is renamed from the row's unused names), so
+    a lookup never has to tell a binding from one of an earlier program. Returns (ids, scored, answer):
+    ``scored[:, i]`` marks the query-line tokens (names, answers, separators, the end-of-text), ``answer[:, i]``
+    the answer digits, both as targets of position i - 1. The programs of a step are a function of the step and
+    the curriculum alone, so a resumed run sees the data an uninterrupted one would.
+    """
+    eos = tokenizer.eos_token_id
+    programs = iter(data.chain_programs(8 * rows, "train", seed=step, max_depth=max_depth, **shape))
+    ids = torch.full((rows, seq + 1), eos)
+    scored = torch.zeros(rows, seq + 1, dtype=torch.bool)
+    answer = torch.zeros(rows, seq + 1, dtype=torch.bool)
+    for i in range(rows):
+        row: list[int] = []
+        free = list(data.CHAIN_NAMES)
+        random.Random(f"names/{step}/{i}").shuffle(free)
+        for program in programs:
+            names = list(dict.fromkeys(c for c in program.program if c in data.CHAIN_NAMES))
+            if len(names) > len(free):
+                break
+            program = renamed(program, {old: free.pop() for old in names})
+            item = encode_chains(tokenizer, [program])
+            length = int(item.real.sum()) + 1
+            if len(row) + length > seq + 1:
+                break
+            start = len(row)
+            row += [*item.ids[0, :length - 1].tolist(), eos]
+            prompt = len(tokenizer(program.prompt)["input_ids"])
+            scored[i, start + prompt:start + length] = True
+            answer[i, start + item.positions + 1] = True
+        ids[i, :len(row)] = torch.tensor(row)
+    return ids, scored, answer
+
+
+class Curriculum:
+    """The deepest query a training step may ask, raised as development accuracy allows."""
+
+    def __init__(self, args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) -> None:
+        self.args, self.tokenizer = args, tokenizer
+        self.depth = args.start_depth
+        self.raised: list[tuple[int, int]] = []  # (step, new cap)
+
+    def check(self, loops: Loops, step: int, autocast) -> float:
+        """Accuracy at ``--curriculum-loops`` on development queries in the top half of the cap (programs drawn
+        at the cap); raise the cap if it reaches ``--advance-at``."""
+        programs = data.chain_programs(128, "dev", seed=self.depth, max_depth=self.depth, **shape(self.args))
+        dev = encode_chains(self.tokenizer, programs)
+        keep = dev.depths > self.depth // 2
+        hits = quick_hits(loops, dev, (self.args.curriculum_loops,), autocast)[self.args.curriculum_loops]
+        accuracy = float(hits[keep].mean())
+        if accuracy >= self.args.advance_at and self.depth < data.CHAIN_DEPTH:
+            self.depth = min(data.CHAIN_DEPTH, self.depth + self.args.depth_step)
+            self.raised.append((step, self.depth))
+        return accuracy
+
+    def state(self) -> dict:
+        return {"depth": self.depth, "raised": self.raised}
+
+    def load(self, state: dict) -> None:
+        self.depth, self.raised = state["depth"], [tuple(x) for x in state["raised"]]
+
+
+def shape(args: argparse.Namespace) -> dict:
+    """The chain programs' shape options (``data.chain_programs``)."""
+    return {"max_chains": args.chains, "interleave": args.interleave}
+
+
+def batch_mix(args: argparse.Namespace, depth: int) -> tuple[dict[str, float], dict[str, int]]:
+    """The step's workload fractions (of rows, and weights in the loss) and row counts: chains alone until the
+    curriculum reaches ``--mix-from-depth``, then ``--mix``."""
+    fractions = args.mix if depth >= args.mix_from_depth else [0.0, 0.0, 1.0]
+    mix = dict(zip(data.WORKLOADS, fractions, strict=True))
+    counts = {w: round(f * args.batch) for w, f in mix.items() if w != "chains"}
+    counts["chains"] = args.batch - sum(counts.values())
+    return mix, counts
+
+
+def mean_recurrence(args: argparse.Namespace, depth: int) -> int:
+    """The step's mean recurrence: fixed, or (``--recurrence-follows-depth``) the curriculum's depth plus a margin,
+    kept within [``--min-recurrence``, ``--mean-recurrence``]."""
+    if not args.recurrence_follows_depth:
+        return args.mean_recurrence
+    return max(args.min_recurrence, min(args.mean_recurrence, depth + args.backprop))
+
+
+def by_bucket(hits: dict[int, torch.Tensor], depths: torch.Tensor) -> dict:
+    """Accuracy overall and by depth bucket for each R, with chance and each bucket's query count."""
+    buckets = {b: (depths >= lo) & (depths <= hi) for b, (lo, hi) in DEPTH_BUCKETS.items()}
+    out: dict = {"chance": data.CHAIN_CHANCE, "queries": {b: int(m.sum()) for b, m in buckets.items()}}
+    for R, h in hits.items():
+        out[str(R)] = {"accuracy": float(h.mean()), **{b: float(h[m].mean()) for b, m in buckets.items() if m.any()}}
     return out
+
+
+@torch.no_grad()
+def held_out(model: LoopedLM, chains, loops: tuple[int, ...]) -> dict:
+    """The recorded figures: float32 answer accuracy by depth bucket and R (``answer_hits``), and answer loss."""
+    hits = answer_hits(model, chains, loops)
+    out = by_bucket({R: torch.tensor(rows["hit"].to_numpy()) for R, rows in hits.groupby("loops")}, chains.depths)
+    for R, rows in hits.groupby("loops"):
+        out[str(R)]["answer_loss"] = float(rows["nll"].mean())
+    return out
+
+
+def format_accuracy(record: dict) -> str:
+    loops = [k for k in record if k.isdigit()]
+    return " | ".join(f"R={R}: " + " ".join(f"{b}:{record[R].get(b, float('nan')):.2f}" for b in DEPTH_BUCKETS)
+                      for R in loops) + f" (chance {record['chance']})"
 
 
 def parser() -> argparse.ArgumentParser:
     """The command line; its defaults are the shipped model's recipe (``config.json``'s training record)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
+    ap.add_argument("--out", type=Path, required=True, help="run folder: checkpoint, log, and the model at the end")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with its arguments")
+    ap.add_argument("--export", type=Path, help="also write the finished model to this folder")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=2400)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=60_000)
+    ap.add_argument("--minutes", type=float, default=0, help="end this sitting after this much wall time (0: never)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=1024, help="BPE vocabulary; 257 is one token per byte")
     ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--layers", type=int, nargs=3, default=[2, 2, 2], metavar=("PRELUDE", "CORE", "CODA"))
-    ap.add_argument("--mean-recurrence", type=int, default=32, help="mean loops per training step")
-    ap.add_argument("--backprop", type=int, default=8, help="loops with gradient (truncated backpropagation)")
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--layers", type=int, nargs=3, default=[1, 1, 1], metavar=("PRELUDE", "CORE", "CODA"))
+    ap.add_argument("--mean-recurrence", type=int, default=16, help="mean loops per training step (the most, with "
+                                                                    "--recurrence-follows-depth)")
+    ap.add_argument("--min-recurrence", type=int, default=8, help="the least mean, with --recurrence-follows-depth")
+    ap.add_argument("--recurrence-follows-depth", action="store_true",
+                    help="mean recurrence = curriculum depth + backprop, within [min, mean]")
+    ap.add_argument("--backprop", type=int, default=4, help="loops with gradient (truncated backpropagation)")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--mix", type=float, nargs=3, default=[0.2, 0.2, 0.6], metavar=("PROBLEMS", "CODE", "CHAINS"),
-                    help="fraction of each batch's rows from each workload")
-    ap.add_argument("--hold", type=int, default=700, help="steps of one-lookup chains before the depth grows")
-    ap.add_argument("--ramp", type=int, default=1300, help="steps over which the chain depth then grows to its max")
+                    help="fraction of each batch's rows (and weight in the loss) of each workload")
+    ap.add_argument("--mix-from-depth", type=int, default=16, help="chains alone until the curriculum reaches this "
+                                                                   "depth, then --mix")
+    ap.add_argument("--start-depth", type=int, default=4, help="deepest query at the start of the curriculum")
+    ap.add_argument("--depth-step", type=int, default=2, help="how far the curriculum raises the deepest query")
+    ap.add_argument("--advance-at", type=float, default=0.6, help="accuracy on the deepest allowed queries that "
+                                                                  "raises the curriculum")
+    ap.add_argument("--curriculum-loops", type=int, default=32, help="loops at which the curriculum is judged")
+    ap.add_argument("--curriculum-every", type=int, default=100)
+    ap.add_argument("--chains", type=int, default=1, help="most chains per program (one query each)")
+    ap.add_argument("--interleave", action="store_true", help="interleave a program's chains")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
-    ap.add_argument("--threads", default="auto", help="torch CPU threads, or 'auto' (default): all cores while "
-                                                      "they are otherwise idle, one while other work runs; with "
-                                                      "--resume, the recorded setting unless given")
-    ap.add_argument("--eval-every", type=int, default=250)
-    ap.add_argument("--checkpoint-every", type=int, default=100)
+    ap.add_argument("--eager", action="store_true", help="do not compile the loop")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--eval-programs", type=int, default=256)
+    ap.add_argument("--checkpoint-every", type=int, default=250)
     return ap
 
 
 def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """One-line errors before any work."""
-    if args.threads != "auto" and not (args.threads.isdigit() and int(args.threads) >= 1):
-        ap.error(f"--threads must be 'auto' or an integer >= 1, got {args.threads!r}")
-    for name in ("steps", "batch", "seq", "vocab", "n_embd", "heads", "mean_recurrence", "backprop",
-                 "eval_every", "checkpoint_every"):
+    for name in ("steps", "batch", "seq", "vocab", "n_embd", "heads", "mean_recurrence", "min_recurrence",
+                 "backprop", "eval_every", "eval_programs", "checkpoint_every", "threads", "start_depth",
+                 "mix_from_depth", "depth_step", "curriculum_loops", "curriculum_every"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.vocab < 257:
+        ap.error(f"--vocab must be >= 257 (the byte alphabet and end-of-text), got {args.vocab}")
     if args.n_embd % args.heads:
         ap.error(f"--n-embd ({args.n_embd}) must be divisible by --heads ({args.heads})")
     if min(args.layers) < 0 or args.layers[1] < 1:
         ap.error(f"--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got {args.layers}")
     if not args.lr > 0:
         ap.error(f"--lr must be > 0, got {args.lr}")
+    if args.minutes < 0:
+        ap.error(f"--minutes must be >= 0, got {args.minutes}")
+    if not 0 < args.advance_at <= 1:
+        ap.error(f"--advance-at must be in (0, 1], got {args.advance_at}")
     if min(args.mix) < 0 or abs(sum(args.mix) - 1) > 1e-6:
         ap.error(f"--mix must be three fractions >= 0 that sum to 1, got {args.mix}")
+    if args.start_depth > data.CHAIN_DEPTH:
+        ap.error(f"--start-depth must be in [1, {data.CHAIN_DEPTH}], got {args.start_depth}")
+    if not 1 <= args.chains <= 4:
+        ap.error(f"--chains must be in [1, 4], got {args.chains}")
     if args.resume and not (args.out / "checkpoint.pt").exists():
         ap.error(f"--resume needs {args.out / 'checkpoint.pt'}, which does not exist")
 
@@ -245,19 +373,9 @@ def build(args: argparse.Namespace, vocab_size: int) -> LoopedLM:
         family="huginn", vocab_size=vocab_size, n_embd=args.n_embd, n_heads=args.heads, n_kv_heads=args.heads,
         n_prelude=n_pre, n_core=n_core, n_coda=n_coda, intermediate_size=2 * args.n_embd, block_size=1024,
         qk_bias=True, rope_base=50000.0, embed_scale=math.sqrt(args.n_embd),
-        state_std=math.sqrt(2 / (5 * args.n_embd)), mean_recurrence=32, mean_backprop_depth=args.backprop)
+        state_std=math.sqrt(2 / (5 * args.n_embd)), mean_recurrence=INFERENCE_LOOPS,
+        mean_backprop_depth=args.backprop)
     return LoopedLM(config)
-
-
-def set_threads(setting: str) -> None:
-    """``'auto'``: every core while the machine is otherwise idle, one while other work runs (a CPU's threads
-    contending with other processes slow each step several times); else that many threads."""
-    if setting != "auto":
-        torch.set_num_threads(int(setting))
-        return
-    cores = os.cpu_count() or 1
-    others = os.getloadavg()[0] - torch.get_num_threads()
-    torch.set_num_threads(cores if others < 0.5 else 1)
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
@@ -266,22 +384,37 @@ def save_checkpoint(path: Path, state: dict) -> None:
     tmp.replace(path)
 
 
+def write_model(folder: Path, model: LoopedLM, tokenizer: PreTrainedTokenizerFast, training: dict,
+                log: list[dict]) -> None:
+    """The public format: model.safetensors, config.json (with the training record) and the tokenizer."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, folder / "model.safetensors")
+    tokenizer.save_pretrained(str(folder))
+    (folder / "config.json").write_text(json.dumps(model.config.to_hf_dict() | {"training": training}, indent=2) + "\n")
+    (folder / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = parser()
-    args = ap.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(words)
     check_arguments(ap, args)
     checkpoint = None
     if args.resume:  # the recorded recipe, except the options given again (recorded in the log as changes)
-        words = argv if argv is not None else sys.argv
-        given = {name: getattr(args, name) for name in RESUMABLE if f"--{name}" in words}
+        given = {name: getattr(args, name) for name in RESUMABLE if f"--{name.replace('_', '-')}" in words}
         checkpoint = torch.load(args.out / "checkpoint.pt", weights_only=False)
-        changes = {k: (checkpoint["args"][k], v) for k, v in given.items() if checkpoint["args"][k] != v}
-        args = argparse.Namespace(**{**checkpoint["args"], **given, "resume": True, "out": args.out})
-    set_threads(args.threads)
+        changes = {k: (checkpoint["args"].get(k), v) for k, v in given.items() if checkpoint["args"].get(k) != v}
+        defaults = vars(ap.parse_args(["--out", str(args.out)]))  # options newer than the checkpoint
+        args = argparse.Namespace(**{**defaults, **checkpoint["args"], **given, "resume": True, "out": args.out,
+                                     "export": args.export})
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "resume"}
+    (args.out / "settings.json").write_text(json.dumps(settings, indent=1) + "\n")
     problems_train, code_train = corpus("train", 30_000)
     if checkpoint is None:
         chain_text = "".join(p.text for p in data.chain_programs(2000, "train", seed=10**6))
@@ -290,13 +423,14 @@ def main(argv: list[str] | None = None) -> None:
     else:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(args.out))
     streams = [torch.tensor(tokenizer(t)["input_ids"]) for t in (problems_train, code_train)]
-    dev_windows = {name: batches([torch.tensor(tokenizer(t)["input_ids"])], 8, 256, torch.Generator().manual_seed(1))
+    dev_windows = {name: text_rows([torch.tensor(tokenizer(t)["input_ids"])], 8, 256, torch.Generator().manual_seed(1))
                    for name, t in zip(("problems", "code"), corpus("dev", 400), strict=True)}
+    dev_chains = encode_chains(tokenizer, data.chain_programs(args.eval_programs, "dev", **shape(args)))
 
     model = build(args, len(tokenizer))
     config = model.config
     params = sum(p.numel() for p in model.parameters())
-    dev_chains = encode_chains(tokenizer, data.chain_programs(96, "dev"))
+    curriculum = Curriculum(args, tokenizer)
     decay = [p for p in model.parameters() if p.dim() == 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
@@ -310,66 +444,96 @@ def main(argv: list[str] | None = None) -> None:
         model.load_state_dict(checkpoint["model"])
         opt.load_state_dict(checkpoint["optimizer"])
         generator.set_state(checkpoint["generator"])
+        curriculum.load(checkpoint["curriculum"])
         log, start_step, elapsed_before = checkpoint["log"], checkpoint["step"] + 1, checkpoint["elapsed_s"]
         if changes:
             log.append({"step": checkpoint["step"], "changed": {k: list(v) for k, v in changes.items()}})
-    print(f"model: {params / 1e6:.2f}M parameters, {args.layers} layers, d={args.n_embd}; "
+    print(f"model: {params / 1e6:.2f}M parameters, {args.layers} layers, d={args.n_embd}, vocab {len(tokenizer)}; "
           f"steps {start_step}..{args.steps}", flush=True)
 
-    warmup = max(args.steps // 20, 1)
+    def save(step: int, elapsed: float) -> None:
+        save_checkpoint(args.out / "checkpoint.pt", {
+            "model": model.state_dict(), "optimizer": opt.state_dict(), "generator": generator.get_state(),
+            "curriculum": curriculum.state(), "step": step, "log": log, "elapsed_s": elapsed,
+            "args": {k: v for k, v in vars(args).items() if k not in ("out", "resume", "export")}})
+        (args.out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
+
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    loops = Loops(model, args.batch, args.seq, compile=not args.eager)
     model.train()
-    bar = tqdm(range(start_step, args.steps + 1), desc="training", initial=start_step - 1, total=args.steps)
+    bar = tqdm(range(start_step, args.steps + 1), desc="training", initial=start_step - 1, total=args.steps,
+               mininterval=1 if sys.stderr.isatty() else 60)
+    step, sitting = start_step - 1, time.perf_counter()
     for step in bar:
-        lr = args.lr * min(step / warmup, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        lr = args.lr * min(step / args.warmup, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for group in opt.param_groups:
             group["lr"] = lr
-        if step % 10 == 0:
-            set_threads(args.threads)
-        batch, pad = mixed_batch(args, tokenizer, streams, step, generator)
-        no_grad, with_grad = sample_loops(args.mean_recurrence, args.backprop, generator)
+        mix, counts = batch_mix(args, curriculum.depth)
+        parts, weights = [], []
+        for w, stream in zip(("problems", "code"), streams, strict=True):
+            if counts[w]:
+                rows = text_rows([stream], counts[w], args.seq, generator)
+                parts.append(rows)
+                weights.append(torch.full(rows[:, 1:].shape, mix[w] / rows[:, 1:].numel()))
+        answers = None
+        if counts["chains"]:
+            rows, scored, answers = chain_rows(tokenizer, counts["chains"], args.seq, step, curriculum.depth,
+                                               shape(args))
+            parts.append(rows)
+            weights.append(scored[:, 1:] * (mix["chains"] / max(int(scored[:, 1:].sum()), 1)))
+        batch, weight = torch.cat(parts), torch.cat(weights)
+        mean = mean_recurrence(args, curriculum.depth)
+        no_grad, with_grad = sample_loops(mean, args.backprop, generator)
         state = random_state(config, (args.batch, args.seq), generator)
         with autocast:
-            loss = loss_with_loops(model, batch, no_grad, with_grad, state, pad)
+            losses = token_losses(loops, batch, no_grad, with_grad, state)
+        loss = (losses * weight).sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         elapsed = elapsed_before + time.perf_counter() - t0
-        entry = {"step": step, "loss": loss.item(), "loops": no_grad + with_grad, "lr": lr, "time_s": elapsed,
-                 "chain_depth": curriculum_depth(step, args.hold, args.ramp)}
-        bar.set_postfix(loss=f"{entry['loss']:.3f}", loops=entry["loops"])
-        if step % args.eval_every == 0 or step == args.steps:
+        entry = {"step": step, "loss": loss.item(), "loops": no_grad + with_grad, "mean_recurrence": mean, "lr": lr,
+                 "time_s": round(elapsed, 1), "chain_depth": curriculum.depth}
+        if answers is not None:
+            entry["answer_loss"] = float(losses.detach()[-counts["chains"]:][answers[:, 1:]].mean())
+        if step % args.curriculum_every == 0:
             model.eval()
-            acc = answer_accuracy(model, dev_chains, EVAL_LOOPS)
+            entry["curriculum_accuracy"] = curriculum.check(loops, step, autocast)
             model.train()
-            entry["chain_accuracy"] = {str(r): row.to_dict() for r, row in acc.iterrows()}
-            tqdm.write(f"step {step}: chain accuracy by loops " + " ".join(
-                f"R={r}: {row['accuracy']:.2f} (depth 1: {row['depth 1']:.2f})" for r, row in acc.iterrows()))
-        if step % 10 == 0 or "chain_accuracy" in entry:
+        bar.set_postfix(loss=f"{entry['loss']:.3f}", depth=curriculum.depth, loops=entry["loops"], refresh=False)
+        last = step == args.steps
+        out_of_time = args.minutes and time.perf_counter() - sitting > 60 * args.minutes
+        if step % args.eval_every == 0 or last or out_of_time:
+            model.eval()
+            entry["held_out"] = by_bucket(quick_hits(loops, dev_chains, EVAL_LOOPS, autocast), dev_chains.depths)
+            model.train()
+            tqdm.write(f"step {step} (depth cap {curriculum.depth}): {format_accuracy(entry['held_out'])}")
+        if step % 10 == 0 or "held_out" in entry or "curriculum_accuracy" in entry:
             log.append(entry)
-        if step % args.checkpoint_every == 0 and step < args.steps:
-            save_checkpoint(args.out / "checkpoint.pt", {
-                "model": model.state_dict(), "optimizer": opt.state_dict(), "generator": generator.get_state(),
-                "step": step, "log": log, "elapsed_s": elapsed,
-                "args": {k: v for k, v in vars(args).items() if k not in ("out", "resume")}})
+        if last:
+            break
+        if step % args.checkpoint_every == 0 or out_of_time:
+            save(step, elapsed)
+        if out_of_time:
+            print(f"sitting over after {args.minutes} minutes at step {step}; continue with --resume", flush=True)
+            return
     bar.close()
-    minutes = (elapsed_before + time.perf_counter() - t0) / 60
-    record = validation(model, dev_windows, dev_chains, (1, 2, 4, 8, 16, 32, 64))
-    print(json.dumps(record["chain_accuracy_by_loops"], indent=1), flush=True)
-
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    save_file(state, args.out / "model.safetensors")
-    hf = config.to_hf_dict() | {"training": {
-        "seed": args.seed, "steps": args.steps, "batch": args.batch, "seq": args.seq,
-        "train_mean_recurrence": args.mean_recurrence, "backprop_loops": args.backprop, "lr": args.lr,
-        "mix": dict(zip(data.WORKLOADS, args.mix, strict=True)), "curriculum_hold": args.hold,
-        "curriculum_ramp": args.ramp,
-        "precision": args.precision, "parameters": params, "minutes": round(minutes, 1), "threads": args.threads,
-        **record}}
-    (args.out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    (args.out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
-    (args.out / "checkpoint.pt").unlink(missing_ok=True)
+    model.eval()
+    final_loops = (1, 2, 4, 8, 16, 32, 64)
+    record = {f"{name}_loss_by_loops": {str(r): v for r, v in loss_by_loops(model, w, final_loops).items()}
+              for name, w in dev_windows.items()}
+    record["chains_held_out"] = held_out(model, dev_chains, final_loops)
+    print(format_accuracy(record["chains_held_out"]), flush=True)
+    training = {
+        "command": "python -m looped_kv.tiny.train " + " ".join(words),
+        "args": settings,
+        "parameters": params, "minutes": round((elapsed_before + time.perf_counter() - t0) / 60, 1),
+        "curriculum": curriculum.state(), **record}
+    save(step, elapsed_before + time.perf_counter() - t0)
+    write_model(args.out, model, tokenizer, training, log)
+    if args.export is not None:
+        write_model(args.export, model, tokenizer, training, log)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def word_problems(n: int, split: str = "train", seed: int = 0) -> list[Problem]:
 class ChainQuery:
     variable: str
     value: str
-    depth: int  # bindings between the variable and its digit (1: bound to a digit)
+    depth: int  # serial steps from the variable to its chain's digit (1: bound to a digit)
 
 
 @dataclass(frozen=True)
@@ -142,53 +142,68 @@ class ChainProgram:
         return f"{self.program}\n"
 
 
-CHAIN_DEPTH = 8  # deepest binding chain of the evaluation programs (and of training, after the curriculum)
+CHAIN_DEPTH = 32  # deepest query of the evaluation programs (and of training, at the end of the curriculum)
+CHAIN_NAMES = string.ascii_lowercase + string.ascii_uppercase  # one token each, in characters and in BPE
+CHAIN_BINDINGS = 40  # most variables one program binds
+CHAIN_CHANCE = 0.1  # an answer is uniform over the ten digits given everything but its full chain
+CHAIN_COUNT = 1  # chains per program in the workload: the shipped model learned one (three stayed at chance)
 
 
-def _chain_program(rng: random.Random, max_depth: int) -> ChainProgram:
-    if max_depth == 1:  # one lookup per query: every variable bound to a digit, every variable asked
-        names = rng.sample(string.ascii_lowercase, rng.randint(4, 10))
-        values = [rng.choice(string.digits) for _ in names]
-        queries = [ChainQuery(v, d, 1) for v, d in zip(names, values, strict=True)]
-        rng.shuffle(queries)
-        return ChainProgram("".join(f"{v}={d};" for v, d in zip(names, values, strict=True)), tuple(queries))
-    trees = rng.randint(2, max(3, min(8, 16 // max_depth)))  # short chains come in more trees
-    roots = rng.sample(string.digits, trees)
-    names = iter(rng.sample(string.ascii_lowercase, 26))
-    budget = 26 - trees
-    forest: list[list[tuple[str, str, int]]] = []  # per tree: (variable, bound to, depth) in binding order
-    for tree in range(trees):
-        spine = min(rng.randint(1, max_depth), budget - (trees - 1 - tree))
-        budget -= spine
-        nodes = [(next(names), roots[tree], 1)]
-        for _ in range(spine - 1):
-            nodes.append((next(names), nodes[-1][0], nodes[-1][2] + 1))
-        forest.append(nodes)
-    for _ in range(min(rng.randint(0, 4), budget)):  # side branches: more leaves, and distractors
-        tree = rng.choice(forest)
-        parent = rng.choice(tree)
-        tree.append((next(names), parent[0], parent[2] + 1))
-    order = [t for t, tree in enumerate(forest) for _ in tree]
-    rng.shuffle(order)  # interleave the trees, keeping each one's binding order
-    written = [0] * trees
-    lines = []
-    for t in order:
-        variable, bound, _ = forest[t][written[t]]
-        written[t] += 1
-        lines.append(f"{variable}={bound};")
-    used = {bound for tree in forest for _, bound, _ in tree}
-    leaves = [ChainQuery(v, roots[t], d) for t, tree in enumerate(forest) for v, _, d in tree if v not in used]
-    rng.shuffle(leaves)
-    return ChainProgram("".join(lines), tuple(leaves))
+def _chain_program(rng: random.Random, max_depth: int, max_chains: int, interleave: bool) -> ChainProgram:
+    """One program: 1..max_chains value-changing chains, each queried at its last variable, in chain order.
+
+    A chain starts at a digit and every later variable adds a digit to the one before, mod 10
+    (``a=3;b=a+4;c=b+1;``). A chain's length (uniform in 1..max_depth) is its query's depth: the
+    number of serial steps its value needs. Which variable is asked, and in which order, follows
+    from the program, so everything after the program is determined by it and only the answers
+    need depth.
+    """
+    names = iter(rng.sample(CHAIN_NAMES, len(CHAIN_NAMES)))
+    budget = CHAIN_BINDINGS
+    chains: list[list[tuple[str, str, int]]] = []  # per chain: (variable, its binding, its value)
+    for _ in range(rng.randint(1, max_chains)):
+        depth = rng.randint(1, max_depth)
+        if depth > budget:
+            break
+        budget -= depth
+        value = rng.randrange(10)
+        chain = [(next(names), str(value), value)]
+        for _ in range(depth - 1):
+            step = rng.randint(1, 9)
+            value = (value + step) % 10
+            chain.append((next(names), f"{chain[-1][0]}+{step}", value))
+        chains.append(chain)
+    order = [c for c, chain in enumerate(chains) for _ in chain]
+    if interleave:  # a random interleaving that keeps each chain's order
+        rng.shuffle(order)
+        written = [0] * len(chains)
+        lines = []
+        for c in order:
+            variable, binding, _ = chains[c][written[c]]
+            written[c] += 1
+            lines.append(f"{variable}={binding};")
+    else:
+        lines = [f"{variable}={binding};" for chain in chains for variable, binding, _ in chain]
+    queries = tuple(ChainQuery(chains[c][-1][0], str(chains[c][-1][2]), len(chains[c])) for c in dict.fromkeys(order))
+    return ChainProgram("".join(lines), queries)
 
 
-def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH) -> list[ChainProgram]:
-    """``n`` variable-chain programs of a split, binding chains up to ``max_depth`` long."""
+def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH,
+                   max_chains: int = CHAIN_COUNT, interleave: bool = False) -> list[ChainProgram]:
+    """``n`` value-changing chain programs of a split, queries up to ``max_depth`` steps deep.
+
+    Each program holds up to ``max_chains`` chains (the others are distractors to each query), each
+    chain is queried once, and answers never inform one another: chains share no variable. An answer
+    needs its full chain, so chance is :data:`CHAIN_CHANCE` at every depth.
+    """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if not 1 <= max_depth <= 24:
-        raise ValueError(f"max_depth must be in [1, 24], got {max_depth}")
-    return [_chain_program(random.Random(f"chains/{split}/{seed}/{i}"), max_depth) for i in range(n)]
+    if not 1 <= max_depth <= CHAIN_DEPTH:
+        raise ValueError(f"max_depth must be in [1, {CHAIN_DEPTH}], got {max_depth}")
+    if not 1 <= max_chains <= 4:
+        raise ValueError(f"max_chains must be in [1, 4], got {max_chains}")
+    return [_chain_program(random.Random(f"chains/{split}/{seed}/{i}"), max_depth, max_chains, interleave)
+            for i in range(n)]
 
 
 def stdlib_files() -> list[Path]:

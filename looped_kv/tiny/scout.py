@@ -1,0 +1,126 @@
+"""Scouting runs for the tiny model: short, measured trainings that choose the recipe of the long run.
+
+Each recipe below is a set of ``looped_kv.tiny.train`` options. A run trains for at most
+``--minutes`` (30) on one thread, in ``runs/scout/NAME``, and its settings and log are copied to
+``looped_kv/tiny/scouting/NAME.json``, which the training page reads: held-out accuracy by
+depth bucket at R = 1, 4, 8, 16, 32, beside chance. A recipe earns a long run only once a
+short run shows accuracy at R = 16 above accuracy at R = 4 on queries deeper than R = 4 can
+solve, and above chance (:func:`earns_long_run`).
+
+    python -m looped_kv.tiny.scout one-chain          # run one recipe
+    python -m looped_kv.tiny.scout --list             # the recipes and the runs recorded so far
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from looped_kv.analysis.depth import DEPTH_BUCKETS
+from looped_kv.tiny import train
+
+RECORDS = Path(__file__).parent / "scouting"
+#: Queries deeper than 4 loops of a 1-layer core can answer at one step per loop (DESIGN.md's prototypes).
+DEEP_BUCKETS = ("9-12", "13-16", "17-24", "25-32")
+
+#: name -> (what it tests, the training options).
+RECIPES: dict[str, tuple[str, list[str]]] = {
+    "one-chain": ("the prototype's setup on the new workload: one chain per program, BPE, mean 16, backprop 4",
+                  ["--chains", "1", "--mix", "0", "0", "1"]),
+    "three-chains": ("up to three chains per program, one query each (the others are distractors), written one "
+                     "after the other", ["--chains", "3", "--mix", "0", "0", "1"]),
+    "small-batch": ("one-chain with twice the updates per minute: batches of 8 rows, learning rate 2e-3 after 200 "
+                    "warm-up steps",
+                    ["--chains", "1", "--mix", "0", "0", "1", "--batch", "8", "--lr", "2e-3", "--warmup", "200"]),
+    "mix": ("one-chain in the shipped mix (20% word problems, 20% code, 60% chains), with the mean recurrence "
+            "following the curriculum (its depth plus backprop, between 8 and 40)",
+            ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1", "--recurrence-follows-depth",
+             "--min-recurrence", "8", "--mean-recurrence", "40"]),
+    "mix-min16": ("mix, with the mean recurrence at least 16 (one-chain's) until the curriculum's depth needs more",
+                  ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1",
+                   "--recurrence-follows-depth", "--min-recurrence", "16", "--mean-recurrence", "40"]),
+    "staged-mix": ("one-chain alone until the curriculum reaches depth 8, then the mix; the mean recurrence at least "
+                   "16, following the curriculum's depth up to 40",
+                   ["--chains", "1", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "8",
+                    "--recurrence-follows-depth", "--min-recurrence", "16", "--mean-recurrence", "40"]),
+    "three-chains-mix": ("mix-min16, with up to three chains per program (one query each; the others are distractors)",
+                         ["--chains", "3", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1",
+                          "--recurrence-follows-depth", "--min-recurrence", "16", "--mean-recurrence", "40"]),
+    "chars": ("one-chain, one token per byte instead of BPE",
+              ["--chains", "1", "--mix", "0", "0", "1", "--vocab", "257"]),
+}
+
+
+def earns_long_run(record: dict, margin: float = 0.05) -> bool:
+    """The scouting rule: on the deep buckets, accuracy at R = 16 beats R = 4 and chance, each by ``margin``."""
+    held = record["held_out"]
+    deep = [b for b in DEEP_BUCKETS if b in held["16"]]
+    if not deep:
+        return False
+    mean = {R: sum(held[R][b] for b in deep) / len(deep) for R in ("4", "16")}
+    return mean["16"] >= mean["4"] + margin and mean["16"] >= held["chance"] + margin
+
+
+def records() -> list[dict]:
+    """Every recorded scouting run, oldest first."""
+    runs = [json.loads(p.read_text()) for p in RECORDS.glob("*.json")]
+    return sorted(runs, key=lambda r: r["started"])
+
+
+def summary(runs: list[dict], loops: tuple[str, ...] = ("1", "4", "8", "16", "32")) -> pd.DataFrame:
+    """One row per (run, R): held-out accuracy by depth bucket at the run's last evaluation, its steps and minutes,
+    chance, whether the run had its whole sitting (a record marked ``stopped`` did not) and whether it earns a long
+    run."""
+    rows = {}
+    for run in runs:
+        final = run["final"]
+        held = final["held_out"]
+        for R in loops:
+            rows[(run["recipe"], int(R))] = {
+                **{b: held[R].get(b) for b in DEPTH_BUCKETS}, "chance": held["chance"], "steps": final["step"],
+                "minutes": round(final["time_s"] / 60), "whole sitting": "stopped" not in run,
+                "earns a long run": earns_long_run(final)}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["recipe", "R"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("recipe", nargs="?", choices=sorted(RECIPES))
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    if args.list or args.recipe is None:
+        for name, (what, options) in RECIPES.items():
+            path = RECORDS / f"{name}.json"
+            status = "not run"
+            if path.exists():
+                last = json.loads(path.read_text())["final"]
+                status = f"step {last['step']}, earns a long run: {earns_long_run(last)}"
+            print(f"{name}: {what}\n    {' '.join(options)}\n    {status}")
+        return
+    what, options = RECIPES[args.recipe]
+    out = Path("runs/scout") / args.recipe
+    if out.exists():
+        ap.error(f"{out} exists: a scouting run is one sitting; move it away to run {args.recipe} again")
+    started = datetime.now(timezone.utc).isoformat(timespec="minutes")
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    train.main([*options, "--out", str(out), "--minutes", str(args.minutes), "--threads", "1"])
+    log = json.loads((out / "training_log.json").read_text())
+    final = [e for e in log if "held_out" in e][-1]
+    RECORDS.mkdir(exist_ok=True)
+    (RECORDS / f"{args.recipe}.json").write_text(json.dumps({
+        "recipe": args.recipe, "what": what, "command": f"python -m looped_kv.tiny.scout {args.recipe}",
+        "commit": commit, "started": started,
+        "options": options, "settings": json.loads((out / "settings.json").read_text()),
+        "final": final, "log": log}, indent=1) + "\n")
+    print(f"{args.recipe}: earns a long run: {earns_long_run(final)}")
+
+
+if __name__ == "__main__":
+    main()
