@@ -2,7 +2,6 @@
 
 from looped_kv.decoding.core import Generation
 from looped_kv.decoding.generate import generate
-from looped_kv.protocol import reproducibility  # looped_kv.reproducibility.measurement_mode() after `import looped_kv`
 from looped_kv.runtime.attention import CausalRouter, Site
 from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
 from looped_kv.runtime.config import (
@@ -15,6 +14,7 @@ from looped_kv.runtime.config import (
     raven_tinyllama,
 )
 from looped_kv.runtime.loading import load, save
+from looped_kv.runtime.measurement import measurement_mode
 from looped_kv.runtime.memory import m_deep, m_full, m_ripe, memory_table, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy, make_prefix_reads
@@ -22,7 +22,7 @@ from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy, make
 __all__ = [
     "BlockBuffer", "BlockPass", "CachePolicy", "CausalRouter", "Generation", "LoopedConfig", "LoopedLM",
     "PlaneCache", "PrefixReads", "Site", "generate", "huginn_0125", "load", "m_deep", "m_full", "m_ripe",
-    "make_policy", "make_prefix_reads", "memory_table", "ouro_1_4b", "ouro_2_6b", "policy_bytes", "raven_llama",
-    "raven_olmo", "raven_tinyllama", "reproducibility", "save",
+    "make_policy", "make_prefix_reads", "measurement_mode", "memory_table", "ouro_1_4b", "ouro_2_6b", "policy_bytes",
+    "raven_llama", "raven_olmo", "raven_tinyllama", "save",
 ]
 __version__ = "0.1.0"

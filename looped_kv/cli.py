@@ -2,7 +2,7 @@
 
     looped-kv generate --method mature-spec --cache ripe --window 16 "Question: ... Answer:"
     looped-kv bench --workloads problems --prompts 32 --methods ar self-spec mature-spec
-    looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.analysis.throughput
+    looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.experiments.throughput
     looped-kv memory --model huginn-0125 --context 1024 4096
     looped-kv plan --model huginn-0125 --gpu-memory 40    # does every chapter fit one GPU?
     looped-kv batch freeze regions                     # the shipped example, or a spec file
@@ -27,21 +27,22 @@ from typing import NoReturn
 import pandas as pd
 import torch
 
-from looped_kv import bench, data, profiles, workloads
-from looped_kv.analysis import plan, throughput
+from looped_kv import profiles, workloads
+from looped_kv.analysis import plan
 from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
-from looped_kv.decoding import settings
 from looped_kv.decoding.generate import generate
-from looped_kv.decoding.settings import METHODS
+from looped_kv.decoding.settings import METHODS, DasWave, Greedy, PromptLookup, SelfSpec
+from looped_kv.experiments import bench, throughput
 from looped_kv.protocol import batches
-from looped_kv.protocol.reproducibility import check_device
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import PRESETS, LoopedConfig
 from looped_kv.runtime.loading import load, model_config, resolve_source
+from looped_kv.runtime.measurement import check_device
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
+from looped_kv.workloads import data
 
 PROG = "looped-kv"
 
@@ -96,12 +97,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if model.tokenizer is None:
         raise ValueError(f"model {args.model!r} has no tokenizer; generate needs one for text in and out")
     ids = model.tokenizer(text, return_tensors="pt").input_ids.to(model.device)
-    options = {key: getattr(args, key) for key in ("num_loops", "window", "k", "sinks", "block", "prefix_reads")
-               if getattr(args, key) is not None}
-    out = generate(model, ids, max_new_tokens=args.max_new_tokens, method=args.method, cache=args.cache,
-                   draft_loops=args.draft_loops, exact=not args.inexact, ngram=args.ngram, rounds=args.rounds,
-                   initial_width=args.initial_width, updates=args.updates, carry=not args.no_carry,
-                   progress=args.progress, **options)
+    flags = {"exact": False if args.inexact else None, "carry": False if args.no_carry else None}
+    options = {key: getattr(args, key) for key in ("num_loops", "window", "k", "sinks", "draft_loops", "block",
+                                                   "prefix_reads", "ngram", "rounds", "initial_width", "updates")}
+    out = generate(model, ids, method=args.method, cache=args.cache, max_new_tokens=args.max_new_tokens,
+                   progress=args.progress, **options, **flags)
     completion = model.tokenizer.decode(out.new_tokens[0].tolist())
     stats = {"method": args.method, "cache": out.extra.get("policy", args.cache), **out.stats()}
     if args.json:
@@ -125,18 +125,21 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, help="planes for k-deepest / share / first")
     p.add_argument("--sinks", type=int, help="full-depth start positions (cache sinks, or ripe)")
     p.add_argument("--num-loops", type=int, help="R (default: the model's mean recurrence)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
-    p.add_argument("--draft-loops", type=int, default=4, help="d, loops per draft (self-spec, mature-spec; "
-                                                              "default: 4)")
-    p.add_argument("--block", type=int, help="gamma, drafts per verification (default: 4; das-wave 32)")
-    p.add_argument("--prefix-reads", choices=PREFIX_READS, help="drafts' prefix reads (self-spec default aligned; "
-                                                                "das-wave default deep-kv)")
+    p.add_argument("--max-new-tokens", type=int, default=Greedy.max_new_tokens,
+                   help=f"tokens to generate (default: {Greedy.max_new_tokens})")
+    p.add_argument("--draft-loops", type=int, help=f"d, loops per draft (self-spec, mature-spec; default: "
+                                                   f"{SelfSpec.draft_loops})")
+    p.add_argument("--block", type=int, help=f"gamma, drafts per verification (self-spec, mature-spec, pld; default: "
+                                             f"{SelfSpec.block}; das-wave {DasWave.block})")
+    p.add_argument("--prefix-reads", choices=PREFIX_READS, help=f"drafts' prefix reads (self-spec default aligned, "
+                                                                f"deep-kv with cache ripe; das-wave default "
+                                                                f"{DasWave.prefix_reads})")
     p.add_argument("--inexact", action="store_true", help="allow block-dependent verification (cache with W < "
                                                           "gamma; RIPE Proposition 1)")
-    p.add_argument("--ngram", type=int, default=3, help="n-gram length of prompt lookup (pld; default: 3)")
-    p.add_argument("--rounds", type=int, default=24, help="J, refinement rounds (das-wave; default: 24)")
-    p.add_argument("--initial-width", type=int, default=2, help="W_init (das-wave; default: 2)")
-    p.add_argument("--updates", type=int, default=2, help="k, updates per round (das-wave; default: 2)")
+    p.add_argument("--ngram", type=int, help=f"n-gram length of prompt lookup (pld; default: {PromptLookup.ngram})")
+    p.add_argument("--rounds", type=int, help=f"J, refinement rounds (das-wave; default: {DasWave.rounds})")
+    p.add_argument("--initial-width", type=int, help=f"W_init (das-wave; default: {DasWave.initial_width})")
+    p.add_argument("--updates", type=int, help=f"k, updates per round (das-wave; default: {DasWave.updates})")
     p.add_argument("--no-carry", action="store_true", help="do not carry refined states (das-wave)")
     p.add_argument("--json", action="store_true", help="print one JSON object (prompt, completion, stats)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -158,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
     bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops, args.block,
-                 progress=not args.quiet, repeats=args.repeats)
+                 progress=not args.quiet, repeats=args.repeats, modes=args.modes)
     return 0
 
 
@@ -184,11 +187,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens generated per prompt (default: 128)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
                    help="decoders (default: all); greedy decoding (ar) always runs as the reference")
-    p.add_argument("--draft-loops", type=int, default=settings.DRAFT_LOOPS,
-                   help=f"d of self-spec and mature-spec, in [1, R - 1] (default: {settings.DRAFT_LOOPS})")
-    p.add_argument("--block", type=int, default=settings.BLOCK,
-                   help=f"gamma of self-spec, mature-spec and pld (default: {settings.BLOCK}); das-wave runs "
-                        f"looped_kv.decoding.settings.WAVE")
+    p.add_argument("--draft-loops", type=int, default=SelfSpec.draft_loops,
+                   help=f"d of self-spec and mature-spec, in [1, R - 1] (default: {SelfSpec.draft_loops})")
+    p.add_argument("--block", type=int, default=SelfSpec.block,
+                   help=f"gamma of self-spec, mature-spec and pld (default: {SelfSpec.block}); das-wave runs "
+                        f"looped_kv.decoding.settings.DasWave")
+    p.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES,
+                   help="eager passes, compiled steps (compile=True), or both side by side (default: both)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_bench)
 
@@ -329,7 +334,7 @@ def _add_batched(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("batched", add_help=False,
                        help="batched decoding: tokens/s against batch size, the peak-memory model and the "
                             "fixed-memory throughput ratio (chapter 7; see looped-kv batched --help)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m looped_kv.analysis.throughput")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m looped_kv.experiments.throughput")
     p.set_defaults(func=cmd_batched)
 
 

@@ -144,7 +144,7 @@ class Profile:
 
     name: str
     dtype: str  # weights dtype for decoding
-    workloads: str = "generated"  # "generated" (looped_kv.data) or "papers" (GSM8K and MBPP; looped_kv.workloads)
+    workloads: str = "generated"  # "generated" (looped_kv.workloads.data) or "papers" (GSM8K and MBPP)
     prompt_tokens: int = 256  # the longest prompt a chapter decodes from; the plan charges every prompt this length
     rows_per_pass: int | None = None  # a batch decode runs at most this many rows at once (None: all)
     ch01: Ch01 = field(default_factory=Ch01)

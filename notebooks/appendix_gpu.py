@@ -62,9 +62,9 @@ if "google.colab" in sys.modules:  # on Colab only: install the package
 # cell: `import os; os.environ["LOOPED_KV_MODEL"] = "tomg-group-umd/huginn-0125"`.
 #
 # Measurements on a GPU should run with cuDNN's attention backend disabled, which RIPE
-# Section 5.5 found to make bf16 reruns differ: wrap a cell in `with
-# looped_kv.protocol.reproducibility.measurement_mode():`. Batches do this by default
-# and record it in their archives.
+# Section 5.5 found to make bf16 reruns differ: wrap a cell in
+# `with looped_kv.measurement_mode():`. Batches do this by default and record it in
+# their archives.
 
 # %% [markdown]
 # ## Memory

@@ -31,7 +31,7 @@
 # uniform over the ten digits, so chance is 0.1 at every depth. Programs share no
 # variable, so no answer informs another, and nothing intermediate is written out.
 # Depths run from 1 to 32, far beyond what four loops of a one-layer core can do at one
-# step per layer (`looped_kv.data.chain_programs`).
+# step per layer (`looped_kv.workloads.data.chain_programs`).
 #
 # **The recipe** is Huginn-0125's (Geiping et al., 2025), scaled down: sandwich blocks,
 # a random initial state, a recurrence count per step drawn from a Poisson-lognormal,
@@ -57,11 +57,12 @@ import math
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from looped_kv import book, data
+from looped_kv import book
 from looped_kv.analysis.depth import DEPTH_BUCKETS
 from looped_kv.runtime.loading import TINY_DIR
 from looped_kv.tiny import scout
 from looped_kv.tiny.gates import COMMAND, GATES
+from looped_kv.workloads import data
 
 book.setup()
 config = json.loads((TINY_DIR / "config.json").read_text())

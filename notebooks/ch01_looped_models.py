@@ -48,7 +48,7 @@ import pandas as pd
 import torch
 
 import looped_kv
-from looped_kv import book, data, papers, profiles, workloads
+from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.depth import (
     DEPTH_BUCKETS,
@@ -63,6 +63,7 @@ from looped_kv.decoding.core import prefill
 from looped_kv.runtime import exit_gate
 from looped_kv.runtime.memory import m_deep, m_full
 from looped_kv.tiny import gates
+from looped_kv.workloads import data
 
 book.setup()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
@@ -263,9 +264,9 @@ book.md(
 # next-token loss of evaluation texts of the three workloads for a range of loop counts:
 # word problems with worked answers, standard-library code, and variable chains, whose
 # answers need one lookup per binding and so are where depth should pay
-# (`looped_kv.data`). A real checkpoint's profile puts solved GSM8K problems and MBPP
-# tasks in place of the first two (`looped_kv.workloads`). The claim is tested per
-# workload on paired per-text losses: the loss after $R$ loops is lower than after a
+# (`looped_kv.workloads.data`). A real checkpoint's profile puts solved GSM8K problems
+# and MBPP tasks in place of the first two (`looped_kv.workloads`). The claim is tested
+# per workload on paired per-text losses: the loss after $R$ loops is lower than after a
 # few, by at least the book's smallest effect in log units, here nats
 # (`verdicts.BOOK_MINIMUM`; the papers print no smallest gain, and the training gates of
 # `looped_kv.tiny.gates` ask theirs of answer tokens alone). The same gain says where
@@ -637,14 +638,14 @@ book.md(
 # (`looped_kv/tiny/train.py`): a recurrence count per step drawn from a
 # Poisson-lognormal and truncated backpropagation through the last loops, on chain
 # programs under a depth curriculum, joined by the word problems and code once the
-# curriculum reached deep chains (`looped_kv.data`; the training page has the scouting
-# runs that chose this). The next chapters measure on it the phenomena the papers
-# report (planes that ripen with depth, deep loops that matter more, drafts that agree
-# with the target) and give for each a verdict against the smallest effect that counts
-# for the claim: agrees with the paper, disagrees, no effect of that size, identical
-# arms, or inconclusive on this model, with the reason. It is far too small to match the
-# papers' magnitudes: every chapter prints the papers' numbers beside the tiny model's.
-# This chapter's verdicts:
+# curriculum reached deep chains (`looped_kv.workloads.data`; the training page has the
+# scouting runs that chose this). The next chapters measure on it the phenomena the
+# papers report (planes that ripen with depth, deep loops that matter more, drafts that
+# agree with the target) and give for each a verdict against the smallest effect that
+# counts for the claim: agrees with the paper, disagrees, no effect of that size,
+# identical arms, or inconclusive on this model, with the reason. It is far too small to
+# match the papers' magnitudes: every chapter prints the papers' numbers beside the tiny
+# model's. This chapter's verdicts:
 
 # %%
 chapter_verdicts = loss_verdicts | chain_verdicts | draft_verdicts

@@ -67,7 +67,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from looped_kv import book, data, papers, profiles
+from looped_kv import book, papers, profiles
 from looped_kv.analysis import verdicts as vd
 from looped_kv.analysis.fits import (
     deep_loop_range,
@@ -86,6 +86,7 @@ from looped_kv.analysis.planes import (
     text_ripening,
     workload_batch,
 )
+from looped_kv.workloads import data
 
 book.setup()
 start = time.perf_counter()

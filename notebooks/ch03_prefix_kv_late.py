@@ -66,7 +66,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from looped_kv import book, data, make_policy, papers, profiles
+from looped_kv import book, make_policy, papers, profiles
 from looped_kv.analysis import claims
 from looped_kv.analysis import verdicts as vd
 from looped_kv.analysis.fits import sensitivity_regression
@@ -87,6 +87,7 @@ from looped_kv.analysis.planes import (
 )
 from looped_kv.analysis.replay import paper_region
 from looped_kv.runtime.memory import policy_bytes
+from looped_kv.workloads import data
 
 book.setup()
 start = time.perf_counter()

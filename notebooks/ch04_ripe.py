@@ -61,11 +61,11 @@ import pandas as pd
 import torch
 
 import looped_kv
-from looped_kv import book, data, papers, profiles, workloads
+from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import claims
 from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.measure import policy_logits
-from looped_kv.analysis.planes import record_device, workload_batch
+from looped_kv.analysis.planes import in_dtype, record_device, workload_batch
 from looped_kv.analysis.ripe import (
     acceptance_by_cache,
     batched_vs_sequential,
@@ -75,11 +75,11 @@ from looped_kv.analysis.ripe import (
     scale_windows,
     survival,
     tail_summary,
-    with_dtype,
 )
 from looped_kv.decoding.core import new_cache, prefill
 from looped_kv.runtime.memory import m_ripe, memory_table
 from looped_kv.runtime.policy import make_policy
+from looped_kv.workloads import data
 
 book.setup()
 start = time.perf_counter()
@@ -208,7 +208,7 @@ book.md(
 # logits and in every cached key and value after the commit.
 
 # %%
-model_exact = with_dtype(model, book.DTYPES[profile.exact_dtype])
+model_exact = in_dtype(model, book.DTYPES[profile.exact_dtype])
 worked = book.encode(model_exact, data.word_problems(1, split="eval")[0].text)
 block_starts = [worked.shape[1] // 2, worked.shape[1] - GAMMA - 1]
 prop_policies = {
@@ -326,7 +326,7 @@ del model_exact  # the exact copy is no longer needed
 # dependence of Section 5.2 is measured (below).
 
 # %%
-model16 = with_dtype(model, book.DTYPES[profile.reference_dtype])  # L0 and cache arms
+model16 = in_dtype(model, book.DTYPES[profile.reference_dtype])  # L0 and cache arms
 n_replay = profile.replay_prompts
 replay_ids, replay_workload = [], []
 for w in data.WORKLOADS:
@@ -346,7 +346,7 @@ tokens, p = target.sequences[0][None], target.prompt_lengths[0]
 logits = policy_logits(model16, tokens, p, full).to(model16.dtype)  # computed in it
 near_ties = book.check_greedy_tokens(logits, tokens[0, p:])  # L0 replays its trajectory
 
-model32 = with_dtype(model16, torch.float32)  # the precision floor: same weights, fp32
+model32 = in_dtype(model16, torch.float32)  # the precision floor: same weights, fp32
 DEEP, FP32 = "deepest plane (W = 0)", "fp32 full cache"
 arms = {DEEP: (model16, deepest),
         **{f"RIPE, W = {w}": (model16, make_policy("ripe", R, window=w))
@@ -562,7 +562,7 @@ block_means = pd.DataFrame({profile.reference_dtype: dependence[columns].mean()}
 if profile.block_dtype is not None:
     block_dtype = book.DTYPES[profile.block_dtype]
     exact_model = (model32 if model32.dtype == block_dtype
-                   else with_dtype(model16, block_dtype))
+                   else in_dtype(model16, block_dtype))
     first = [t[:, :p + profile.block_tokens]  # each trajectory's first block_tokens
              for t, p in zip(trajectories, target.prompt_lengths, strict=True)]
     exact_dependence = replay_records(

@@ -58,9 +58,11 @@ import pandas as pd
 import seaborn as sns
 import torch
 
-from looped_kv import bench, book, data, papers, profiles, workloads
+from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import claims, measure, perf
 from looped_kv.analysis.verdicts import CEILING_MARGIN, MIN_UNITS, interval_table
+from looped_kv.experiments import bench
+from looped_kv.workloads import data
 
 book.setup()
 model = book.chapter_model()

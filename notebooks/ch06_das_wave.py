@@ -56,11 +56,13 @@ import pandas as pd
 import torch
 
 import looped_kv
-from looped_kv import bench, book, data, papers, profiles, workloads
+from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis.verdicts import CEILING_MARGIN, MIN_UNITS, interval_table
 from looped_kv.decoding.core import accept, new_cache, prefill
 from looped_kv.decoding.das_wave import DEEP_KV, refine
+from looped_kv.experiments import bench
 from looped_kv.runtime.policy import make_policy
+from looped_kv.workloads import data
 
 book.setup()
 model = book.chapter_model()

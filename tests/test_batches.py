@@ -13,8 +13,9 @@ import torch
 import yaml
 
 from looped_kv.protocol import batches, selftest
-from looped_kv.protocol.reproducibility import bitwise_rerun, measurement_mode
+from looped_kv.protocol.reproducibility import bitwise_rerun
 from looped_kv.runtime.loading import TINY_DIR
+from looped_kv.runtime.measurement import measurement_mode
 
 torch.set_num_threads(1)  # small models: more threads only add contention
 EXAMPLES = batches.EXAMPLES_DIR
@@ -26,10 +27,10 @@ def write_random_checkpoint(folder: Path) -> Path:
     not trained yet)."""
     from safetensors.torch import save_file
 
-    from looped_kv import data
     from looped_kv.runtime.config import LoopedConfig
     from looped_kv.runtime.model import LoopedLM
     from looped_kv.tiny.train import init_weights, train_tokenizer
+    from looped_kv.workloads import data
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer([p.text for p in data.word_problems(100, "train")], 300)

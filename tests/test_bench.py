@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv import bench
 from looped_kv.analysis.fits import interaction_effect
 from looped_kv.analysis.verdicts import AGREES, DISAGREES, IDENTICAL, INCONCLUSIVE, Claim
 from looped_kv.decoding import settings
+from looped_kv.experiments import bench
 
 SMALL_WAVE = {"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}
 
@@ -27,7 +27,7 @@ def test_method_configs_use_one_vocabulary():
     assert all(c["method"] == name for name, c in configs.items())
     spec, mature = configs["self-spec"], configs["mature-spec"]
     assert (spec["draft_loops"], spec["block"]) == (mature["draft_loops"], mature["block"]) == (2, 3)
-    assert configs["das-wave"] == {"method": "das-wave", **settings.WAVE, "updates": 1}
+    assert configs["das-wave"] == {"method": "das-wave", **settings.DasWave().schedule, "updates": 1}
     for kwargs, message in (({"draft_loops": 0}, "draft_loops must be >= 1"), ({"block": 0}, "block must be >= 1"),
                             ({"wave": {"width": 2}}, "wave must set only"), ({"wave": {"rounds": 0}}, "rounds")):
         with pytest.raises(ValueError, match=message):
@@ -37,7 +37,7 @@ def test_method_configs_use_one_vocabulary():
 def test_ceilings():
     assert bench.ceiling({"method": "ar"}) is None
     assert bench.ceiling({"method": "self-spec", "block": 8}) == bench.Ceiling("tau", 9, 1)
-    assert bench.ceiling({"method": "pld"}) == bench.Ceiling("tau", settings.BLOCK + 1, 1)
+    assert bench.ceiling({"method": "pld"}) == bench.Ceiling("tau", settings.PromptLookup.block + 1, 1)
     assert bench.ceiling({"method": "das-wave", **SMALL_WAVE}) == bench.Ceiling("A", 4, 0)  # min(4, 2 + 3 - 1)
     assert bench.ceiling({"method": "das-wave"}).value == 25  # the paper's gamma 32, J 24, W_init 2
     with pytest.raises(ValueError, match="method must be one of"):

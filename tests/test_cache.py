@@ -24,10 +24,15 @@ from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.decoding.greedy import greedy
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.config import raven_olmo
-from looped_kv.runtime.memory import layer_token_bytes, per_token_kb
+from looped_kv.runtime.memory import layer_token_bytes
 from looped_kv.runtime.policy import make_prefix_reads
 
 FAMILIES = ["huginn", "raven", "raven-olmo", "ouro"]
+
+
+def per_token_kb(config, cache):
+    """KV kilobytes (10^3 bytes) per token of a named policy at the config's R (bf16)."""
+    return policy_bytes(config, make_policy(cache, config.mean_recurrence), 1) / 1e3
 
 
 def test_per_token_memory_of_the_papers():

@@ -123,7 +123,7 @@ def test_every_cached_plane(fixture_model):
         site = reference_step(model, s)
         for which, name in enumerate(("keys", "values")):
             if site.stage == "core":
-                stored = cache.fetch(which, site.layer, site.loop, 0, 12)
+                stored = cache.plane_tensor(which, site, site.loop)[:, :, :12]
             else:
                 stored = cache.edge[which][cache.edge_index(site)]
             close(stored, ref[f"{name}_step{s}"])

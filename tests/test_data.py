@@ -1,4 +1,5 @@
-"""The depth workload (looped_kv.data.chain_programs): serial steps of known number, chance 0.1, no shortcut."""
+"""The depth workload (looped_kv.workloads.data.chain_programs): serial steps of known number, chance 0.1, no
+shortcut."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from looped_kv import data
+from looped_kv.workloads import data
 
 
 def evaluate(program: str) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:

@@ -11,10 +11,11 @@ from conftest import random_model
 
 from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import peak_bytes
-from looped_kv.analysis.throughput import main, throughput_cells
+from looped_kv.analysis.throughput import throughput_cells
 from looped_kv.decoding import compiled as compiled_step
 from looped_kv.decoding.core import accept, new_cache, prefill, prefill_rows, run_block
 from looped_kv.decoding.generate import generate
+from looped_kv.experiments.throughput import main
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.policy import make_policy
@@ -191,7 +192,7 @@ def test_compiled_and_eager_greedy_give_the_same_tokens(family, monkeypatch):
     """On Ouro (no edge layers; the embedding is the initial state) the compiled step's code runs untraced: tracing
     itself is tested on Huginn, and tracing a second model would cost CI about half a minute."""
     if family == "ouro":
-        monkeypatch.setattr(compiled_step, "_COMPILED", {})
+        monkeypatch.setattr(compiled_step, "_TRACED", {})
         monkeypatch.setattr(compiled_step.torch, "compile", lambda step, **_: step)
     model = random_model(family, seed=8)
     prompts = ragged_prompts(model, (5, 3), seed=9)
@@ -242,8 +243,8 @@ def test_throughput_cells():
     (lambda m, p: generate(m, [torch.tensor([1, 99])]), r"token ids in \[0, 49\]"),
     (lambda m, p: generate(m, [torch.tensor([], dtype=torch.long)]), "prompt 0 is empty"),
     (lambda m, p: generate(m, p, eos_token_id=70), r"eos_token_id must be in \[0, 49\]"),
-    (lambda m, p: generate(m, p, method="pld", compile=True), "compile=True is for method='ar'"),
-    (lambda m, p: generate(m, p, compile=True, cache="ripe", window=2), "compile=True needs a cache policy"),
+    (lambda m, p: generate(m, p, method="pld", compile="yes"), "compile must be True or False"),
+    (lambda m, p: generate(m, p, compile=True, cache="ripe", window=2, block=2), "block=2 is not used by method='ar'"),
     (lambda m, p: generate(m, p, method="self-spec", cache="deepest", num_loops=R), "W = 0 < block gamma"),
     (lambda m, p: generate(m, p, method="self-spec", draft_loops=R, num_loops=R), r"draft_loops must be in"),
     (lambda m, p: generate(m, p, method="self-spec", block=0, num_loops=R), r"block \(gamma\) must be >= 1"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from looped_kv import data, load
+from looped_kv import load
 from looped_kv.analysis.depth import (
     DEPTH_BUCKETS,
     answer_accuracy,
@@ -20,6 +20,7 @@ from looped_kv.analysis.depth import (
     loss_by_loops,
     loss_by_text,
 )
+from looped_kv.workloads import data
 
 
 @pytest.fixture(scope="module")

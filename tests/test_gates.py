@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 import torch
 
-from looped_kv import data
 from looped_kv.analysis.depth import answer_hits, encode_chains, fit_state_rho, state_changes
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.tiny.gates import COMMAND, DEEPEST, GATES, LOOPS, Gate, answer_figures, depth_story, verdicts
+from looped_kv.workloads import data
 
 
 @pytest.fixture(scope="module")

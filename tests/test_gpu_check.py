@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from looped_kv import gpu_check
+from looped_kv.experiments import gpu_check
 
 
 def test_gpu_check_on_cpu(tmp_path, capsys):
@@ -66,10 +66,10 @@ def test_bad_arguments_fail_before_any_work(argv, message, capsys, monkeypatch, 
     assert re.search(message, err), err
 
 
-def test_bare_import_exposes_reproducibility():
-    """The GPU appendix calls looped_kv.protocol.reproducibility.measurement_mode() after a bare `import looped_kv`."""
+def test_bare_import_exposes_measurement_mode():
+    """The GPU appendix calls looped_kv.measurement_mode() after a bare `import looped_kv`."""
     code = ("import looped_kv\n"
-            "with looped_kv.protocol.reproducibility.measurement_mode() as record:\n"
+            "with looped_kv.measurement_mode() as record:\n"
             "    print(sorted(record))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

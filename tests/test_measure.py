@@ -27,8 +27,8 @@ from looped_kv.analysis.measure import (
     kl,
     policy_logits,
     row_tau,
-    target_trajectories,
 )
+from looped_kv.analysis.planes import in_dtype
 from looped_kv.analysis.ripe import (
     acceptance_by_cache,
     batched_vs_sequential,
@@ -45,7 +45,6 @@ from looped_kv.analysis.ripe import (
     tail_counts_by_prompt,
     tail_summary,
     top_share,
-    with_dtype,
 )
 from looped_kv.analysis.verdicts import AGREES, DISAGREES, INCONCLUSIVE
 from looped_kv.decoding.greedy import greedy
@@ -142,7 +141,7 @@ def test_block_dependence_of_a_trajectory_too_short_for_a_block_is_empty(model_a
     assert block_dependence(model, tokens[:, :12], 9, make_policy("deepest", R), 4).numel() == 0
 
 
-# -- measure.draft_agreement and target_trajectories -----------------------------------------------
+# -- measure.draft_agreement -----------------------------------------------------------------------
 
 
 def test_full_depth_aligned_drafts_agree_with_the_target_everywhere(model_and_tokens):
@@ -154,21 +153,14 @@ def test_full_depth_aligned_drafts_agree_with_the_target_everywhere(model_and_to
     assert result[(1, "aligned")] < 1.0  # one loop of a random model is not the target
 
 
-def test_target_trajectories_are_greedy_full_cache_runs():
-    model = random_model("huginn", seed=5)
-    prompts = [torch.randint(0, 50, (1, n), generator=torch.Generator().manual_seed(n)) for n in (4, 7)]
-    out = target_trajectories(model, prompts, 6, progress=False)
-    for ids, tokens in zip(prompts, out, strict=True):
-        assert torch.equal(tokens, greedy(model, ids, 6, policy=make_policy("full", R)).tokens)
-
-
 def test_agreement_by_prompt_is_draft_agreement_of_each_prompt_decoded_alone():
     model = random_model("raven", seed=3)
     prompts = [torch.randint(0, 50, (1, n), generator=torch.Generator().manual_seed(n)) for n in (4, 7, 5)]
     reads = ["aligned", "deep-v", (3, R)]
     frame = agreement_by_prompt(model, prompts, 9, [1, 2, R], reads, stop_at_eos=False)
     assert len(frame) == 3 * 3 * len(reads) and (frame["positions"] == 8).all()
-    for i, tokens in enumerate(target_trajectories(model, prompts, 9, progress=False)):
+    for i, ids in enumerate(prompts):
+        tokens = greedy(model, ids, 9, policy=make_policy("full", R)).tokens
         alone = draft_agreement(model, tokens, prompts[i].shape[1], [1, 2, R], reads)
         for (d, spec), value in ((k, v) for k, v in alone.items() if k != "n"):
             row = frame[(frame["prompt"] == i) & (frame["d"] == d) & frame["read"].map(lambda r, s=spec: r == s)]
@@ -422,14 +414,14 @@ def test_replay_records_with_block_dependence(model_and_tokens):
         replay_records([tokens], [9], (model, full), arms, block=3, block_arms=["two planes"])
 
 
-def test_with_dtype_copies_only_when_needed():
+def test_in_dtype_copies_only_when_needed():
     model = random_model("huginn", seed=1)
     model.tokenizer, model.source = "a tokenizer", "random"
-    assert with_dtype(model, torch.float64) is model
-    low = with_dtype(model, torch.bfloat16)
+    assert in_dtype(model, torch.float64) is model
+    low = in_dtype(model, torch.bfloat16)
     assert low is not model and low.dtype == torch.bfloat16 and model.dtype == torch.float64
     assert low.tokenizer == "a tokenizer" and low.source == "random" and model.tokenizer == "a tokenizer"
-    up = with_dtype(low, torch.float32)
+    up = in_dtype(low, torch.float32)
     assert torch.equal(up.transformer.wte.weight, low.transformer.wte.weight.float())
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import FAMILY_FIXTURES, FIXTURES, random_model
 
-from looped_kv import data, load, make_policy, papers, policy_bytes
+from looped_kv import load, make_policy, papers, policy_bytes
 from looped_kv.analysis import planes as measure_planes
 from looped_kv.analysis.fits import NOT_RIPE, RIPE, SensitivityFit, sensitivity_regression
 from looped_kv.analysis.memory_bench import tensor_peak_bytes
@@ -54,6 +54,7 @@ from looped_kv.analysis.replay import (
 )
 from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.runtime.attention import attend
+from looped_kv.workloads import data
 
 torch.set_num_threads(1)
 B, N = 3, 12

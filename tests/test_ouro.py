@@ -100,8 +100,8 @@ def test_prefill_decode_and_every_cache_entry(ouro):
             site = looped_kv.Site("core", layer, r)
             u, slot_layer = divmod(reference_slot(model, site), cfg.n_core)
             slots.add((u, slot_layer))
-            close(cache.fetch(0, layer, r, 0, 12), ref[f"keys_ut{u}_layer{slot_layer}"])
-            close(cache.fetch(1, layer, r, 0, 12), ref[f"values_ut{u}_layer{slot_layer}"])
+            close(cache.plane_tensor(0, site, r)[:, :, :12], ref[f"keys_ut{u}_layer{slot_layer}"])
+            close(cache.plane_tensor(1, site, r)[:, :, :12], ref[f"values_ut{u}_layer{slot_layer}"])
     assert len(slots) == len([k for k in ref if k.startswith("keys_ut")]) == S * cfg.n_core
     assert cache.edge[0].shape[0] == 0  # no prelude or coda planes
 

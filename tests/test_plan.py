@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from looped_kv import plan_check, profiles
+from looped_kv import profiles
 from looped_kv.analysis import plan
 from looped_kv.book import DTYPES
 from looped_kv.cli import main
+from looped_kv.experiments import plan_check
 from looped_kv.runtime.config import LoopedConfig, huginn_0125
 from looped_kv.runtime.model import LoopedLM
 
@@ -90,7 +91,7 @@ def scaled(request) -> tuple[LoopedLM, profiles.Profile]:
 
 @pytest.mark.parametrize("chapter", sorted(plan_check.RUNS))
 def test_plan_predicts_the_measured_peak(scaled, chapter):
-    """Each chapter's own calls at the scaled profile's sizes (:mod:`looped_kv.plan_check`), measured by the
+    """Each chapter's own calls at the scaled profile's sizes (:mod:`looped_kv.experiments.plan_check`), measured by the
     tensor meter; the model's weights are held before the chapter starts and are not counted."""
     model, profile = scaled
     measured, _ = plan_check.measured_peak(model, profile, chapter)
@@ -115,8 +116,8 @@ def test_plan_check_records_a_run_and_checks_its_options(tmp_path, capsys):
 
 
 def test_plan_check_runs_an_ouro_config_on_the_cpu_at_a_small_profile(tmp_path, capsys):
-    """The GPU check of the T4 profiles (the commands of looped_kv.plan_check's docstring) runs on a CPU with a
-    fixture-sized Ouro config (its context raised for the smoke profile's prompts) and the smoke profile."""
+    """The GPU check of the T4 profiles (the commands of looped_kv.experiments.plan_check's docstring) runs on a CPU
+    with a fixture-sized Ouro config (its context raised for the smoke profile's prompts) and the smoke profile."""
     config = json.loads((ROOT / "tests" / "fixtures" / "ouro-tiny" / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 1024}))
     out = tmp_path / "check.json"
@@ -178,7 +179,8 @@ def test_prompt_bounds_hold():
     (tests/test_workloads.py), and generated chain programs, bounded here: they are ASCII, a token of a real
     checkpoint's tokenizer covers at least one character, and one more token may open the text. The tiny model's
     generated prompts are checked with its own tokenizer."""
-    from looped_kv import data, load, workloads
+    from looped_kv import load, workloads
+    from looped_kv.workloads import data
 
     longest = max(len(t) for split in ("eval", "dev") for t in data.prompts("chains", 64, split))
     for profile in (p for p in profiles.PROFILES.values() if p.workloads == "papers"):

@@ -12,13 +12,12 @@ import torch
 from conftest import random_model
 
 import looped_kv
-from looped_kv import data
 from looped_kv.decoding.core import new_cache, prefill, run_block, step
 from looped_kv.decoding.das_wave import DEEP_KV, proposal_width, refine
 from looped_kv.decoding.lookup import lookup_drafts
-from looped_kv.decoding.speculative import acceptance_by_position
 from looped_kv.runtime.cache import BlockBuffer, BlockPass
 from looped_kv.runtime.policy import make_policy
+from looped_kv.workloads import data
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +129,7 @@ def test_bad_speculation_parameters(kwargs, message):
         looped_kv.generate(model, torch.zeros(1, 4, dtype=torch.long), max_new_tokens=4, num_loops=5, **kwargs)
 
 
-def test_acceptance_by_position_and_lookup():
-    assert acceptance_by_position([0, 2, 2, 1], 2) == [3 / 4, 2 / 3]
+def test_lookup_drafts_continue_the_last_ngram_match():
     assert lookup_drafts([5, 6, 7, 8, 5, 6], block=3, ngram=2) == [7, 8, 5]
     assert lookup_drafts([1, 2, 3], block=3, ngram=2) == []
 

@@ -10,10 +10,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_benchmarks import gsm8k_row, mbpp_row
+from test_formats import gsm8k_row, mbpp_row
 
-from looped_kv import benchmarks, data, load, profiles, workloads
+from looped_kv import load, profiles, workloads
 from looped_kv.analysis.planes import workload_batch
+from looped_kv.workloads import data, formats
 
 PAPERS = replace(profiles.TINY, name="papers", workloads="papers")
 # The first row of each dataset split the stand-in serves: rows of different splits never coincide.
@@ -51,10 +52,10 @@ def test_generated_workloads_are_the_data_modules():
 
 
 def test_papers_problems_are_eight_shot_gsm8k(hub):
-    shots = [gsm8k_row(FIRST["train"] + i) for i in range(benchmarks.SHOTS)]
+    shots = [gsm8k_row(FIRST["train"] + i) for i in range(formats.SHOTS)]
     prompts = workloads.prompts("problems", 3, source="papers")
-    assert prompts == benchmarks.gsm8k_prompts([gsm8k_row(i) for i in range(3)], shots)
-    assert all(p.count("The answer is") == benchmarks.SHOTS for p in prompts)
+    assert prompts == formats.gsm8k_prompts([gsm8k_row(i) for i in range(3)], shots)
+    assert all(p.count("The answer is") == formats.SHOTS for p in prompts)
     assert ("openai/gsm8k", "main", "test[0:3]") in hub and ("openai/gsm8k", "main", "train[0:8]") in hub
     hub.clear()
     dev = workloads.prompts("problems", 2, "dev", source="papers", worked=True)  # worked: the shots are there
@@ -63,7 +64,7 @@ def test_papers_problems_are_eight_shot_gsm8k(hub):
 
 
 def test_papers_code_is_mbpp_and_chains_stay_generated(hub):
-    assert workloads.prompts("code", 2, source="papers") == benchmarks.mbpp_prompts([mbpp_row(0), mbpp_row(1)])
+    assert workloads.prompts("code", 2, source="papers") == formats.mbpp_prompts([mbpp_row(0), mbpp_row(1)])
     workloads.prompts("code", 2, "dev", source="papers")
     assert hub == [("google-research-datasets/mbpp", "full", "test[0:2]"),
                    ("google-research-datasets/mbpp", "full", "validation[0:2]")]
@@ -73,11 +74,11 @@ def test_papers_code_is_mbpp_and_chains_stay_generated(hub):
 
 def test_papers_texts_join_solved_rows(hub):
     (problems,) = workloads.texts("problems", 1, chars=10_000, source="papers")
-    assert problems == "".join(benchmarks.gsm8k_worked(gsm8k_row(i)) for i in range(workloads.ROWS_PER_TEXT))
+    assert problems == "".join(formats.gsm8k_worked(gsm8k_row(i)) for i in range(workloads.ROWS_PER_TEXT))
     code = workloads.texts("code", 2, chars=150, source="papers")
     assert len(code) == 2 and all(len(t) == 150 for t in code)
-    assert code[1].startswith(benchmarks.mbpp_solved(mbpp_row(workloads.ROWS_PER_TEXT))[:150])
-    assert "def add_0(x):\n    return x + 0\n" in benchmarks.mbpp_solved(mbpp_row(0))  # no "\r" left
+    assert code[1].startswith(formats.mbpp_solved(mbpp_row(workloads.ROWS_PER_TEXT))[:150])
+    assert "def add_0(x):\n    return x + 0\n" in formats.mbpp_solved(mbpp_row(0))  # no "\r" left
 
 
 def test_workload_batch_reads_the_papers_texts(hub, tiny):
@@ -108,7 +109,7 @@ def test_every_real_checkpoint_profile_measures_on_the_papers_workloads():
     (lambda: workloads.prompts("code", 2, "train"), r"split must be one of \('eval', 'dev'\)"),
     (lambda: workloads.texts("code", 0), "n must be >= 1"),
     (lambda: workloads.prompts("code", 2, source="hub"), r"source \(Profile.workloads\) must be one of"),
-    (lambda: benchmarks.load_rows("gsm8k", "test", 2, start=-1), "start must be >= 0"),
+    (lambda: formats.load_rows("gsm8k", "test", 2, start=-1), "start must be >= 0"),
 ])
 def test_bad_input_is_refused_in_one_line(call, message):
     with pytest.raises(ValueError, match=message) as error:

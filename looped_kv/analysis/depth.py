@@ -5,7 +5,7 @@ These are the measurements behind the tiny model's gates and the book's training
 * :func:`loss_by_loops`: mean next-token loss of teacher-forced texts after R loops, and
   :func:`loss_by_text` the same per text (paired measurements for a verdict); :func:`depth_stops_paying`:
   the loop count from which no deeper count lowers the mean loss by a gain that counts;
-* :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.data.chain_programs`),
+* :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.workloads.data.chain_programs`),
   how often the argmax after ``x?`` is x's value, and its loss, by R and by the binding depth;
   :func:`answer_hits` gives the same per query;
 * :func:`state_changes` and :func:`fit_state_rho`: the median per-position relative change of the
@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from looped_kv.data import ChainProgram
 from looped_kv.decoding.core import row_passes
 from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads.data import ChainProgram
 
 #: Depth buckets of chain queries, by the serial steps their answers need.
 DEPTH_BUCKETS = {"1-2": (1, 2), "3-4": (3, 4), "5-8": (5, 8), "9-12": (9, 12), "13-16": (13, 16),

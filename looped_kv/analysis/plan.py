@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from looped_kv import profiles
-from looped_kv.decoding import settings
+from looped_kv.decoding.settings import DasWave, SelfSpec
 from looped_kv.profiles import Profile
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.memory import element_bytes, m_full, policy_bytes
@@ -334,7 +334,7 @@ def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:
 def ch06(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     p, m = profile.ch06, profile.dtype
     base = (Held(f"{m} weights", weights(config, m)),)
-    prompt, block = profile.prompt_tokens, max(settings.WAVE["block"], *p.sweep.get("block", ()))
+    prompt, block = profile.prompt_tokens, max(DasWave.block, *p.sweep.get("block", ()))
     accept = Step(f"DAS-Wave and the drafters, {p.acceptance_prompts} prompts",
                   (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
                                 block=block)))
@@ -351,7 +351,7 @@ def ch07(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     largest = max(*p.batch_sizes, *p.memory_batch_sizes)
     steps = (Step(f"batched decoding, B = {largest}",
                   (*base, *decode_step(config, largest, profile.prompt_tokens, p.new_tokens, m,
-                                       block=settings.BLOCK))),)
+                                       block=SelfSpec.block))),)
     sizes = f"B in {p.batch_sizes} (throughput), {p.memory_batch_sizes} (memory), {p.new_tokens} new tokens"
     return ChapterPlan("ch07", sizes, steps)
 

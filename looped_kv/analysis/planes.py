@@ -39,7 +39,6 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from looped_kv import data
 from looped_kv.analysis.fits import (
     DecayLaws,
     FloorFit,
@@ -58,10 +57,10 @@ from looped_kv.analysis.fits import (
 )
 from looped_kv.analysis.replay import (
     Replay,
-    _check_kinds,
-    _check_loops,
+    check_kinds,
+    check_loops,
     deepest_plane_arm,
-    kl_per_position,
+    kl,
     maturity,
     paper_region,
     perturbation_size,
@@ -77,6 +76,7 @@ from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
+from looped_kv.workloads import data
 from looped_kv.workloads import texts as workload_texts
 
 # RIPE Table 3's rows (labels of looped_kv.papers.RIPE_TABLE_3): (row label, policy name, k of R = 32);
@@ -241,7 +241,7 @@ def ripening_curves(model: LoopedLM, ids: Tensor, num_loops: int, *, decoded: in
     softmax), which measures the rounding in every plane (``text_rounding``) and so the float floor.
     """
     _check_ids(ids)
-    maturity_kinds = _check_kinds("maturity_kinds", maturity_kinds)  # before any replay
+    maturity_kinds = check_kinds("maturity_kinds", maturity_kinds)  # before any replay
     if exact_dtype is not None and not (isinstance(exact_dtype, torch.dtype) and exact_dtype.is_floating_point):
         raise ValueError(f"exact_dtype must be None or a floating-point torch dtype, got {exact_dtype!r}")
     record = tuple(X for X in ("q", "k", "v") if X in ("k", "v") or X in maturity_kinds)
@@ -393,12 +393,12 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
     if set(regions) != {"shallow", "deep"}:
         raise ValueError(f"regions must name 'shallow' and 'deep', got {sorted(regions)}")
     for name, loops in regions.items():  # every check before the reference replay, the expensive part
-        _check_loops(f"regions[{name!r}]", loops, num_loops, nonempty=True)
+        check_loops(f"regions[{name!r}]", loops, num_loops, nonempty=True)
     if planes is None:  # a plane that is a region's one loop substitutes nothing there (R = 4: loop 1, plane 1)
         planes = tuple(p for p in paper_planes(num_loops) if all(loops != (p,) for loops in regions.values()))
     planes = tuple(planes)
-    _check_loops("planes", planes, num_loops, nonempty=True)
-    kinds = _check_kinds("kinds", kinds, ("k", "v"))
+    check_loops("planes", planes, num_loops, nonempty=True)
+    kinds = check_kinds("kinds", kinds, ("k", "v"))
     if not kinds:
         raise ValueError("kinds must name at least one of ('k', 'v')")
     ref = replay(model, ids, num_loops, softmax_dtype=softmax_dtype, record=kinds, decoded=decoded,
@@ -408,11 +408,12 @@ def arm_grid(model: LoopedLM, ids: Tensor, num_loops: int, *, planes: Iterable[i
     arms = [(name, p) for name in ("shallow", "deep") for p in planes]
     for name, p in tqdm(arms, desc="arms", disable=not progress, leave=False):
         logits = substitute(model, ref, p, regions[name], kinds=kinds)
-        kl = kl_per_position(ref.logits[:, t:], logits[:, t:]).cpu().numpy()  # (B, decoded)
+        divergence = kl(ref.logits[:, t:], logits[:, t:]).cpu().numpy()  # (B, decoded)
         size = perturbation_size(ref, p, regions[name], kinds=kinds).cpu().numpy()
         arm = {"region": name, "deep": int(name == "deep"), "plane": p}
-        records += [{"text": i, **arm, "kl": float(kl[i, 0]), "size": float(size[i])} for i in range(ids.shape[0])]
-        per_position += [{"text": i, **arm, "offset": o, "kl": float(kl[i, o])}
+        records += [{"text": i, **arm, "kl": float(divergence[i, 0]), "size": float(size[i])}
+                    for i in range(ids.shape[0])]
+        per_position += [{"text": i, **arm, "offset": o, "kl": float(divergence[i, o])}
                          for i in range(ids.shape[0]) for o in range(decoded)]
         del logits  # freed before the next arm's forward, which would otherwise hold it beside its own
     return ArmGrid(ref, pd.DataFrame.from_records(records), pd.DataFrame.from_records(per_position))
@@ -460,7 +461,7 @@ def precision_floor(model: LoopedLM, reference: Replay, *, exact: Replay | None 
             raise ValueError(f"the model is already in exact_dtype {exact_dtype}: pass a more precise replay as exact")
         exact = exact_replay(model, ids, reference.num_loops, decoded=reference.decoded, dtype=exact_dtype)
     logits = exact.logits[:, t].to(reference.logits.device)
-    return kl_per_position(logits, reference.logits[:, t]).cpu().numpy()
+    return kl(logits, reference.logits[:, t]).cpu().numpy()
 
 
 def _copy_in(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
@@ -486,7 +487,9 @@ def _copy_in(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
 
 
 def in_dtype(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
-    """A copy of ``model`` cast to ``dtype`` (e.g. the bf16 model of the bf16 replay), tokenizer kept."""
+    """``model`` itself if it is in ``dtype``, else a copy of its weights cast to ``dtype``, tokenizer kept (e.g. the
+    bf16 model of the bf16 replay). Casting the bf16 model up gives an fp32 arm the same weights, so that it
+    differs from the bf16 reference in arithmetic only."""
     return model if model.dtype == dtype else _copy_in(model, dtype)
 
 
@@ -574,9 +577,10 @@ def restrict(full: PlaneCache, policy: CachePolicy) -> PlaneCache:
     sites = [Site(stage, layer) for stage, n_layers in (("prelude", cfg.n_prelude), ("coda", cfg.n_coda))
              for layer in range(n_layers)]
     sites += [Site("core", layer, p) for layer in range(cfg.n_core) for p in range(1, policy.num_loops + 1)]
-    for site in sites:
-        plane = site.loop if site.stage == "core" else None
-        cache.store(site, 0, full.plane_tensor(0, site, plane)[:, :, :L], full.plane_tensor(1, site, plane)[:, :, :L])
+    writes = cache.span_writes(cache.plan_writes(torch.arange(L, device=like.device).expand(full.batch, -1)), 0, L)
+    planes = {site: tuple(full.plane_tensor(which, site, site.loop if site.stage == "core" else None)[:, :, :L]
+                          for which in (0, 1)) for site in sites}
+    cache.write(writes, planes)
     cache.advance(L)
     return cache
 
@@ -642,7 +646,7 @@ def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str
         del full
         for label, logits in stepped.items():
             matches[label].append((logits.argmax(-1) == base.argmax(-1)).cpu().numpy())
-            kls[label].append(kl_per_position(base, logits).cpu().numpy())
+            kls[label].append(kl(base, logits).cpu().numpy())
         bases.append(base)
     matches = {label: np.concatenate(m) for label, m in matches.items()}
     kls = {label: np.concatenate(k) for label, k in kls.items()}
@@ -703,7 +707,7 @@ def eq6_check(model: LoopedLM, reference: Replay, fit: SensitivityFit, grid: Arm
     S_measured = perturbation_size(reference, R, deep).cpu().numpy()
     scale = math.exp(fit.a + fit.b)
     arm = deepest_plane_arm(model, reference)[:, t]
-    measured = kl_per_position(reference.logits[:, t], arm).cpu().numpy()
+    measured = kl(reference.logits[:, t], arm).cpu().numpy()
     shallow = None
     if grid is not None:
         rows = grid.rows[(grid.rows.region == "shallow") & (grid.rows.plane == R)].sort_values("text")

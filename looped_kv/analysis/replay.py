@@ -30,13 +30,13 @@ KINDS = ("q", "k", "v")
 SOFTMAX_DTYPES = (torch.float32, torch.float64)
 
 
-def _check_kinds(name: str, kinds: Iterable[str], allowed: tuple[str, ...] = KINDS) -> tuple[str, ...]:
+def check_kinds(name: str, kinds: Iterable[str], allowed: tuple[str, ...] = KINDS) -> tuple[str, ...]:
     if isinstance(kinds, str) or not set(kinds := tuple(kinds)) <= set(allowed) or len(set(kinds)) != len(kinds):
         raise ValueError(f"{name} must be distinct kinds out of {allowed}, got {kinds!r}")
     return kinds
 
 
-def _check_loops(name: str, loops: Iterable[int], num_loops: int, *, nonempty: bool = False) -> tuple[int, ...]:
+def check_loops(name: str, loops: Iterable[int], num_loops: int, *, nonempty: bool = False) -> tuple[int, ...]:
     loops = tuple(sorted({int(r) for r in loops}))
     if (nonempty and not loops) or any(not 1 <= r <= num_loops for r in loops):
         need = "a non-empty set" if nonempty else "a set"
@@ -44,7 +44,7 @@ def _check_loops(name: str, loops: Iterable[int], num_loops: int, *, nonempty: b
     return loops
 
 
-def _check_softmax(softmax_dtype: torch.dtype) -> None:
+def check_softmax(softmax_dtype: torch.dtype) -> None:
     if softmax_dtype not in SOFTMAX_DTYPES:
         raise ValueError(f"softmax_dtype must be one of {SOFTMAX_DTYPES}, got {softmax_dtype}")
 
@@ -91,8 +91,8 @@ class ReplayRouter:
     def __init__(self, config: LoopedConfig, loops: Iterable[int], *, record: Iterable[str] = ("k", "v"),
                  edges: bool = False, softmax_dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
-        _check_softmax(softmax_dtype)
-        self.config, self.record = config, _check_kinds("record", record)
+        check_softmax(softmax_dtype)
+        self.config, self.record = config, check_kinds("record", record)
         self.loops, self.edges, self.softmax_dtype = tuple(loops), edges, softmax_dtype
         self.device, self.dtype = device, dtype
         self.core: dict[str, Tensor] = {}
@@ -132,11 +132,11 @@ def replay(model: LoopedLM, input_ids: Tensor, num_loops: int, *, softmax_dtype:
     ``device="cpu"`` to keep Huginn-0125's planes off the GPU). The last ``decoded`` positions
     are the decoded tokens (``Replay.first_decoded``).
     """
-    record = _check_kinds("record", record)
-    _check_softmax(softmax_dtype)
+    record = check_kinds("record", record)
+    check_softmax(softmax_dtype)
     if num_loops < 1:
         raise ValueError(f"num_loops must be >= 1, got {num_loops}")
-    loops = _check_loops("loops", range(1, num_loops + 1) if loops is None else loops, num_loops)
+    loops = check_loops("loops", range(1, num_loops + 1) if loops is None else loops, num_loops)
     n = input_ids.shape[1]
     if not 1 <= decoded < n:
         raise ValueError(f"decoded must be in 1..{n - 1} (sequence length {n}), got {decoded}")
@@ -189,12 +189,12 @@ def _arm_planes(reference: Replay, plane: int, region: Iterable[int],
                 kinds: Iterable[str]) -> tuple[dict[int, int], tuple[str, ...]]:
     """Validated {loop: plane} map and kinds of an arm; every plane it reads must have been recorded."""
     R = reference.num_loops
-    kinds = _check_kinds("kinds", kinds, ("k", "v"))
+    kinds = check_kinds("kinds", kinds, ("k", "v"))
     if not kinds:
         raise ValueError("kinds must name at least one of ('k', 'v')")
     if not 1 <= plane <= R:
         raise ValueError(f"plane must be in 1..{R}, got {plane}")
-    region = _check_loops("region", region, R, nonempty=True)
+    region = check_loops("region", region, R, nonempty=True)
     for kind in kinds:
         reference.plane(kind, plane)
     return {r: plane for r in region}, kinds
@@ -211,7 +211,7 @@ def substitute(model: LoopedLM, reference: Replay, plane: int, region: Iterable[
     """
     planes, kinds = _arm_planes(reference, plane, region, kinds)
     softmax_dtype = reference.softmax_dtype if softmax_dtype is None else softmax_dtype
-    _check_softmax(softmax_dtype)
+    check_softmax(softmax_dtype)
     router = SubstitutionRouter(reference, planes, kinds, softmax_dtype)
     return model(reference.input_ids.to(model.device), reference.num_loops, router=router)
 
@@ -223,10 +223,27 @@ def deepest_plane_arm(model: LoopedLM, reference: Replay, *, kinds: Iterable[str
     return substitute(model, reference, R, range(1, R), kinds=kinds, softmax_dtype=softmax_dtype)
 
 
-def kl_per_position(ref_logits: Tensor, arm_logits: Tensor) -> Tensor:
-    """KL(reference || arm) in float64 for every position: shape ``ref_logits.shape[:-1]`` (RIPE Sec. 2)."""
-    log_p, log_q = ref_logits.double().log_softmax(-1), arm_logits.double().log_softmax(-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
+#: Smallest KL that :func:`kl` resolves (float64 logits): a KL below it is indistinguishable from 0.
+KL_RESOLUTION = 1e-30
+
+
+def kl(reference: Tensor, arm: Tensor) -> Tensor:
+    """KL(reference || arm) per row of logits, in float64: shape ``reference.shape[:-1]`` (RIPE Sec. 2).
+
+    KL = E_p[z_p - z_q] - log sum_v q_v exp(z_p - z_q)_v; when the logits are close, the log-partition
+    difference is taken as log1p of a small sum, so that KL far below float64's resolution of the
+    probabilities (down to about 1e-30) is still resolved rather than lost in rounding. The analysis layer's
+    one KL function.
+    """
+    a, b = reference.double(), arm.double()
+    delta = a - b
+    near = delta.abs().amax(-1, keepdim=True) < 1
+    shift = torch.where(near, torch.log1p((b.softmax(-1) * torch.expm1(delta.clamp(max=1))).sum(-1, keepdim=True)),
+                        a.logsumexp(-1, keepdim=True) - b.logsumexp(-1, keepdim=True))
+    return (a.softmax(-1) * delta).sum(-1) - shift.squeeze(-1)
+
+
+kl_per_position = kl  # the name tests/test_replay.py and tests/test_measure_planes.py import
 
 
 def _relative(x: Tensor, ref: Tensor, stop: int) -> Tensor:
@@ -254,7 +271,7 @@ def ripening(reference: Replay, *, kinds: Iterable[str] = ("k", "v"), per_text: 
     """Delta_r = ||X^(r) - X^(R)|| / ||X^(R)|| over prefix positions, averaged over core layers and texts
     (RIPE Sec. 3.2), for each recorded loop: kind -> (len(reference.loops),) float64, or with ``per_text``
     kind -> (B, len(reference.loops)), averaged over core layers only (its mean over texts is the average)."""
-    kinds = _check_kinds("kinds", kinds)
+    kinds = check_kinds("kinds", kinds)
     stop, R = reference.first_decoded, reference.num_loops
     out = {X: torch.stack([_relative(reference.plane(X, r), reference.plane(X, R), stop).mean(0)
                            for r in reference.loops], dim=-1) for X in kinds}
@@ -267,7 +284,7 @@ def rounding(reference: Replay, exact: Replay, *, kinds: Iterable[str] = ("k", "
     kind -> (B, len(reference.loops)) float64. Two planes r and R of one text that agree exactly in ``exact``
     lie at most the sum of their two values apart in ``reference``: the float floor of Delta_r (RIPE Sec. 3.2).
     """
-    kinds = _check_kinds("kinds", kinds)
+    kinds = check_kinds("kinds", kinds)
     if not torch.equal(exact.input_ids.to(reference.input_ids.device), reference.input_ids):
         raise ValueError("exact must be a replay of the same texts as reference")
     if exact.loops != reference.loops or exact.decoded != reference.decoded:
@@ -283,7 +300,7 @@ def maturity(reference: Replay, *, kinds: Iterable[str] = ("q", "k", "v"), per_t
     texts, heads and all positions, decoded ones included (DAS Sec. 3.1, Fig. 2 top):
     kind -> (len(reference.loops),) float64, or with ``per_text`` kind -> (B, len(reference.loops)), averaged
     over everything but the text (its mean over texts is the average)."""
-    kinds = _check_kinds("kinds", kinds)
+    kinds = check_kinds("kinds", kinds)
     R = reference.num_loops
 
     def cosine(X: str, r: int) -> Tensor:  # (B,): mean over core layers, heads and positions

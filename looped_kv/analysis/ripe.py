@@ -31,26 +31,27 @@ from numpy.typing import ArrayLike
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.analysis.measure import KL_RESOLUTION, kl, padded_prompts, row_tau, tokens_after_prompt
-from looped_kv.analysis.planes import in_dtype
+from looped_kv.analysis.measure import row_tau
+from looped_kv.analysis.replay import KL_RESOLUTION, kl
+from looped_kv.analysis.teacher_forcing import (
+    PromptPlanes,
+    TeacherForcing,
+    block_starts,
+    check_trajectories,
+    force,
+    prompt_planes,
+)
 from looped_kv.analysis.verdicts import Check, Claim, Verdict, above_floor, discrimination, enough_units, verdict
-from looped_kv.decoding.core import Generation, block_positions, new_buffer, new_cache, prefill, run_block, step
+from looped_kv.decoding.core import Generation
 from looped_kv.decoding.generate import generate
 from looped_kv.papers import RIPE_TABLE_4_SETUP
-from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
+from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
 
 TAIL_KL: float = RIPE_TABLE_4_SETUP["tail KL"]  # RIPE Table 4's tail threshold
-
-
-def with_dtype(model: LoopedLM, dtype: torch.dtype) -> LoopedLM:
-    """``model`` itself if it is in ``dtype``, else a copy of its weights cast to ``dtype`` (tokenizer and
-    source shared). Casting the bf16 model up gives the fp32 arm the same weights, so that it differs from
-    the bf16 reference in arithmetic only."""
-    return in_dtype(model, dtype)
 
 
 # -- the policy (Eq. 9) ---------------------------------------------------------------------------
@@ -112,37 +113,26 @@ def batched_vs_sequential(model: LoopedLM, tokens: Tensor, start: int, policy: C
     buffer as Algorithm 1 does, the sequential one is written by each step. Proposition 1: with a
     block-independent policy (full, or RIPE with W >= gamma) both are equal in exact arithmetic.
     """
-    n, R = tokens.shape[1], policy.num_loops
+    n = tokens.shape[1]
     if tokens.dim() != 2 or tokens.shape[0] != 1:
         raise ValueError(f"tokens must be (1, n), got shape {tuple(tokens.shape)}")
     if not 1 <= start < n:
         raise ValueError(f"start must be in [1, {n - 1}] (a prefix and a block of at least one token), got {start}")
-    sequential, batched = (new_cache(model, policy, 1, n) for _ in range(2))
-    for cache in (sequential, batched):
-        prefill(model, cache, tokens[:, :start], R)
-    logits_seq = torch.cat([step(model, sequential, tokens[:, t:t + 1], R) for t in range(start, n)], dim=1)
-    buffer = BlockBuffer(model.config, R, batch=1, capacity=n - start, dtype=model.dtype, device=model.device)
-    router = BlockPass(batched, range(start, n), buffer=buffer, store="buffer")
-    logits_batch, _ = run_block(model, tokens[:, start:], router, R)
-    batched.commit(buffer, n - start)
-    planes = max(float((a - b).abs().max()) for a, b in zip(_cache_tensors(batched), _cache_tensors(sequential),
-                                                                 strict=True) if a.numel())
+    sequential, batched = (TeacherForcing(model, policy, [tokens[0]], [start], block=n - start - 1)
+                           for _ in range(2))
+    for forced in (sequential, batched):
+        forced.prefill()
+    logits_seq = torch.cat([sequential.step(i) for i in range(n - start)], dim=1)
+    logits_batch = batched.check_block(0)
+    batched.commit_block(n - start)
+    planes = max(float((a - b).abs().max()) for a, b in zip(_cache_tensors(batched.cache),
+                                                             _cache_tensors(sequential.cache), strict=True)
+                 if a.numel())
     return BlockComparison(logits=float((logits_batch - logits_seq).abs().max()), planes=planes,
                            targets_equal=bool(torch.equal(logits_batch.argmax(-1), logits_seq.argmax(-1))))
 
 
 # -- Table 4 and Figure 4 ---------------------------------------------------------------------------
-
-
-def _check_trajectories(trajectories: Sequence[Tensor], prompt_lengths: Sequence[int]) -> None:
-    if len(trajectories) == 0 or len(trajectories) != len(prompt_lengths):
-        raise ValueError(f"trajectories and prompt_lengths must be non-empty and of equal length, got "
-                         f"{len(trajectories)} and {len(prompt_lengths)}")
-    for i, (tokens, p) in enumerate(zip(trajectories, prompt_lengths, strict=True)):
-        if tokens.dim() != 2 or tokens.shape[0] != 1:
-            raise ValueError(f"trajectories[{i}] must be (1, n), got shape {tuple(tokens.shape)}")
-        if not 1 <= p < tokens.shape[1]:
-            raise ValueError(f"prompt_lengths[{i}] must be in [1, {tokens.shape[1] - 1}], got {p}")
 
 
 @dataclass(frozen=True)
@@ -151,51 +141,6 @@ class ArmReplay:
 
     logits: Tensor  # (n - prompt_length, V) in the model's dtype: the logits sequential decoding computes
     block_kl: Tensor | None  # KL(sequential || batched) per block position (measure.block_dependence)
-
-
-def block_starts(generated: int, block: int) -> range:
-    """Offsets after the prompt of the verification blocks of gamma + 1 = ``block`` + 1 tokens that fit in
-    ``generated`` tokens (RIPE Sec. 5.2: the trajectory cut into consecutive blocks)."""
-    return range(0, generated - block, block + 1)
-
-
-@dataclass(frozen=True)
-class PromptPlanes:
-    """The prompts of B trajectories processed once (:func:`prompt_planes`): every site's keys and values, which
-    any cache policy can store, and the logits of each prompt's last position."""
-
-    keys_values: dict  # Site -> (keys, values) of shape (B, Hkv, longest prompt, D)
-    last_logits: Tensor  # (B, V)
-    lengths: Tensor  # (B,) prompt lengths
-
-
-@torch.no_grad()
-def prompt_planes(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths: Sequence[int],
-                  num_loops: int) -> PromptPlanes:
-    """Process the prompts of ``trajectories`` once and keep every site's keys and values.
-
-    A prefill reads only the prompt itself, each loop at its own plane, so its keys, values and logits are
-    the same under every cache policy; the policies differ only in what they keep. Replays of several arms
-    of the same model (:func:`replay_records`) share one prefill this way.
-    """
-    _check_trajectories(trajectories, prompt_lengths)
-    cache = new_cache(model, make_policy("full", num_loops), len(trajectories), max(prompt_lengths))
-    record: dict = {}
-    last, lengths = _prefill_prompts(model, cache, trajectories, prompt_lengths, num_loops, record)
-    return PromptPlanes(record, last, lengths)
-
-
-def _prefill_prompts(model: LoopedLM, cache: PlaneCache, trajectories: Sequence[Tensor],
-                     prompt_lengths: Sequence[int], num_loops: int, record: dict | None = None
-                     ) -> tuple[Tensor, Tensor]:
-    """One forward over every trajectory's prompt (right-padded) into ``cache``, recording into ``record`` if
-    given; the logits of each prompt's last position (B, V) and the prompt lengths (B,). The cache is not
-    advanced."""
-    ids, lengths = padded_prompts([t[0] for t in trajectories], prompt_lengths)
-    counts = None if len(set(prompt_lengths)) == 1 else lengths
-    router = BlockPass(cache, range(0, ids.shape[1]), counts=counts, record=record)
-    logits, _ = run_block(model, ids, router, num_loops)
-    return logits[torch.arange(len(trajectories), device=logits.device), lengths - 1], lengths
 
 
 @torch.no_grad()
@@ -214,43 +159,21 @@ def replay_batch(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths
     over the block reads the same cache (its planes go to a scratch buffer), and the block's KL(sequential ||
     batched) is recorded. Rows too short for one block get an empty ``block_kl``.
     """
-    _check_trajectories(trajectories, prompt_lengths)
+    check_trajectories(trajectories, prompt_lengths)
     if block is not None and block < 1:
         raise ValueError(f"block (gamma) must be >= 1, got {block}")
-    R, B = policy.num_loops, len(trajectories)
+    B = len(trajectories)
     if prompts is not None and prompts.last_logits.shape[0] != B:
         raise ValueError(f"prompts must hold the planes of the {B} trajectories, got {prompts.last_logits.shape[0]}")
-    sequences = [t[0] for t in trajectories]
-    generated = [len(s) - p for s, p in zip(sequences, prompt_lengths, strict=True)]
-    starts = [block_starts(g, block) if block else range(0) for g in generated]
-    last = max([g - 2 for g in generated] + [s[-1] + block for s in starts if len(s)])  # last step offset
-    cache = new_cache(model, policy, B, max(prompt_lengths) + max(generated))
-    if prompts is None:  # prefill straight into this arm's cache: the prompts' planes exist once
-        last_logits, lengths = _prefill_prompts(model, cache, trajectories, prompt_lengths, R)
-        cache.advance(lengths)
-        steps = [last_logits[:, None]]
-    else:
-        width = max(prompt_lengths)
-        writes = cache.plan_writes(torch.arange(width, device=cache.lengths.device).expand(B, -1), prompts.lengths)
-        for site, (k, v) in prompts.keys_values.items():
-            cache.write(site, writes, k, v)
-        cache.advance(prompts.lengths)
-        steps = [prompts.last_logits[:, None]]
-    buffer = new_buffer(model, R, B, block + 1) if block else None
-    batched = {}
-    for i in range(last + 1):
-        if block and any(i in s for s in starts):
-            router = BlockPass(cache, block_positions(cache, block + 1), buffer=buffer, store="buffer")
-            batched[i], _ = run_block(model, tokens_after_prompt(sequences, prompt_lengths, i, block + 1), router, R)
-        steps.append(step(model, cache, tokens_after_prompt(sequences, prompt_lengths, i), R))
-    steps = torch.cat(steps, dim=1)  # (B, last + 2, V): column i + 1 comes from decoding generated token i
+    forced = force(model, [t[0] for t in trajectories], prompt_lengths, policy, block=block, prompts=prompts)
     out = []
-    for b, g in enumerate(generated):
+    for b, g in enumerate(forced.generated):
         block_kl = None
         if block is not None:
-            block_kl = torch.cat([kl(steps[b, s + 1:s + block + 2], batched[s][b]) for s in starts[b]]
-                                 ) if len(starts[b]) else torch.empty(0, dtype=torch.float64)
-        out.append(ArmReplay(steps[b, :g], block_kl))
+            starts = block_starts(g, block)
+            block_kl = torch.cat([kl(forced.logits[b, s + 1:s + block + 2], forced.blocks[s][b]) for s in starts]
+                                 ) if len(starts) else torch.empty(0, dtype=torch.float64)
+        out.append(ArmReplay(forced.row_logits(b), block_kl))
     return out
 
 
@@ -278,7 +201,7 @@ def replay_records(trajectories: Sequence[Tensor], prompt_lengths: Sequence[int]
     in ``block_arms`` also measure their block dependence during the same replay: the mean KL(sequential ||
     batched) per prompt, NaN for a prompt that generated fewer than gamma + 1 tokens.
     """
-    _check_trajectories(trajectories, prompt_lengths)
+    check_trajectories(trajectories, prompt_lengths)
     if not arms:
         raise ValueError("arms must name at least one (model, policy) pair")
     unknown = [label for label in block_arms if label not in arms]

@@ -1,98 +1,149 @@
-"""A compiled greedy decode step: static shapes over the preallocated cache (gpt-fast style).
+"""Every decoder's passes on torch.compile'd steps with static shapes (gpt-fast style).
 
-Each step processes one token per row at position L_b. Every attention call reads the whole capacity of
-the plane the policy keeps for it with the mask j < L_b, plus the token's own key and value, in one
-softmax; so every tensor has the same shape at every step, and torch.compile traces the step once (on a
-GPU its ``reduce-overhead`` mode can replay it as a CUDA graph). The traced step writes nothing: it
-returns the new keys and values of every site, and the cache stores them afterwards, each kept plane
-from the last loop that writes it (:func:`~looped_kv.runtime.cache.writes_in_own_plane`). Writing into
-the cache's planes inside the graph would make the compiler copy whole planes at every call. The eager
-decoders read [0, L + 1) of the same planes; both give the same tokens (tested in float64).
+:class:`CompiledPasses` gives the decode loop (:mod:`looped_kv.decoding.loop`) the passes of every method,
+each a traced function over the whole preallocated cache (:class:`~looped_kv.runtime.cache.StaticBlockPass`):
+every attention call reads the whole capacity of the planes it reads under masks built from the row
+lengths on the device, plus the block's earlier drafts in the buffer and the block itself, in one softmax.
+So each tensor has one shape at every call, and a step is traced once per shape:
+
+* greedy steps and verification blocks (one token, gamma + 1 or DAS-Wave's w, all R loops) write their
+  keys and values into the cache at each row's next positions through
+  :meth:`~looped_kv.runtime.cache.PlaneCache.write`, past the committed length until the commit
+  advances it; with a window or sinks, or planes not written by their own loop (first(k)), a block of
+  more than one token is written to the block buffer and committed from it;
+* a d-loop draft writes into the buffer at its column, a 0-d tensor, so the gamma drafts of a block share
+  one trace;
+* a DAS-Wave round refines all gamma positions (the inactive ones after the active ones, so no active
+  position reads them) and keeps the active guesses and states with masks, so its J rounds share a trace
+  whenever they read the same planes (always with deep K/V reads).
+
+The cache's capacity is bucketed (:func:`~looped_kv.decoding.core.capacity_bucket`), so prompts of new
+lengths reuse a trace, and stopped rows stay in the batch as padding. Writing into the planes inside the
+graph is done in place (an index_put on a graph input). In float64 the compiled passes emit the eager ones'
+tokens for every method (tested); ``BACKEND`` and ``MODE`` are torch.compile's ``backend`` and ``mode``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from looped_kv.runtime.attention import Site, attend_segments
-from looped_kv.runtime.cache import PlaneCache, writes_in_own_plane
+from looped_kv.decoding.passes import Passes
+from looped_kv.runtime.cache import BlockBuffer, PlaneCache, StaticBlockPass
 from looped_kv.runtime.model import LoopedLM, check_finite
+from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
 
-COMPILABLE = ("full", "deepest", "k-deepest", "share")
-
-
-class StaticStepRouter:
-    """Router of one token per row at ``positions`` (B, 1): reads the whole capacity, records what it would write."""
-
-    def __init__(self, cache: PlaneCache, positions: Tensor) -> None:
-        self.cache = cache
-        j = torch.arange(cache.capacity, device=positions.device)
-        self.prefix = (j < positions[:, :, None])[:, None]  # (B, 1, 1, capacity)
-        self.new: dict[Site, tuple[Tensor, Tensor]] = {}
-
-    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None
-        keys, values = self.cache.plane_tensor(0, site, plane), self.cache.plane_tensor(1, site, plane)
-        self.new[site] = (k, v)
-        return attend_segments(q, [(keys, values, self.prefix), (k, v, None)])
+BACKEND: str | object = "inductor"
+MODE: str | None = None
 
 
-def _forward(model: LoopedLM, cache: PlaneCache, tokens: Tensor, lengths: Tensor,
-             num_loops: int) -> tuple[Tensor, Tensor, Tensor]:
-    """One greedy step of B rows over the whole preallocated cache (the function torch.compile traces).
-
-    Returns the logits (B, 1, V), the new keys/values of the edge layers (2, n_edge, B, H_kv, D) and of every
-    kept core plane, from the last loop that writes it (2, n_core, n_kept, B, H_kv, D).
-    """
-    positions = lengths[:, None]
-    router = StaticStepRouter(cache, positions)
-    embedded = model.embed(tokens, positions, router)
-    state = embedded if model.config.looped_stack else model._states[positions]  # Ouro starts from the embedding
-    for r in range(1, num_loops + 1):
-        state = model.loop(state, embedded, positions, router, r)
-    logits = model.readout(state, positions, router)
-    cfg, policy = model.config, cache.policy
-    edges = [Site("prelude", i) for i in range(cfg.n_prelude)] + [Site("coda", i) for i in range(cfg.n_coda)]
-    writer = {policy.plane(r): r for r in range(1, num_loops + 1)}  # the last loop writing each kept plane
-    core = [[Site("core", layer, writer[p]) for p in policy.kept] for layer in range(cfg.n_core)]
-    B, H_kv, D = tokens.shape[0], cfg.n_kv_heads, cfg.head_dim
-    new_edges = torch.stack([torch.stack([router.new[s][which][:, :, 0] for s in edges]) if edges  # Ouro has none
-                             else embedded.new_empty(0, B, H_kv, D) for which in (0, 1)])
-    new_core = torch.stack([torch.stack([torch.stack([router.new[s][which][:, :, 0] for s in row]) for row in core])
-                            for which in (0, 1)])
-    return logits, new_edges, new_core
+def _forward(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, tokens: Tensor, lengths: Tensor,
+             offset: Tensor | None, state: Tensor | None, num_loops: int, planes: tuple,
+             store: str | None) -> tuple[Tensor, Tensor]:
+    """One static pass of ``tokens`` (B, n) after each row's ``lengths`` (and ``offset`` drafts): (logits, state)."""
+    positions = lengths[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
+    if offset is not None:
+        positions = positions + offset
+    router = StaticBlockPass(cache, positions, lengths, planes, buffer=buffer, offset=offset, store=store)
+    out = model(tokens, num_loops, state, positions=positions, router=router, return_state=True,
+                max_position=cache.capacity - 1, check=False)
+    router.store_block()
+    return out
 
 
-#: One compiled step per compile mode. The cache is an argument, so its planes enter the graph as inputs
-#: guarded by shape and dtype, not by identity: every generation with the same model, batch, capacity and
-#: R reuses the traced step instead of compiling again.
-_COMPILED: dict[str | None, object] = {}
+# One traced function per kind of pass (each its own code object, so each has torch.compile's recompile limit).
+def _step(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store):
+    return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store)
 
 
-class CompiledStep:
-    """``step(tokens (B, 1)) -> logits (B, 1, V)``: a torch.compile'd greedy decode step on ``cache``."""
+def _draft(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store):
+    return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store)
 
-    def __init__(self, model: LoopedLM, cache: PlaneCache, num_loops: int, mode: str | None = None) -> None:
-        if not writes_in_own_plane(cache.policy):
-            raise ValueError(f"compile=True needs a cache policy whose planes are read where they are written, one of "
-                             f"{COMPILABLE}; got {cache.policy.name}")
-        self.model, self.cache, self.num_loops = model, cache, num_loops
-        model._state_table(cache.capacity)  # built before tracing: the step only gathers from it
-        if mode not in _COMPILED:
-            _COMPILED[mode] = torch.compile(_forward, dynamic=False, fullgraph=True, mode=mode)
-        self._step = _COMPILED[mode]
 
-    def __call__(self, tokens: Tensor) -> Tensor:
-        cache = self.cache
-        if cache.max_length >= cache.capacity:
-            raise ValueError(f"cache capacity {cache.capacity} exceeded")
-        logits, new_edges, new_core = self._step(self.model, cache, tokens, cache.lengths, self.num_loops)
+def _verify(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store):
+    return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store)
+
+
+def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor, previous: Tensor, width: Tensor,
+            lengths: Tensor, num_loops: int, planes: tuple) -> tuple[Tensor, Tensor]:
+    """One DAS-Wave round over all gamma positions: positions < ``previous`` start from the ``carried`` states,
+    the others from their initial states; guesses and states are kept for positions < ``width``."""
+    gamma = guesses.shape[1] - 1
+    columns = torch.arange(gamma, device=guesses.device)
+    positions = lengths[:, None] + columns
+    fresh = model.initial_state(positions, guesses.shape[0], last=cache.capacity - 1, tokens=guesses[:, :gamma])
+    state = torch.where((columns < previous)[None, :, None], carried, fresh)
+    router = StaticBlockPass(cache, positions, lengths, planes)
+    logits, state = model(guesses[:, :gamma], num_loops, state, positions=positions, router=router,
+                          return_state=True, max_position=cache.capacity - 1, check=False)
+    active = columns < width
+    guesses = torch.cat([guesses[:, :1], torch.where(active, logits.argmax(-1), guesses[:, 1:])], dim=1)
+    return guesses, torch.where(active[None, :, None], state, carried)
+
+
+#: Traces one compiled function may hold: one per capacity bucket, batch size, cache policy and read plan met in
+#: one process (torch.compile's default of 8 is soon reached by a test session or a benchmark of every method).
+RECOMPILE_LIMIT = 64
+_TRACED: dict[tuple, Callable] = {}
+
+
+def traced(fn: Callable) -> Callable:
+    """``fn`` compiled with :data:`BACKEND` and :data:`MODE` (static shapes, one graph), made once per setting."""
+    key = (fn.__name__, BACKEND, MODE)
+    if key not in _TRACED:
+        compiled = torch.compile(fn, backend=BACKEND, mode=MODE, dynamic=False, fullgraph=True)
+
+        def call(*args: object) -> tuple[Tensor, Tensor]:
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return compiled(*args)
+
+        _TRACED[key] = call
+    return _TRACED[key]
+
+
+class CompiledPasses(Passes):
+    """The decode loop's passes as compiled steps with static shapes over one cache (see the module docstring)."""
+
+    static = True
+
+    def __init__(self, model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None) -> None:
+        super().__init__(model, cache, buffer, into_cache=True)
+        if not model.config.looped_stack:  # the table of initial states, built before tracing (Ouro has none)
+            model.initial_state(torch.arange(cache.capacity, device=cache.lengths.device), 1, last=cache.capacity - 1)
+        self._planes: dict[tuple, tuple] = {}
+
+    def planes(self, reads: PrefixReads, first_loop: int, num_loops: int) -> tuple:
+        """What loops first_loop .. first_loop + num_loops - 1 read (:func:`read_planes`), the pass's loops 1..n."""
+        key = (reads, first_loop, num_loops)
+        if key not in self._planes:
+            self._planes[key] = tuple(read_planes(self.policy, reads, first_loop + i) for i in range(num_loops))
+        return self._planes[key]
+
+    def run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
+            store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:
+        column = torch.tensor(offset, device=tokens.device)
+        return traced(_draft)(self.model, self.cache, self.buffer, tokens, self.cache.lengths, column, state,
+                              num_loops, self.planes(reads, first_loop, num_loops), store)
+
+    def verify(self, tokens: Tensor) -> Tensor:
+        R, n = self.policy.num_loops, tokens.shape[1]
+        self.into_cache = n == 1 or self.policy.in_own_plane
+        fn = _step if n == 1 else _verify
+        logits, _ = traced(fn)(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
+                               self.planes(ALIGNED, 1, R), "cache" if self.into_cache else "buffer")
         if self.model.dtype == torch.float16:
-            check_finite(logits, f"the logits of the compiled step at position {cache.max_length}")
-        rows, index = torch.arange(cache.batch, device=tokens.device), cache.lengths
-        for which in (0, 1):  # advanced indices (rows, index) first: (B, n_edge, H, D) and (B, n_core, n_kept, H, D)
-            cache.edge[which][:, rows, :, index] = new_edges[which].permute(1, 0, 2, 3)
-            cache.core[which][:, :, rows, :, index] = new_core[which].permute(2, 0, 1, 3, 4)
-        cache.advance(1)
+            check_finite(logits, f"the logits of the compiled pass at position {self.cache.max_length}")
         return logits
+
+    def refine(self, guesses: Tensor, carried: Tensor | None, previous: int, width: int, num_loops: int, *,
+               reads: PrefixReads, first_loop: int) -> tuple[Tensor, Tensor]:
+        """One DAS-Wave round (:func:`~looped_kv.decoding.das_wave.wave`): (guesses (B, gamma + 1), states)."""
+        if carried is None:
+            B, n = guesses.shape
+            carried = torch.zeros(B, n - 1, self.model.config.n_embd, dtype=self.model.dtype, device=guesses.device)
+        like = dict(device=guesses.device)
+        return traced(_refine)(self.model, self.cache, guesses, carried, torch.tensor(previous, **like),
+                               torch.tensor(width, **like), self.cache.lengths, num_loops,
+                               self.planes(reads, first_loop, num_loops))

@@ -1,12 +1,12 @@
-"""The batch-first decoding core every decoder is written on.
+"""The pieces every decoder shares: prompts checked and prefilled, block passes, acceptance, rows and results.
 
 Convention (RIPE Algorithm 1): the cache holds the planes of every processed token; each row's
 last emitted token is *pending* (emitted, not yet processed). A decoder prefills B prompts of
 any lengths (right-padded; padding is never stored nor read), then runs blocks of (B, n) tokens
 through :class:`~looped_kv.runtime.cache.BlockPass`; rows accept and commit their own counts, and
-a row stops at its token budget or after emitting the end-of-text token. A stopped row leaves
-the batch (its cache rows are compacted away), so it stops costing work. Every decoder returns
-a :class:`Generation`.
+a row stops at its token budget or after emitting the end-of-text token (:class:`Rows`). The one
+decode loop that does this for every method is :func:`looped_kv.decoding.loop.decode`; every decoder
+returns a :class:`Generation`.
 """
 
 from __future__ import annotations
@@ -140,24 +140,36 @@ def row_passes(count: int, rows_per_pass: int | None) -> list[slice]:
 
 def check_prompts(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int],
                   margin: int = 0) -> tuple[list[Tensor], list[int]]:
-    """Validate prompts before any work: a (B, n) or (n,) tensor, or a list of 1-d or (1, n) tensors of any lengths.
+    """Validate prompts before any work: a (B, n) or (n,) integer tensor, or a list of 1-d or (1, n) ones of any
+    lengths, and one token budget (an int >= 1) for all or per prompt.
 
     Returns the prompts as 1-d long tensors on the model's device and one token budget per prompt.
     """
+    shapes = "input_ids must be (batch, length), (length,) or a list of prompts, each an integer tensor"
     if isinstance(input_ids, Tensor):
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, length), (length,) or a list of prompts, "
-                             f"got shape {tuple(input_ids.shape)}")
+            raise ValueError(f"{shapes}; got shape {tuple(input_ids.shape)}")
         rows = list(input_ids)
-    else:
+    elif isinstance(input_ids, Sequence) and not isinstance(input_ids, str | bytes):
+        bad = [type(r).__name__ for r in input_ids if not isinstance(r, Tensor)]
+        if bad:
+            raise ValueError(f"{shapes} (token ids: tokenize text first); got a list of {bad[0]}")
         rows = [r.reshape(-1) if r.dim() == 2 and r.shape[0] == 1 else r for r in input_ids]
         if any(r.dim() != 1 for r in rows):
             raise ValueError("each prompt in a list must be 1-d or (1, length)")
+    else:
+        raise ValueError(f"{shapes} (token ids: tokenize text first); got {type(input_ids).__name__}")
     if not rows:
         raise ValueError("input_ids must hold at least one prompt")
-    budgets = [max_new_tokens] * len(rows) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool):
+        budgets = [max_new_tokens] * len(rows)
+    elif isinstance(max_new_tokens, Sequence) and not isinstance(max_new_tokens, str):
+        budgets = list(max_new_tokens)
+    else:
+        raise ValueError(f"max_new_tokens must be an int >= 1 or one int per prompt ({len(rows)}), got "
+                         f"{max_new_tokens!r} ({type(max_new_tokens).__name__})")
     if len(budgets) != len(rows):
         raise ValueError(f"max_new_tokens must be an int or one int per prompt ({len(rows)}), got {len(budgets)}")
     V, block = model.config.vocab_size, model.config.block_size
@@ -166,8 +178,8 @@ def check_prompts(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new
             raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
         if row.dtype.is_floating_point or row.dtype.is_complex or row.dtype == torch.bool:
             raise ValueError(f"input_ids must be integer token ids, got {row.dtype}")
-        if not isinstance(budget, int) or budget < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {budget}")
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {budget!r}")
         need = row.numel() + budget + margin
         if need > block:
             raise ValueError(f"prompt length {row.numel()} + max_new_tokens {budget} (+{margin}) = {need} exceeds the "
@@ -199,6 +211,15 @@ def new_buffer(model: LoopedLM, num_loops: int, batch: int, capacity: int) -> Bl
     return BlockBuffer(model.config, num_loops, batch=batch, capacity=capacity, dtype=model.dtype, device=model.device)
 
 
+def capacity_bucket(need: int, block_size: int, smallest: int = 64) -> int:
+    """The capacity a compiled run allocates for ``need`` positions: the next power of two (at least ``smallest``),
+    at most the model's context, so that runs of nearby lengths share one traced step."""
+    bucket = smallest
+    while bucket < need:
+        bucket *= 2
+    return min(bucket, block_size)
+
+
 def block_positions(cache: PlaneCache, n: int, offset: int = 0) -> range | Tensor:
     """Positions of a block of n tokens after each row's committed prefix (and ``offset`` uncommitted ones)."""
     if len(set(cache.host_lengths)) == 1:
@@ -215,29 +236,41 @@ def run_block(model: LoopedLM, tokens: Tensor, router: BlockPass, num_loops: int
 
 
 def prefill(model: LoopedLM, cache: PlaneCache, prompt: Tensor, num_loops: int,
-            lengths: Tensor | None = None) -> Tensor:
+            lengths: Tensor | None = None, record: dict | None = None) -> Tensor:
     """Process prompts (B, n) into an empty cache; returns their logits (B, n, V).
 
-    With ``lengths`` (B,), row b's prompt is its first lengths[b] tokens (right padding is never stored).
+    With ``lengths`` (B,), row b's prompt is its first lengths[b] tokens (right padding is never stored); with
+    ``record``, every attention call's keys/values are kept in it too.
     """
     if cache.max_length:
         raise ValueError(f"prefill needs an empty cache, got rows of lengths {cache.host_lengths}")
     n = prompt.shape[1]
-    router = BlockPass(cache, range(0, n), counts=lengths)
+    router = BlockPass(cache, range(0, n), counts=lengths, record=record)
     logits, _ = run_block(model, prompt, router, num_loops)
     cache.advance(n if lengths is None else lengths)
     return logits
 
 
-def prefill_rows(model: LoopedLM, cache: PlaneCache, prompts: list[Tensor], num_loops: int) -> Tensor:
-    """Prefill B prompts of any lengths; returns each row's next token (B, 1), greedy."""
+def pad_prompts(prompts: Sequence[Tensor]) -> tuple[Tensor, Tensor | None]:
+    """Right-padded prompts (B, longest) and their lengths (B,), None when every prompt has the same length."""
     lengths = [len(p) for p in prompts]
     n = max(lengths)
     ids = torch.stack([torch.nn.functional.pad(p, (0, n - len(p))) for p in prompts])
-    counts = None if len(set(lengths)) == 1 else torch.tensor(lengths, device=ids.device)
-    logits = prefill(model, cache, ids, num_loops, counts)
-    last = torch.tensor(lengths, device=ids.device) - 1
-    return logits[torch.arange(len(prompts), device=ids.device), last].argmax(-1, keepdim=True)
+    return ids, None if len(set(lengths)) == 1 else torch.tensor(lengths, device=ids.device)
+
+
+def prompt_logits(model: LoopedLM, cache: PlaneCache, prompts: Sequence[Tensor], num_loops: int,
+                  record: dict | None = None) -> Tensor:
+    """Prefill B prompts of any lengths; returns the logits of each prompt's last position (B, V)."""
+    ids, counts = pad_prompts(prompts)
+    logits = prefill(model, cache, ids, num_loops, counts, record)
+    last = torch.tensor([len(p) for p in prompts], device=ids.device) - 1
+    return logits[torch.arange(len(prompts), device=ids.device), last]
+
+
+def prefill_rows(model: LoopedLM, cache: PlaneCache, prompts: list[Tensor], num_loops: int) -> Tensor:
+    """Prefill B prompts of any lengths; returns each row's next token (B, 1), greedy."""
+    return prompt_logits(model, cache, prompts, num_loops).argmax(-1, keepdim=True)
 
 
 def step(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> Tensor:
@@ -263,25 +296,37 @@ def accept(drafts: Tensor, targets: Tensor, lengths: Tensor | None = None) -> Te
 
 
 class Rows:
-    """Which prompts the active rows are, what each emitted, and when each stops (budget or end-of-text)."""
+    """Which prompt each row of the batch is, what each emitted, and when each stops (budget or end-of-text).
+
+    ``batch`` lists the prompt of every row the decoder still computes; a stopped row either leaves it
+    (:meth:`drop_stopped`, the eager decoders: it stops costing work) or stays as padding whose results are
+    ignored (:meth:`retire`, the compiled decoders: the batch keeps its shape, so no step is traced again).
+    """
 
     def __init__(self, prompts: list[Tensor], budgets: list[int], eos: int | None, progress: bool, desc: str) -> None:
         self.prompts, self.budgets, self.eos = prompts, budgets, eos
-        self.active = list(range(len(prompts)))
+        self.batch = list(range(len(prompts)))
         self.emitted: list[list[Tensor]] = [[] for _ in prompts]
         self.count = [0] * len(prompts)
         self.stopped = [""] * len(prompts)
         self.accepted: list[list[int]] = [[] for _ in prompts]
         self.drafted: list[list[int]] = [[] for _ in prompts]
         self.retained: list[list[int]] = [[] for _ in prompts]
-        self.cache_bytes = [0] * len(prompts)
+        self.cache_bytes: list[int | None] = [None] * len(prompts)
         self.batch_per_pass: list[int] = []
         self.bar = tqdm(total=sum(budgets), disable=not progress, desc=desc, leave=False)
         self.start = time.perf_counter()
 
+    @property
+    def live(self) -> list[bool]:
+        """Per row of the batch: whether it still decodes."""
+        return [not self.stopped[seq] for seq in self.batch]
+
     def emit(self, tokens: Sequence[Tensor]) -> None:
-        """Each active row emits its tokens (1-d), cut at its budget and after an end-of-text token."""
-        for seq, new in zip(self.active, tokens, strict=True):
+        """Each live row emits its tokens (1-d), cut at its budget and after an end-of-text token."""
+        for seq, new in zip(self.batch, tokens, strict=True):
+            if self.stopped[seq]:
+                continue
             new = new[:self.budgets[seq] - self.count[seq]]
             if self.eos is not None:
                 hits = (new == self.eos).nonzero()
@@ -295,33 +340,43 @@ class Rows:
                 self.stopped[seq] = "length"
 
     def record(self, accepted: Sequence[int], drafted: Sequence[int], retained: Sequence[int]) -> None:
-        """One verification's acceptance for every active row."""
-        for seq, a, d, u in zip(self.active, accepted, drafted, retained, strict=True):
-            self.accepted[seq].append(a)
-            self.drafted[seq].append(d)
-            self.retained[seq].append(u)
+        """One verification's acceptance for every live row."""
+        for seq, a, d, u in zip(self.batch, accepted, drafted, retained, strict=True):
+            if not self.stopped[seq]:
+                self.accepted[seq].append(a)
+                self.drafted[seq].append(d)
+                self.retained[seq].append(u)
+
+    def retire(self, cache: PlaneCache) -> list[int]:
+        """Note the cache bytes of the rows that stopped since the last call; returns the live rows' indices."""
+        newly = [i for i, seq in enumerate(self.batch) if self.stopped[seq] and self.cache_bytes[seq] is None]
+        if newly:
+            nbytes = cache.row_bytes()
+            for i in newly:
+                self.cache_bytes[self.batch[i]] = nbytes[i]
+        keep = [i for i, alive in enumerate(self.live) if alive]
+        if keep:
+            self.batch_per_pass.append(len(keep))
+        return keep
 
     def drop_stopped(self, cache: PlaneCache, *tensors: Tensor, buffer: BlockBuffer | None = None) -> list[Tensor]:
         """Drop the rows that stopped from the cache (and buffer); returns ``tensors`` for the remaining rows."""
-        keep = [i for i, seq in enumerate(self.active) if not self.stopped[seq]]
-        if len(keep) < len(self.active):
-            for seq, nbytes in zip(self.active, cache.row_bytes(), strict=True):
-                self.cache_bytes[seq] = nbytes
-            self.active = [self.active[i] for i in keep]
+        keep = self.retire(cache)
+        if len(keep) < len(self.batch):
+            self.batch = [self.batch[i] for i in keep]
             if keep:
                 cache.keep_rows(keep)
                 if buffer is not None:
                     buffer.keep_rows(len(keep))
             tensors = tuple(t[keep] for t in tensors)
-        if self.active:
-            self.batch_per_pass.append(len(self.active))
         return list(tensors)
 
     def result(self, cache: PlaneCache, forward_passes: int, pad_id: int | None, **extra: object) -> Generation:
         self.bar.close()
         wall = time.perf_counter() - self.start
         sequences = [torch.cat([p, *new]) for p, new in zip(self.prompts, self.emitted, strict=True)]
-        extra = {"policy": cache.policy.name, "cache_bytes": sum(self.cache_bytes), "row_cache_bytes": self.cache_bytes,
+        cache_bytes = [0 if b is None else b for b in self.cache_bytes]
+        extra = {"policy": cache.policy.name, "cache_bytes": sum(cache_bytes), "row_cache_bytes": cache_bytes,
                  "allocated_bytes": cache.allocated_bytes, "batch_per_pass": self.batch_per_pass, **extra}
         return Generation(sequences, [len(p) for p in self.prompts], wall, self.accepted, self.drafted,
                           self.retained, forward_passes, self.stopped, 0 if pad_id is None else pad_id, extra)

@@ -25,20 +25,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import (
-    Generation,
-    Rows,
-    accept,
-    block_positions,
-    check_prompts,
-    new_buffer,
-    new_cache,
-    prefill_rows,
-    run_block,
-)
-from looped_kv.decoding.settings import WAVE
-from looped_kv.decoding.speculative import check_reads, check_speculation, verify
-from looped_kv.runtime.cache import BlockPass, PlaneCache
+from looped_kv.decoding.core import Generation, accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode_rows
+from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.settings import DasWave
+from looped_kv.decoding.speculative import check_reads, check_speculation
+from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads
 
@@ -63,63 +55,92 @@ def proposal_width(block: int, rounds: int, initial_width: int) -> int:
     return min(block, initial_width + rounds - 1)
 
 
-def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, rounds: int, initial_width: int,
-           updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
+def wave(passes: Passes, anchor: Tensor, *, block: int, rounds: int, initial_width: int, updates: int, carry: bool,
+         reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
     """Carried parallel refinement (DAS Eq. 5-6) of B rows; returns the proposals y_1..y_w (B, w).
 
-    With ``trace``, each round's guesses after its readout (B, W_j) are appended to it.
+    Round j refines the first W_j = min(gamma, W_init + j) positions with k updates, reading the prefix per
+    ``reads`` and each other's current keys/values (nothing is stored); position i's readout updates guess
+    i + 1. Compiled passes run all gamma positions every round, the inactive ones after the active ones (so
+    that no active position reads them), and keep only the active positions' guesses and states. With
+    ``trace``, each round's guesses after its readout (B, W_j) are appended to it.
     """
     guesses = anchor.expand(-1, block + 1).clone()  # guesses[:, i] conditions position L + i
     states: Tensor | None = None
+    previous = 0
     for j in range(rounds):
         width = min(block, initial_width + j)
-        router = BlockPass(cache, block_positions(cache, width), reads=reads, store=None)
-        fresh = model.initial_state(router.positions, anchor.shape[0], last=router.last_position,
-                                    tokens=guesses[:, :width])
-        if carry and states is not None:  # only newly active positions start from the initial state
-            fresh[:, :states.shape[1]] = states
         first_loop = 1 + (j * updates if carry else 0)
-        logits, states = run_block(model, guesses[:, :width], router, updates, fresh, first_loop=first_loop)
-        guesses[:, 1:width + 1] = logits.argmax(-1)  # shifted readout
+        if passes.static:
+            guesses, states = passes.refine(guesses, states if carry else None, previous if carry else 0, width,
+                                            updates, reads=reads, first_loop=first_loop)
+        else:
+            fresh = passes.initial_state(guesses[:, :width])
+            if carry and states is not None:  # only newly active positions start from the initial state
+                fresh[:, :states.shape[1]] = states
+            logits, states = passes.run(guesses[:, :width], updates, reads=reads, state=fresh, first_loop=first_loop)
+            guesses[:, 1:width + 1] = logits.argmax(-1)  # shifted readout
+        previous = width
         if trace is not None:
             trace.append(guesses[:, 1:width + 1].clone())
     return guesses[:, 1:width + 1]
 
 
-@torch.no_grad()
-def das_wave(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
-             policy: CachePolicy, block: int = WAVE["block"], rounds: int = WAVE["rounds"],
-             initial_width: int = WAVE["initial_width"], updates: int = WAVE["updates"], carry: bool = WAVE["carry"],
-             reads: PrefixReads = DEEP_KV, exact: bool = True, eos: int | None = None,
-             progress: bool = False) -> Generation:
-    """DAS-Wave decoding of B prompts; defaults are the paper's Huginn configuration (gamma 32, J 24, W_init 2, k 2)."""
-    check_wave(block, rounds, initial_width, updates)
-    prompts, budgets = check_prompts(model, input_ids, max_new_tokens, margin=block + 1)
-    check_speculation(policy, block, exact)
-    check_reads(policy, reads)
-    R, B = policy.num_loops, len(prompts)
-    w = proposal_width(block, rounds, initial_width)
-    rows = Rows(prompts, budgets, eos, progress, "das-wave")
-    cache = new_cache(model, policy, B, max(len(p) + b for p, b in zip(prompts, budgets, strict=True)) + block + 1)
-    buffer = new_buffer(model, R, B, block)
-    anchor = prefill_rows(model, cache, prompts, R)
-    rows.emit(list(anchor))
-    passes = 1
-    while True:
-        (anchor,) = rows.drop_stopped(cache, anchor, buffer=buffer)
-        if not rows.active:
-            break
-        proposals = refine(model, cache, anchor, block=block, rounds=rounds, initial_width=initial_width,
-                           updates=updates, carry=carry, reads=reads)
-        targets = verify(model, cache, buffer, torch.cat([anchor, proposals[:, :-1]], dim=1), R)
+def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, rounds: int, initial_width: int,
+           updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
+    """:func:`wave` with eager block passes on ``cache`` (each row's anchor x_t pending at position L)."""
+    return wave(Passes(model, cache, None, into_cache=False), anchor, block=block, rounds=rounds,
+                initial_width=initial_width, updates=updates, carry=carry, reads=reads, trace=trace)
+
+
+class WaveDrafts(Drafter):
+    """DAS-Wave's carried wave (DAS Appendix B.2): w proposals from J rounds of parallel refinement, verified by the
+    unchanged target on [x_t, y_1..y_{w-1}]; with all w accepted there is no bonus token."""
+
+    name = "das-wave"
+
+    def __init__(self, *, block: int, rounds: int, initial_width: int, updates: int, carry: bool,
+                 reads: PrefixReads = DEEP_KV, exact: bool = True) -> None:
+        check_wave(block, rounds, initial_width, updates)
+        self.schedule = dict(block=block, rounds=rounds, initial_width=initial_width, updates=updates, carry=carry)
+        self.gamma, self.reads, self.exact = block, reads, exact
+        self.w = proposal_width(block, rounds, initial_width)
+        self.lookahead, self.width, self.passes_per_block = block + 1, block, rounds + 1
+
+    def check(self, policy: CachePolicy) -> None:
+        check_speculation(policy, self.gamma, self.exact)
+        check_reads(policy, self.reads)
+
+    def propose(self, passes: Passes, pending: Tensor) -> Proposal:
+        return Proposal(wave(passes, pending, **self.schedule, reads=self.reads))
+
+    def block(self, pending: Tensor, proposal: Proposal) -> Tensor:
+        return torch.cat([pending, proposal.tokens[:, :-1]], dim=1)
+
+    def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
+        w, proposals = self.w, proposal.tokens
         k = accept(proposals, targets)
         corrected = k < w  # with m = w proposals tested there is no bonus token when all agree
-        cache.commit(buffer, torch.where(corrected, k + 1, w))
         fixes = targets.gather(1, k.clamp(max=w - 1)[:, None])
-        anchor = torch.where(corrected[:, None], fixes, proposals[:, -1:])
+        nxt = torch.where(corrected[:, None], fixes, proposals[:, -1:])
         ks, fixed = k.tolist(), corrected.tolist()
-        rows.record(ks, [w] * len(ks), [int(c) for c in fixed])
-        rows.emit([torch.cat([p[:a], f]) if c else p for p, a, f, c in zip(proposals, ks, fixes, fixed, strict=True)])
-        passes += rounds + 1
-    return rows.result(cache, passes, eos, block=block, rounds=rounds, initial_width=initial_width, updates=updates,
-                       carry=carry)
+        emitted = [torch.cat([p[:a], f]) if c else p for p, a, f, c in zip(proposals, ks, fixes, fixed, strict=True)]
+        return Outcome(k, torch.where(corrected, k + 1, w), nxt, emitted, [w] * len(ks), [int(c) for c in fixed])
+
+    @property
+    def extra(self) -> dict:
+        return dict(self.schedule)
+
+
+@torch.no_grad()
+def das_wave(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
+             policy: CachePolicy, block: int = DasWave.block, rounds: int = DasWave.rounds,
+             initial_width: int = DasWave.initial_width, updates: int = DasWave.updates, carry: bool = DasWave.carry,
+             reads: PrefixReads = DEEP_KV, exact: bool = True, eos: int | None = None, compile: bool = False,
+             progress: bool = False) -> Generation:
+    """DAS-Wave decoding of B prompts; defaults are :class:`~looped_kv.decoding.settings.DasWave`'s (the paper's
+    Huginn configuration)."""
+    drafter = WaveDrafts(block=block, rounds=rounds, initial_width=initial_width, updates=updates, carry=carry,
+                         reads=reads, exact=exact)
+    return decode_rows(model, input_ids, max_new_tokens, policy=policy, drafter=drafter, eos=eos, compile=compile,
+                       progress=progress)

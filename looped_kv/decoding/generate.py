@@ -3,89 +3,84 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from torch import Tensor
 
-from looped_kv.decoding import settings
 from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_passes
-from looped_kv.decoding.das_wave import das_wave
-from looped_kv.decoding.greedy import greedy
-from looped_kv.decoding.lookup import prompt_lookup
-from looped_kv.decoding.speculative import self_speculative
+from looped_kv.decoding.das_wave import WaveDrafts
+from looped_kv.decoding.lookup import NgramDrafts
+from looped_kv.decoding.loop import Drafter, Observer, decode
+from looped_kv.decoding.settings import DasWave, Decoding, MatureSpec, PromptLookup, SelfSpec, method_config
+from looped_kv.decoding.speculative import LoopDrafts
 from looped_kv.runtime.model import LoopedLM
-from looped_kv.runtime.policy import make_policy, make_prefix_reads
 
 
-def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], *, max_new_tokens: int | Sequence[int] = 32,
-             method: str = "ar", cache: str = "full", num_loops: int | None = None, window: int | None = None,
-             k: int | None = None, sinks: int | None = None, draft_loops: int = settings.DRAFT_LOOPS,
-             block: int | None = None, prefix_reads: str | tuple[int, int] | None = None, exact: bool = True,
-             ngram: int = settings.NGRAM, rounds: int = settings.WAVE["rounds"],
-             initial_width: int = settings.WAVE["initial_width"], updates: int = settings.WAVE["updates"],
-             carry: bool = settings.WAVE["carry"], stop_at_eos: bool = True, eos_token_id: int | None = None,
-             compile: bool = False, rows_per_pass: int | None = None, progress: bool = False) -> Generation:
+def drafter(config: Decoding, num_loops: int) -> Drafter | None:
+    """The drafter of ``config``'s method (None: greedy decoding)."""
+    if isinstance(config, SelfSpec | MatureSpec):
+        return LoopDrafts(draft_loops=config.draft_loops, block=config.block, reads=config.reads(num_loops),
+                          exact=config.exact, name=config.method)
+    if isinstance(config, PromptLookup):
+        return NgramDrafts(block=config.block, ngram=config.ngram, exact=config.exact)
+    if isinstance(config, DasWave):
+        return WaveDrafts(**config.schedule, reads=config.reads(num_loops), exact=config.exact)
+    return None
+
+
+def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Decoding | None = None, *,
+             observer: Observer | None = None, **options: object) -> Generation:
     """Generate greedily with a looped model from one prompt or a batch; every method returns a :class:`Generation`.
 
-    ``input_ids``: a (B, n) or (n,) tensor, or a list of prompts of different lengths. Rows are decoded
+    ``input_ids``: a (B, n) or (n,) integer tensor, or a list of prompts of different lengths. Rows are decoded
     together and each row emits exactly what it would emit alone.
 
-    ``method`` (:data:`looped_kv.decoding.settings.METHODS`):
+    The options are those of ``method`` (default ``"ar"``), one dataclass each in
+    :mod:`looped_kv.decoding.settings`, whose defaults are the only defaults (``config`` gives one whole, and
+    ``options`` then change it):
 
-    * ``"ar"``: greedy full-depth autoregressive decoding (the baseline of every ratio);
-    * ``"self-spec"``: sequential self-speculative decoding, ``draft_loops`` (d) loops per draft,
-      ``block`` (gamma, default 4) drafts per verification, drafts reading the prefix per
-      ``prefix_reads`` (``"aligned"``, ``"deep-v"`` = Mature-V, ``"deep-k"``, ``"deep-kv"`` or a
-      (kappa, nu) pair of planes); the default is ``"aligned"``, except with ``cache="ripe"``, where
-      cached positions are read at plane R (``"deep-kv"``) as in RIPE Algorithm 1, line 3;
-    * ``"mature-spec"``: self-spec with deep K/V prefix reads (DAS Section 4.1);
-    * ``"pld"``: prompt lookup decoding, ``ngram``-gram drafts verified at full depth;
-    * ``"das-wave"``: carried parallel refinement (DAS Section 3.3) with ``block`` (gamma, default
-      32), ``rounds`` (J), ``initial_width`` (W_init), ``updates`` (k), ``carry`` and
-      ``prefix_reads`` (default ``"deep-kv"``); the defaults are the paper's Huginn configuration.
+    * ``"ar"`` (:class:`~looped_kv.decoding.settings.Greedy`): greedy full-depth autoregressive decoding (the
+      baseline of every ratio);
+    * ``"self-spec"`` (:class:`~looped_kv.decoding.settings.SelfSpec`): sequential self-speculative decoding,
+      ``draft_loops`` (d) loops per draft, ``block`` (gamma, default 4) drafts per verification, drafts reading
+      the prefix per ``prefix_reads`` (``"aligned"``, ``"deep-v"`` = Mature-V, ``"deep-k"``, ``"deep-kv"`` or a
+      (kappa, nu) pair of planes); the default is ``"aligned"``, except with ``cache="ripe"``, where cached
+      positions are read at plane R (``"deep-kv"``) as in RIPE Algorithm 1, line 3;
+    * ``"mature-spec"`` (:class:`~looped_kv.decoding.settings.MatureSpec`): self-spec with deep K/V prefix reads
+      (DAS Section 4.1);
+    * ``"pld"`` (:class:`~looped_kv.decoding.settings.PromptLookup`): prompt lookup decoding, ``ngram``-gram
+      drafts verified at full depth;
+    * ``"das-wave"`` (:class:`~looped_kv.decoding.settings.DasWave`): carried parallel refinement (DAS Section
+      3.3) with ``block`` (gamma, default 32), ``rounds`` (J), ``initial_width`` (W_init), ``updates`` (k),
+      ``carry`` and ``prefix_reads`` (default ``"deep-kv"``); the defaults are the paper's Huginn configuration.
 
-    ``cache`` names the verifier's cache policy (:func:`looped_kv.runtime.policy.make_policy`): ``"full"``,
-    ``"deepest"``, ``"ripe"`` with ``window``, ``"k-deepest"``/``"share"``/``"first"`` with ``k``,
-    ``"sinks"``. Speculative methods require a block-independent cache (full, or RIPE with
-    window >= block; RIPE Proposition 1) unless ``exact=False``. ``num_loops`` defaults to the
-    model's mean recurrence.
-
-    A row stops after ``max_new_tokens`` (an int, or one per prompt) or after emitting the end-of-text
-    token (``eos_token_id``, default the tokenizer's) unless ``stop_at_eos=False``. ``compile=True``
-    (method ``"ar"``) runs a torch.compile'd decode step with static shapes. ``rows_per_pass`` decodes a large
-    batch in passes of at most that many rows (one pass's cache in memory at a time); the rows emit the same
-    tokens either way.
+    Every method takes :class:`~looped_kv.decoding.settings.Decoding`'s options: ``cache`` names the verifier's
+    cache policy (:func:`looped_kv.runtime.policy.make_policy`): ``"full"``, ``"deepest"``, ``"ripe"`` with
+    ``window``, ``"k-deepest"``/``"share"``/``"first"`` with ``k``, ``"sinks"``. Speculative methods require a
+    block-independent cache (full, or RIPE with window >= block; RIPE Proposition 1) unless ``exact=False``.
+    ``num_loops`` defaults to the model's mean recurrence. A row stops after ``max_new_tokens`` (an int, or one per
+    prompt) or after emitting the end-of-text token (``eos_token_id``, default the tokenizer's) unless
+    ``stop_at_eos=False``. ``compile=True`` runs every method's passes on torch.compile'd steps with static shapes
+    (:mod:`looped_kv.decoding.compiled`). ``rows_per_pass`` decodes a large batch in passes of at most that many
+    rows (one pass's cache in memory at a time); the rows emit the same tokens either way. An option the method
+    does not take is refused; ``observer`` (:class:`~looped_kv.decoding.loop.Observer`) sees every block.
     """
-    settings.check_method(method)
-    if rows_per_pass is not None:
-        rows, budgets = check_prompts(model, input_ids, max_new_tokens)
-        passes = row_passes(len(rows), rows_per_pass)
-        if len(passes) > 1:
-            options = {name: value for name, value in locals().items()
-                       if name not in ("model", "input_ids", "max_new_tokens", "rows_per_pass", "rows", "budgets",
-                                       "passes")}
-            return Generation.concat([generate(model, rows[rows_in], max_new_tokens=budgets[rows_in], **options)
-                                      for rows_in in passes])
-    if compile and method != "ar":
-        raise ValueError(f"compile=True is for method='ar' (greedy decoding), got method={method!r}")
-    R = model.config.mean_recurrence if num_loops is None else num_loops
-    policy = make_policy(cache, R, window=window, k=k, sinks=sinks)
-    eos = eos_id(model, eos_token_id, stop_at_eos)
-    if method == "ar":
-        return greedy(model, input_ids, max_new_tokens, policy=policy, eos=eos, compile=compile, progress=progress)
-    if method == "pld":
-        return prompt_lookup(model, input_ids, max_new_tokens, policy=policy,
-                             block=settings.BLOCK if block is None else block, ngram=ngram, exact=exact, eos=eos,
-                             progress=progress)
-    deep = method in ("mature-spec", "das-wave") or cache == "ripe"  # RIPE Algorithm 1: drafts read plane R
-    reads = make_prefix_reads(prefix_reads or ("deep-kv" if deep else "aligned"), R)
-    if method == "das-wave":
-        return das_wave(model, input_ids, max_new_tokens, policy=policy,
-                        block=settings.WAVE["block"] if block is None else block, rounds=rounds,
-                        initial_width=initial_width, updates=updates, carry=carry, reads=reads, exact=exact, eos=eos,
-                        progress=progress)
-    if method == "mature-spec" and reads != make_prefix_reads("deep-kv", R):
-        raise ValueError("method='mature-spec' reads the prefix at deep K/V; use method='self-spec' with "
-                         "prefix_reads for other read policies")
-    return self_speculative(model, input_ids, max_new_tokens, policy=policy, draft_loops=draft_loops,
-                            block=settings.BLOCK if block is None else block, reads=reads, exact=exact, eos=eos,
-                            progress=progress)
+    if config is None:
+        config = method_config(options.pop("method", None) or "ar", **options)
+    elif options:
+        method = options.pop("method", config.method)
+        if method != config.method:
+            raise ValueError(f"method={method!r} contradicts config, a {type(config).__name__} ({config.method!r})")
+        config = method_config(config.method, **{**vars(config), **options})
+    policy = config.check(model.config.block_size, model.config.mean_recurrence)
+    draft = drafter(config, policy.num_loops)
+    prompts, budgets = check_prompts(model, input_ids, config.max_new_tokens, 0 if draft is None else draft.lookahead)
+    passes = row_passes(len(prompts), config.rows_per_pass)
+    if len(passes) > 1:
+        return Generation.concat([generate(model, prompts[rows], replace(config, max_new_tokens=budgets[rows],
+                                                                         rows_per_pass=None), observer=observer)
+                                  for rows in passes])
+    eos = eos_id(model, config.eos_token_id, config.stop_at_eos)
+    return decode(model, prompts, budgets, policy=policy, drafter=draft, eos=eos, compile=config.compile,
+                  progress=config.progress, observer=observer)
+

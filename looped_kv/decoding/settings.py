@@ -1,27 +1,243 @@
-"""Decoder names and defaults, once: every entry point (generate, the CLI, the benchmarks, the protocol) reads them.
+"""Decoder names, their options and defaults, once: every entry point (generate, the CLI, the benchmarks, the
+protocol, the chapters) reads them here.
 
 Method names are one vocabulary everywhere: ``ar`` (greedy full-depth decoding, the baseline of every ratio),
 ``self-spec`` (sequential self-speculation, RIPE Algorithm 1), ``mature-spec`` (self-speculation with deep K/V
-prefix reads, DAS Section 4.1), ``pld`` (prompt lookup decoding) and ``das-wave`` (DAS Section 3.3). The
-display names are for tables only.
+prefix reads, DAS Section 4.1), ``pld`` (prompt lookup decoding) and ``das-wave`` (DAS Section 3.3). Each method
+has one frozen dataclass of its options (:class:`Greedy`, :class:`SelfSpec`, :class:`MatureSpec`,
+:class:`PromptLookup`, :class:`DasWave`), all sharing the options of :class:`Decoding`; its defaults are the only
+defaults. Options are checked by type when a config is made (an int is an int, a flag a bool), an option the
+method does not take is refused (:func:`method_config`), and what needs the model (``num_loops``, ``sinks`` and
+``window`` against the context) is checked by :meth:`Decoding.check` before any work. The display names are for
+tables only.
 """
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy, make_prefix_reads
+
 METHODS = ("ar", "self-spec", "mature-spec", "pld", "das-wave")
 DISPLAY = {"ar": "greedy", "self-spec": "self-spec", "mature-spec": "Mature-Spec", "pld": "prompt lookup",
            "das-wave": "DAS-Wave"}
-
-#: Sequential drafters: d loops per draft, gamma drafts per verification (RIPE Algorithm 1).
-DRAFT_LOOPS = 4
-BLOCK = 4
-#: Prompt lookup: the longest n-gram matched.
-NGRAM = 3
-#: DAS-Wave: the paper's Huginn configuration (DAS Sec. 4.1, Table 5): gamma 32, J 24, W_init 2, k 2, carried states.
-WAVE = {"block": 32, "rounds": 24, "initial_width": 2, "updates": 2, "carry": True}
 
 
 def check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     return method
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: object, low: int | None = None, optional: bool = False) -> None:
+    """``value`` is an int (or None where ``optional``) of at least ``low``: else a one-line ValueError naming it."""
+    if value is None and optional:
+        return
+    if not _is_int(value):
+        kind = "an int" + ("" if low is None else f" >= {low}") + (" or None" if optional else "")
+        raise ValueError(f"{name} must be {kind}, got {value!r} ({type(value).__name__})")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def check_flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decoding:
+    """The options every method takes (see :func:`looped_kv.generate`).
+
+    ``max_new_tokens``: an int or one int per prompt. ``cache``, ``num_loops`` (R, default the model's mean
+    recurrence), ``window``, ``k`` and ``sinks`` name the verifier's cache policy
+    (:func:`~looped_kv.runtime.policy.make_policy`). ``stop_at_eos`` and ``eos_token_id`` (default the
+    tokenizer's) stop a row after end-of-text. ``compile`` runs every pass on torch.compile'd steps with static
+    shapes (:mod:`looped_kv.decoding.compiled`); ``rows_per_pass`` decodes a batch in passes of at most that many
+    rows; ``progress`` shows a progress bar.
+    """
+
+    method: ClassVar[str]
+    max_new_tokens: int | Sequence[int] = 32
+    cache: str = "full"
+    num_loops: int | None = None
+    window: int | None = None
+    k: int | None = None
+    sinks: int | None = None
+    stop_at_eos: bool = True
+    eos_token_id: int | None = None
+    compile: bool = False
+    rows_per_pass: int | None = None
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        budget = self.max_new_tokens
+        if not _is_int(budget) and not (isinstance(budget, Sequence) and not isinstance(budget, str)
+                                        and all(_is_int(b) for b in budget)):
+            raise ValueError(f"max_new_tokens must be an int >= 1 or a list of them (one per prompt), got "
+                             f"{budget!r} ({type(budget).__name__})")
+        for name in ("num_loops", "window", "k", "sinks", "eos_token_id", "rows_per_pass"):
+            check_int(name, getattr(self, name), optional=True)
+        if not isinstance(self.cache, str):
+            raise ValueError(f"cache must be a cache policy name, got {self.cache!r} ({type(self.cache).__name__})")
+        for name in ("stop_at_eos", "compile", "progress", *self._flags()):
+            check_flag(name, getattr(self, name))
+        for name in self._ints():
+            check_int(name, getattr(self, name))
+
+    @classmethod
+    def _ints(cls) -> tuple[str, ...]:
+        return ()
+
+    @classmethod
+    def _flags(cls) -> tuple[str, ...]:
+        return ()
+
+    def policy(self, num_loops: int) -> CachePolicy:
+        return make_policy(self.cache, num_loops, window=self.window, k=self.k, sinks=self.sinks)
+
+    def check(self, block_size: int, mean_recurrence: int) -> CachePolicy:
+        """What needs the model: R >= 1, ``sinks`` and ``window`` within its context; returns the cache policy."""
+        check_int("num_loops", mean_recurrence if self.num_loops is None else self.num_loops, low=1)
+        for name in ("sinks", "window"):
+            value = getattr(self, name)
+            if value is not None and value > block_size:
+                raise ValueError(f"{name} must be at most the model's context (block_size {block_size}), got {value}")
+        return self.policy(mean_recurrence if self.num_loops is None else self.num_loops)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Greedy(Decoding):
+    """``ar``: greedy full-depth autoregressive decoding, the baseline of every ratio."""
+
+    method: ClassVar[str] = "ar"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Speculative(Decoding):
+    """Options of the drafters that verify at full depth: ``block`` (gamma) drafts per verification, ``exact``
+    (refuse a block-dependent cache, RIPE Proposition 1)."""
+
+    block: int = 4
+    exact: bool = True
+
+    @classmethod
+    def _ints(cls) -> tuple[str, ...]:
+        return ("block",)
+
+    @classmethod
+    def _flags(cls) -> tuple[str, ...]:
+        return ("exact",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelfSpec(_Speculative):
+    """``self-spec``: ``draft_loops`` (d) loops per draft, drafts reading the prefix per ``prefix_reads``
+    (``"aligned"``, ``"deep-v"`` = Mature-V, ``"deep-k"``, ``"deep-kv"`` or a (kappa, nu) pair of planes; default
+    ``"aligned"``, except with ``cache="ripe"``, where cached positions are read at plane R as in RIPE
+    Algorithm 1, line 3)."""
+
+    method: ClassVar[str] = "self-spec"
+    draft_loops: int = 4
+    prefix_reads: str | tuple[int, int] | None = None
+
+    @classmethod
+    def _ints(cls) -> tuple[str, ...]:
+        return ("block", "draft_loops")
+
+    def reads(self, num_loops: int) -> PrefixReads:
+        return make_prefix_reads(self.prefix_reads or ("deep-kv" if self.cache == "ripe" else "aligned"), num_loops)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatureSpec(_Speculative):
+    """``mature-spec``: self-speculation whose drafts read the prefix at deep K/V (DAS Section 4.1)."""
+
+    method: ClassVar[str] = "mature-spec"
+    draft_loops: int = 4
+
+    @classmethod
+    def _ints(cls) -> tuple[str, ...]:
+        return ("block", "draft_loops")
+
+    def reads(self, num_loops: int) -> PrefixReads:
+        return make_prefix_reads("deep-kv", num_loops)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptLookup(_Speculative):
+    """``pld``: prompt lookup decoding, up to ``block`` drafts copied after the last ``ngram``-gram's latest earlier
+    occurrence (Saxena, 2023), verified at full depth."""
+
+    method: ClassVar[str] = "pld"
+    ngram: int = 3
+
+    @classmethod
+    def _ints(cls) -> tuple[str, ...]:
+        return ("block", "ngram")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DasWave(_Speculative):
+    """``das-wave``: carried parallel refinement (DAS Section 3.3) with ``block`` (gamma), ``rounds`` (J),
+    ``initial_width`` (W_init), ``updates`` (k), ``carry`` and ``prefix_reads``; the defaults are the paper's
+    Huginn configuration (DAS Sec. 4.1, Table 5: gamma 32, J 24, W_init 2, k 2, carried states, deep K/V)."""
+
+    method: ClassVar[str] = "das-wave"
+    block: int = 32
+    rounds: int = 24
+    initial_width: int = 2
+    updates: int = 2
+    carry: bool = True
+    prefix_reads: str | tuple[int, int] = "deep-kv"
+
+    @classmethod
+    def _ints(cls) -> tuple[str, ...]:
+        return ("block", "rounds", "initial_width", "updates")
+
+    @classmethod
+    def _flags(cls) -> tuple[str, ...]:
+        return ("exact", "carry")
+
+    def reads(self, num_loops: int) -> PrefixReads:
+        return make_prefix_reads(self.prefix_reads, num_loops)
+
+    @property
+    def schedule(self) -> dict[str, int | bool]:
+        """The proposal schedule: gamma, J, W_init, k and carry."""
+        return {name: getattr(self, name) for name in WAVE_KEYS}
+
+
+WAVE_KEYS = ("block", "rounds", "initial_width", "updates", "carry")
+CONFIGS: dict[str, type[Decoding]] = {cls.method: cls for cls in (Greedy, SelfSpec, MatureSpec, PromptLookup,
+                                                                    DasWave)}
+
+
+def options(method: str) -> tuple[str, ...]:
+    """The options ``method`` takes."""
+    return tuple(f.name for f in fields(CONFIGS[check_method(method)]))
+
+
+def method_config(method: str = "ar", **given: object) -> Decoding:
+    """The config of ``method`` with the ``given`` options (None: the default); an option the method does not take
+    is refused, naming the methods that take it."""
+    cls = CONFIGS[check_method(method)]
+    takes = options(method)
+    for name, value in given.items():
+        if name not in takes and value is not None:
+            users = [m for m in METHODS if name in options(m)]
+            if not users:
+                raise ValueError(f"{name} is not an option of generate; method={method!r} takes {takes}")
+            if name == "prefix_reads" and method == "mature-spec":
+                raise ValueError("method='mature-spec' reads the prefix at deep K/V; use method='self-spec' with "
+                                 "prefix_reads for other read policies")
+            raise ValueError(f"{name}={value!r} is not used by method={method!r}; only method in {tuple(users)} "
+                             f"takes {name}")
+    return cls(**{name: value for name, value in given.items() if value is not None})

@@ -1,4 +1,4 @@
-"""Sequential self-speculative decoding (RIPE Algorithm 1; DAS Mature-Spec), batch-first.
+"""Sequential self-speculative decoding (RIPE Algorithm 1; DAS Mature-Spec): the loop-draft drafter.
 
 One block: draft gamma tokens with d loops each, the i-th reading the committed prefix under a
 prefix read policy (kappa, nu) and the earlier drafts of the block; verify [x, y_1..y_gamma] in
@@ -15,18 +15,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import (
-    Generation,
-    Rows,
-    accept,
-    block_positions,
-    check_prompts,
-    new_buffer,
-    new_cache,
-    prefill_rows,
-    run_block,
-)
-from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
+from looped_kv.decoding.core import Generation, accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode_rows
+from looped_kv.decoding.passes import Passes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads
 
@@ -62,61 +53,46 @@ def check_reads(policy: CachePolicy, reads: PrefixReads) -> None:
                          f"position, but cache {policy.name} keeps only planes {policy.kept}")
 
 
-def verify(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer, block: Tensor, num_loops: int) -> Tensor:
-    """One R-loop pass over [x, y_1..y_n] (B, n + 1) under the cache policy; planes go to the buffer. Targets."""
-    router = BlockPass(cache, block_positions(cache, block.shape[1]), buffer=buffer, store="buffer")
-    logits, _ = run_block(model, block, router, num_loops)
-    return logits.argmax(-1)
+class LoopDrafts(Drafter):
+    """gamma drafts of d loops each, the i-th reading the prefix under ``reads`` and the earlier drafts (same loop),
+    verified in one R-loop pass over [x, y_1..y_gamma]."""
 
+    def __init__(self, *, draft_loops: int, block: int, reads: PrefixReads, exact: bool = True,
+                 name: str = "self-spec") -> None:
+        self.draft_loops, self.gamma, self.reads, self.exact, self.name = draft_loops, block, reads, exact, name
+        self.lookahead = self.width = block + 1
+        self.passes_per_block = block + 1
 
-def draft(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer, pending: Tensor, *, block: int, draft_loops: int,
-          reads: PrefixReads) -> Tensor:
-    """gamma d-loop drafts (B, gamma), each reading the prefix under ``reads`` and the earlier drafts (same loop)."""
-    token, drafts = pending, []
-    for i in range(block):
-        router = BlockPass(cache, block_positions(cache, 1, offset=i), reads=reads, buffer=buffer, offset=i,
-                           store="buffer")
-        logits, _ = run_block(model, token, router, draft_loops)
-        token = logits[:, -1:].argmax(-1)
-        drafts.append(token)
-    return torch.cat(drafts, dim=1)
+    def check(self, policy: CachePolicy) -> None:
+        check_speculation(policy, self.gamma, self.exact, self.draft_loops)
+        check_reads(policy, self.reads)
+
+    def propose(self, passes: Passes, pending: Tensor) -> Proposal:
+        token, drafts = pending, []
+        for i in range(self.gamma):
+            logits, _ = passes.run(token, self.draft_loops, reads=self.reads, offset=i, store="buffer")
+            token = logits[:, -1:].argmax(-1)
+            drafts.append(token)
+        return Proposal(torch.cat(drafts, dim=1))
+
+    def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
+        k = accept(proposal.tokens, targets)
+        nxt = targets.gather(1, k[:, None])
+        ks = k.tolist()
+        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, ks, nxt, strict=True)]
+        return Outcome(k, k + 1, nxt, emitted, [self.gamma] * len(ks), [1] * len(ks))
+
+    @property
+    def extra(self) -> dict:
+        return {"draft_loops": self.draft_loops, "block": self.gamma}
 
 
 @torch.no_grad()
 def self_speculative(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
                      policy: CachePolicy, draft_loops: int, block: int, reads: PrefixReads, exact: bool = True,
-                     eos: int | None = None, progress: bool = False) -> Generation:
+                     eos: int | None = None, compile: bool = False, progress: bool = False) -> Generation:
     """Greedy self-speculative decoding of B prompts: d-loop drafts, one R-loop verification per block of gamma."""
-    prompts, budgets = check_prompts(model, input_ids, max_new_tokens, margin=block + 1)
-    check_speculation(policy, block, exact, draft_loops)
-    check_reads(policy, reads)
-    R, B = policy.num_loops, len(prompts)
-    rows = Rows(prompts, budgets, eos, progress, "self-spec")
-    cache = new_cache(model, policy, B, max(len(p) + b for p, b in zip(prompts, budgets, strict=True)) + block + 1)
-    buffer = new_buffer(model, R, B, block + 1)
-    pending = prefill_rows(model, cache, prompts, R)
-    rows.emit(list(pending))
-    passes = 1
-    while True:
-        (pending,) = rows.drop_stopped(cache, pending, buffer=buffer)
-        if not rows.active:
-            break
-        drafts = draft(model, cache, buffer, pending, block=block, draft_loops=draft_loops, reads=reads)
-        targets = verify(model, cache, buffer, torch.cat([pending, drafts], dim=1), R)
-        k = accept(drafts, targets)
-        cache.commit(buffer, k + 1)
-        pending = targets.gather(1, k[:, None])
-        ks = k.tolist()
-        rows.record(ks, [block] * len(ks), [1] * len(ks))
-        rows.emit([torch.cat([d[:a], p]) for d, a, p in zip(drafts, ks, pending, strict=True)])
-        passes += block + 1
-    return rows.result(cache, passes, eos, draft_loops=draft_loops, block=block)
+    drafter = LoopDrafts(draft_loops=draft_loops, block=block, reads=reads, exact=exact)
+    return decode_rows(model, input_ids, max_new_tokens, policy=policy, drafter=drafter, eos=eos, compile=compile,
+                       progress=progress)
 
-
-def acceptance_by_position(accepted: list[int], block: int) -> list[float]:
-    """P(draft i accepted | drafts 1..i-1 accepted), i = 1..gamma (RIPE Figure 5a)."""
-    rates = []
-    for i in range(1, block + 1):
-        reached = sum(1 for k in accepted if k >= i - 1)
-        rates.append(sum(1 for k in accepted if k >= i) / reached if reached else float("nan"))
-    return rates

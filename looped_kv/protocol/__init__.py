@@ -1,1 +1,1 @@
-"""The pre-registration protocol: batch specs, freezing, runs, decisions, archives, self-tests, reproducibility."""
+"""The pre-registration protocol: batch specs, freezing, runs, decisions, archives, self-tests, bitwise reruns."""

@@ -24,8 +24,9 @@ import looped_kv
 from looped_kv.analysis.measure import kl, policy_logits
 from looped_kv.analysis.replay import perturbation_size, replay, substitute
 from looped_kv.book import DTYPES
-from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.greedy import greedy
+from looped_kv.decoding.loop import LogitsRecorder
 from looped_kv.protocol import distributed
 from looped_kv.protocol.archive import (
     archive_names,
@@ -37,10 +38,11 @@ from looped_kv.protocol.archive import (
     write_archive,
 )
 from looped_kv.protocol.freeze import check_table, model_folder
-from looped_kv.protocol.reproducibility import bitwise_rerun, measurement_mode
+from looped_kv.protocol.reproducibility import bitwise_rerun
 from looped_kv.protocol.selftest import require_selftests
 from looped_kv.protocol.spec import REFERENCE, BatchSpec, Unit, units
 from looped_kv.runtime.loading import load
+from looped_kv.runtime.measurement import measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
 
@@ -85,13 +87,9 @@ def _greedy_logits(model: LoopedLM, ids: torch.Tensor, max_new_tokens: int,
                    policy: CachePolicy) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding under ``policy``, keeping the logits of every generated position: the trajectory and the
     reference logits that :func:`~looped_kv.analysis.measure.policy_logits` would recompute from it, in one pass."""
-    cache = new_cache(model, policy, 1, ids.shape[1] + max_new_tokens)
-    logits = [prefill(model, cache, ids, policy.num_loops)[0, -1:]]
-    tokens = [logits[0].argmax(-1).view(1, 1)]
-    for _ in range(max_new_tokens - 1):
-        logits.append(step(model, cache, tokens[-1], policy.num_loops)[0])
-        tokens.append(logits[-1].argmax(-1).view(1, 1))
-    return torch.cat([ids, *tokens], dim=1), torch.cat(logits).double()
+    recorder = LogitsRecorder()
+    out = greedy(model, ids, max_new_tokens, policy=policy, observer=recorder)
+    return out.tokens, recorder.logits(0).double()
 
 
 @torch.no_grad()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from looped_kv.analysis.measure import block_dependence
-from looped_kv.analysis.replay import kl_per_position, replay, substitute
+from looped_kv.analysis.replay import kl, replay, substitute
 from looped_kv.decoding.core import new_cache
 from looped_kv.decoding.generate import generate
 from looped_kv.protocol.reproducibility import bitwise_rerun
@@ -97,7 +97,7 @@ def _cache_bytes(model: LoopedLM) -> tuple[bool, str]:
 def _substitution_identity(model: LoopedLM) -> tuple[bool, str]:
     ids = _prompt(model, 10)
     reference = replay(model, ids, R, softmax_dtype=torch.float64, decoded=4)
-    worst = max(float(kl_per_position(reference.logits, substitute(model, reference, r, [r])).abs().max())
+    worst = max(float(kl(reference.logits, substitute(model, reference, r, [r])).abs().max())
                 for r in (1, R // 2, R))
     return worst < 1e-20, f"max KL of own-plane arms vs reference: {worst:.1e}"
 

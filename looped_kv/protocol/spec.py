@@ -19,9 +19,8 @@ import yaml
 
 from looped_kv.analysis.replay import paper_region
 from looped_kv.book import DTYPES
-from looped_kv.decoding import settings
 from looped_kv.decoding.das_wave import check_wave
-from looped_kv.decoding.settings import METHODS
+from looped_kv.decoding.settings import METHODS, DasWave, SelfSpec
 from looped_kv.decoding.speculative import check_speculation
 from looped_kv.runtime.policy import make_policy, make_prefix_reads
 
@@ -97,7 +96,7 @@ def decoder_block(decoder: str, options: dict[str, Any]) -> int | None:
     for decoders that draft nothing (greedy decoding, replay)."""
     if decoder in ("ar", "replay"):
         return None
-    return options.get("block", settings.WAVE["block"] if decoder == "das-wave" else settings.BLOCK)
+    return options.get("block", DasWave.block if decoder == "das-wave" else SelfSpec.block)
 
 
 @dataclass(frozen=True)
@@ -293,11 +292,11 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
             chosen["prefix_reads"] = tuple(reads) if isinstance(reads, list) else reads
             make_prefix_reads(chosen["prefix_reads"], num_loops)
         if decoder != "ar":
-            draft = chosen.get("draft_loops", settings.DRAFT_LOOPS) if decoder in ("self-spec", "mature-spec") \
+            draft = chosen.get("draft_loops", SelfSpec.draft_loops) if decoder in ("self-spec", "mature-spec") \
                 else None
             check_speculation(policy, decoder_block(decoder, chosen), chosen.get("exact", True), draft)
         if decoder == "das-wave":
-            wave = settings.WAVE | chosen
+            wave = DasWave().schedule | chosen
             check_wave(wave["block"], wave["rounds"], wave["initial_width"], wave["updates"])
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None

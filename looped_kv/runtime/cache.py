@@ -9,22 +9,27 @@ A :class:`PlaneCache` holds, for B rows of one cache policy (:mod:`looped_kv.run
   (RIPE's window, Eq. 9: a position leaving it drops its shallow planes);
 * ``sink``: the other planes for the first ``sinks`` positions.
 
-Everything is allocated once, with one committed length per row, and written by index.
+Everything is allocated once, with one committed length per row, and written by index through one
+method, :meth:`PlaneCache.write`: the block passes, :meth:`PlaneCache.commit` (from a
+:class:`BlockBuffer`), the compiled decoding steps and the analysis replays all store through it.
 
-A :class:`BlockPass` routes one block of n new tokens per row (B, n) through every attention
-call of the model. Each call reads, in one softmax (DAS Eq. 2-3), the row's committed prefix
-under the cache policy as modified by the prefix reads, the uncommitted tokens of the block
-(earlier drafts) at the same loop from a :class:`BlockBuffer`, and the block itself causally.
-Reads are views of the preallocated tensors (no concatenation); masks are built once per
-block. Where the policy lets it, the block's keys and values are written into the plane its
-prefix is read from and the call is a single fused attention over that plane: for every
-policy at prelude and coda layers, and in the core for policies whose planes are each last
-written by their own loop (full, deepest, k-deepest, share) under aligned reads.
+A block pass routes one block of n new tokens per row (B, n) through every attention call of the model,
+and is two things: what each call *reads* (in one softmax, DAS Eq. 2-3: the row's committed prefix under
+the cache policy as modified by the prefix reads, the uncommitted tokens of the block, i.e. earlier
+drafts, at the same loop from a :class:`BlockBuffer`, and the block itself causally) and where it
+*writes* the block's keys and values (the cache, the buffer, or nowhere). :class:`BlockPass` is the eager
+pass: its reads are views of the committed prefix (no concatenation), its masks are built once per block
+and, where the policy lets it, the block is written into the plane its prefix is read from and the call is
+a single fused attention over that plane: for every policy at prelude and coda layers, and in the core
+for policies whose planes are each last written by their own loop (full, deepest, k-deepest, share) under
+aligned reads. :class:`StaticBlockPass` is the pass of a compiled step: the same reads over the whole
+preallocated tensors with masks computed on the device, so that every tensor has one shape at every call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,11 +44,17 @@ STORES = ("cache", "buffer", None)
 
 @dataclass(frozen=True)
 class _Scatter:
-    """(row, block column) entries of a block and the slot each one is written to."""
+    """(row, block column) entries of a block and the slot each one is written to.
+
+    ``span`` = (start, stop): every row stores columns 0..stop-start-1 at slots start..stop-1 (a slice, the fast
+    path). ``valid`` (compiled steps): entries where it is False write back what their (clamped) slot holds.
+    """
 
     rows: Tensor
     cols: Tensor
     index: Tensor
+    span: tuple[int, int] | None = None
+    valid: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -53,27 +64,22 @@ class RowWrites:
     main: _Scatter
     ring: _Scatter
     sink: _Scatter
-    uniform: tuple[int, int] | None  # (start, stop) when every row stores the same positions
 
 
 def _put(dest: Tensor, scatter: _Scatter, src: Tensor) -> None:
-    """dest[row, :, index] = src[row, :, col] for every entry (dest (B, H, P, D), src (B, H, n, D))."""
-    dest[scatter.rows, :, scatter.index] = src[scatter.rows, :, scatter.cols]
-
-
-def writes_in_own_plane(policy: CachePolicy) -> bool:
-    """Whether every kept plane p is last written by loop p among the loops that read it (plane(r) = p).
-
-    Then a block can write loop r's keys/values into plane(r) and read them there: what remains after
-    the last loop is what the policy stores. True for full, deepest, k-deepest and share; not for
-    first(k) (loops after k read plane k) nor for policies with a window or sinks.
-    """
-    if policy.extra:
-        return False
-    last = {}
-    for r in range(1, policy.num_loops + 1):
-        last[policy.plane(r)] = r
-    return all(last.get(p, p) == p for p in policy.kept)
+    """dest[..., row, :, index, :] = src[..., row, :, col, :] for every entry: dest (..., B, H, P, D) and src
+    (..., B, H, n, D) with the same leading dimensions (none for one site, layers and planes for a whole store)."""
+    if scatter.span is not None:
+        start, stop = scatter.span
+        dest[..., start:stop, :] = src if src.shape[-2] == stop - start else src[..., :stop - start, :]
+        return
+    lead = (slice(None),) * (dest.dim() - 4)
+    values = src[(*lead, scatter.rows, slice(None), scatter.cols)]  # (entries, ..., H, D)
+    target = (*lead, scatter.rows, slice(None), scatter.index)
+    if scatter.valid is not None:
+        valid = scatter.valid.reshape(-1, *([1] * (values.dim() - 1)))
+        values = torch.where(valid, values, dest[target])
+    dest[target] = values
 
 
 class PlaneCache:
@@ -98,7 +104,6 @@ class PlaneCache:
         self.sink_size = min(policy.sinks, capacity) if extra else 0
         self.ring = [torch.zeros(n_core, extra, batch, H, self.ring_size, D, **like) for _ in range(2)]
         self.sink = [torch.zeros(n_core, extra, batch, H, self.sink_size, D, **like) for _ in range(2)]
-        self.in_own_plane = writes_in_own_plane(policy)
         self._views: dict[tuple, Tensor] = {}  # plane_tensor's views, made once per site (the hot path)
         self.allocated_bytes = sum(t.numel() * t.element_size() for t in self._tensors())
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.edge[0].device)
@@ -161,10 +166,11 @@ class PlaneCache:
         self.host_lengths = [self.host_lengths[i] for i in rows]
         self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.lengths.device)
 
-    def ring_positions(self) -> Tensor:
+    def ring_positions(self, lengths: Tensor | None = None) -> Tensor:
         """(B, ring size): the position each ring slot of each row holds (negative: none yet)."""
-        slots = torch.arange(self.ring_size, device=self.lengths.device)
-        last = self.lengths[:, None] - 1
+        lengths = self.lengths if lengths is None else lengths
+        slots = torch.arange(self.ring_size, device=lengths.device)
+        last = lengths[:, None] - 1
         return last - (last - slots) % max(self.ring_size, 1)
 
     # -- reading -------------------------------------------------------------------------------
@@ -188,108 +194,156 @@ class PlaneCache:
                              f"(kept planes {self.policy.kept})")
         return self.core[which][site.layer, self.kept_slot[plane]]
 
-    def _own(self, which: int, layer: int, plane: int, kind: str) -> Tensor:
+    def _own(self, which: int, layer: int, plane: int, kind: str, lengths: Tensor) -> Tensor:
         """A plane read only at full-depth positions: the ring or the sinks slot (or a kept plane there)."""
         if plane in self.kept_slot:
             t = self.core[which][layer, self.kept_slot[plane]]
             if kind == "sinks":
                 return t[:, :, :self.sink_size]
-            index = self.ring_positions().clamp(min=0)[:, None, :, None]
+            index = self.ring_positions(lengths).clamp(min=0)[:, None, :, None]
             return t.gather(2, index.expand(-1, t.shape[1], -1, t.shape[3]))
         if plane not in self.extra_slot:
             raise ValueError(f"plane {plane} is not stored by cache policy {self.policy.name}")
         store = self.ring if kind == "ring" else self.sink
         return store[which][layer, self.extra_slot[plane]]
 
-    def segments(self, site: Site, reads: PrefixReads = ALIGNED) -> list[tuple[Tensor, Tensor, str]]:
-        """The prefix a block reads at this site: (keys, values, mask kind) per segment, views of the planes."""
-        L = self.max_length
+    def segments(self, site: Site, reads: PrefixReads = ALIGNED, *, planes: tuple | None = None,
+                 static: bool = False, lengths: Tensor | None = None) -> list[tuple[Tensor, Tensor, str]]:
+        """The prefix a block reads at this site: (keys, values, mask kind) per segment, views of the planes.
+
+        ``planes`` is :func:`~looped_kv.runtime.policy.read_planes` of the site's loop (computed from ``reads``
+        when None). A static read (a compiled step) takes the whole capacity, to be masked by ``lengths``;
+        an eager one the committed prefix [0, longest row).
+        """
+        L = self.capacity if static else self.max_length
+        lengths = self.lengths if lengths is None else lengths
         if L == 0:
             return []
         if site.stage != "core":
             return [(self.plane_tensor(0, site)[:, :, :L], self.plane_tensor(1, site)[:, :, :L], "prefix")]
-        (key_base, value_base), own = read_planes(self.policy, reads, site.loop)
+        (key_base, value_base), own = read_planes(self.policy, reads, site.loop) if planes is None else planes
         keys, values = self.plane_tensor(0, site, key_base), self.plane_tensor(1, site, value_base)
         if own is None:
             return [(keys[:, :, :L], values[:, :, :L], "prefix")]
         out = [(keys[:, :, :L], values[:, :, :L], "deep")]
         for kind, size in (("ring", self.ring_size), ("sinks", min(self.sink_size, L))):
             if size:
-                k = self._own(0, site.layer, own[0], kind)[:, :, :size]
-                v = self._own(1, site.layer, own[1], kind)[:, :, :size]
+                k = self._own(0, site.layer, own[0], kind, lengths)[:, :, :size]
+                v = self._own(1, site.layer, own[1], kind, lengths)[:, :, :size]
                 out.append((k, v, kind))
         return out
 
-    def mask(self, kind: str, query_positions: Tensor) -> Tensor:
+    def mask(self, kind: str, query_positions: Tensor, *, static: bool = False,
+             lengths: Tensor | None = None) -> Tensor:
         """(B, 1, n, keys) bool: which keys of a segment ``kind`` each query at ``query_positions`` (B, n) reads.
 
         A row reads its committed positions j < L; a RIPE/sinks policy reads position j at full depth
-        (ring, sinks) iff t - j <= W or j < sinks, and otherwise at plane(r) (``"deep"``).
+        (ring, sinks) iff t - j <= W or j < sinks, and otherwise at plane(r) (``"deep"``). A static mask spans
+        the segment's whole capacity, with row lengths ``lengths`` (default the cache's).
         """
+        lengths = self.lengths if lengths is None else lengths
         t = query_positions[:, :, None]
         if kind == "ring":
-            j = self.ring_positions()[:, None, :]
+            j = self.ring_positions(lengths)[:, None, :]
             keep = (j >= self.policy.sinks) & (t - j <= self.policy.window)
         else:
-            size = min(self.sink_size, self.max_length) if kind == "sinks" else self.max_length
+            longest = self.capacity if static else self.max_length
+            size = min(self.sink_size, longest) if kind == "sinks" else longest
             j = torch.arange(size, device=t.device)
-            keep = (j < self.lengths[:, None, None]).expand(-1, t.shape[1], -1)
+            keep = (j < lengths[:, None, None]).expand(-1, t.shape[1], -1)
             if kind == "deep":
                 keep = keep & ~((t - j <= self.policy.window) | (j < self.policy.sinks))
         return keep[:, None]
 
     # -- writing -------------------------------------------------------------------------------
-    def plan_writes(self, positions: Tensor, counts: Tensor) -> RowWrites:
-        """Entries of a block at ``positions`` (B, n) whose first ``counts`` (B,) columns per row are stored."""
-        cols = torch.arange(positions.shape[1], device=positions.device)
+    def plan_writes(self, positions: Tensor, counts: Tensor | None = None) -> RowWrites:
+        """Entries of a block at ``positions`` (B, n) whose first ``counts`` (B,) columns per row are stored (all
+        by default; then, for one slice of positions shared by every row, the main entries are that slice)."""
+        B, n = positions.shape
+        cols = torch.arange(n, device=positions.device)
+        if counts is None:
+            counts = torch.full((B,), n, dtype=torch.long, device=positions.device)
         rows, cols = (cols < counts[:, None]).nonzero(as_tuple=True)
         index = positions[rows, cols]
         ring = cols >= counts[rows] - self.ring_size  # only each row's last W stored positions survive in the ring
         sink = index < self.sink_size
         return RowWrites(main=_Scatter(rows, cols, index),
                          ring=_Scatter(rows[ring], cols[ring], index[ring] % max(self.ring_size, 1)),
-                         sink=_Scatter(rows[sink], cols[sink], index[sink]), uniform=None)
+                         sink=_Scatter(rows[sink], cols[sink], index[sink]))
 
-    def write(self, site: Site, writes: RowWrites, k: Tensor, v: Tensor) -> None:
-        """Store a site's keys/values (B, Hkv, n, D) at the entries of ``writes``, under the policy."""
-        if site.stage == "core" and site.loop not in self.kept_slot:
-            if site.loop not in self.extra_slot:
-                return  # a plane this policy never reads
-            slot = self.extra_slot[site.loop]
-            for store, scatter in ((self.sink, writes.sink), (self.ring, writes.ring)):
-                if store[0].shape[-2]:
-                    _put(store[0][site.layer, slot], scatter, k)
-                    _put(store[1][site.layer, slot], scatter, v)
-            return
-        plane = site.loop if site.stage == "core" else None
-        for which, x in ((0, k), (1, v)):
-            dest = self.plane_tensor(which, site, plane)
-            if writes.uniform is not None:
-                start, stop = writes.uniform
-                dest[:, :, start:stop] = x[:, :, :stop - start]
-            else:
-                _put(dest, writes.main, x)
+    def span_writes(self, writes: RowWrites, start: int, stop: int) -> RowWrites:
+        """``writes`` of a block at positions [start, stop) of every row, every column stored: the main entries
+        as one slice."""
+        main = writes.main
+        return RowWrites(_Scatter(main.rows, main.cols, main.index, span=(start, stop)), writes.ring, writes.sink)
 
-    def store(self, site: Site, start: int, k: Tensor, v: Tensor) -> None:
-        """Write a site's keys/values (B, Hkv, n, D) at positions [start, start + n) of every row (not committed)."""
-        n = k.shape[2]
-        positions = torch.arange(start, start + n, device=k.device).expand(self.batch, -1)
-        writes = self.plan_writes(positions, torch.full((self.batch,), n, device=k.device))
-        self.write(site, RowWrites(writes.main, writes.ring, writes.sink, (start, start + n)), k, v)
+    def static_writes(self, positions: Tensor) -> RowWrites:
+        """Every column of a block at ``positions`` (B, n), built without a device sync or a data-dependent
+        shape (a compiled step). The ring and the sinks take one token per row (n = 1): then no two entries
+        share a slot."""
+        B, n = positions.shape
+        rows = torch.arange(B, device=positions.device).repeat_interleave(n)
+        cols = torch.arange(n, device=positions.device).repeat(B)
+        index = positions.reshape(-1)
+        main = _Scatter(rows, cols, index)
+        if not (self.ring_size or self.sink_size):
+            return RowWrites(main, main, main)
+        if n != 1:
+            raise ValueError(f"a static write into the ring or the sinks takes one token per row, got {n}")
+        valid = index < self.sink_size
+        return RowWrites(main, _Scatter(rows, cols, index % max(self.ring_size, 1)),
+                         _Scatter(rows, cols, index.clamp(max=max(self.sink_size - 1, 0)), valid=valid))
 
-    def fetch(self, which: int, layer: int, plane: int, start: int, stop: int) -> Tensor:
-        """Keys (which=0) or values (1) of core ``layer`` at a kept ``plane`` for positions [start, stop)."""
-        return self.plane_tensor(which, Site("core", layer), plane)[:, :, start:stop]
+    def write(self, writes: RowWrites, keys_values: Mapping[Site, tuple[Tensor, Tensor]], *,
+              plane: int | None = None) -> None:
+        """The one write into the cache: each site's keys/values (B, Hkv, n, D) at the entries of ``writes``.
+
+        Under the policy, loop r's keys/values go to plane r where it is kept, else to the ring and the sinks
+        (the full-depth positions) where the policy holds them, else nowhere. ``plane`` writes core sites into that
+        kept plane instead (a block pass that reads the block's own columns there, see :class:`BlockPass`). Sites
+        that fill a whole store (every edge layer, every kept plane, every ring and sink plane) are written to it
+        as one stacked tensor: one scatter, in a compiled step one in-place index_put.
+        """
+        if len(keys_values) == 1:  # a block pass writing one site (the eager hot path)
+            ((site, (k, v)),) = keys_values.items()
+            if site.stage != "core" or plane is not None or site.loop in self.kept_slot:
+                target = (site.loop if plane is None else plane) if site.stage == "core" else None
+                _put(self.plane_tensor(0, site, target), writes.main, k)
+                _put(self.plane_tensor(1, site, target), writes.main, v)
+                return
+        stores: dict[str, dict[tuple[int, ...], tuple[Tensor, Tensor]]] = {"edge": {}, "core": {}, "extra": {}}
+        for site, kv in keys_values.items():
+            if site.stage != "core":
+                stores["edge"][(self.edge_index(site),)] = kv
+            elif plane is not None or site.loop in self.kept_slot:
+                stores["core"][(site.layer, self.kept_slot[site.loop if plane is None else plane])] = kv
+            elif site.loop in self.extra_slot:
+                stores["extra"][(site.layer, self.extra_slot[site.loop])] = kv
+        for name, entries in stores.items():
+            if not entries:
+                continue
+            targets = ((self.sink, writes.sink), (self.ring, writes.ring)) if name == "extra" else \
+                (({"edge": self.edge, "core": self.core}[name], writes.main),)
+            for tensors, scatter in targets:
+                if not tensors[0].shape[-2]:
+                    continue
+                lead = tensors[0].shape[:-4]
+                if len(entries) > 1 and len(entries) == math.prod(lead):  # the whole store: one stacked write
+                    order = sorted(entries)
+                    for which in (0, 1):
+                        stacked = torch.stack([entries[i][which] for i in order]).unflatten(0, lead)
+                        _put(tensors[which], scatter, stacked)
+                    continue
+                for index, kv in entries.items():
+                    for which in (0, 1):
+                        _put(tensors[which][index], scatter, kv[which])
 
     def commit(self, buffer: BlockBuffer, counts: Tensor | int) -> None:
         """Append each row's first ``counts`` block tokens held in ``buffer`` (their planes) to the cache."""
         counts = torch.full_like(self.lengths, counts) if isinstance(counts, int) else counts
         n = int(counts.max())
         positions = self.lengths[:, None] + torch.arange(n, device=self.lengths.device)
-        writes = self.plan_writes(positions, counts)
-        for site in buffer.sites():
-            k, v = buffer.read(site, 0, n)
-            self.write(site, writes, k, v)
+        self.write(self.plan_writes(positions, counts), {site: buffer.read(site, 0, n) for site in buffer.sites()})
         self.advance(counts)
 
 
@@ -312,7 +366,14 @@ class BlockBuffer:
         index = site.layer if site.stage == "prelude" else self.config.n_prelude + site.layer
         return self.edge[which][index]
 
-    def write(self, site: Site, offset: int, k: Tensor, v: Tensor) -> None:
+    def write(self, site: Site, offset: int | Tensor, k: Tensor, v: Tensor) -> None:
+        """Store a site's keys/values (B, Hkv, n, D) at columns [offset, offset + n); a tensor ``offset`` (a
+        compiled step) holds one column, the same for every row."""
+        if isinstance(offset, Tensor):
+            column = offset.reshape(1)
+            self._slot(0, site)[:, :, column] = k
+            self._slot(1, site)[:, :, column] = v
+            return
         n = k.shape[2]
         if offset + n > self.capacity:
             raise ValueError(f"block buffer capacity {self.capacity} exceeded ({offset + n} tokens)")
@@ -321,6 +382,26 @@ class BlockBuffer:
 
     def read(self, site: Site, start: int, stop: int) -> tuple[Tensor, Tensor]:
         return self._slot(0, site)[:, :, start:stop], self._slot(1, site)[:, :, start:stop]
+
+    def write_all(self, keys_values: Mapping[Site, tuple[Tensor, Tensor]], offset: int | Tensor) -> None:
+        """:meth:`write` of every site of a pass: the edge layers and the loops 1..d of every core layer, each as one
+        stacked tensor (a compiled step: a few in-place writes)."""
+        cfg = self.config
+        edges = [Site("prelude", i) for i in range(cfg.n_prelude)] + [Site("coda", i) for i in range(cfg.n_coda)]
+        loops = max(site.loop for site in keys_values)
+        core = [Site("core", layer, r) for layer in range(cfg.n_core) for r in range(1, loops + 1)]
+        if set(keys_values) != {*edges, *core}:
+            for site, (k, v) in keys_values.items():
+                self.write(site, offset, k, v)
+            return
+        for which in (0, 1):
+            edge = torch.stack([keys_values[s][which] for s in edges])
+            layers = torch.stack([keys_values[s][which] for s in core]).unflatten(0, (cfg.n_core, loops))
+            for dest, src in ((self.edge[which], edge), (self.core[which][:, :loops], layers)):
+                if isinstance(offset, Tensor):
+                    dest[..., offset.reshape(1), :] = src
+                else:
+                    dest[..., offset:offset + src.shape[-2], :] = src
 
     def keep_rows(self, count: int) -> None:
         """Keep the first ``count`` rows (the contents are block-local: only the number of rows changes)."""
@@ -333,16 +414,22 @@ class BlockBuffer:
                 + [Site("core", layer, r) for layer in range(cfg.n_core) for r in range(1, self.num_loops + 1)])
 
 
+def _causal_tail(n: int, offset: int, device: torch.device) -> Tensor:
+    """(n, offset + n): a block's queries read the ``offset`` earlier uncommitted tokens and the block causally."""
+    like = dict(dtype=torch.bool, device=device)
+    return torch.cat([torch.ones(n, offset, **like), torch.ones(n, n, **like).tril()], dim=1)
+
+
 class BlockPass:
-    """Router for one block of n new tokens per row at absolute ``positions``.
+    """The eager block pass: router for one block of n new tokens per row at absolute ``positions``.
 
     ``positions`` is a ``range`` (every row at the same positions) or a (B, n) tensor (consecutive per
-    row). Each attention call reads, in one softmax: each row's committed prefix under the cache policy
+    row). What it reads, in one softmax per call: each row's committed prefix under the cache policy
     as modified by ``reads``; the ``offset`` uncommitted tokens already in ``buffer`` at the same site
-    (earlier drafts of this block); and the block itself, causally. The block's keys/values are then
-    stored: into the cache (``store="cache"``, prefill and greedy steps; the first ``counts[b]`` columns
-    of row b, all by default), into the buffer at ``offset`` (``store="buffer"``, drafts and
-    verification), or nowhere (``store=None``).
+    (earlier drafts of this block); and the block itself, causally. Where it writes the block's
+    keys/values: into the cache (``store="cache"``, prefill and greedy steps; the first ``counts[b]``
+    columns of row b, all by default), into the buffer at ``offset`` (``store="buffer"``, drafts and
+    verification), or nowhere (``store=None``); with ``record``, a copy of every call's keys/values too.
     """
 
     def __init__(self, cache: PlaneCache | None, positions: range | Tensor, *, reads: PrefixReads = ALIGNED,
@@ -356,50 +443,43 @@ class BlockPass:
         if store == "cache" and cache is None:
             raise ValueError("store='cache' needs a cache")
         device = cache.lengths.device if cache is not None else None
+        span = None
         if isinstance(positions, range):
             if cache is not None and store == "cache" and any(positions.start != L for L in cache.host_lengths):
                 raise ValueError(f"store='cache' needs every row's length ({cache.host_lengths}) to equal the "
                                  f"block's first position {positions.start}")
             batch = cache.batch if cache is not None else 1
             self.positions = torch.arange(positions.start, positions.stop, device=device).expand(batch, -1)
-            uniform = (positions.start, positions.stop)
+            span = (positions.start, positions.stop) if counts is None else None
             self.last_position = positions.stop - 1
         else:
             if positions.dim() != 2:
                 raise ValueError(f"positions must be a range or (batch, n), got shape {tuple(positions.shape)}")
             if store == "cache" and not torch.equal(positions[:, 0], cache.lengths):
                 raise ValueError("store='cache' needs a cache whose row lengths equal the block's first positions")
-            self.positions, uniform = positions, None
+            self.positions = positions
             # the decoders' positions follow each row's prefix (and offset): their largest is known on the host
             self.last_position = (cache.max_length + offset + positions.shape[1] - 1 if cache is not None
                                   else int(positions.max()))
         self.cache, self.reads, self.buffer, self.offset, self.store = cache, reads, buffer, offset, store
         self.softmax_dtype, self.record = softmax_dtype, record
-        B, n = self.positions.shape
+        n = self.positions.shape[1]
         if cache is not None and store is not None and cache.max_length + offset + n > cache.capacity:
             raise ValueError(f"cache capacity {cache.capacity} exceeded (a block of {n} tokens after position "
                              f"{cache.max_length + offset})")
-        if store == "cache":
-            if counts is None:
-                counts = torch.full((B,), n, dtype=torch.long, device=self.positions.device)
-            else:
-                uniform = None
-            self.writes = cache.plan_writes(self.positions, counts)
-            if uniform is not None:
-                self.writes = RowWrites(self.writes.main, self.writes.ring, self.writes.sink, uniform)
         # A single fused attention over the plane the block is written into (see the module docstring).
-        self.in_plane = store == "cache" and reads == ALIGNED and cache.in_own_plane
+        self.in_plane = store == "cache" and reads == ALIGNED and cache.policy.in_own_plane
+        if store == "cache":
+            self.writes = cache.plan_writes(self.positions, None if self.in_plane else counts)
+            if span is not None:
+                self.writes = cache.span_writes(self.writes, *span)
         self._masks: dict[tuple[str, ...], list[Tensor | None]] = {}
 
     # -- masks, built once per block ---------------------------------------------------------
-    def _tail_mask(self) -> Tensor:
-        n = self.positions.shape[1]
-        like = dict(dtype=torch.bool, device=self.positions.device)
-        return torch.cat([torch.ones(n, self.offset, **like), torch.ones(n, n, **like).tril()], dim=1)
-
     def _segment_masks(self, kinds: tuple[str, ...]) -> list[Tensor | None]:
         if kinds not in self._masks:
-            self._masks[kinds] = [self.cache.mask(kind, self.positions) for kind in kinds] + [self._tail_mask()]
+            tail = _causal_tail(self.positions.shape[1], self.offset, self.positions.device)
+            self._masks[kinds] = [self.cache.mask(kind, self.positions) for kind in kinds] + [tail]
         return self._masks[kinds]
 
     def _plane_mask(self) -> Tensor | None:
@@ -418,39 +498,82 @@ class BlockPass:
     def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.record is not None:  # k and v are views into wider projections: keep copies of their own
             self.record[site] = (k.contiguous(), v.contiguous())
-        if self.in_plane:
-            plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None
-            self._write_plane(site, plane, k, v)
+        if self.in_plane:  # write the block where its prefix is read (scratch past each row's length until the
+            plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None  # last loop writes it)
+            self.cache.write(self.writes, {site: (k, v)}, plane=plane)
             stop = self.cache.max_length + k.shape[2]
             keys = self.cache.plane_tensor(0, site, plane)[:, :, :stop]
             values = self.cache.plane_tensor(1, site, plane)[:, :, :stop]
             mask = self._plane_mask()
             causal = mask is None and self.cache.max_length == 0 and k.shape[2] > 1
             return attend(q, keys, values, mask, causal=causal, softmax_dtype=self.softmax_dtype)
-        segments = self.cache.segments(site, self.reads) if self.cache is not None else []
-        masks = self._segment_masks(tuple(kind for _, _, kind in segments)) if self.cache is not None \
-            else [self._tail_mask()]
-        if self.buffer is not None and self.store == "buffer":
-            self.buffer.write(site, self.offset, k, v)
-            tail = self.buffer.read(site, 0, self.offset + k.shape[2])
-        elif self.offset:
-            bk, bv = self.buffer.read(site, 0, self.offset)
-            tail = (torch.cat([bk, k], dim=2), torch.cat([bv, v], dim=2))
-        else:
-            tail = (k, v)
-        parts = [(sk, sv, m) for (sk, sv, _), m in zip(segments, masks[:-1], strict=True)] + [(*tail, masks[-1])]
-        out = attend_segments(q, parts, self.softmax_dtype)
+        out = attend_segments(q, self._reads(site, k, v), self.softmax_dtype)
         if self.store == "cache":
-            self.cache.write(site, self.writes, k, v)
+            self.cache.write(self.writes, {site: (k, v)})
         return out
 
-    def _write_plane(self, site: Site, plane: int | None, k: Tensor, v: Tensor) -> None:
-        """Write the block into the plane it reads (scratch past each row's length until the last loop writes)."""
-        for which, x in ((0, k), (1, v)):
-            dest = self.cache.plane_tensor(which, site, plane)
-            if self.writes.uniform is not None:
-                start, stop = self.writes.uniform
-                dest[:, :, start:stop] = x
-            else:
-                rows = torch.arange(x.shape[0], device=x.device)[:, None]
-                dest[rows, :, self.positions] = x.transpose(1, 2)
+    def _reads(self, site: Site, k: Tensor, v: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
+        """What the call reads: the prefix segments, then the uncommitted tokens and the block (one segment)."""
+        segments = self.cache.segments(site, self.reads) if self.cache is not None else []
+        masks = self._segment_masks(tuple(kind for _, _, kind in segments))
+        return [(sk, sv, m) for (sk, sv, _), m in zip(segments, masks[:-1], strict=True)] + [
+            (*self._tail(site, k, v), masks[-1])]
+
+    def _tail(self, site: Site, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The block's earlier uncommitted tokens and its own keys/values (written to the buffer first if stored)."""
+        if self.buffer is not None and self.store == "buffer":
+            self.buffer.write(site, self.offset, k, v)
+            return self.buffer.read(site, 0, self.offset + k.shape[2])
+        if self.offset:
+            bk, bv = self.buffer.read(site, 0, self.offset)
+            return torch.cat([bk, k], dim=2), torch.cat([bv, v], dim=2)
+        return k, v
+
+
+class StaticBlockPass:
+    """The block pass of a compiled step: the reads and writes of :class:`BlockPass`, with static shapes.
+
+    Each call reads the whole capacity of every prefix segment under a mask built from ``lengths`` (B,) on the
+    device, the whole ``buffer`` under the mask column < ``offset`` (a 0-d tensor: earlier drafts of this
+    block), and the block itself causally, in one softmax. The block's keys/values are kept per site, and
+    :meth:`store` writes them all at once after the pass: through :meth:`PlaneCache.write` (``store="cache"``,
+    every column at ``positions``) or into the buffer at ``offset`` (``store="buffer"``). Nothing is read or
+    decided on the host, so a traced step serves every call of the same shapes. ``planes`` gives each loop's
+    :func:`~looped_kv.runtime.policy.read_planes` (the loops of the pass numbered 1..n, whatever loops of the
+    recurrence they are).
+    """
+
+    def __init__(self, cache: PlaneCache, positions: Tensor, lengths: Tensor, planes: tuple, *,
+                 buffer: BlockBuffer | None = None, offset: Tensor | None = None, store: str | None = None) -> None:
+        self.cache, self.positions, self.lengths, self.planes = cache, positions, lengths, planes
+        self.buffer, self.offset, self.store = buffer, offset, store
+        n = positions.shape[1]
+        self.causal = torch.ones(n, n, dtype=torch.bool, device=positions.device).tril() if n > 1 else None
+        if offset is not None:
+            self.earlier = (torch.arange(buffer.capacity, device=positions.device) < offset)[None, None, None]
+        self.new: dict[Site, tuple[Tensor, Tensor]] = {}
+        self._masks: dict[str, Tensor] = {}
+
+    def _mask(self, kind: str) -> Tensor:
+        if kind not in self._masks:
+            self._masks[kind] = self.cache.mask(kind, self.positions, static=True, lengths=self.lengths)
+        return self._masks[kind]
+
+    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        planes = self.planes[site.loop - 1] if site.stage == "core" else None
+        segments = self.cache.segments(site, planes=planes, static=True, lengths=self.lengths)
+        parts = [(sk, sv, self._mask(kind)) for sk, sv, kind in segments]
+        if self.offset is not None:
+            bk, bv = self.buffer.read(site, 0, self.buffer.capacity)
+            parts.append((bk, bv, self.earlier))
+        parts.append((k, v, self.causal))
+        if self.store is not None:
+            self.new[site] = (k, v)
+        return attend_segments(q, parts)
+
+    def store_block(self) -> None:
+        """Write the pass's keys/values where ``store`` says (call after the model pass)."""
+        if self.store == "cache":
+            self.cache.write(self.cache.static_writes(self.positions), self.new)
+        elif self.store == "buffer":
+            self.buffer.write_all(self.new, 0 if self.offset is None else self.offset)

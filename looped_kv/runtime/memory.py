@@ -64,13 +64,6 @@ def policy_bytes(config: LoopedConfig, policy: CachePolicy, length: int,
     return b * (length * per_token + config.n_core * len(policy.extra) * full_depth)
 
 
-def per_token_kb(config: LoopedConfig, cache: str = "full", num_loops: int | None = None, dtype: str = "bf16",
-                 **params: int) -> float:
-    """KV kilobytes (10^3 bytes) per token of a named policy, ignoring any window (R: default the config's)."""
-    num_loops = config.mean_recurrence if num_loops is None else num_loops
-    return policy_bytes(config, make_policy(cache, num_loops, **params), 1, dtype) / 1e3
-
-
 def memory_table(configs: dict[str, LoopedConfig], length: int = 1024, num_loops: int | None = None,
                  dtype: str = "bf16") -> list[dict]:
     """RIPE Table 2: MB (10^6 bytes) per sequence and fraction of the full cache, from the configs alone

@@ -16,6 +16,7 @@ values at depth nu instead.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 CACHE_POLICIES = ("full", "deepest", "k-deepest", "share", "first", "ripe", "sinks")
@@ -26,27 +27,50 @@ PREFIX_READS = ("aligned", "deep-v", "deep-k", "deep-kv")
 
 @dataclass(frozen=True)
 class CachePolicy:
-    """What a cache keeps and what each (loop, query, prefix position) reads."""
+    """What a cache keeps and what each (loop, query, prefix position) reads.
 
-    name: str
+    ``kind`` is one of :data:`CACHE_POLICIES`; ``k`` is the parameter of k-deepest, share and first; ``window``
+    (W) and ``sinks`` the full-depth positions of ripe and sinks. Everything else is derived from them.
+    """
+
+    kind: str
     num_loops: int
-    kept: tuple[int, ...]
+    k: int = 0
     window: int = 0
     sinks: int = 0
 
+    @property
+    def name(self) -> str:
+        """The policy as the book writes it: full, deepest, k-deepest(k), share(k), first(k), ripe(W), sinks(S)."""
+        parameter = {"k-deepest": self.k, "share": self.k, "first": self.k, "ripe": self.window,
+                     "sinks": self.sinks}.get(self.kind)
+        return self.kind if parameter is None else f"{self.kind}({parameter})"
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        """The planes stored for every position."""
+        R, k = self.num_loops, self.k
+        if self.kind == "full":
+            return tuple(range(1, R + 1))
+        if self.kind == "k-deepest":
+            return tuple(range(R - k + 1, R + 1))
+        if self.kind == "share":
+            return tuple(sorted({min(g * k, R) for g in range(1, math.ceil(R / k) + 1)}))
+        if self.kind == "first":
+            return tuple(range(1, k + 1))
+        return (R,)
+
     def plane(self, r: int) -> int:
         """Plane read at loop r outside the window and the sinks: the last kept plane at or after r's slot."""
-        kind = self.name.split("(")[0]
         R = self.num_loops
-        if kind == "full":
+        if self.kind == "full":
             return r
-        if kind == "k-deepest":
-            return R - (R - r) % len(self.kept)
-        if kind == "share":
-            step = self.kept[0]
-            return min(math.ceil(r / step) * step, R)
-        if kind == "first":
-            return min(r, self.kept[-1])
+        if self.kind == "k-deepest":
+            return R - (R - r) % self.k
+        if self.kind == "share":
+            return min(math.ceil(r / self.k) * self.k, R)
+        if self.kind == "first":
+            return min(r, self.k)
         return R
 
     def read(self, r: int, t: int, j: int) -> int:
@@ -61,11 +85,22 @@ class CachePolicy:
         return tuple(p for p in range(1, self.num_loops + 1) if p not in self.kept)
 
     @property
-    def stores_deepest(self) -> bool:
-        return self.num_loops in self.kept
+    def in_own_plane(self) -> bool:
+        """Whether every kept plane p is last written by loop p among the loops that read it (plane(r) = p).
+
+        Then a block can write loop r's keys/values into plane(r) and read them there: what remains after the
+        last loop is what the policy stores. True for full, deepest, k-deepest and share; not for first(k)
+        (loops after k read plane k) nor for policies with a window or sinks.
+        """
+        if self.extra:
+            return False
+        last = {self.plane(r): r for r in range(1, self.num_loops + 1)}
+        return all(last.get(p, p) == p for p in self.kept)
 
 
 def _check(name: str, value: int, low: int, high: int) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r} ({type(value).__name__})")
     if not low <= value <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 
@@ -92,32 +127,26 @@ def make_policy(name: str, num_loops: int, *, window: int | None = None, k: int 
         if value is not None and name not in POLICY_PARAMETERS[param]:
             raise ValueError(f"{param}={value!r} is not used by cache={name!r}; only cache in "
                              f"{POLICY_PARAMETERS[param]} takes {param}")
-    if name == "full":
-        return CachePolicy("full", R, tuple(range(1, R + 1)))
-    if name == "deepest":
-        return CachePolicy("deepest", R, (R,))
+    if name in ("full", "deepest"):
+        return CachePolicy(name, int(R))
     if name in ("k-deepest", "share", "first"):
         if k is None:
             raise ValueError(f"cache={name!r} needs k (planes kept, 1..{R})")
         _check("k", k, 1, R)
-        if name == "k-deepest":
-            return CachePolicy(f"k-deepest({k})", R, tuple(range(R - k + 1, R + 1)))
-        if name == "share":
-            return CachePolicy(f"share({k})", R, tuple(sorted({min(g * k, R) for g in range(1, math.ceil(R / k) + 1)})))
-        return CachePolicy(f"first({k})", R, tuple(range(1, k + 1)))
+        return CachePolicy(name, int(R), k=int(k))
     if name == "ripe":
         if window is None:
             raise ValueError("cache='ripe' needs window (W >= 0)")
         _check("window", window, 0, 10**9)
         if sinks is not None:
             _check("sinks", sinks, 0, 10**9)
-        return CachePolicy(f"ripe({window})", R, (R,), window=window, sinks=sinks or 0)
+        return CachePolicy("ripe", int(R), window=int(window), sinks=int(sinks or 0))
     if sinks is None:
         raise ValueError("cache='sinks' needs sinks (number of full-depth start positions >= 1)")
     _check("sinks", sinks, 1, 10**9)
     if window is not None:
         _check("window", window, 0, 10**9)
-    return CachePolicy(f"sinks({sinks})", R, (R,), window=window or 0, sinks=sinks)
+    return CachePolicy("sinks", int(R), window=int(window or 0), sinks=int(sinks))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Every chapter can only tell outcomes apart if the model's depth matters. The gates say it in
 numbers, on the evaluation split of the depth workload (value-changing chains,
-``looped_kv.data.chain_programs``), scored on answer tokens only:
+``looped_kv.workloads.data.chain_programs``), scored on answer tokens only:
 
 * more loops answer better: the answer loss at R = 4 minus the answer loss at R = 32 is at least
   0.10 nats, and answer accuracy at R = 32 is at least 0.15 above R = 4;
@@ -30,13 +30,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from looped_kv import data
 from looped_kv.analysis.depth import DEPTH_BUCKETS, answer_hits, encode_chains, fit_state_rho, state_changes
-from looped_kv.decoding import settings
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.settings import DasWave
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads import data
 
 COMMAND = "python -m looped_kv.tiny.gates"
 DEEPEST = list(DEPTH_BUCKETS)[-1]
@@ -127,7 +127,7 @@ def measure(model: LoopedLM, programs: int = 256, prompts: int = 32, progress: b
     figures["self-spec acceptance (d=4, gamma=4)"] = sum(spec.accepted) / sum(spec.drafted)
     bar.update()
     wave = generate(model, ids, max_new_tokens=48, method="das-wave", eos_token_id=eos)
-    ceiling = proposal_width(settings.WAVE["block"], settings.WAVE["rounds"], settings.WAVE["initial_width"])
+    ceiling = proposal_width(DasWave.block, DasWave.rounds, DasWave.initial_width)
     figures["DAS-Wave A / ceiling"] = wave.mean_accepted / ceiling
     bar.update()
     bar.close()

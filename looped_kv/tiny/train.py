@@ -4,7 +4,7 @@ Recipe (Geiping et al., 2025): prelude / core / coda of sandwich blocks, an adap
 [state, embedding], a random initial state, a recurrence count per step drawn from a
 Poisson-lognormal around a mean, and truncated backpropagation through the last loops.
 
-Data (``looped_kv.data``), mixed per batch by ``--mix``: generated word problems and the
+Data (``looped_kv.workloads.data``), mixed per batch by ``--mix``: generated word problems and the
 Python standard library (next-token loss on every token), and value-changing variable chains,
 the depth workload (loss on the query lines only: the bindings are random). The chains follow
 a curriculum: queries start at most ``--start-depth`` steps deep, and the cap rises by
@@ -43,11 +43,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from looped_kv import data
 from looped_kv.analysis.depth import DEPTH_BUCKETS, answer_hits, encode_chains, loss_by_loops
 from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads import data
 
 EOS = "<|endoftext|>"
 #: Options a resumed run may change: the thread count, the sitting's length, the run's length and the data mix

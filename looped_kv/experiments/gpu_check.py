@@ -9,11 +9,11 @@ random bf16 weights measures the real thing (RIPE Sections 3.4-3.5):
   c(d) = n_pre + d n_core + n_coda.
 
 Every argument is checked before any work (the script is meant to run once, on a rented GPU), the
-measurements run inside :func:`looped_kv.protocol.reproducibility.measurement_mode` (cuDNN attention disabled),
+measurements run inside :func:`looped_kv.runtime.measurement.measurement_mode` (cuDNN attention disabled),
 and the JSON records that setting with the torch, CUDA and cuDNN versions.
 
-    python -m looped_kv.gpu_check --config huginn-0125 --out gpu_check.json      # on a GPU
-    python -m looped_kv.gpu_check --config tiny --device cpu --batch-sizes 1 2 3  # anywhere
+    python -m looped_kv.experiments.gpu_check --config huginn-0125 --out gpu_check.json      # on a GPU
+    python -m looped_kv.experiments.gpu_check --config tiny --device cpu --batch-sizes 1 2 3  # anywhere
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from tqdm.auto import tqdm
 from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.analysis.perf import peak_memory
-from looped_kv.protocol.reproducibility import check_device, environment, measurement_mode
 from looped_kv.runtime.config import PRESETS, LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR
+from looped_kv.runtime.measurement import check_device, environment, measurement_mode
 from looped_kv.runtime.model import LoopedLM
 
 CONFIGS = {**PRESETS, "tiny": lambda: LoopedConfig.from_file(TINY_DIR / "config.json")}
@@ -120,7 +120,7 @@ def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Lo
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m looped_kv.gpu_check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="huginn-0125", choices=sorted(CONFIGS))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",

@@ -188,8 +188,8 @@ def _chain_program(rng: random.Random, max_depth: int, max_chains: int, interlea
     return ChainProgram("".join(lines), queries)
 
 
-def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH, max_chains: int = CHAIN_COUNT,
-                   interleave: bool = False) -> list[ChainProgram]:
+def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH,
+                   max_chains: int = CHAIN_COUNT, interleave: bool = False) -> list[ChainProgram]:
     """``n`` value-changing chain programs of a split, queries up to ``max_depth`` steps deep.
 
     Each program holds up to ``max_chains`` chains (the others are distractors to each query), each

@@ -4,7 +4,7 @@ DAS Table 4: GSM8K is prompted with eight-shot chain of thought, MBPP as code co
 come from the hub through ``datasets`` (``openai/gsm8k``, config ``main``; ``google-research-datasets/mbpp``,
 config ``full``) on a machine with a network; the formatting functions take rows in those datasets'
 schemas, so they run (and are tested) offline on generated rows. On the tiny model the chapters keep the
-generated workloads of :mod:`looped_kv.data`.
+generated workloads of :mod:`looped_kv.workloads.data`.
 
     rows = load_rows("gsm8k", "test", 32)
     prompts = gsm8k_prompts(rows, load_rows("gsm8k", "train", 8))

@@ -1,25 +1,30 @@
-"""Speed-ups and acceptance of every decoder against paired greedy decoding (DAS Table 1, Eq. 8-10).
+"""Speed-ups and acceptance of every decoder against paired greedy decoding (DAS Table 1, Eq. 8-10), eager and
+compiled side by side.
 
-Two kinds of runs, one row per (prompt, method) each:
+Two kinds of runs, one row per (prompt, method, mode) each:
 
 * timing (:func:`run_paired`): each prompt is decoded alone (batch 1) by greedy full-depth
-  decoding and by every method, in the same process, in ``repeats`` interleaved rounds (greedy and
-  every method once per round, the order reversed every other round), so each method's speed-up is
-  paired with its own greedy reference and a slow stretch of the machine falls on every arm alike.
-  The speed-up is DAS Eq. (8): the mean over prompts of (n/t)_method / (n/t)_greedy, prefill
-  included, each time the median over the rounds (:func:`looped_kv.analysis.fits.mean_speedup`);
+  decoding and by every method, eager and compiled (``compile=True``: every pass on a traced
+  step with static shapes), in the same process, in ``repeats`` interleaved rounds per mode (greedy
+  and every method once per round, the order reversed every other round), so each method's speed-up
+  is paired with the greedy run of its own mode on the same prompt and a slow stretch of the machine
+  falls on every arm alike. The speed-up is DAS Eq. (8): the mean over prompts of
+  (n/t)_method / (n/t)_greedy, prefill included, each time the median over the rounds, with a paired
+  prompt bootstrap interval (:func:`looped_kv.analysis.fits.mean_speedup`); every compiled run is
+  also paired with eager greedy decoding (what compilation gains);
 * acceptance (:func:`acceptance_runs`): each method decodes all prompts as one batch. Every row is
   what decoding that prompt alone gives, so the per-prompt accepted length A (Eq. 9), committed
   progress G (Eq. 10) and tokens per verification tau cost a fraction of the timing runs.
 
 Methods are named by :data:`looped_kv.decoding.settings.METHODS` (``ar``, ``self-spec``,
-``mature-spec``, ``pld``, ``das-wave``); :data:`~looped_kv.decoding.settings.DISPLAY` labels
-tables only. Each drafter's acceptance has a ceiling: tau <= gamma + 1 for the sequential
-drafters (self-spec, mature-spec, pld) and A <= w for DAS-Wave, w = min(gamma, W_init + J - 1)
-(DAS Eq. 5). Every verdict here goes through :func:`looped_kv.analysis.verdicts.verdict`: a timing
-verdict needs 16 prompts timed in interleaved repeats; arms with different ceilings are compared as
-shares of their ceilings (``share``: A over the most drafts one verification can accept) or by speed,
-never by raw A (:func:`acceptance_verdict` refuses it).
+``mature-spec``, ``pld``, ``das-wave``) and configured by their dataclasses there;
+:data:`~looped_kv.decoding.settings.DISPLAY` labels tables only. Each drafter's acceptance has a
+ceiling: tau <= gamma + 1 for the sequential drafters (self-spec, mature-spec, pld) and A <= w for
+DAS-Wave, w = min(gamma, W_init + J - 1) (DAS Eq. 5). Every verdict here goes through
+:func:`looped_kv.analysis.verdicts.verdict`: a timing verdict needs 16 prompts timed in interleaved
+repeats; arms with different ceilings are compared as shares of their ceilings (``share``: A over the
+most drafts one verification can accept) or by speed, never by raw A (:func:`acceptance_verdict`
+refuses it).
 
     looped-kv bench --workloads problems --prompts 32 --max-new-tokens 128
 """
@@ -35,7 +40,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv import data
 from looped_kv.analysis.fits import accepted_length, committed_progress, interaction_effect, mean_speedup
 from looped_kv.analysis.verdicts import (
     BOOK_MINIMUM,
@@ -48,11 +52,13 @@ from looped_kv.analysis.verdicts import (
     verdict,
 )
 from looped_kv.decoding import settings
-from looped_kv.decoding.core import Generation, check_prompts
+from looped_kv.decoding.core import Generation, capacity_bucket, check_prompts
 from looped_kv.decoding.das_wave import check_wave, proposal_width
-from looped_kv.decoding.generate import generate
-from looped_kv.protocol.reproducibility import measurement_mode
+from looped_kv.decoding.generate import drafter, generate
+from looped_kv.decoding.settings import WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
+from looped_kv.runtime.measurement import measurement_mode
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads import data
 
 TOKENS = "the book's smallest effect for tokens per verification (RIPE Table 6's +0.5 for tau)"
 SPEED = "the book's smallest speed ratio (10%, the smallest ratio RIPE Table 6 pre-registers)"
@@ -72,17 +78,18 @@ INTERACTION = Claim("carry strengthens the complementarity of mature keys and va
 
 #: The DAS-Wave prefix reads of the carry x K x V factorial, by (deep K, deep V) (DAS Eq. 4).
 FACTORIAL_READS = {(0, 0): "aligned", (0, 1): "deep-v", (1, 0): "deep-k", (1, 1): "deep-kv"}
-WAVE_KEYS = ("block", "rounds", "initial_width", "updates", "carry")
+#: The timing modes: eager passes, and every pass on a compiled step (``compile=True``).
+MODES = ("eager", "compiled")
 
 
-def method_configs(draft_loops: int = settings.DRAFT_LOOPS, block: int = settings.BLOCK,
+def method_configs(draft_loops: int = SelfSpec.draft_loops, block: int = SelfSpec.block,
                    wave: dict | None = None) -> dict[str, dict]:
     """generate() settings of every method of :data:`~looped_kv.decoding.settings.METHODS`.
 
     Self-spec and Mature-Spec draft ``draft_loops`` (d) loops and verify blocks of ``block`` (gamma)
     drafts, so that they differ only in their prefix reads (DAS Sec. 4.3 compares reads at one draft
     depth); prompt lookup drafts up to ``block`` tokens; DAS-Wave runs
-    :data:`~looped_kv.decoding.settings.WAVE` (the paper's Huginn schedule) updated by ``wave``.
+    :class:`~looped_kv.decoding.settings.DasWave`'s schedule (the paper's Huginn schedule) updated by ``wave``.
     """
     if draft_loops < 1:
         raise ValueError(f"draft_loops must be >= 1, got {draft_loops}")
@@ -91,12 +98,12 @@ def method_configs(draft_loops: int = settings.DRAFT_LOOPS, block: int = setting
     unknown = sorted(set(wave or {}) - set(WAVE_KEYS))
     if unknown:
         raise ValueError(f"wave must set only {WAVE_KEYS}, got {unknown}")
-    schedule = {**settings.WAVE, **(wave or {})}
+    schedule = {**DasWave().schedule, **(wave or {})}
     check_wave(schedule["block"], schedule["rounds"], schedule["initial_width"], schedule["updates"])
     sequential = {"draft_loops": draft_loops, "block": block}
     return {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", **sequential},
             "mature-spec": {"method": "mature-spec", **sequential},
-            "pld": {"method": "pld", "block": block, "ngram": settings.NGRAM},
+            "pld": {"method": "pld", "block": block, "ngram": PromptLookup.ngram},
             "das-wave": {"method": "das-wave", **schedule}}
 
 
@@ -122,10 +129,10 @@ def ceiling(config: dict) -> Ceiling | None:
     method = settings.check_method(config.get("method", ""))
     if method == "ar":
         return None
+    options = method_config(**config)
     if method == "das-wave":
-        wave = {**settings.WAVE, **{k: v for k, v in config.items() if k in WAVE_KEYS}}
-        return Ceiling("A", proposal_width(wave["block"], wave["rounds"], wave["initial_width"]), 0)
-    return Ceiling("tau", config.get("block", settings.BLOCK) + 1, 1)
+        return Ceiling("A", proposal_width(options.block, options.rounds, options.initial_width), 0)
+    return Ceiling("tau", options.block + 1, 1)
 
 
 def _rows(out: Generation, key: Hashable, config: dict) -> list[dict]:
@@ -159,53 +166,90 @@ def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Ha
     return pd.DataFrame(rows)
 
 
+def warm_up(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
+            progress: bool = False) -> None:
+    """Trace every method's compiled steps for every cache capacity the prompts need (one prompt per capacity
+    bucket, :func:`~looped_kv.decoding.core.capacity_bucket`), so that no timed run compiles."""
+    first: dict[int, Tensor] = {}
+    for ids in prompts:
+        for config in methods.values():
+            decoder = drafter(method_config(**config), model.config.mean_recurrence)
+            need = ids.shape[-1] + max_new_tokens + (0 if decoder is None else decoder.lookahead)
+            first.setdefault(capacity_bucket(need, model.config.block_size), ids)
+    runs = [(ids, config) for ids in first.values() for config in ({"method": "ar"}, *methods.values())]
+    for ids, config in tqdm(runs, desc="compiling", disable=not progress, leave=False):
+        generate(model, ids, max_new_tokens=max_new_tokens, compile=True, **config)
+
+
 def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
-               progress: bool = True, repeats: int = 1) -> pd.DataFrame:
-    """Timing runs: every prompt alone, in ``repeats`` interleaved rounds of greedy decoding and each method (the
-    order reversed every other round); one row per (prompt, method) with its median time over the rounds, tokens/s,
-    per-prompt speed-up over the paired greedy run (DAS Eq. 8), A, G, tau, whether it equals greedy and ``repeats``."""
+               progress: bool = True, repeats: int = 1, modes: Sequence[str] = ("eager",)) -> pd.DataFrame:
+    """Timing runs: every prompt alone, for each of ``modes`` (:data:`MODES`) in ``repeats`` interleaved rounds of
+    greedy decoding and each method (the order reversed every other round), modes one after the other prompt by
+    prompt; one row per (prompt, method, mode) with its median time over the rounds, tokens/s, per-prompt speed-up
+    over the paired greedy run of its mode (DAS Eq. 8) and over eager greedy decoding, A, G, tau, whether it equals
+    greedy and ``repeats``. Compiled steps are traced before any timed run (:func:`warm_up`)."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"modes must name some of {MODES}, got {list(modes)}")
     generate(model, prompts[0], max_new_tokens=4)  # warm-up
+    if "compiled" in modes:
+        warm_up(model, prompts, methods, max_new_tokens, progress)
     keys = ["ar", *(k for k, c in methods.items() if c.get("method") != "ar")]
     configs = {"ar": {"method": "ar"}, **methods}
     rows = []
     for i, ids in enumerate(tqdm(prompts, desc="prompts", disable=not progress, leave=False)):
-        times: dict[Hashable, list[float]] = {key: [] for key in keys}
-        outs: dict[Hashable, Generation] = {}
-        for r in range(repeats):
-            for key in keys if r % 2 == 0 else keys[::-1]:
-                out = generate(model, ids, max_new_tokens=max_new_tokens, **configs[key])
-                times[key].append(out.wall_time)
-                outs.setdefault(key, out)
-        reference, greedy_time = outs["ar"], float(np.median(times["ar"]))
-        for key, config in methods.items():
-            out = outs["ar" if config.get("method") == "ar" else key]
-            time_s = float(np.median(times["ar" if config.get("method") == "ar" else key]))
-            (row,) = _rows(out, key, config)
-            rows.append({**row, "prompt": i, "time_s": time_s, "tokens_per_s": out.num_new / time_s,
-                         "greedy_time_s": greedy_time, "greedy_tokens": reference.num_new,
-                         "speed-up": (out.num_new / time_s) / (reference.num_new / greedy_time),
-                         "same_as_greedy": bool(torch.equal(out.tokens, reference.tokens)), "repeats": repeats})
+        eager: tuple[Generation, float] | None = None  # eager greedy decoding's run and median time
+        for mode in modes:
+            compiled = mode == "compiled"
+            times: dict[Hashable, list[float]] = {key: [] for key in keys}
+            outs: dict[Hashable, Generation] = {}
+            for r in range(repeats):
+                for key in keys if r % 2 == 0 else keys[::-1]:
+                    out = generate(model, ids, max_new_tokens=max_new_tokens, compile=compiled, **configs[key])
+                    times[key].append(out.wall_time)
+                    outs.setdefault(key, out)
+            reference, greedy_time = outs["ar"], float(np.median(times["ar"]))
+            if not compiled and eager is None:
+                eager = (reference, greedy_time)
+            for key, config in methods.items():
+                source = "ar" if config.get("method") == "ar" else key
+                out, time_s = outs[source], float(np.median(times[source]))
+                (row,) = _rows(out, key, config)
+                rows.append({**row, "prompt": i, "mode": mode, "time_s": time_s, "tokens_per_s": out.num_new / time_s,
+                             "greedy_time_s": greedy_time, "greedy_tokens": reference.num_new,
+                             "speed-up": (out.num_new / time_s) / (reference.num_new / greedy_time),
+                             "eager_greedy_time_s": np.nan if eager is None else eager[1],
+                             "eager_greedy_tokens": np.nan if eager is None else eager[0].num_new,
+                             "same_as_greedy": bool(torch.equal(out.tokens, reference.tokens)), "repeats": repeats})
     return pd.DataFrame(rows)
 
 
 def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot: int = 2000) -> pd.DataFrame:
-    """Per method: tokens/s, the mean speed-up over paired greedy decoding (DAS Eq. 8) with its 95% interval, A
+    """Per method (and mode, where the runs hold more than eager ones): tokens/s, the mean speed-up over paired
+    greedy decoding of the same mode (DAS Eq. 8) with its 95% interval, the speed-up over eager greedy decoding, A
     (Eq. 9), G (Eq. 10), tau, the ceiling and the fraction of it reached, and the runs equal to greedy's.
 
     ``runs`` are timing runs (:func:`run_paired`); A, G, tau and the ceiling come from ``acceptance``
-    (:func:`acceptance_runs`) where given, else from the timing runs. Index: the methods' table labels.
+    (:func:`acceptance_runs`) where given, else from the timing runs. Index: the methods' table labels, with
+    " (compiled)" for compiled runs.
     """
+    modes = list(pd.unique(runs["mode"])) if "mode" in runs else ["eager"]
     out = []
-    for key, group in runs.groupby("method", sort=False):
+    for (key, mode), group in runs.assign(mode=runs.get("mode", "eager")).groupby(["method", "mode"], sort=False):
         speed = mean_speedup(group["greedy_time_s"], group["time_s"], group["greedy_tokens"], group["new_tokens"],
                              n_boot=n_boot)
         source = group if acceptance is None else acceptance[acceptance["method"] == key]
         drafted = source[source["verifications"] > 0]
-        row = {"method": label(key), "tokens/s": group["tokens_per_s"].mean(), "speed-up": speed.estimate,
+        name = label(key) + (" (compiled)" if mode == "compiled" and modes != ["compiled"] else "")
+        row = {"method": name, "tokens/s": group["tokens_per_s"].mean(), "speed-up": speed.estimate,
                "low": speed.low, "high": speed.high, "A": np.nan, "G": np.nan, "tau": np.nan, "ceiling": "–",
                "of ceiling": np.nan, "same as greedy": f"{int(group['same_as_greedy'].sum())}/{len(group)}"}
+        if "eager" in modes and len(modes) > 1:
+            over_eager = mean_speedup(group["eager_greedy_time_s"], group["time_s"], group["eager_greedy_tokens"],
+                                      group["new_tokens"], n_boot=n_boot)
+            row |= {"vs eager greedy": over_eager.estimate}
         if len(drafted):
             row |= {"A": accepted_length(drafted["accepted"].tolist()),
                     "G": committed_progress(drafted["accepted"].tolist(), drafted["retained"].tolist()),
@@ -213,6 +257,41 @@ def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot
                     "ceiling": f"{drafted['statistic'].iloc[0]} <= {int(drafted['ceiling'].iloc[0])}"}
         out.append(row)
     return pd.DataFrame(out).set_index("method")
+
+
+def side_by_side(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
+    """One row per method: tokens/s and the speed-up over paired greedy decoding (95% interval) eager and compiled,
+    the compiled run over eager greedy decoding, and tau or A (from the eager runs)."""
+    rows = []
+    for key, group in runs.groupby("method", sort=False):
+        row: dict = {"method": label(key)}
+        for mode, part in group.groupby("mode", sort=False):
+            speed = mean_speedup(part["greedy_time_s"], part["time_s"], part["greedy_tokens"], part["new_tokens"],
+                                 n_boot=n_boot)
+            row |= {f"{mode} tokens/s": part["tokens_per_s"].mean(),
+                    f"{mode} speed-up": f"{speed.estimate:.2f} [{speed.low:.2f}, {speed.high:.2f}]"}
+            if mode == "compiled" and part["eager_greedy_time_s"].notna().all():
+                over = mean_speedup(part["eager_greedy_time_s"], part["time_s"], part["eager_greedy_tokens"],
+                                    part["new_tokens"], n_boot=n_boot)
+                row["compiled / eager greedy"] = f"{over.estimate:.2f} [{over.low:.2f}, {over.high:.2f}]"
+        drafted = group[group["verifications"] > 0]
+        if len(drafted):
+            row["tau or A"] = f"{drafted[drafted['statistic'].iloc[0]].mean():.2f} ({drafted['statistic'].iloc[0]})"
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("method")
+
+
+def best_compiled(runs: pd.DataFrame, n_boot: int = 2000) -> tuple[str, object] | None:
+    """The compiled speculative method with the largest mean speed-up over compiled greedy decoding (DAS Eq. 8) and
+    that speed-up with its paired 95% interval; None without compiled speculative runs."""
+    compiled = runs[(runs["mode"] == "compiled") & (runs["verifications"] > 0)] if "mode" in runs else runs[:0]
+    best = None
+    for key, part in compiled.groupby("method", sort=False):
+        speed = mean_speedup(part["greedy_time_s"], part["time_s"], part["greedy_tokens"], part["new_tokens"],
+                             n_boot=n_boot)
+        if best is None or speed.estimate > best[1].estimate:
+            best = (label(key), speed)
+    return best
 
 
 # -- verdicts -------------------------------------------------------------------------------------------------
@@ -300,7 +379,7 @@ def mature_spec_verdicts(timing: pd.DataFrame, acceptance: pd.DataFrame | None =
 
 
 def factorial_configs(wave: dict | None = None) -> dict[tuple[int, int, int], dict]:
-    """DAS-Wave settings of the eight cells (carry, deep K, deep V) at one schedule (default settings.WAVE)."""
+    """DAS-Wave settings of the eight cells (carry, deep K, deep V) at one schedule (default DasWave's)."""
     schedule = method_configs(wave=wave)["das-wave"]
     return {(c, k, v): {**schedule, "carry": bool(c), "prefix_reads": FACTORIAL_READS[(k, v)]}
             for c in (0, 1) for k in (0, 1) for v in (0, 1)}
@@ -360,13 +439,13 @@ def check_model(model_loops: int, draft_loops: int) -> None:
 
 
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
-           draft_loops: int = settings.DRAFT_LOOPS, block: int = settings.BLOCK, progress: bool = True,
-           n_boot: int = 10_000, repeats: int = 2) -> None:
+           draft_loops: int = SelfSpec.draft_loops, block: int = SelfSpec.block, progress: bool = True,
+           n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES) -> None:
     """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts
-    (each decoded alone, stopping at end-of-text, in ``repeats`` interleaved rounds), tau or A as a fraction of its
-    ceiling, and the verdicts on
-    "Mature-Spec beats self-speculation", measured with cuDNN attention off
-    (:func:`looped_kv.protocol.reproducibility.measurement_mode`). Every prompt is checked before decoding."""
+    (each decoded alone, stopping at end-of-text, in ``repeats`` interleaved rounds), eager and compiled side by side
+    (``modes``), tau or A as a fraction of its ceiling, the best compiled speculative method against compiled greedy
+    decoding, and the verdicts on "Mature-Spec beats self-speculation", measured with cuDNN attention off
+    (:func:`looped_kv.runtime.measurement.measurement_mode`). Every prompt is checked before decoding."""
     check_options(prompts, max_new_tokens, draft_loops, block, methods, workloads, repeats)
     check_model(model.config.mean_recurrence, draft_loops)
     configs = {name: config for name, config in method_configs(draft_loops, block).items() if name in methods}
@@ -381,22 +460,33 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
             check_prompts(model, encoded[workload], max_new_tokens, margin=margin)
         except ValueError as error:
             raise ValueError(f"--max-new-tokens {max_new_tokens} on {workload}: {error}") from None
-    pd.set_option("display.width", 200)
+    pd.set_option("display.width", 250)
+    wave = DasWave().schedule
     with measurement_mode() as record:
         print(f"model {model.source} on {model.device} ({str(model.dtype).removeprefix('torch.')}), R = "
               f"{model.config.mean_recurrence}; torch {record['torch']}, cuDNN attention: {record['cudnn_sdp']}; "
               f"self-spec and mature-spec: d = {draft_loops}, gamma = {block}; pld: up to {block} drafts of "
-              f"{settings.NGRAM}-grams; das-wave: {', '.join(f'{k} {settings.WAVE[k]}' for k in WAVE_KEYS)}")
+              f"{PromptLookup.ngram}-grams; das-wave: {', '.join(f'{k} {wave[k]}' for k in WAVE_KEYS)}; "
+              f"modes: {', '.join(modes)}")
         for workload, ids in encoded.items():
-            runs = run_paired(model, ids, configs, max_new_tokens, progress=progress, repeats=repeats)
-            table = summarize(runs, n_boot=n_boot)
+            runs = run_paired(model, ids, configs, max_new_tokens, progress=progress, repeats=repeats,
+                              modes=modes)
             print(f"\n{workload}: {len(ids)} evaluation prompts, each decoded alone, up to {max_new_tokens} new "
-                  f"tokens (stopping at end-of-text), {repeats} interleaved rounds; speed-up: DAS Eq. (8) over "
-                  f"paired greedy decoding, 95% paired bootstrap interval")
+                  f"tokens (stopping at end-of-text), {repeats} interleaved rounds per mode; speed-up: DAS Eq. (8) "
+                  f"over paired greedy decoding of the same mode, 95% paired bootstrap interval")
+            print(side_by_side(runs, n_boot=n_boot).to_string(float_format=lambda x: f"{x:.1f}", na_rep="–"))
+            best = best_compiled(runs, n_boot=n_boot)
+            if best is not None:
+                name, speed = best
+                print(f"  best compiled speculative method: {name}, {speed.estimate:.2f}x compiled greedy decoding "
+                      f"[{speed.low:.2f}, {speed.high:.2f}]" + ("" if speed.low > 1 else " (interval not above 1)"))
+            first = runs[runs["mode"] == modes[0]]
+            table = summarize(first, n_boot=n_boot)
+            print(f"  {modes[0]} runs in detail:")
             print(table.to_string(float_format=lambda x: f"{x:.2f}", na_rep="–",
                                   formatters={"of ceiling": lambda x: "–" if np.isnan(x) else f"{x:.0%}"}))
             if {"self-spec", "mature-spec"} <= set(methods):
-                for name, v in mature_spec_verdicts(runs).items():
+                for name, v in mature_spec_verdicts(first).items():
                     print(f"  Mature-Spec beats self-speculation, {name}: {v}")
             else:
                 print("  Mature-Spec beats self-speculation: needs --methods self-spec mature-spec")

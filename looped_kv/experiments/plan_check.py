@@ -4,8 +4,8 @@ Every chapter run below makes the chapter's own package calls with the sizes the
 (:mod:`looped_kv.profiles`), on random token ids of the lengths the plan charges (every prompt
 ``prompt_tokens`` long), so the measurement is the case the plan bounds. Allocation does not depend on the
 weights, so a model of a published config with random weights measures the real thing (as
-:mod:`looped_kv.gpu_check` does). Chapter 1's chain answers are left out (they need a tokenizer and are not a
-real checkpoint's peak).
+:mod:`looped_kv.experiments.gpu_check` does). Chapter 1's chain answers are left out (they need a tokenizer and
+are not a real checkpoint's peak).
 
 On a GPU the measured peak is ``torch.cuda.max_memory_allocated`` over the run, the resident weights included,
 against the plan's GPU peak; on a CPU, where GPU and host memory are one, it is
@@ -14,9 +14,10 @@ resident weights. ``tests/test_plan.py`` holds every prediction to 10% of the CP
 models (Huginn's shape, Ouro's and Raven-TinyLlama's); on a GPU, one command records a full-size check (the
 profile defaults to the model's for the GPU found; name a T4 profile to check it on a larger GPU):
 
-    python -m looped_kv.plan_check --model huginn-0125 --out book/data/plan-check-huginn-0125.json
-    python -m looped_kv.plan_check --model ouro-1.4b --profile ouro-1.4b-t4 --out book/data/plan-check-ouro-1.4b-t4.json
-    python -m looped_kv.plan_check --model raven-tinyllama --profile raven-tinyllama-t4 \
+    python -m looped_kv.experiments.plan_check --model huginn-0125 --out book/data/plan-check-huginn-0125.json
+    python -m looped_kv.experiments.plan_check --model ouro-1.4b --profile ouro-1.4b-t4 \
+        --out book/data/plan-check-ouro-1.4b-t4.json
+    python -m looped_kv.experiments.plan_check --model raven-tinyllama --profile raven-tinyllama-t4 \
         --out book/data/plan-check-raven-tinyllama-t4.json
 
 ``--model`` also takes a checkpoint folder or a config.json (random weights of that config): the same command runs
@@ -36,7 +37,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from looped_kv import bench, profiles
+from looped_kv import profiles
 from looped_kv.analysis import measure, plan
 from looped_kv.analysis.claims import measured_ripeness
 from looped_kv.analysis.depth import loss_by_text
@@ -51,10 +52,11 @@ from looped_kv.analysis.planes import (
     ripening_curves,
     table3_policies,
 )
-from looped_kv.analysis.ripe import acceptance_by_cache, replay_records, with_dtype
+from looped_kv.analysis.ripe import acceptance_by_cache, replay_records
 from looped_kv.decoding.generate import generate
-from looped_kv.protocol.reproducibility import check_device, measurement_mode
+from looped_kv.experiments import bench
 from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.measurement import check_device, measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy
 
@@ -116,18 +118,18 @@ def ch03(model: LoopedLM, profile: profiles.Profile) -> None:
 
 def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
     p, R, rows = profile.ch04, model.config.mean_recurrence, profile.rows_per_pass
-    model_exact = with_dtype(model, _dtype(p.exact_dtype))
+    model_exact = in_dtype(model, _dtype(p.exact_dtype))
     spec = dict(max_new_tokens=p.acceptance_tokens, rows_per_pass=rows, stop_at_eos=False, cache="ripe",
                 window=p.block)
     exact_prompts = _prompts(model_exact, profile, 3 * p.exact_prompts)
     generate(model_exact, exact_prompts, **spec)
     generate(model_exact, exact_prompts, **spec, method="self-spec", draft_loops=p.draft_loops, block=p.block)
     del model_exact, exact_prompts
-    model16 = with_dtype(model, _dtype(p.reference_dtype))
+    model16 = in_dtype(model, _dtype(p.reference_dtype))
     targets = generate(model16, _prompts(model, profile, 3 * p.replay_prompts), max_new_tokens=p.new_tokens,
                        stop_at_eos=False, rows_per_pass=rows)
     trajectories, lengths = [s[None] for s in targets.sequences], targets.prompt_lengths
-    model32 = with_dtype(model16, torch.float32)
+    model32 = in_dtype(model16, torch.float32)
     full, deepest = make_policy("full", R), make_policy("deepest", R)
     arms = {"deepest": (model16, deepest),
             **{f"W = {w}": (model16, make_policy("ripe", R, window=w)) for w in p.windows},
@@ -141,7 +143,7 @@ def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
                       decoded=c2.decoded, chunk=c2.chunk, record_device=_records_device(model, c2.record_device))
     if p.block_dtype is not None:
         block_dtype = _dtype(p.block_dtype)
-        exact = model32 if model32.dtype == block_dtype else with_dtype(model16, block_dtype)
+        exact = model32 if model32.dtype == block_dtype else in_dtype(model16, block_dtype)
         first = [t[:, :n + p.block_tokens] for t, n in zip(trajectories, lengths, strict=True)]
         replay_records(first, lengths, (exact, full), {"deepest": (exact, deepest)}, block=p.block,
                        block_arms=["deepest"], batch_size=p.replay_batch)
@@ -221,9 +223,10 @@ def check(model: LoopedLM, profile: profiles.Profile, chapters: list[str] | None
 
 
 def main(argv: list[str] | None = None) -> None:
-    from looped_kv.gpu_check import CONFIGS, random_model
+    from looped_kv.experiments.gpu_check import CONFIGS, random_model
 
-    ap = argparse.ArgumentParser(prog="python -m looped_kv.plan_check", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.plan_check",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="huginn-0125", help=f"one of {tuple(CONFIGS)}, or a checkpoint folder or "
                                                           f"config.json (its config with random weights)")
     ap.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's for the "

@@ -1,9 +1,9 @@
 """The prompts and texts a chapter measures on, chosen by its run profile (``Profile.workloads``).
 
-* ``"generated"`` (the tiny model, CI): the three workloads of :mod:`looped_kv.data`.
+* ``"generated"`` (the tiny model, CI): the three workloads of :mod:`looped_kv.workloads.data`.
 * ``"papers"`` (the real checkpoints): ``problems`` are GSM8K questions in the eight-shot chain-of-thought
-  format of DAS Table 4 and RIPE Sec. 5 (:func:`~looped_kv.benchmarks.gsm8k_prompts`), ``code`` are MBPP
-  tasks as code completion (:func:`~looped_kv.benchmarks.mbpp_prompts`), and ``chains`` stay generated: no
+  format of DAS Table 4 and RIPE Sec. 5 (:func:`~looped_kv.workloads.formats.gsm8k_prompts`), ``code`` are MBPP
+  tasks as code completion (:func:`~looped_kv.workloads.formats.mbpp_prompts`), and ``chains`` stay generated: no
   public dataset asks for lookups of a set depth. A chapter's ``eval`` split is each dataset's test split;
   its ``dev`` split is GSM8K's training rows after the shots and MBPP's validation split.
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from looped_kv import benchmarks, data
+from looped_kv.workloads import data, formats
 
 if TYPE_CHECKING:
     from looped_kv.profiles import Profile
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 SOURCES = {"generated": "generated workloads", "papers": "GSM8K and MBPP, chains generated"}
 SPLITS = ("eval", "dev")
 #: Where a chapter's split lies in each dataset: (the dataset's split, the first row).
-DATASET_SPLITS = {"gsm8k": {"eval": ("test", 0), "dev": ("train", benchmarks.SHOTS)},
+DATASET_SPLITS = {"gsm8k": {"eval": ("test", 0), "dev": ("train", formats.SHOTS)},
                   "mbpp": {"eval": ("test", 0), "dev": ("validation", 0)}}
 ROWS_PER_TEXT = 8  # dataset rows joined into one text for teacher-forced measurements, as data.texts does
 
@@ -45,7 +45,7 @@ def _check(workload: str, n: int, split: str, source: str) -> None:
 
 def _rows(name: str, split: str, n: int) -> list[dict]:
     dataset_split, start = DATASET_SPLITS[name][split]
-    return benchmarks.load_rows(name, dataset_split, n, start)
+    return formats.load_rows(name, dataset_split, n, start)
 
 
 def prompts(workload: str, n: int, split: str = "eval", source: str = "generated", *,
@@ -59,9 +59,9 @@ def prompts(workload: str, n: int, split: str = "eval", source: str = "generated
             return [s.text + q.prompt for s, q in zip(shots, questions, strict=True)]
         return data.prompts(workload, n, split)
     if workload == "problems":
-        shots = benchmarks.load_rows("gsm8k", "train", benchmarks.SHOTS)
-        return benchmarks.gsm8k_prompts(_rows("gsm8k", split, n), shots)
-    return benchmarks.mbpp_prompts(_rows("mbpp", split, n))
+        shots = formats.load_rows("gsm8k", "train", formats.SHOTS)
+        return formats.gsm8k_prompts(_rows("gsm8k", split, n), shots)
+    return formats.mbpp_prompts(_rows("mbpp", split, n))
 
 
 def texts(workload: str, n: int, split: str = "eval", chars: int = 1200, source: str = "generated") -> list[str]:
@@ -70,7 +70,7 @@ def texts(workload: str, n: int, split: str = "eval", chars: int = 1200, source:
     _check(workload, n, split, source)
     if source == "generated" or workload == "chains":
         return data.texts(workload, n, split, chars)
-    name, solved = ("gsm8k", benchmarks.gsm8k_worked) if workload == "problems" else ("mbpp", benchmarks.mbpp_solved)
+    name, solved = ("gsm8k", formats.gsm8k_worked) if workload == "problems" else ("mbpp", formats.mbpp_solved)
     rows = _rows(name, split, ROWS_PER_TEXT * n)
     groups = [rows[i:i + ROWS_PER_TEXT] for i in range(0, len(rows), ROWS_PER_TEXT)]
     return ["".join(solved(row) for row in group)[:chars] for group in groups]

@@ -1,0 +1,216 @@
+"""The one decode loop: prefill, propose, verify, accept, commit, stop per row, written once for every method.
+
+:func:`decode` runs B prompts of any lengths as one batch (RIPE Algorithm 1's convention: each row's last
+emitted token is pending, the cache holds every processed token):
+
+1. prefill every prompt; each row's greedy next token is pending;
+2. the :class:`Drafter` proposes up to m tokens per row after the pending one (none: greedy decoding;
+   d-loop drafts: self-speculation and Mature-Spec; n-gram lookup; DAS-Wave's carried wave);
+3. one verification pass at full depth (all R loops) over the drafter's block of tokens, under the cache
+   policy (a single token for greedy decoding);
+4. the drafter accepts, per row, the longest prefix on which its proposals and the verifier agree and names
+   the next pending token; the row commits the planes of what it verified and emits its tokens;
+5. a row stops at its budget or after the end-of-text token; stopped rows leave the batch (eager) or stay
+   as padding whose results are ignored (compiled: the batch keeps its shape, so no step is traced again).
+
+The passes themselves come from :class:`~looped_kv.decoding.passes.Passes` (block passes reading the
+committed prefix) or :class:`~looped_kv.decoding.compiled.CompiledPasses` (torch.compile'd steps with static
+shapes); the drafter calls them the same way. An :class:`Observer` sees every block: the measurements that follow a
+decoder's trajectory (draft agreement per position, a trajectory's logits) use the loop through it
+instead of copying it.
+
+The shape follows HF transformers' assisted decoding, whose candidate generators propose tokens and are
+told how many matched, and gpt-fast's ``generate.py`` (draft, one verification forward over gamma + 1
+tokens, accept): here rows are ragged and batched, the draft and the verifier are the same looped model at
+different depths reading one cache, and the verifier commits only what it verified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from looped_kv.decoding.compiled import CompiledPasses
+from looped_kv.decoding.core import Generation, Rows, capacity_bucket, new_buffer, new_cache
+from looped_kv.decoding.passes import Passes
+from looped_kv.runtime.cache import PlaneCache
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import CachePolicy
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A drafter's tokens after each row's pending one (B, m); ``lengths`` (B,) where rows proposed fewer."""
+
+    tokens: Tensor
+    lengths: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one verification decided per row: drafts accepted (None: nothing was drafted), positions to commit,
+    the next pending token (B, 1), the tokens emitted, and for the statistics drafts offered and whether the
+    verifier's own token is kept (DAS Eq. 10)."""
+
+    accepted: Tensor | None
+    commit: Tensor
+    pending: Tensor
+    emitted: list[Tensor]
+    drafted: list[int] = field(default_factory=list)
+    retained: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DecodeView:
+    """What an observer sees of the run: the cache holds each row's committed prefix, ``pending`` (B, 1) is each
+    row's pending token, ``rows`` the prompt of every batch row and ``live`` whether it still decodes."""
+
+    model: LoopedLM
+    cache: PlaneCache
+    pending: Tensor
+    rows: list[int]
+    live: list[bool]
+
+
+class Observer:
+    """Sees every block of a decoding run; the default observer does nothing."""
+
+    def prefilled(self, view: DecodeView, logits: Tensor) -> None:
+        """After the prefill: ``logits`` (B, V) of each prompt's last position."""
+
+    def proposing(self, view: DecodeView) -> None:
+        """Before the drafter proposes: the cache holds exactly each row's committed prefix."""
+
+    def verified(self, view: DecodeView, logits: Tensor, outcome: Outcome) -> None:
+        """After the verification (before the commit): its ``logits`` (B, n, V) and what the rows accept."""
+
+
+class LogitsRecorder(Observer):
+    """Keeps the logits that choose every emitted token: the prefill's last position, then each verification's
+    (greedy decoding: one per step)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list[Tensor]] = {}
+
+    def prefilled(self, view: DecodeView, logits: Tensor) -> None:
+        for i, seq in enumerate(view.rows):
+            self.rows[seq] = [logits[i:i + 1]]
+
+    def verified(self, view: DecodeView, logits: Tensor, outcome: Outcome) -> None:
+        for i, (seq, live) in enumerate(zip(view.rows, view.live, strict=True)):
+            if live:
+                self.rows[seq].append(logits[i])
+
+    def logits(self, row: int) -> Tensor:
+        """Row ``row``'s logits, one per processed position from the prompt's last on (positions, V)."""
+        return torch.cat(self.rows[row])
+
+
+class Drafter:
+    """What a method adds to the loop: its proposals, the block it verifies and what it accepts.
+
+    ``lookahead`` is the number of positions past a row's budget that its last block may touch, ``width`` the
+    buffer columns a block needs, ``passes_per_block`` the model passes one block costs (prefill excluded).
+    """
+
+    name = "greedy"
+    lookahead = 0
+    width = 0
+    passes_per_block = 1
+
+    def check(self, policy: CachePolicy) -> None:
+        """Refuse a configuration this drafter cannot run under ``policy``, before any work."""
+
+    def start(self, prompts: list[Tensor], pending: Tensor) -> None:
+        """Before the first block: the prompts and each row's first pending token."""
+
+    def keep(self, rows: list[int]) -> None:
+        """Only ``rows`` of the batch remain (the others stopped)."""
+
+    def propose(self, passes: Passes, pending: Tensor) -> Proposal:
+        return Proposal(pending[:, :0])
+
+    def block(self, pending: Tensor, proposal: Proposal) -> Tensor:
+        """The tokens the verifier runs: the pending token, then the proposals."""
+        return torch.cat([pending, proposal.tokens], dim=1) if proposal.tokens.shape[1] else pending
+
+    def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
+        """Greedy decoding: the verifier's next token is the one emitted."""
+        nxt = targets[:, :1]
+        return Outcome(None, torch.ones_like(nxt[:, 0]), nxt, list(nxt))
+
+    @property
+    def extra(self) -> dict:
+        """The method's settings, kept in the run's statistics."""
+        return {}
+
+
+@torch.no_grad()
+def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy: CachePolicy,
+           drafter: Drafter | None = None, eos: int | None = None, compile: bool = False, shrink: bool | None = None,
+           progress: bool = False, observer: Observer | None = None) -> Generation:
+    """Decode checked ``prompts`` (1-d each) with their ``budgets`` through one batch-first loop.
+
+    ``drafter`` (default: none, greedy decoding) proposes the tokens each verification tests; ``compile`` runs
+    every pass on compiled steps with static shapes, in a cache of bucketed capacity
+    (:func:`~looped_kv.decoding.core.capacity_bucket`); ``shrink`` (default: not ``compile``) drops stopped
+    rows from the batch rather than keeping them as padding.
+    """
+    drafter = drafter or Drafter()
+    drafter.check(policy)
+    observer = observer or Observer()
+    shrink = not compile if shrink is None else shrink
+    need = max(len(p) + b for p, b in zip(prompts, budgets, strict=True)) + drafter.lookahead
+    capacity = capacity_bucket(need, model.config.block_size) if compile else need
+    rows = Rows(prompts, budgets, eos, progress, drafter.name)
+    cache = new_cache(model, policy, len(prompts), capacity)
+    greedy = type(drafter) is Drafter
+    buffer = None if greedy else new_buffer(model, policy.num_loops, len(prompts), drafter.width)
+    if compile:
+        passes: Passes = CompiledPasses(model, cache, buffer)
+    else:
+        passes = Passes(model, cache, buffer, into_cache=greedy)
+    logits = passes.prefill(prompts)
+    pending = logits.argmax(-1, keepdim=True)
+    observer.prefilled(DecodeView(model, cache, pending, rows.batch, rows.live), logits)
+    rows.emit(list(pending))
+    drafter.start(prompts, pending)
+    forward_passes = 1
+    while True:
+        keep = rows.retire(cache)
+        if not keep:
+            break
+        if shrink and len(keep) < len(rows.batch):
+            rows.batch = [rows.batch[i] for i in keep]
+            passes.keep_rows(keep)
+            drafter.keep(keep)
+            pending = pending[keep]
+        view = DecodeView(model, cache, pending, rows.batch, rows.live)
+        observer.proposing(view)
+        proposal = drafter.propose(passes, pending)
+        logits = passes.verify(drafter.block(pending, proposal))
+        outcome = drafter.accept(pending, proposal, logits.argmax(-1))
+        observer.verified(view, logits, outcome)
+        if all(view.live):
+            passes.commit(outcome.commit)
+        else:  # stopped rows kept as padding commit nothing
+            passes.commit(torch.where(torch.tensor(view.live, device=pending.device), outcome.commit, 0))
+        if outcome.accepted is not None:
+            rows.record(outcome.accepted.tolist(), outcome.drafted, outcome.retained)
+        rows.emit(outcome.emitted)
+        pending = outcome.pending
+        forward_passes += drafter.passes_per_block
+    return rows.result(cache, forward_passes, eos, **drafter.extra)
+
+
+def decode_rows(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
+                policy: CachePolicy, drafter: Drafter | None = None, **kwargs: object) -> Generation:
+    """:func:`decode` of unchecked prompts: checked first (shapes, ids, budgets, the context)."""
+    from looped_kv.decoding.core import check_prompts
+
+    margin = 0 if drafter is None else drafter.lookahead
+    prompts, budgets = check_prompts(model, input_ids, max_new_tokens, margin=margin)
+    return decode(model, prompts, budgets, policy=policy, drafter=drafter, **kwargs)

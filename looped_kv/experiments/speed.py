@@ -1,0 +1,241 @@
+"""Decoding speed, measured side by side in one run: greedy decoding against the public Huginn reference code, and
+every method eager and compiled.
+
+1. Greedy decoding against the reference. Both implementations decode the same prompt from the same
+   random-weight checkpoint (the shipped tiny model's dimensions, written in the public checkpoint format),
+   in float32: looped_kv's eager decoder, its compiled passes (``compile=True``), and the reference's
+   ``generate_minimal`` with its own cache.
+2. Every method (greedy, self-spec, Mature-Spec, prompt lookup, DAS-Wave; :mod:`looped_kv.decoding.settings`'s
+   defaults), eager and compiled, on the shipped tiny model and an evaluation prompt of a workload, where
+   drafts are accepted as they are in the book. Each method is compared with greedy decoding of its own mode
+   and its compiled run with its eager one.
+
+Runs are interleaved (A, B, C, A, B, C, ...) so that drifts in machine speed fall on every arm alike; each
+ratio is the median of the per-round ratios of paired runs, with the range over rounds. Compiled steps are
+traced before the first round. Then looped_kv's tokens/s against the batch size.
+
+The reference is not part of this package: point ``--reference`` at a checkout of the public code
+(``git clone https://github.com/seal-rg/recurrent-pretraining``); its two modeling files are imported
+from there as they are. They were written for transformers 4.x: run the comparison in an environment
+with ``pip install "transformers>=4.53,<5"`` (4.47 lacks a call they make; looped_kv works with any).
+
+    python -m looped_kv.experiments.speed --reference ../recurrent-pretraining
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from looped_kv.decoding.generate import generate
+from looped_kv.decoding.settings import DISPLAY, METHODS
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.loading import TINY_DIR, load
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.workloads import data
+
+REFERENCE_FILES = ("raven_config_minimal.py", "raven_modeling_minimal.py")
+
+
+def random_checkpoint(folder: Path, config: LoopedConfig, seed: int = 0) -> Path:
+    """A random-weight checkpoint of ``config`` in the public format (config.json + model.safetensors)."""
+    torch.manual_seed(seed)
+    model = LoopedLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.8, 1.2)
+            else:
+                p.normal_(0, 0.05)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=1))
+    return folder
+
+
+def import_reference(checkout: Path):
+    """The reference's RavenForCausalLM and RavenConfig, imported from a checkout of the public code."""
+    source = next((p for p in (checkout, checkout / "recpre") if (p / REFERENCE_FILES[1]).exists()), None)
+    if source is None:
+        raise FileNotFoundError(f"--reference {checkout} holds no recpre/{REFERENCE_FILES[1]} (a checkout of "
+                                "https://github.com/seal-rg/recurrent-pretraining)")
+    package = Path(tempfile.mkdtemp()) / "huginn_reference"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in REFERENCE_FILES:
+        shutil.copy(source / name, package / name)
+    spec = importlib.util.spec_from_file_location("huginn_reference", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["huginn_reference"] = module
+    spec.loader.exec_module(module)
+    modeling = importlib.import_module("huginn_reference.raven_modeling_minimal")
+    return modeling.RavenForCausalLM, modeling.RavenConfig
+
+
+def reference_model(checkout: Path, folder: Path, config: LoopedConfig, num_loops: int):
+    """The reference's model of the same checkpoint, decoding with ``num_loops`` loops (its mean recurrence)."""
+    from safetensors.torch import load_file
+
+    model_class, config_class = import_reference(checkout)
+    model = model_class(config_class(
+        n_embd=config.n_embd, n_heads=config.n_heads, n_layers=config.n_layers, block_size=config.block_size,
+        vocab_size=config.vocab_size, padding_multiple=1, intermediate_size=config.intermediate_size,
+        n_layers_in_recurrent_block=config.n_core, n_layers_in_prelude=config.n_prelude,
+        n_layers_in_coda=config.n_coda, qk_bias=config.qk_bias, rope_base=config.rope_base,
+        mean_recurrence=num_loops, norm_eps=config.norm_eps))
+    missing, unexpected = model.load_state_dict(load_file(folder / "model.safetensors"), strict=False)
+    if unexpected or any(k not in ("lm_head.weight", "freqs_cis") for k in missing):
+        raise ValueError(f"the reference does not take this checkpoint: missing {missing}, unexpected {unexpected}")
+    return model.float().eval()
+
+
+def timed(run: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def interleaved(arms: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each arm in each of ``rounds`` rounds, the arms run one after another within a round."""
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(rounds):
+        for name, run in arms.items():
+            times[name].append(timed(run))
+    return times
+
+
+def paired(times: dict[str, list[float]], arm: str, base: str, tokens: dict[str, int] | None = None) -> str:
+    """The median over rounds of (tokens/s of ``arm``) / (tokens/s of ``base``), with its range over rounds."""
+    n = tokens or {}
+    ratios = [(n.get(arm, 1) / a) / (n.get(base, 1) / b) for a, b in zip(times[arm], times[base], strict=True)]
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def greedy_against_reference(args: argparse.Namespace, config: LoopedConfig) -> None:
+    """Section 1: greedy decoding, eager and compiled, against the reference's generate_minimal."""
+    folder = random_checkpoint(Path(tempfile.mkdtemp()) / "checkpoint", config)
+    ours = load(folder, dtype=torch.float32)
+    prompt = torch.randint(0, config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+    R, n = args.num_loops, args.new_tokens
+    options = dict(max_new_tokens=n, num_loops=R, stop_at_eos=False)
+    arms = {"looped_kv eager": lambda: generate(ours, prompt, **options)}
+    if not args.no_compile:
+        arms["looped_kv compiled"] = lambda: generate(ours, prompt, compile=True, **options)
+    if args.reference is not None:
+        from transformers import GenerationConfig
+
+        reference = reference_model(args.reference, folder, config, R)
+        greedy = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, use_cache=True)
+
+        def run_reference() -> torch.Tensor:
+            with torch.no_grad():  # the reference reads max_new_tokens from its keyword, not from the config
+                return reference.generate_minimal(prompt, generation_config=greedy, max_new_tokens=n)
+
+        arms["reference generate_minimal"] = run_reference
+    for name, run in arms.items():  # warm-up (the compiled passes are traced here), and every arm decodes n tokens
+        out = run()
+        emitted = (out.sequences[0].numel() if hasattr(out, "sequences") else out.shape[-1]) - prompt.shape[-1]
+        if emitted != n:
+            raise RuntimeError(f"{name} emitted {emitted} tokens, not the {n} asked for")
+    times = interleaved(arms, args.rounds)
+    print(f"greedy decoding, random weights at the tiny model's dimensions (d = {config.n_embd}, "
+          f"{config.n_prelude}/{config.n_core}/{config.n_coda} layers), R = {R}, prompt {args.prompt}, {n} new tokens, "
+          f"float32, {torch.get_num_threads()} thread(s), {args.rounds} interleaved rounds")
+    for name, ts in times.items():
+        print(f"  {name:<28} {n / statistics.median(ts):8.1f} tokens/s (median of {len(ts)})")
+    base = "reference generate_minimal"
+    if base in times:
+        for name in (k for k in times if k != base):
+            print(f"  {name} / reference: {paired(times, name, base)} (median of the paired rounds, range)")
+    if "looped_kv compiled" in times:
+        print(f"  compiled / eager: {paired(times, 'looped_kv compiled', 'looped_kv eager')}")
+    if args.batch_sizes:
+        print("looped_kv eager, tokens/s against the batch size (same prompt in every row):")
+        for b in args.batch_sizes:
+            seconds = timed(lambda b=b: generate(ours, prompt.expand(b, -1), **options))
+            print(f"  B = {b:<3} {b * n / seconds:8.1f} tokens/s")
+
+
+def methods_side_by_side(args: argparse.Namespace) -> None:
+    """Section 2: every method eager and compiled on the shipped tiny model, paired with greedy decoding."""
+    model = load("tiny", dtype=torch.float32)
+    text = data.prompts(args.workload, 1, "eval")[0]
+    prompt = model.tokenizer(text, return_tensors="pt").input_ids
+    modes = ("eager",) if args.no_compile else ("eager", "compiled")
+    arms, outputs = {}, {}
+    for method in args.methods:
+        for mode in modes:
+            options = dict(max_new_tokens=args.new_tokens, method=method, compile=mode == "compiled")
+            arms[f"{method} {mode}"] = lambda options=options: outputs.__setitem__(
+                (options["method"], options["compile"]), generate(model, prompt, **options))
+    for run in arms.values():  # warm-up: the compiled passes are traced here
+        run()
+    tokens = {f"{m} {'compiled' if c else 'eager'}": out.num_new for (m, c), out in outputs.items()}
+    times = interleaved(arms, args.rounds)
+    print(f"\nevery method on the shipped tiny model (R = {model.config.mean_recurrence}), one {args.workload} "
+          f"evaluation prompt of {prompt.shape[1]} tokens, up to {args.new_tokens} new tokens (stopping at "
+          f"end-of-text), float32, {args.rounds} interleaved rounds; ratios: median of the paired rounds (range)")
+    header = f"  {'method':<14}" + "".join(f"{mode + ' tokens/s':>20}" for mode in modes)
+    columns = [f"{mode} / {mode} greedy" for mode in modes] + (["compiled / eager"] if len(modes) > 1 else [])
+    header += "".join(f"{column:>28}" for column in columns)
+    print(header)
+    for method in args.methods:
+        names = {mode: f"{method} {mode}" for mode in modes}
+        row = f"  {DISPLAY[method]:<14}" + "".join(
+            f"{tokens[names[mode]] / statistics.median(times[names[mode]]):>20.1f}" for mode in modes)
+        row += "".join(f"{paired(times, names[mode], f'ar {mode}', tokens):>28}" for mode in modes)
+        if len(modes) > 1:
+            row += f"{paired(times, names['compiled'], names['eager'], tokens):>28}"
+        print(row)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.speed", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reference", type=Path, help="checkout of seal-rg/recurrent-pretraining (omit: looped_kv only)")
+    ap.add_argument("--prompt", type=int, default=256, help="prompt tokens of the reference comparison (default 256)")
+    ap.add_argument("--new-tokens", type=int, default=64, help="generated tokens (default 64)")
+    ap.add_argument("--num-loops", type=int, default=32, help="R of the reference comparison (default 32)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 2, 4, 8, 16],
+                    help="batch sizes of the tokens/s table (default 1 2 4 8 16; none: skip)")
+    ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS,
+                    help="methods timed eager and compiled on the tiny model (default: all; none: skip)")
+    ap.add_argument("--workload", default=data.WORKLOADS[0], choices=data.WORKLOADS,
+                    help=f"the evaluation prompt's workload for the methods (default {data.WORKLOADS[0]})")
+    ap.add_argument("--no-compile", action="store_true", help="skip the compiled passes")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    args = ap.parse_args(argv)
+    for flag in ("prompt", "new_tokens", "num_loops", "rounds", "threads"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if any(b < 1 for b in args.batch_sizes):
+        ap.error(f"--batch-sizes must all be >= 1, got {args.batch_sizes}")
+    if args.methods and "ar" not in args.methods:
+        ap.error(f"--methods must include ar (the baseline of every ratio), got {args.methods}")
+    if args.reference is not None and not args.reference.is_dir():
+        ap.error(f"--reference {args.reference} is not a folder (a checkout of seal-rg/recurrent-pretraining)")
+    torch.set_num_threads(args.threads)
+    config = LoopedConfig.from_file(TINY_DIR / "config.json")
+    if args.prompt + args.new_tokens > config.block_size:
+        ap.error(f"--prompt + --new-tokens must be <= {config.block_size}, got {args.prompt + args.new_tokens}")
+    greedy_against_reference(args, config)
+    if args.methods:
+        methods_side_by_side(args)
+
+
+if __name__ == "__main__":
+    main()

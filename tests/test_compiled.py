@@ -1,0 +1,142 @@
+"""Every method on compiled static-shape passes (looped_kv.decoding.compiled), in float64.
+
+Most tests trace with a backend that counts the graphs and runs them as traced (the static-shape code paths, without
+inductor's code generation, which is slow on a CPU): compiled and eager decoding emit the same tokens and the same
+acceptance for every method, a new prompt length reuses a trace within its capacity bucket, and stopped rows kept as
+padding (what compiled decoding does, forced here on the eager passes) change nothing. Inductor's code for these
+passes is tested on greedy decoding (tests/test_decoding.py). One small model (one core layer, R = 2), whose traces the
+module's tests share.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_model
+
+from looped_kv import generate, make_policy
+from looped_kv.decoding import compiled
+from looped_kv.decoding.core import capacity_bucket
+from looped_kv.decoding.das_wave import WaveDrafts
+from looped_kv.decoding.lookup import NgramDrafts
+from looped_kv.decoding.loop import decode
+from looped_kv.decoding.speculative import LoopDrafts
+from looped_kv.experiments import bench
+from looped_kv.runtime.policy import make_prefix_reads
+
+R = 2
+METHODS = {"ar": {}, "self-spec": {"draft_loops": 1, "block": 3}, "mature-spec": {"draft_loops": 1, "block": 2},
+           "pld": {"block": 3, "ngram": 1}, "das-wave": {"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
+
+
+class CountingBackend:
+    """A torch.compile backend that counts the graphs it is given and runs them as traced."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        self.graphs += 1
+        return graph.forward
+
+
+@pytest.fixture(scope="module")
+def backend():
+    torch._dynamo.reset()
+    counting, saved = CountingBackend(), compiled.BACKEND
+    compiled.BACKEND = counting
+    yield counting
+    compiled.BACKEND = saved
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model("huginn", seed=8, block_size=160, n_core=1, mean_recurrence=R)
+
+
+def prompts(model, lengths=(5, 3), seed=9):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, model.config.vocab_size, (n,), generator=generator) for n in lengths]
+
+
+def run(model, ids, method="ar", **options):
+    return generate(model, ids, max_new_tokens=[6, 5][:len(ids)], method=method, num_loops=R, stop_at_eos=False,
+                    **METHODS[method], **options)
+
+
+@pytest.mark.parametrize("method, cache", [*((m, {"cache": "full"}) for m in METHODS),
+                                           ("ar", {"cache": "ripe", "window": 2, "sinks": 1}),
+                                           ("self-spec", {"cache": "ripe", "window": 3}),
+                                           ("pld", {"cache": "first", "k": 1, "exact": False})])
+def test_compiled_passes_emit_the_eager_tokens(backend, model, method, cache):
+    ids = prompts(model)
+    eager, traced = (run(model, ids, method, compile=c, **cache) for c in (False, True))
+    assert all(torch.equal(a, b) for a, b in zip(eager.sequences, traced.sequences, strict=True)), (method, cache)
+    assert traced.row_accepted == eager.row_accepted and traced.stopped == eager.stopped
+    assert traced.extra["row_cache_bytes"] == eager.extra["row_cache_bytes"]
+    if method != "ar" and cache.get("exact", True):
+        greedy = run(model, ids, **{k: v for k, v in cache.items() if k != "exact"})
+        assert all(torch.equal(a, b) for a, b in zip(greedy.sequences, traced.sequences, strict=True))
+
+
+def test_new_prompt_lengths_reuse_the_trace_of_their_capacity_bucket(backend, model):
+    """Greedy steps and self-spec's drafts and verification blocks: one trace per pass and capacity bucket."""
+    options = dict(max_new_tokens=4, num_loops=R, stop_at_eos=False, compile=True, method="self-spec",
+                   draft_loops=1, block=3)
+    assert capacity_bucket(5 + 4 + 4, 160) == capacity_bucket(40 + 4 + 4, 160) == 64
+    generate(model, prompts(model, (5,)), **options)  # the bucket of 64 positions
+    before = backend.graphs
+    for n in (9, 23, 40):
+        generate(model, prompts(model, (n,)), **options)
+    assert backend.graphs == before  # same bucket, new lengths: no new trace
+    generate(model, prompts(model, (70,)), **options)  # the bucket of 128 positions
+    assert backend.graphs - before == 2  # one draft pass, one verification pass
+    generate(model, prompts(model, (90,)), **options)
+    assert backend.graphs - before == 2
+
+
+def test_das_wave_rounds_share_one_trace(backend, model):
+    """J = 5 rounds with deep K/V reads read the same planes: one trace for every round, one for verification."""
+    options = dict(max_new_tokens=5, num_loops=R, stop_at_eos=False, compile=True, method="das-wave", block=5,
+                   rounds=5, initial_width=1, updates=2)
+    before = backend.graphs
+    traced = generate(model, prompts(model, (4,)), **options)
+    assert backend.graphs - before == 2
+    eager = generate(model, prompts(model, (4,)), **{**options, "compile": False})
+    assert torch.equal(traced.tokens, eager.tokens) and traced.accepted == eager.accepted
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_stopped_rows_kept_as_padding_change_nothing(model, method):
+    """The padding path of compiled decoding, forced on the eager passes: every row, its statistics and its cache
+    bytes are those of the shrinking batch, and the batch keeps its size."""
+    policy = make_policy("ripe", R, window=4)
+    options = {k: v for k, v in METHODS[method].items()}
+    drafter = {"ar": lambda: None,
+               "self-spec": lambda: LoopDrafts(**options, reads=make_prefix_reads("deep-kv", R)),
+               "mature-spec": lambda: LoopDrafts(**options, reads=make_prefix_reads("deep-kv", R)),
+               "pld": lambda: NgramDrafts(**options),
+               "das-wave": lambda: WaveDrafts(**options, carry=True, exact=False)}[method]
+    ids, budgets = prompts(model, (4, 7, 2)), [2, 7, 4]
+    shrunk, padded = (decode(model, ids, budgets, policy=policy, drafter=drafter(), shrink=s) for s in (True, False))
+    assert all(torch.equal(a, b) for a, b in zip(shrunk.sequences, padded.sequences, strict=True))
+    assert shrunk.row_accepted == padded.row_accepted and shrunk.stopped == padded.stopped
+    assert shrunk.extra["row_cache_bytes"] == padded.extra["row_cache_bytes"]
+    assert shrunk.extra["batch_per_pass"] == padded.extra["batch_per_pass"]  # live rows per pass
+
+
+def test_bench_times_eager_and_compiled_side_by_side(backend, model):
+    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 1, "block": 3}}
+    ids = [p[None] for p in prompts(model, (5, 6))]
+    runs = bench.run_paired(model, ids, methods, max_new_tokens=5, progress=False, modes=bench.MODES)
+    assert len(runs) == 2 * 2 * 2 and runs["same_as_greedy"].all()
+    table = bench.side_by_side(runs, n_boot=100)
+    assert list(table.index) == ["greedy", "self-spec"]
+    for column in ("eager tokens/s", "compiled tokens/s", "eager speed-up", "compiled speed-up",
+                   "compiled / eager greedy"):
+        assert column in table.columns
+    name, speed = bench.best_compiled(runs, n_boot=100)
+    assert name == "self-spec" and speed.low <= speed.estimate <= speed.high
+    with pytest.raises(ValueError, match="modes must name some of"):
+        bench.run_paired(model, ids, methods, max_new_tokens=5, progress=False, modes=("jit",))
