@@ -80,6 +80,7 @@ def wave(passes: Passes, anchor: Tensor, *, block: int, rounds: int, initial_wid
                 fresh[:, :states.shape[1]] = states
             logits, states = passes.run(guesses[:, :width], updates, reads=reads, state=fresh, first_loop=first_loop)
             guesses[:, 1:width + 1] = logits.argmax(-1)  # shifted readout
+            del logits  # not held through the next round's pass
         previous = width
         if trace is not None:
             trace.append(guesses[:, 1:width + 1].clone())

@@ -194,6 +194,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
         logits = passes.verify(drafter.block(pending, proposal))
         outcome = drafter.accept(pending, proposal, logits.argmax(-1))
         observer.verified(view, logits, outcome)
+        del logits  # not held through the next block's drafts
         if all(view.live):
             passes.commit(outcome.commit)
         else:  # stopped rows kept as padding commit nothing
