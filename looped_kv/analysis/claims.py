@@ -41,7 +41,7 @@ from looped_kv.analysis.fits import (
 from looped_kv.analysis.measure import KL_RESOLUTION
 from looped_kv.analysis.memory_bench import MemoryCell, MemoryCheck
 from looped_kv.analysis.perf import ThroughputFit
-from looped_kv.analysis.planes import Eq6Check, ripening_curves, ripening_summary
+from looped_kv.analysis.planes import Eq6Check, RipeningCurves, ripening_curves, ripening_summary
 from looped_kv.analysis.ripe import tail_counts_by_prompt
 from looped_kv.analysis.throughput import FixedMemoryComparison, ThroughputCell
 from looped_kv.analysis.verdicts import (
@@ -77,16 +77,24 @@ FIDELITY_BIN = 32
 
 
 @torch.no_grad()
-def measured_ripeness(fit_model: LoopedLM, floor_model: LoopedLM, ids: Tensor, *, decoded: int, chunk: int = 8,
-                      record_device: torch.device | str | None = None) -> dict[str, Ripeness]:
-    """Remark 1's ripeness test of keys and values (RIPE Sec. 3.2, as chapter 2 runs it): ``fit_model`` (float32)
-    replays ``ids`` to fit c rho^r, ``floor_model`` (the same weights in bfloat16) to fit the floor of Eq. (5), and
-    the deep-loop bf16 distance is set against the floor (:func:`looped_kv.analysis.fits.ripeness`)."""
+def ripeness_replays(fit_model: LoopedLM, floor_model: LoopedLM, ids: Tensor, *, decoded: int, chunk: int = 8,
+                     record_device: torch.device | str | None = None) -> tuple[RipeningCurves, RipeningCurves]:
+    """The two replays of Remark 1's ripeness test (RIPE Sec. 3.2, as chapter 2 runs them): the ripening curves of
+    ``ids`` through ``fit_model`` (float32) and through ``floor_model`` (the same weights in bfloat16)."""
     R = fit_model.config.mean_recurrence
     if floor_model.config.mean_recurrence != R:
         raise ValueError(f"fit_model and floor_model must share R, got {R} and {floor_model.config.mean_recurrence}")
-    curves = [ripening_curves(m, ids, R, decoded=decoded, maturity_kinds=(), chunk=chunk, record_device=record_device)
-              for m in (fit_model, floor_model)]
+    fit, floor = (ripening_curves(m, ids, R, decoded=decoded, maturity_kinds=(), chunk=chunk,
+                                  record_device=record_device) for m in (fit_model, floor_model))
+    return fit, floor
+
+
+def measured_ripeness(fit_model: LoopedLM, floor_model: LoopedLM, ids: Tensor, *, decoded: int, chunk: int = 8,
+                      record_device: torch.device | str | None = None) -> dict[str, Ripeness]:
+    """Remark 1's ripeness test of keys and values (RIPE Sec. 3.2, as chapter 2 runs it): the float32 replay
+    (:func:`ripeness_replays`) fits c rho^r, the bfloat16 one the floor of Eq. (5), and the deep-loop bf16
+    distance is set against the floor (:func:`looped_kv.analysis.fits.ripeness`)."""
+    curves = ripeness_replays(fit_model, floor_model, ids, decoded=decoded, chunk=chunk, record_device=record_device)
     return {X: fit.ripeness for X, fit in ripening_summary(*curves).items()}
 
 
