@@ -243,8 +243,10 @@ class LoopedLM(nn.Module):
     @staticmethod
     def _logits(logits: Tensor, positions: Tensor) -> Tensor:
         """The head's logits as float32 (float64 stay), checked for a float16 overflow (not inside a traced step,
-        whose caller checks them)."""
-        if logits.dtype == torch.float16 and not torch.compiler.is_compiling() and not torch.isfinite(logits).all():
+        whose caller checks them). The check reads their min and max, which carry any NaN: no temporary of their size
+        beside them (an elementwise isfinite would hold five bytes per logit)."""
+        if logits.dtype == torch.float16 and not torch.compiler.is_compiling() \
+                and not torch.isfinite(torch.stack(torch.aminmax(logits))).all():
             raise Float16Overflow(f"the logits (positions {int(positions.min())}-{int(positions.max())})")
         return logits if logits.dtype == torch.float64 else logits.float()
 
