@@ -56,6 +56,7 @@ def test_depth_story_reads_the_record():
               "passed": {row["gate"]: row["passes"] for row in verdicts(figures)}}
     story = depth_story(record)
     assert "answers 50% after 4, 50% after 16, 100% after 32, 100% after 64 loops" in story
+    assert story.startswith("On 2 queries") and "(depth 25-32, 1 of them)" in story
     assert "falls by 1.05 nats" in story and "55% of its drafts" in story and "95% of its ceiling" in story
     assert story.count("not: ") == 1 and "DAS-Wave unsaturated" in story and "passes 6 of the 7" in story
 
