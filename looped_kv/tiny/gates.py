@@ -97,9 +97,9 @@ def depth_story(record: dict) -> str:
     accuracy = ", ".join(f"{f[f'accuracy R={R}']:.0%} after {R}" for R in LOOPS)
     failed = [g.name for g in GATES if not record["passed"][g.name]]
     return (
-        f"On {int(f['queries'])} queries of held-out chain programs (the depth workload's evaluation split), the shipped "
-        f"model answers {accuracy} loops, against a chance of {data.CHAIN_CHANCE:.0%}. Its answer loss falls by "
-        f"{f['answer loss R=4 - answer loss R=32']:.2f} nats from 4 loops to 32 and changes by "
+        f"On {int(f['queries'])} queries of held-out chain programs (the depth workload's evaluation split), the "
+        f"shipped model answers {accuracy} loops, against a chance of {data.CHAIN_CHANCE:.0%}. Its answer loss "
+        f"falls by {f['answer loss R=4 - answer loss R=32']:.2f} nats from 4 loops to 32 and changes by "
         f"{f['answer loss R=64 - answer loss R=32']:+.3f} from 32 to 64. On the deepest queries (depth {DEEPEST}, "
         f"{int(f[f'queries of depth {DEEPEST}'])} of them) it answers {f[f'accuracy R=32 on depth {DEEPEST}']:.0%} "
         f"at R = 32. Self-speculation with 4-loop drafts accepts "
