@@ -53,6 +53,8 @@ EOS = "<|endoftext|>"
 #: Options a resumed run may change: the thread count, the sitting's length, the run's length and the data mix
 #: with the depth it starts from (a staged mix). Each change is logged with the step it took effect.
 RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth")
+#: What a checkpoint older than an option ran with: before --mix-from-depth the mix applied from the start.
+BEFORE_OPTION = {"mix_from_depth": 1}
 EVAL_LOOPS = (1, 4, 8, 16, 32)
 #: The shipped model's default loop count R at inference (Huginn-0125's), whatever the training mean.
 INFERENCE_LOOPS = 32
@@ -404,10 +406,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.resume:  # the recorded recipe, except the options given again (recorded in the log as changes)
         given = {name: getattr(args, name) for name in RESUMABLE if f"--{name.replace('_', '-')}" in words}
         checkpoint = torch.load(args.out / "checkpoint.pt", weights_only=False)
-        changes = {k: (checkpoint["args"].get(k), v) for k, v in given.items() if checkpoint["args"].get(k) != v}
-        defaults = vars(ap.parse_args(["--out", str(args.out)]))  # options newer than the checkpoint
-        args = argparse.Namespace(**{**defaults, **checkpoint["args"], **given, "resume": True, "out": args.out,
-                                     "export": args.export})
+        recorded = {**BEFORE_OPTION, **checkpoint["args"]}
+        changes = {k: (recorded[k], v) for k, v in given.items() if recorded[k] != v}
+        args = argparse.Namespace(**{**recorded, **given, "resume": True, "out": args.out, "export": args.export})
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
