@@ -20,7 +20,8 @@ So each tensor has one shape at every call, and a step is traced once per shape:
 The cache's capacity is bucketed (:func:`~looped_kv.decoding.core.capacity_bucket`), so prompts of new
 lengths reuse a trace, and stopped rows stay in the batch as padding. Writing into the planes inside the
 graph is done in place (an index_put on a graph input). In float64 the compiled passes emit the eager ones'
-tokens for every method (tested); ``BACKEND`` and ``MODE`` are torch.compile's ``backend`` and ``mode``.
+tokens for every method (tested). ``BACKEND`` is torch.compile's ``backend``, and ``OPTIONS`` its Inductor options
+for each kind of device.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ from looped_kv.runtime.model import LoopedLM, check_finite
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
 
 BACKEND: str | object = "inductor"
-MODE: str | None = None
+#: Inductor's options per device type. On a CPU a decode step's matrix products are one row (or gamma + 1) by a few
+#: hundred, where a library call costs more than the arithmetic and the Python wrapper calls a few hundred kernels per
+#: step: Inductor's own C++ GEMM templates (``max_autotune``, which times them against the library's) and a C++
+#: wrapper make the compiled tiny model's greedy decoding about 1.8x faster (``python -m looped_kv.experiments.speed``
+#: prints the ratio to the reference). On a GPU, torch.compile's defaults.
+OPTIONS: dict[str, dict[str, object]] = {"cpu": {"max_autotune": True, "cpp_wrapper": True}}
 
 
 def _forward(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, tokens: Tensor, lengths: Tensor,
@@ -89,11 +95,13 @@ RECOMPILE_LIMIT = 64
 _TRACED: dict[tuple, Callable] = {}
 
 
-def traced(fn: Callable) -> Callable:
-    """``fn`` compiled with :data:`BACKEND` and :data:`MODE` (static shapes, one graph), made once per setting."""
-    key = (fn.__name__, BACKEND, MODE)
+def traced(fn: Callable, device: torch.device) -> Callable:
+    """``fn`` compiled with :data:`BACKEND` and the :data:`OPTIONS` of ``device``'s type (static shapes, one graph),
+    made once per setting."""
+    options = OPTIONS.get(device.type) if BACKEND == "inductor" else None
+    key = (fn.__name__, BACKEND, device.type, tuple(sorted((options or {}).items())))
     if key not in _TRACED:
-        compiled = torch.compile(fn, backend=BACKEND, mode=MODE, dynamic=False, fullgraph=True)
+        compiled = torch.compile(fn, backend=BACKEND, options=options, dynamic=False, fullgraph=True)
 
         def call(*args: object) -> tuple[Tensor, Tensor]:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
@@ -124,15 +132,16 @@ class CompiledPasses(Passes):
     def run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
             store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:
         column = torch.tensor(offset, device=tokens.device)
-        return traced(_draft)(self.model, self.cache, self.buffer, tokens, self.cache.lengths, column, state,
-                              num_loops, self.planes(reads, first_loop, num_loops), store)
+        step = traced(_draft, tokens.device)
+        return step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, column, state, num_loops,
+                    self.planes(reads, first_loop, num_loops), store)
 
     def verify(self, tokens: Tensor) -> Tensor:
         R, n = self.policy.num_loops, tokens.shape[1]
         self.into_cache = n == 1 or self.policy.in_own_plane
-        fn = _step if n == 1 else _verify
-        logits, _ = traced(fn)(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
-                               self.planes(ALIGNED, 1, R), "cache" if self.into_cache else "buffer")
+        step = traced(_step if n == 1 else _verify, tokens.device)
+        logits, _ = step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
+                         self.planes(ALIGNED, 1, R), "cache" if self.into_cache else "buffer")
         if self.model.dtype == torch.float16:
             check_finite(logits, f"the logits of the compiled pass at position {self.cache.max_length}")
         return logits
@@ -143,7 +152,7 @@ class CompiledPasses(Passes):
         if carried is None:
             B, n = guesses.shape
             carried = torch.zeros(B, n - 1, self.model.config.n_embd, dtype=self.model.dtype, device=guesses.device)
-        like = dict(device=guesses.device)
-        return traced(_refine)(self.model, self.cache, guesses, carried, torch.tensor(previous, **like),
-                               torch.tensor(width, **like), self.cache.lengths, num_loops,
-                               self.planes(reads, first_loop, num_loops))
+        previous_, width_ = (torch.tensor(n, device=guesses.device) for n in (previous, width))
+        step = traced(_refine, guesses.device)
+        return step(self.model, self.cache, guesses, carried, previous_, width_, self.cache.lengths, num_loops,
+                    self.planes(reads, first_loop, num_loops))

@@ -62,12 +62,17 @@ class Rotary(nn.Module):
         if config.rope_scaling and config.rope_scaling.get("rope_type", config.rope_scaling.get("type")) == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, config.rope_scaling)
         angles = torch.outer(torch.arange(config.block_size, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        cos, sin = angles.cos(), angles.sin()
+        if self.interleaved:  # pair (a, b) -> (a cos - b sin, b cos + a sin) = x * cos' + swap(x) * sin', per element
+            cos, sin = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], dim=-1).flatten(-2)
+        else:  # rotate-half: x * cos' + (-x2, x1) * sin'
+            cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         self._angles: tuple[Tensor, int, Tensor, Tensor] | None = None  # positions, their version, cos, sin
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos and sin at ``positions``, (..., 1, D/2); gathered once for the many calls of one forward pass."""
+        """cos' and sin' at ``positions``, (..., 1, D); gathered once for the many calls of one forward pass."""
         if torch.compiler.is_compiling():  # a traced step gathers them itself; no memo inside the graph
             return self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
         memo = self._angles
@@ -79,11 +84,11 @@ class Rotary(nn.Module):
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x`` (B, n, H, D) at absolute ``positions`` ((n,) or (B, n))."""
         cos, sin = self.angles(positions)
-        if self.interleaved:  # computed in float32, as the reference does
-            pairs = x.float().unflatten(-1, (-1, 2))
-            a, b = pairs[..., 0], pairs[..., 1]
-            return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2).type_as(x)
-        cos, sin = torch.cat([cos, cos], -1).to(x.dtype), torch.cat([sin, sin], -1).to(x.dtype)
+        if self.interleaved:  # computed in float32, as the reference does; the same products and sums, bit for bit
+            x32 = x.float()
+            swapped = x32.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (b, a) for each pair (a, b)
+            return (x32 * cos + swapped * sin).type_as(x)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         half = x.shape[-1] // 2
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
