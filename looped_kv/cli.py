@@ -1,4 +1,5 @@
-"""The looped-kv command: generate, bench, batched, memory, plan and pre-registered batches.
+"""The looped-kv command: generate, bench, batched, memory, plan, pre-registered batches, the experiments' scripts
+and the tiny model's training.
 
     looped-kv generate --method mature-spec --cache ripe --window 16 "Question: ... Answer:"
     looped-kv bench --workloads problems --prompts 32 --methods ar self-spec mature-spec
@@ -10,19 +11,29 @@
     looped-kv batch verify runs/regions
     looped-kv batch compare runs/regions runs/regions-torchrun   # byte for byte, else the largest differences
     looped-kv batch ledger runs/regions runs/windows
+    looped-kv speed --reference ../recurrent-pretraining   # python -m looped_kv.experiments.speed
+    looped-kv gpu-check --config huginn-0125 --out gpu_check.json   # python -m looped_kv.experiments.gpu_check
+    looped-kv plan-check --model huginn-0125 --out plan_check.json  # python -m looped_kv.experiments.plan_check
+    looped-kv train --out runs/tiny                    # python -m looped_kv.tiny.train
+    looped-kv gates                                    # python -m looped_kv.tiny.gates
+    looped-kv scout --list                             # python -m looped_kv.tiny.scout
 
-Errors are one line on stderr (looped-kv: error: ...) and exit status 2 (3 when a self-test fails).
+Errors are one line on stderr (looped-kv: error: ...) and exit status 2 (3 when a self-test fails). Each
+python -m script above runs its subcommand, under the script's name.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import re
 import signal
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import NoReturn, TypeVar
 
 import pandas as pd
 import torch
@@ -33,18 +44,20 @@ from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import METHODS, DasWave, Greedy, PromptLookup, SelfSpec
-from looped_kv.experiments import bench, throughput
+from looped_kv.experiments import bench, gpu_check, plan_check, speed, throughput
 from looped_kv.protocol import batches
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import PRESETS, LoopedConfig
-from looped_kv.runtime.loading import load, model_config, resolve_source
+from looped_kv.runtime.loading import TINY_DIR, load, model_config, resolve_source
 from looped_kv.runtime.measurement import check_device
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
+from looped_kv.tiny import gates, scout, train
 from looped_kv.workloads import data
 
 PROG = "looped-kv"
+Settings = TypeVar("Settings")
 
 
 def plain(doc: str | None) -> str:
@@ -54,7 +67,9 @@ def plain(doc: str | None) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors."""
+    """argparse with one-line errors; the top-level parser's ``commands`` are its subcommands' parsers."""
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -68,6 +83,19 @@ def _load(args: argparse.Namespace) -> LoopedLM:
     device = _device(args.device)
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     return load(args.model, dtype=DTYPES[dtype], device=device)
+
+
+def _options(cls: type[Settings], args: argparse.Namespace, **changes: object) -> Settings:
+    """The dataclass ``cls`` of a module's settings from the parsed options of the same names (and ``changes``)."""
+    names = {field.name for field in dataclasses.fields(cls)}
+    return cls(**{**{k: v for k, v in vars(args).items() if k in names}, **changes})
+
+
+def _all_at_least_one(**flags: list[int]) -> None:
+    """ValueError naming the first flag (given as its dest) with a value below 1."""
+    for dest, values in flags.items():
+        if any(v < 1 for v in values):
+            raise ValueError(f"--{dest.replace('_', '-')} must all be >= 1, got {values}")
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
@@ -325,16 +353,75 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 # -- batched --------------------------------------------------------------------------------------------------------
 
 
+def _check_batched(args: argparse.Namespace) -> None:
+    """The checks that need no model: every count, the batch sizes, the budget and --fit-on."""
+    _at_least_one(prompts=args.prompts, max_new_tokens=args.max_new_tokens, num_loops=args.num_loops,
+                  draft_loops=args.draft_loops, block=args.block, repeats=args.repeats, threads=args.threads)
+    _all_at_least_one(batch_sizes=args.batch_sizes, memory_batch_sizes=args.memory_batch_sizes)
+    if not (math.isfinite(args.budget_mb) and args.budget_mb >= 0):
+        raise ValueError(f"--budget-mb must be > 0 (or 0 to skip the fixed-memory comparison), got {args.budget_mb}")
+    if args.budget_mb:
+        unknown = sorted(set(args.fit_on) - set(args.memory_batch_sizes))
+        if unknown or len(set(args.fit_on)) < 2:
+            raise ValueError(f"--fit-on must name at least 2 distinct values of --memory-batch-sizes "
+                             f"{args.memory_batch_sizes}, got {args.fit_on}")
+    if args.num_loops is not None and args.draft_loops >= args.num_loops:
+        raise ValueError(f"--draft-loops must be in [1, {args.num_loops - 1}] (fewer than --num-loops "
+                         f"{args.num_loops}), got {args.draft_loops}")
+
+
 def cmd_batched(args: argparse.Namespace) -> int:
-    throughput.main(args.args, prog=f"{PROG} batched", parser_class=Parser)
+    _check_batched(args)
+    try:  # the config first (no weights): R and the context are known before the model is loaded
+        folder = resolve_source(args.model)
+        config = LoopedConfig.from_file(folder / "config.json")
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {args.model!r}: {error}") from None
+    R = config.mean_recurrence if args.num_loops is None else args.num_loops
+    if not 1 <= args.draft_loops < R:
+        raise ValueError(f"--draft-loops must be in [1, {R - 1}] (fewer than the R = {R} loops of the model), "
+                         f"got {args.draft_loops}")
+    try:
+        model = load(folder, device=args.device)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {args.model!r}: {error}") from None
+    if model.tokenizer is None:
+        raise ValueError(f"--model {args.model!r} has no tokenizer; the prompts are text")
+    options = _options(throughput.Options, args, num_loops=R)
+    prompts = throughput.eval_prompts(model, options)
+    throughput.check(model, prompts, options)  # every series, before the first decoding
+    throughput.run(model, prompts, options, args.model)
     return 0
 
 
 def _add_batched(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("batched", add_help=False,
-                       help="batched decoding: tokens/s against batch size, the peak-memory model and the "
-                            "fixed-memory throughput ratio (chapter 7; see looped-kv batched --help)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m looped_kv.experiments.throughput")
+    p = sub.add_parser(
+        "batched", help="batched decoding: tokens/s against batch size, the peak-memory model and the fixed-memory "
+                        "throughput ratio (chapter 7; python -m looped_kv.experiments.throughput)",
+        description="Batched decoding on CPU (or CUDA): tokens/s against batch size B for greedy decoding (ar) and "
+                    "draft-then-verify (self-spec) with the full and the deepest-plane caches, the peak-memory model "
+                    "peak(B) = cache B + o0 + o1 B fitted and checked on held-out batches, and the fixed-memory "
+                    "throughput ratio (deepest plane at its B_max / full cache at its B_max) under a budget "
+                    "(RIPE Sec. 3.5, 5.3).")
+    p.add_argument("--model", default="tiny", help="'tiny' (default), a checkpoint folder or a hub id")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--workload", default="problems", choices=data.WORKLOADS, help="prompt set (default problems)")
+    p.add_argument("--prompts", type=int, default=8, help="distinct prompts; larger batches cycle them (default 8)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8], help="B values (default 1 2 4 8)")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="new tokens per sequence (default 16)")
+    p.add_argument("--num-loops", type=int, default=None, help="R (default: the model's mean recurrence)")
+    p.add_argument("--draft-loops", type=int, default=4, help="d, loops per draft, in [1, R - 1] (default 4)")
+    p.add_argument("--block", type=int, default=4, help="gamma, drafts per verification (default 4)")
+    p.add_argument("--budget-mb", type=float, default=24.0,
+                   help="memory budget of the fixed-memory comparison, MB = 10^6 bytes above the weights "
+                        "(default 24); 0 skips the comparison")
+    p.add_argument("--memory-batch-sizes", type=int, nargs="+", default=[1, 2, 3, 4],
+                   help="B values of the peak-memory measurement (default 1 2 3 4)")
+    p.add_argument("--fit-on", type=int, nargs="+", default=[1, 2],
+                   help="at least 2 of the --memory-batch-sizes, which the memory model is fitted on; the others "
+                        "are held out (default 1 2)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per throughput cell, the fastest kept (default 2)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(func=cmd_batched)
 
 
@@ -452,25 +539,307 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     led.set_defaults(func=cmd_ledger)
 
 
+# -- speed ----------------------------------------------------------------------------------------------------------
+
+
+def cmd_speed(args: argparse.Namespace) -> int:
+    _at_least_one(prompt=args.prompt, new_tokens=args.new_tokens, num_loops=args.num_loops, rounds=args.rounds,
+                  threads=args.threads)
+    _all_at_least_one(batch_sizes=args.batch_sizes)
+    if args.methods and "ar" not in args.methods:
+        raise ValueError(f"--methods must include ar (the baseline of every ratio), got {args.methods}")
+    if args.reference is not None and not args.reference.is_dir():
+        raise ValueError(f"--reference {args.reference} is not a folder (a checkout of seal-rg/recurrent-pretraining)")
+    block_size = LoopedConfig.from_file(TINY_DIR / "config.json").block_size
+    if args.prompt + args.new_tokens > block_size:
+        raise ValueError(f"--prompt + --new-tokens must be <= {block_size}, got {args.prompt + args.new_tokens}")
+    speed.run(_options(speed.Options, args))
+    return 0
+
+
+def _add_speed(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("speed", help="decoding speed: greedy decoding against the public Huginn reference code, and "
+                                     "every method eager and compiled (python -m looped_kv.experiments.speed)",
+                       description=plain(speed.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reference", type=Path, help="checkout of seal-rg/recurrent-pretraining (omit: looped_kv only)")
+    p.add_argument("--prompt", type=int, default=256, help="prompt tokens of the reference comparison (default 256)")
+    p.add_argument("--new-tokens", type=int, default=64, help="generated tokens (default 64)")
+    p.add_argument("--num-loops", type=int, default=32, help="R of the reference comparison (default 32)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 2, 4, 8, 16],
+                   help="batch sizes of the tokens/s table (default 1 2 4 8 16; none: skip)")
+    p.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS,
+                   help="methods timed eager and compiled on the tiny model (default: all; none: skip)")
+    p.add_argument("--workload", default=data.WORKLOADS[0], choices=data.WORKLOADS,
+                   help=f"the evaluation prompt's workload for the methods (default {data.WORKLOADS[0]})")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled passes")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.set_defaults(func=cmd_speed)
+
+
+# -- gpu-check ------------------------------------------------------------------------------------------------------
+
+
+def _check_gpu_check(args: argparse.Namespace) -> LoopedConfig:
+    """Every argument checked before any work (the script runs once on a rented GPU: it must not fail late)."""
+    sizes = args.batch_sizes
+    _all_at_least_one(batch_sizes=sizes)
+    if len(sizes) < 3 or len(set(sizes)) != len(sizes):
+        raise ValueError(f"--batch-sizes needs at least 3 distinct sizes (the first 2 fit the memory model, the "
+                         f"others are held out), got {sizes}")
+    _at_least_one(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
+    try:
+        config = gpu_check.CONFIGS[args.config]()
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--config {args.config!r} could not be read: {error}") from None
+    R = config.mean_recurrence
+    bad = [d for d in args.draft_loops if not 1 <= d < R]
+    if bad:
+        raise ValueError(f"--draft-loops must each be in [1, {R - 1}] (fewer than the R = {R} loops of --config "
+                         f"{args.config}), got {bad}")
+    if args.prompt_tokens + args.new_tokens > config.block_size:
+        raise ValueError(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens} exceeds the context "
+                         f"of --config {args.config} (block_size {config.block_size})")
+    if args.out is not None:
+        out = Path(args.out)
+        if out.is_dir():
+            raise ValueError(f"--out {args.out!r} is a folder; give a file name")
+        folder = out.parent if str(out.parent) else Path(".")
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise ValueError(f"--out {args.out!r}: folder {str(folder)!r} does not exist or is not writable")
+    return config
+
+
+def cmd_gpu_check(args: argparse.Namespace) -> int:
+    config = _check_gpu_check(args)
+    gpu_check.run(_options(gpu_check.Options, args), config)
+    return 0
+
+
+def _add_gpu_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gpu-check", help="cache memory and loop cost of a full-size model with random weights, for "
+                                         "a GPU (python -m looped_kv.experiments.gpu_check)",
+                       description=plain(gpu_check.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="huginn-0125", choices=sorted(gpu_check.CONFIGS))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8],
+                   help="at least 3 distinct batch sizes; the first 2 fit the memory model (default: 1 2 4 8)")
+    p.add_argument("--prompt-tokens", type=int, default=256, help="tokens per prompt (default: 256)")
+    p.add_argument("--new-tokens", type=int, default=8, help="new tokens per sequence (default: 8)")
+    p.add_argument("--draft-loops", type=int, nargs="+", default=[1, 2, 4, 8],
+                   help="d values to time, each in [1, R - 1] (default: 1 2 4 8)")
+    p.add_argument("--repeats", type=int, default=5, help="timed forwards per d, the median kept (default: 5)")
+    p.add_argument("--out", default=None, help="write the figures as JSON to this file")
+    p.set_defaults(func=cmd_gpu_check)
+
+
+# -- plan-check -----------------------------------------------------------------------------------------------------
+
+
+def cmd_plan_check(args: argparse.Namespace) -> int:
+    configs = gpu_check.CONFIGS
+    path = Path(args.model).expanduser()
+    path = path / "config.json" if path.is_dir() else path
+    if args.model not in configs and not path.is_file():  # every argument checked before the model is built
+        raise ValueError(f"--model must be one of {tuple(configs)}, a checkpoint folder or a config.json, got "
+                         f"{args.model!r}")
+    if args.profile is not None and args.profile not in profiles.PROFILES:
+        raise ValueError(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
+    unknown = [c for c in args.chapters if c not in plan_check.RUNS]
+    if unknown:
+        raise ValueError(f"--chapters must be among {tuple(plan_check.RUNS)}, got {unknown}")
+    config = configs[args.model]() if args.model in configs else LoopedConfig.from_file(path)
+    plan_check.run(args.model, config, profile=args.profile, device=args.device, chapters=args.chapters,
+                   out=args.out)
+    return 0
+
+
+def _add_plan_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan-check", help="each chapter's measured peak memory against the plan, random weights "
+                                          "(python -m looped_kv.experiments.plan_check)",
+                       description=plain(plan_check.__doc__).splitlines()[0])
+    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(gpu_check.CONFIGS)}, or a checkpoint "
+                                                          f"folder or config.json (its config with random weights)")
+    p.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's for the "
+                                                   "GPU found)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--chapters", nargs="+", default=list(plan_check.RUNS), help="chapters to run (default: all)")
+    p.add_argument("--out", type=Path, default=None, help="write the record as JSON here")
+    p.set_defaults(func=cmd_plan_check)
+
+
+# -- train ----------------------------------------------------------------------------------------------------------
+
+
+def _check_train(args: argparse.Namespace) -> None:
+    """One-line errors before any work."""
+    for name in ("steps", "batch", "seq", "vocab", "n_embd", "heads", "mean_recurrence", "min_recurrence",
+                 "backprop", "eval_every", "eval_programs", "checkpoint_every", "threads", "start_depth",
+                 "mix_from_depth", "depth_step", "curriculum_loops", "curriculum_every"):
+        _at_least_one(**{name: getattr(args, name)})
+    if args.vocab < 257:
+        raise ValueError(f"--vocab must be >= 257 (the byte alphabet and end-of-text), got {args.vocab}")
+    if args.n_embd % args.heads:
+        raise ValueError(f"--n-embd ({args.n_embd}) must be divisible by --heads ({args.heads})")
+    if min(args.layers) < 0 or args.layers[1] < 1:
+        raise ValueError(f"--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got {args.layers}")
+    if not args.lr > 0:
+        raise ValueError(f"--lr must be > 0, got {args.lr}")
+    if args.minutes < 0:
+        raise ValueError(f"--minutes must be >= 0, got {args.minutes}")
+    if not 0 < args.advance_at <= 1:
+        raise ValueError(f"--advance-at must be in (0, 1], got {args.advance_at}")
+    if min(args.mix) < 0 or abs(sum(args.mix) - 1) > 1e-6:
+        raise ValueError(f"--mix must be three fractions >= 0 that sum to 1, got {args.mix}")
+    if args.start_depth > data.CHAIN_DEPTH:
+        raise ValueError(f"--start-depth must be in [1, {data.CHAIN_DEPTH}], got {args.start_depth}")
+    if not 1 <= args.chains <= 4:
+        raise ValueError(f"--chains must be in [1, 4], got {args.chains}")
+    if args.resume and not (args.out / "checkpoint.pt").exists():
+        raise ValueError(f"--resume needs {args.out / 'checkpoint.pt'}, which does not exist")
+
+
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    """The training options; their defaults are the shipped model's recipe (``config.json``'s training record)."""
+    p.add_argument("--out", type=Path, required=True, help="run folder: checkpoint, log, and the model at the end")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with its arguments")
+    p.add_argument("--export", type=Path, help="also write the finished model to this folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=60_000)
+    p.add_argument("--minutes", type=float, default=0, help="end this sitting after this much wall time (0: never)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=1024, help="BPE vocabulary; 257 is one token per byte")
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--layers", type=int, nargs=3, default=[1, 1, 1], metavar=("PRELUDE", "CORE", "CODA"))
+    p.add_argument("--mean-recurrence", type=int, default=16, help="mean loops per training step (the most, with "
+                                                                   "--recurrence-follows-depth)")
+    p.add_argument("--min-recurrence", type=int, default=8, help="the least mean, with --recurrence-follows-depth")
+    p.add_argument("--recurrence-follows-depth", action="store_true",
+                   help="mean recurrence = curriculum depth + backprop, within [min, mean]")
+    p.add_argument("--backprop", type=int, default=4, help="loops with gradient (truncated backpropagation)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=500)
+    p.add_argument("--mix", type=float, nargs=3, default=[0.2, 0.2, 0.6], metavar=("PROBLEMS", "CODE", "CHAINS"),
+                   help="fraction of each batch's rows (and weight in the loss) of each workload")
+    p.add_argument("--mix-from-depth", type=int, default=16, help="chains alone until the curriculum reaches this "
+                                                                  "depth, then --mix")
+    p.add_argument("--start-depth", type=int, default=4, help="deepest query at the start of the curriculum")
+    p.add_argument("--depth-step", type=int, default=2, help="how far the curriculum raises the deepest query")
+    p.add_argument("--advance-at", type=float, default=0.6, help="accuracy on the deepest allowed queries that "
+                                                                 "raises the curriculum")
+    p.add_argument("--curriculum-loops", type=int, default=32, help="loops at which the curriculum is judged")
+    p.add_argument("--curriculum-every", type=int, default=100)
+    p.add_argument("--chains", type=int, default=1, help="most chains per program (one query each)")
+    p.add_argument("--interleave", action="store_true", help="interleave a program's chains")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
+    p.add_argument("--eager", action="store_true", help="do not compile the loop")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--eval-programs", type=int, default=256)
+    p.add_argument("--checkpoint-every", type=int, default=250)
+
+
+def train_options(words: list[str]) -> train.Options:
+    """The settings of a training command line (``looped-kv train``'s options, defaults the shipped recipe), checked:
+    a ValueError (argparse's exit for what it rejects itself) on bad input."""
+    p = Parser(prog=f"{PROG} train")
+    _train_arguments(p)
+    args = p.parse_args(words)
+    _check_train(args)
+    return _options(train.Options, args)
+
+
+def _train_command(words: list[str]) -> str:
+    """The command line a finished run records (the module's, whichever command ran it)."""
+    return " ".join([train.COMMAND, *words])
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    _check_train(args)
+    words = args.words
+    given = [name for name in train.RESUMABLE if f"--{name.replace('_', '-')}" in words]
+    train.run(_options(train.Options, args), given=given, command=_train_command(words))
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train the shipped tiny model on CPU with Huginn's recipe; resumable "
+                                     "(python -m looped_kv.tiny.train)",
+                       description=plain(train.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    _train_arguments(p)
+    p.set_defaults(func=cmd_train)
+
+
+# -- gates ----------------------------------------------------------------------------------------------------------
+
+
+def cmd_gates(args: argparse.Namespace) -> int:
+    if not (Path(args.model) / "config.json").is_file():
+        raise ValueError(f"--model {args.model!r}: not a checkpoint folder (it has no config.json)")
+    gates.run(args.model, record=not args.no_record)
+    return 0
+
+
+def _add_gates(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gates", help="the numeric gates the tiny model must pass, measured on held-out data "
+                                     "(python -m looped_kv.tiny.gates)",
+                       description=plain(gates.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(TINY_DIR), help="checkpoint folder (default: the shipped tiny model)")
+    p.add_argument("--no-record", action="store_true", help="print only; do not write config.json")
+    p.set_defaults(func=cmd_gates)
+
+
+# -- scout ----------------------------------------------------------------------------------------------------------
+
+
+def cmd_scout(args: argparse.Namespace) -> int:
+    if args.list or args.recipe is None:
+        scout.show()
+        return 0
+    out = scout.RUNS / args.recipe
+    if out.exists():
+        raise ValueError(f"{out} exists: a scouting run is one sitting; move it away to run {args.recipe} again")
+    words = scout.train_words(args.recipe, args.minutes)
+    scout.run(args.recipe, train_options(words), command=_train_command(words))
+    return 0
+
+
+def _add_scout(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("scout", help="short, measured trainings of the tiny model that choose the long run's recipe "
+                                     "(python -m looped_kv.tiny.scout)",
+                       description=plain(scout.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", nargs="?", choices=sorted(scout.RECIPES))
+    p.add_argument("--minutes", type=float, default=30)
+    p.add_argument("--list", action="store_true")
+    p.set_defaults(func=cmd_scout)
+
+
 def parser() -> Parser:
     ap = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,bench,batched,memory,plan,batch}",
-                            parser_class=Parser)
-    _add_generate(sub)
-    _add_bench(sub)
-    _add_batched(sub)
-    _add_memory(sub)
-    _add_plan(sub)
-    _add_batch(sub)
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser,
+                            metavar="{generate,bench,batched,memory,plan,batch,speed,gpu-check,plan-check,train,gates,"
+                                    "scout}")
+    for add in (_add_generate, _add_bench, _add_batched, _add_memory, _add_plan, _add_batch, _add_speed,
+                _add_gpu_check, _add_plan_check, _add_train, _add_gates, _add_scout):
+        add(sub)
+    ap.commands = sub.choices
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run a command line (default: sys.argv). ``prog``: the name the command's help and errors go by, e.g. ``python
+    -m looped_kv.tiny.train`` for ``["train", ...]`` (each such module's __main__ calls this)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    name = prog or PROG
     try:
-        if argv[:1] == ["batched"]:  # its options go to the throughput parser (argparse cannot pass them on)
-            return cmd_batched(argparse.Namespace(args=argv[1:]))
-        args = parser().parse_args(argv)
+        ap = parser()
+        if prog is not None and argv[:1] and argv[0] in ap.commands:
+            ap.commands[argv[0]].prog = prog
+        args = ap.parse_args(argv)
+        args.words = argv[1:]  # the command's own words as given (train --resume: which options were given again)
         if getattr(args, "device", None) is not None:  # before any work: cuda on a CPU-only torch, "foo", ...
             check_device(args.device)
         if getattr(args, "threads", None) is not None and args.command != "batch":
@@ -481,10 +850,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error while Python flushes
         return 128 + signal.SIGPIPE
     except (ValueError, OSError, SelfTestFailure) as error:  # OSError: missing files, unreachable hub, full disk
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        print(f"{name}: error: {error}", file=sys.stderr)
         return 3 if isinstance(error, SelfTestFailure) else 2
     except KeyboardInterrupt as error:  # Ctrl-C: one line (a batch run says where its unfinished archive is)
-        print(f"{PROG}: {str(error) or 'interrupted'}", file=sys.stderr)
+        print(f"{name}: {str(error) or 'interrupted'}", file=sys.stderr)
         return 128 + signal.SIGINT
 
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+import runpy
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from test_batches import model_source, small_spec  # noqa: F401  (model_source is a fixture)
 
+import looped_kv.cli
 from looped_kv.cli import main
 from looped_kv.protocol import batches
 from looped_kv.runtime.config import huginn_0125
@@ -19,7 +23,8 @@ from looped_kv.runtime.memory import m_full, m_ripe
 
 torch.set_num_threads(1)  # small models: more threads only add contention
 HELP = {
-    (): ["generate", "bench", "batched", "memory", "batch"],
+    (): ["generate", "bench", "batched", "memory", "batch", "speed", "gpu-check", "plan-check", "train", "gates",
+         "scout"],
     ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--block", "--prefix-reads", "--inexact",
                     "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
     ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--draft-loops", "--block", "--model",
@@ -34,7 +39,20 @@ HELP = {
     ("batch", "verify"): ["archives", "MANIFEST.sha256", "--key-file", "unkeyed manifest"],
     ("batch", "compare"): ["first", "second", "torchrun", "identical", "largest", "Exit status"],
     ("batch", "ledger"): ["archives", "Appendix B", "--key-file"],
+    ("speed",): ["--reference", "--prompt", "--new-tokens", "--num-loops", "--rounds", "--batch-sizes", "--methods",
+                 "--workload", "--no-compile", "--threads", "generate_minimal", "recurrent-pretraining"],
+    ("gpu-check",): ["--config", "--device", "--batch-sizes", "--prompt-tokens", "--new-tokens", "--draft-loops",
+                     "--repeats", "--out", "random bf16 weights"],
+    ("plan-check",): ["--model", "--profile", "--device", "--chapters", "--out", "peak memory recorded"],
+    ("train",): ["--out", "--resume", "--export", "--mix", "--layers", "PRELUDE CORE CODA", "--chains", "--threads",
+                 "--checkpoint-every", "Huginn's recipe"],
+    ("gates",): ["--model", "--no-record", "more loops answer better"],
+    ("scout",): ["recipe", "one-chain", "--minutes", "--list", "earns_long_run"],
 }
+#: The scripts run as ``python -m MODULE``, each a subcommand of looped-kv.
+SCRIPTS = {"looped_kv.experiments.speed": "speed", "looped_kv.experiments.gpu_check": "gpu-check",
+           "looped_kv.experiments.plan_check": "plan-check", "looped_kv.experiments.throughput": "batched",
+           "looped_kv.tiny.train": "train", "looped_kv.tiny.gates": "gates", "looped_kv.tiny.scout": "scout"}
 
 
 @pytest.mark.parametrize("command", list(HELP), ids=lambda c: " ".join(c) or "looped-kv")
@@ -56,9 +74,51 @@ def test_help_is_plain_text(command, capsys):
     assert "``" not in out and ":func:" not in out and ":mod:" not in out
 
 
-def test_an_unknown_model_name_fails_at_once_when_the_hub_is_unreachable(monkeypatch, capsys):
-    import looped_kv.cli
+@pytest.mark.parametrize("module", list(SCRIPTS))
+def test_each_script_is_its_subcommand(module, monkeypatch, capsys):
+    """`python -m MODULE --help` (the module's __main__, run as python -m runs it) is the subcommand's help, under
+    the script's own name."""
+    monkeypatch.setattr(sys, "argv", [module, "--help"])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as exit_:
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already (by looped_kv.cli)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m {module} [-h]")
+    for word in HELP[(SCRIPTS[module],)]:
+        assert word.replace(f"looped-kv {SCRIPTS[module]}", f"python -m {module}") in out, (module, word)
 
+
+def test_only_the_cli_parses_command_lines():
+    """Every option of every script is defined and checked in looped_kv.cli; the modules take plain parameters."""
+    package = Path(looped_kv.cli.__file__).parent
+    parsing = [str(p.relative_to(package)) for p in package.rglob("*.py")
+               if p.name != "cli.py" and re.search(r"^\s*(import|from) argparse", p.read_text(), re.MULTILINE)]
+    assert parsing == []
+
+
+def test_train_and_scout_pass_their_settings_on(tmp_path, monkeypatch):
+    """`train --resume` names the resumable options given again and records the module's command line; `scout`
+    parses its recipe's training options (no training here: train.run and scout.run are replaced)."""
+    from looped_kv.tiny import scout, train
+
+    calls = []
+    monkeypatch.setattr(train, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.setattr(scout, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    words = ["--out", str(tmp_path), "--resume", "--threads", "2", "--mix", "0", "0", "1"]
+    assert main(["train", *words]) == 0
+    (options,), kwargs = calls.pop()
+    assert isinstance(options, train.Options) and options.out == tmp_path and options.threads == 2
+    assert kwargs == {"given": ["threads", "mix"], "command": " ".join(["python -m looped_kv.tiny.train", *words])}
+    monkeypatch.chdir(tmp_path)
+    assert main(["scout", "three-chains", "--minutes", "5"]) == 0
+    (recipe, options), kwargs = calls.pop()
+    assert recipe == "three-chains" and options.chains == 3 and options.minutes == 5 and options.threads == 1
+    assert options.out == Path("runs/scout/three-chains") and kwargs["command"].startswith("python -m looped_kv.tiny")
+
+
+def test_an_unknown_model_name_fails_at_once_when_the_hub_is_unreachable(monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.hf_hub_download",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("the hub was asked")))
@@ -107,6 +167,21 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["batched", "--fit-on", "1", "9"], "--fit-on must name at least 2 distinct values of --memory-batch-sizes"),
     (["batched", "--draft-loops", "99"], r"--draft-loops must be in [1, 31]"),
     (["batched", "--budget-mb", "-1"], "--budget-mb must be > 0"),
+    (["speed", "--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["speed", "--batch-sizes", "0"], "--batch-sizes must all be >= 1, got [0]"),
+    (["speed", "--methods", "self-spec"], "--methods must include ar"),
+    (["speed", "--reference", "no-such-checkout"], "--reference no-such-checkout is not a folder"),
+    (["speed", "--prompt", "1000"], "--prompt + --new-tokens must be <= 1024, got 1064"),
+    (["gpu-check", "--config", "tiny", "--device", "cpu", "--batch-sizes", "1", "2"], "at least 3 distinct sizes"),
+    (["gpu-check", "--config", "huginn"], "argument --config: invalid choice: 'huginn'"),
+    (["plan-check", "--chapters", "ch08"], "--chapters must be among ('ch01', "),
+    (["plan-check", "--model", "huginn"], "--model must be one of ("),
+    (["train"], "the following arguments are required: --out"),
+    (["train", "--out", "run", "--vocab", "100"], "--vocab must be >= 257"),
+    (["train", "--out", "run", "--mix", "0.5", "0.5", "0.5"], "--mix must be three fractions >= 0 that sum to 1"),
+    (["train", "--out", "run", "--resume"], "--resume needs run/checkpoint.pt, which does not exist"),
+    (["gates", "--model", "no-such-folder", "--no-record"], "--model 'no-such-folder': not a checkpoint folder"),
+    (["scout", "two-chains"], "argument recipe: invalid choice: 'two-chains' (choose from 'chars', "),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -9,13 +9,13 @@ import pytest
 import torch
 from conftest import random_model
 
+from looped_kv import cli
 from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import peak_bytes
 from looped_kv.analysis.throughput import throughput_cells
 from looped_kv.decoding import compiled as compiled_step
 from looped_kv.decoding.core import accept, new_cache, prefill, prefill_rows, run_block
 from looped_kv.decoding.generate import generate
-from looped_kv.experiments.throughput import main
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.policy import make_policy
@@ -270,7 +270,7 @@ def test_keep_rows_rejects_bad_rows():
 
 def test_command_line_help(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--help"])
+        cli.main(["batched", "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     for flag in ("--batch-sizes", "--max-new-tokens", "--draft-loops", "--block", "--budget-mb", "--fit-on"):
@@ -278,8 +278,9 @@ def test_command_line_help(capsys):
 
 
 def test_command_line_on_the_tiny_model(capsys):
-    main(["--prompts", "2", "--batch-sizes", "1", "2", "--max-new-tokens", "3", "--num-loops", "4", "--draft-loops",
-          "2", "--block", "2", "--budget-mb", "1", "--memory-batch-sizes", "1", "2", "3", "--repeats", "1"])
+    assert cli.main(["batched", "--prompts", "2", "--batch-sizes", "1", "2", "--max-new-tokens", "3", "--num-loops",
+                     "4", "--draft-loops", "2", "--block", "2", "--budget-mb", "1", "--memory-batch-sizes", "1", "2",
+                     "3", "--repeats", "1"]) == 0
     text = capsys.readouterr().out
     for series in ("ar        full", "ar        deepest", "self-spec full", "self-spec deepest"):
         assert series in text
@@ -310,8 +311,7 @@ def _no_decoding(*args, **kwargs):
 ])
 def test_command_line_checks_every_argument_before_decoding(argv, message, capsys, monkeypatch):
     monkeypatch.setattr(throughput, "generate", _no_decoding)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--prompts", "2", *argv])
-    assert exit_info.value.code == 2
+    assert cli.main(["batched", "--prompts", "2", *argv], prog="python -m looped_kv.experiments.throughput") == 2
     err = capsys.readouterr().err
     assert re.search(message, err), err
+    assert err.startswith("python -m looped_kv.experiments.throughput: error: ") and len(err.splitlines()) == 1

@@ -10,13 +10,15 @@ import sys
 import pytest
 import torch
 
+from looped_kv import cli
 from looped_kv.experiments import gpu_check
 
 
 def test_gpu_check_on_cpu(tmp_path, capsys):
     out = tmp_path / "check.json"
-    gpu_check.main(["--config", "tiny", "--device", "cpu", "--batch-sizes", "1", "2", "3", "--prompt-tokens", "8",
-                    "--new-tokens", "2", "--draft-loops", "1", "2", "--repeats", "1", "--out", str(out)])
+    assert cli.main(["gpu-check", "--config", "tiny", "--device", "cpu", "--batch-sizes", "1", "2", "3",
+                     "--prompt-tokens", "8", "--new-tokens", "2", "--draft-loops", "1", "2", "--repeats", "1", "--out",
+                     str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["weights"].startswith("random")
     for cache in ("full", "deepest"):
@@ -59,11 +61,10 @@ def test_bad_arguments_fail_before_any_work(argv, message, capsys, monkeypatch, 
         raise AssertionError("work started before the arguments were checked")
 
     monkeypatch.setattr(gpu_check, "random_model", no_work)
-    with pytest.raises(SystemExit) as exit_info:
-        gpu_check.main(argv)
-    assert exit_info.value.code == 2
+    assert cli.main(["gpu-check", *argv], prog=gpu_check.COMMAND) == 2
     err = capsys.readouterr().err
     assert re.search(message, err), err
+    assert err.startswith(f"{gpu_check.COMMAND}: error: ") and len(err.splitlines()) == 1
 
 
 def test_bare_import_exposes_measurement_mode():

@@ -206,10 +206,10 @@ def test_missing_path_object_is_local(tmp_path):
 def test_training_defaults_are_the_shipped_recipe():
     """`python -m looped_kv.tiny.train --out DIR` retrains the shipped model's recipe: every recorded argument is
     the default, except where a sitting ran (threads, minutes, its length) and where the run was written."""
-    from looped_kv.tiny.train import parser
+    from looped_kv.cli import train_options
 
     record = json.loads((TINY_DIR / "config.json").read_text())["training"]["args"]
-    defaults = vars(parser().parse_args(["--out", "runs/tiny"]))
+    defaults = vars(train_options(["--out", "runs/tiny"]))
     sitting = {"out", "export", "resume", "threads", "minutes", "steps"}
     assert set(record) - sitting == set(defaults) - sitting
     assert {k: record[k] for k in set(record) - sitting} == {k: defaults[k] for k in set(record) - sitting}

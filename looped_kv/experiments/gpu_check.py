@@ -18,12 +18,11 @@ and the JSON records that setting with the torch, CUDA and cuDNN versions.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
+import sys
 import time
+from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -34,10 +33,26 @@ from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.analysis.perf import peak_memory
 from looped_kv.runtime.config import PRESETS, LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR
-from looped_kv.runtime.measurement import check_device, environment, measurement_mode
+from looped_kv.runtime.measurement import environment, measurement_mode
 from looped_kv.runtime.model import LoopedLM
 
 CONFIGS = {**PRESETS, "tiny": lambda: LoopedConfig.from_file(TINY_DIR / "config.json")}
+#: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``gpu-check``), as a module.
+COMMAND = "python -m looped_kv.experiments.gpu_check"
+
+
+@dataclass(frozen=True)
+class Options:
+    """One run's settings (``looped-kv gpu-check``'s options, checked there before any work)."""
+
+    config: str  # a key of CONFIGS
+    device: str
+    batch_sizes: list[int]  # at least 3 distinct; the first 2 fit the memory model
+    prompt_tokens: int
+    new_tokens: int
+    draft_loops: list[int]  # d values to time, each in [1, R - 1]
+    repeats: int
+    out: str | None  # the JSON file to write, or None
 
 
 def random_model(config: LoopedConfig, device: str, dtype: torch.dtype) -> LoopedLM:
@@ -81,60 +96,9 @@ def record_tables(result: dict) -> dict[str, pd.DataFrame]:
     return {"memory": pd.DataFrame(memory).set_index(["cache", "B"]), "cost": cost}
 
 
-def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> LoopedConfig:
-    """Every argument checked before any work (the script runs once on a rented GPU: it must not fail late)."""
-    try:
-        check_device(args.device)
-    except ValueError as error:
-        ap.error(str(error))
-    sizes = args.batch_sizes
-    if any(b < 1 for b in sizes):
-        ap.error(f"--batch-sizes must all be >= 1, got {sizes}")
-    if len(sizes) < 3 or len(set(sizes)) != len(sizes):
-        ap.error(f"--batch-sizes needs at least 3 distinct sizes (the first 2 fit the memory model, the others are "
-                 f"held out), got {sizes}")
-    for flag, value in (("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens),
-                        ("--repeats", args.repeats)):
-        if value < 1:
-            ap.error(f"{flag} must be >= 1, got {value}")
-    try:
-        config = CONFIGS[args.config]()
-    except (OSError, ValueError) as error:
-        ap.error(f"--config {args.config!r} could not be read: {error}")
-    R = config.mean_recurrence
-    bad = [d for d in args.draft_loops if not 1 <= d < R]
-    if bad:
-        ap.error(f"--draft-loops must each be in [1, {R - 1}] (fewer than the R = {R} loops of --config "
-                 f"{args.config}), got {bad}")
-    if args.prompt_tokens + args.new_tokens > config.block_size:
-        ap.error(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens} exceeds the context of "
-                 f"--config {args.config} (block_size {config.block_size})")
-    if args.out is not None:
-        out = Path(args.out)
-        if out.is_dir():
-            ap.error(f"--out {args.out!r} is a folder; give a file name")
-        folder = out.parent if str(out.parent) else Path(".")
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            ap.error(f"--out {args.out!r}: folder {str(folder)!r} does not exist or is not writable")
-    return config
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.gpu_check", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="huginn-0125", choices=sorted(CONFIGS))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                    help="torch device (default: cuda when available, else cpu)")
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8],
-                    help="at least 3 distinct batch sizes; the first 2 fit the memory model (default: 1 2 4 8)")
-    ap.add_argument("--prompt-tokens", type=int, default=256, help="tokens per prompt (default: 256)")
-    ap.add_argument("--new-tokens", type=int, default=8, help="new tokens per sequence (default: 8)")
-    ap.add_argument("--draft-loops", type=int, nargs="+", default=[1, 2, 4, 8],
-                    help="d values to time, each in [1, R - 1] (default: 1 2 4 8)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed forwards per d, the median kept (default: 5)")
-    ap.add_argument("--out", default=None, help="write the figures as JSON to this file")
-    args = ap.parse_args(argv)
-    config = check_arguments(ap, args)
+def run(args: Options, config: LoopedConfig) -> None:
+    """Measure ``config`` (the config named ``args.config``) with random weights; print the JSON, and write it to
+    ``args.out`` if given."""
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     model = random_model(config, args.device, dtype)
     R = config.mean_recurrence
@@ -169,4 +133,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from looped_kv import cli
+
+    sys.exit(cli.main(["gpu-check", *sys.argv[1:]], prog=COMMAND))

@@ -27,8 +27,8 @@ on a CPU with a fixture-sized model and the ``smoke`` profile.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from datetime import date
@@ -57,11 +57,13 @@ from looped_kv.analysis.ripe import acceptance_by_cache, replay_records
 from looped_kv.decoding.generate import generate
 from looped_kv.experiments import bench
 from looped_kv.runtime.config import LoopedConfig
-from looped_kv.runtime.measurement import check_device, measurement_mode
+from looped_kv.runtime.measurement import measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy
 
 SKIPPED = {"ch01": ("chain answers",)}  # plan steps a run does not make
+#: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``plan-check``), as a module.
+COMMAND = "python -m looped_kv.experiments.plan_check"
 
 
 def token_ids(model: LoopedLM, rows: int, tokens: int, seed: int = 0) -> torch.Tensor:
@@ -224,44 +226,25 @@ def check(model: LoopedLM, profile: profiles.Profile, chapters: list[str] | None
     return pd.DataFrame(rows).set_index("chapter")
 
 
-def main(argv: list[str] | None = None) -> None:
-    from looped_kv.experiments.gpu_check import CONFIGS, random_model
+def run(model_name: str, config: LoopedConfig, profile: str | None = None, device: str = "cpu",
+        chapters: list[str] | None = None, out: Path | None = None) -> None:
+    """Check ``config`` (the model given as ``model_name``) with random weights at ``profile`` (default: the
+    model's for the GPU found) and print the table; write the record as JSON to ``out`` if given."""
+    from looped_kv.experiments.gpu_check import random_model
 
-    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.plan_check",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="huginn-0125", help=f"one of {tuple(CONFIGS)}, or a checkpoint folder or "
-                                                          f"config.json (its config with random weights)")
-    ap.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's for the "
-                                                    "GPU found)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--chapters", nargs="+", default=list(RUNS), help="chapters to run (default: all)")
-    ap.add_argument("--out", type=Path, default=None, help="write the record as JSON here")
-    args = ap.parse_args(argv)
-    path = Path(args.model).expanduser()
-    path = path / "config.json" if path.is_dir() else path
-    if args.model not in CONFIGS and not path.is_file():  # every argument checked before the model is built
-        ap.error(f"--model must be one of {tuple(CONFIGS)}, a checkpoint folder or a config.json, got {args.model!r}")
-    if args.profile is not None and args.profile not in profiles.PROFILES:
-        ap.error(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
-    unknown = [c for c in args.chapters if c not in RUNS]
-    if unknown:
-        ap.error(f"--chapters must be among {tuple(RUNS)}, got {unknown}")
-    try:
-        check_device(args.device)
-    except ValueError as error:
-        ap.error(str(error))
-    config = CONFIGS[args.model]() if args.model in CONFIGS else LoopedConfig.from_file(path)
-    gpu = profiles.detect_gpu() if args.device.startswith("cuda") else None
-    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model, gpu.card if gpu else None)]
+    gpu = profiles.detect_gpu() if device.startswith("cuda") else None
+    chosen = profiles.PROFILES[profile or profiles.name_for(config, model_name, gpu.card if gpu else None)]
     with measurement_mode() as settings:
-        model = random_model(config, args.device, _dtype(profile.dtype))
-        table = check(model, profile, args.chapters)
+        model = random_model(config, device, _dtype(chosen.dtype))
+        table = check(model, chosen, chapters)
     print(table.to_string(float_format=lambda x: f"{x:.3g}"))
-    if args.out is not None:
-        record = {"model": args.model, "profile": profile.name, "date": date.today().isoformat(),
+    if out is not None:
+        record = {"model": model_name, "profile": chosen.name, "date": date.today().isoformat(),
                   "environment": settings, "chapters": table.reset_index().to_dict("records")}
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        out.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    from looped_kv import cli
+
+    sys.exit(cli.main(["plan-check", *sys.argv[1:]], prog=COMMAND))

@@ -24,7 +24,6 @@ with ``pip install "transformers>=4.53,<5"`` (4.47 lacks a call they make; loope
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import shutil
@@ -33,19 +32,38 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from looped_kv.decoding.generate import generate
-from looped_kv.decoding.settings import DISPLAY, METHODS
+from looped_kv.decoding.settings import DISPLAY
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
 
 REFERENCE_FILES = ("raven_config_minimal.py", "raven_modeling_minimal.py")
+#: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``speed``), as a module.
+COMMAND = "python -m looped_kv.experiments.speed"
+
+
+@dataclass(frozen=True)
+class Options:
+    """One run's settings (``looped-kv speed``'s options, checked there)."""
+
+    reference: Path | None  # checkout of seal-rg/recurrent-pretraining, or None: looped_kv only
+    prompt: int  # prompt tokens of the reference comparison
+    new_tokens: int
+    num_loops: int  # R of the reference comparison
+    rounds: int
+    batch_sizes: list[int]  # of the tokens/s table; empty: skip it
+    methods: list[str]  # timed eager and compiled on the tiny model; empty: skip them
+    workload: str
+    no_compile: bool
+    threads: int
 
 
 def random_checkpoint(folder: Path, config: LoopedConfig, seed: int = 0) -> Path:
@@ -124,7 +142,7 @@ def paired(times: dict[str, list[float]], arm: str, base: str, tokens: dict[str,
     return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
-def greedy_against_reference(args: argparse.Namespace, config: LoopedConfig) -> None:
+def greedy_against_reference(args: Options, config: LoopedConfig) -> None:
     """Section 1: greedy decoding, eager and compiled, against the reference's generate_minimal."""
     folder = random_checkpoint(Path(tempfile.mkdtemp()) / "checkpoint", config)
     ours = load(folder, dtype=torch.float32)
@@ -169,7 +187,7 @@ def greedy_against_reference(args: argparse.Namespace, config: LoopedConfig) -> 
             print(f"  B = {b:<3} {b * n / seconds:8.1f} tokens/s")
 
 
-def methods_side_by_side(args: argparse.Namespace) -> None:
+def methods_side_by_side(args: Options) -> None:
     """Section 2: every method eager and compiled on the shipped tiny model, paired with greedy decoding."""
     model = load("tiny", dtype=torch.float32)
     text = data.prompts(args.workload, 1, "eval")[0]
@@ -202,40 +220,16 @@ def methods_side_by_side(args: argparse.Namespace) -> None:
         print(row)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m looped_kv.experiments.speed", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reference", type=Path, help="checkout of seal-rg/recurrent-pretraining (omit: looped_kv only)")
-    ap.add_argument("--prompt", type=int, default=256, help="prompt tokens of the reference comparison (default 256)")
-    ap.add_argument("--new-tokens", type=int, default=64, help="generated tokens (default 64)")
-    ap.add_argument("--num-loops", type=int, default=32, help="R of the reference comparison (default 32)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    ap.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 2, 4, 8, 16],
-                    help="batch sizes of the tokens/s table (default 1 2 4 8 16; none: skip)")
-    ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS,
-                    help="methods timed eager and compiled on the tiny model (default: all; none: skip)")
-    ap.add_argument("--workload", default=data.WORKLOADS[0], choices=data.WORKLOADS,
-                    help=f"the evaluation prompt's workload for the methods (default {data.WORKLOADS[0]})")
-    ap.add_argument("--no-compile", action="store_true", help="skip the compiled passes")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    args = ap.parse_args(argv)
-    for flag in ("prompt", "new_tokens", "num_loops", "rounds", "threads"):
-        if getattr(args, flag) < 1:
-            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if any(b < 1 for b in args.batch_sizes):
-        ap.error(f"--batch-sizes must all be >= 1, got {args.batch_sizes}")
-    if args.methods and "ar" not in args.methods:
-        ap.error(f"--methods must include ar (the baseline of every ratio), got {args.methods}")
-    if args.reference is not None and not args.reference.is_dir():
-        ap.error(f"--reference {args.reference} is not a folder (a checkout of seal-rg/recurrent-pretraining)")
-    torch.set_num_threads(args.threads)
+def run(options: Options) -> None:
+    """Both sections, printed: greedy decoding against the reference, then every method (unless none)."""
+    torch.set_num_threads(options.threads)
     config = LoopedConfig.from_file(TINY_DIR / "config.json")
-    if args.prompt + args.new_tokens > config.block_size:
-        ap.error(f"--prompt + --new-tokens must be <= {config.block_size}, got {args.prompt + args.new_tokens}")
-    greedy_against_reference(args, config)
-    if args.methods:
-        methods_side_by_side(args)
+    greedy_against_reference(options, config)
+    if options.methods:
+        methods_side_by_side(options)
 
 
 if __name__ == "__main__":
-    main()
+    from looped_kv import cli
+
+    sys.exit(cli.main(["speed", *sys.argv[1:]], prog=COMMAND))

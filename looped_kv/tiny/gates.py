@@ -20,9 +20,9 @@ numbers, on the evaluation split of the depth workload (value-changing chains,
 
 from __future__ import annotations
 
-import argparse
 import json
 import operator
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,20 +140,18 @@ def verdicts(figures: dict[str, float]) -> list[dict[str, object]]:
             for g in GATES]
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(TINY_DIR), help="checkpoint folder (default: the shipped tiny model)")
-    ap.add_argument("--no-record", action="store_true", help="print only; do not write config.json")
-    args = ap.parse_args(argv)
+def run(folder: str | Path = TINY_DIR, record: bool = True) -> None:
+    """Measure the gates of the checkpoint in ``folder`` on one thread and print each verdict; with ``record``,
+    write them into its config.json."""
     torch.set_num_threads(1)
-    model = load(args.model, dtype=torch.float32)
+    model = load(folder, dtype=torch.float32)
     start = time.perf_counter()
     figures = measure(model)
     rows = verdicts(figures)
     for row in rows:
         print(f"{'pass' if row['passes'] else 'FAIL'}  {row['gate']}: {row['rule']}; measured {row['measured']:.4f}")
-    if not args.no_record:
-        path = Path(args.model) / "config.json"
+    if record:
+        path = Path(folder) / "config.json"
         config = json.loads(path.read_text())
         config["gates"] = {"command": COMMAND, "seconds": round(time.perf_counter() - start), "figures": figures,
                            "passed": {row["gate"]: row["passes"] for row in rows}}
@@ -161,4 +159,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from looped_kv import cli
+
+    sys.exit(cli.main(["gates", *sys.argv[1:]], prog=COMMAND))

@@ -13,9 +13,9 @@ solve, and above chance (:func:`earns_long_run`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,6 +25,10 @@ from looped_kv.analysis.depth import DEPTH_BUCKETS
 from looped_kv.tiny import train
 
 RECORDS = Path(__file__).parent / "scouting"
+#: Where a run trains (NAME below it), relative to the working directory.
+RUNS = Path("runs/scout")
+#: The command that runs a recipe (:mod:`looped_kv.cli`'s ``scout``), as a module.
+COMMAND = "python -m looped_kv.tiny.scout"
 #: Queries deeper than 4 loops of a 1-layer core can answer at one step per loop (DESIGN.md's prototypes).
 DEEP_BUCKETS = ("9-12", "13-16", "17-24", "25-32")
 
@@ -88,39 +92,43 @@ def summary(runs: list[dict], loops: tuple[str, ...] = ("1", "4", "8", "16", "32
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["recipe", "R"])
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("recipe", nargs="?", choices=sorted(RECIPES))
-    ap.add_argument("--minutes", type=float, default=30)
-    ap.add_argument("--list", action="store_true")
-    args = ap.parse_args(argv)
-    if args.list or args.recipe is None:
-        for name, (what, options) in RECIPES.items():
-            path = RECORDS / f"{name}.json"
-            status = "not run"
-            if path.exists():
-                last = json.loads(path.read_text())["final"]
-                status = f"step {last['step']}, earns a long run: {earns_long_run(last)}"
-            print(f"{name}: {what}\n    {' '.join(options)}\n    {status}")
-        return
-    what, options = RECIPES[args.recipe]
-    out = Path("runs/scout") / args.recipe
-    if out.exists():
-        ap.error(f"{out} exists: a scouting run is one sitting; move it away to run {args.recipe} again")
+def show() -> None:
+    """Print the recipes, their options and the runs recorded so far."""
+    for name, (what, options) in RECIPES.items():
+        path = RECORDS / f"{name}.json"
+        status = "not run"
+        if path.exists():
+            last = json.loads(path.read_text())["final"]
+            status = f"step {last['step']}, earns a long run: {earns_long_run(last)}"
+        print(f"{name}: {what}\n    {' '.join(options)}\n    {status}")
+
+
+def train_words(recipe: str, minutes: float) -> list[str]:
+    """The ``looped_kv.tiny.train`` options of one sitting of ``recipe``: its options, in RUNS/NAME, one thread."""
+    return [*RECIPES[recipe][1], "--out", str(RUNS / recipe), "--minutes", str(minutes), "--threads", "1"]
+
+
+def run(recipe: str, settings: train.Options, command: str) -> None:
+    """Train one sitting of ``recipe`` with ``settings`` (:func:`train_words`, parsed; ``command`` the training
+    command line) and record its settings and log in RECORDS/NAME.json."""
+    what, options = RECIPES[recipe]
+    out = settings.out
     started = datetime.now(timezone.utc).isoformat(timespec="minutes")
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    train.main([*options, "--out", str(out), "--minutes", str(args.minutes), "--threads", "1"])
+    train.run(settings, command=command)
     log = json.loads((out / "training_log.json").read_text())
     final = [e for e in log if "held_out" in e][-1]
     RECORDS.mkdir(exist_ok=True)
-    (RECORDS / f"{args.recipe}.json").write_text(json.dumps({
-        "recipe": args.recipe, "what": what, "command": f"python -m looped_kv.tiny.scout {args.recipe}",
+    (RECORDS / f"{recipe}.json").write_text(json.dumps({
+        "recipe": recipe, "what": what, "command": f"{COMMAND} {recipe}",
         "commit": commit, "started": started,
         "options": options, "settings": json.loads((out / "settings.json").read_text()),
         "final": final, "log": log}, indent=1) + "\n")
-    print(f"{args.recipe}: earns a long run: {earns_long_run(final)}")
+    print(f"{recipe}: earns a long run: {earns_long_run(final)}")
 
 
 if __name__ == "__main__":
-    main()
+    from looped_kv import cli
+
+    sys.exit(cli.main(["scout", *sys.argv[1:]], prog=COMMAND))

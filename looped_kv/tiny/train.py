@@ -28,20 +28,21 @@ then measures the gates on the evaluation split.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
 import sys
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerFast
 
 from looped_kv.analysis.depth import DEPTH_BUCKETS, answer_hits, encode_chains, loss_by_loops
 from looped_kv.runtime.attention import CausalRouter
@@ -49,6 +50,11 @@ from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
 
+if TYPE_CHECKING:  # transformers is imported where a tokenizer is made: the looped-kv command starts without it
+    from transformers import PreTrainedTokenizerFast
+
+#: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``train``), as a module; a finished run records it.
+COMMAND = "python -m looped_kv.tiny.train"
 EOS = "<|endoftext|>"
 #: Options a resumed run may change: the thread count, the sitting's length, the run's length and the data mix
 #: with the depth it starts from (a staged mix). Each change is logged with the step it took effect.
@@ -60,6 +66,47 @@ EVAL_LOOPS = (1, 4, 8, 16, 32)
 INFERENCE_LOOPS = 32
 
 
+@dataclass(frozen=True)
+class Options:
+    """A run's settings, one per option of ``looped-kv train`` (``looped_kv.cli.train_options`` makes them from a
+    command line, checked, with the shipped recipe as defaults). A checkpoint records them but ``out``, ``resume``
+    and ``export``; ``settings.json`` and the finished model's training record all but ``resume``."""
+
+    out: Path
+    resume: bool
+    export: Path | None
+    seed: int
+    steps: int
+    minutes: float
+    batch: int
+    seq: int
+    vocab: int
+    n_embd: int
+    heads: int
+    layers: list[int]  # prelude, core, coda
+    mean_recurrence: int
+    min_recurrence: int
+    recurrence_follows_depth: bool
+    backprop: int
+    lr: float
+    warmup: int
+    mix: list[float]  # problems, code, chains
+    mix_from_depth: int
+    start_depth: int
+    depth_step: int
+    advance_at: float
+    curriculum_loops: int
+    curriculum_every: int
+    chains: int
+    interleave: bool
+    precision: str  # bf16 or fp32
+    eager: bool
+    threads: int
+    eval_every: int
+    eval_programs: int
+    checkpoint_every: int
+
+
 def corpus(split: str, problems: int) -> tuple[str, str]:
     """(word-problem text, standard-library text) of a split, documents separated by end-of-text."""
     text = "".join(p.text + EOS for p in data.word_problems(problems, split))
@@ -69,6 +116,8 @@ def corpus(split: str, problems: int) -> tuple[str, str]:
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """Byte-level BPE; at ``vocab_size`` 257 it has no merges: one token per byte (characters, for ASCII)."""
+    from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -223,7 +272,7 @@ def chain_rows(tokenizer: PreTrainedTokenizerFast, rows: int, seq: int, step: in
 class Curriculum:
     """The deepest query a training step may ask, raised as development accuracy allows."""
 
-    def __init__(self, args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) -> None:
+    def __init__(self, args: Options, tokenizer: PreTrainedTokenizerFast) -> None:
         self.args, self.tokenizer = args, tokenizer
         self.depth = args.start_depth
         self.raised: list[tuple[int, int]] = []  # (step, new cap)
@@ -248,12 +297,12 @@ class Curriculum:
         self.depth, self.raised = state["depth"], [tuple(x) for x in state["raised"]]
 
 
-def shape(args: argparse.Namespace) -> dict:
+def shape(args: Options) -> dict:
     """The chain programs' shape options (``data.chain_programs``)."""
     return {"max_chains": args.chains, "interleave": args.interleave}
 
 
-def batch_mix(args: argparse.Namespace, depth: int) -> tuple[dict[str, float], dict[str, int]]:
+def batch_mix(args: Options, depth: int) -> tuple[dict[str, float], dict[str, int]]:
     """The step's workload fractions (of rows, and weights in the loss) and row counts: chains alone until the
     curriculum reaches ``--mix-from-depth``, then ``--mix``."""
     fractions = args.mix if depth >= args.mix_from_depth else [0.0, 0.0, 1.0]
@@ -263,7 +312,7 @@ def batch_mix(args: argparse.Namespace, depth: int) -> tuple[dict[str, float], d
     return mix, counts
 
 
-def mean_recurrence(args: argparse.Namespace, depth: int) -> int:
+def mean_recurrence(args: Options, depth: int) -> int:
     """The step's mean recurrence: fixed, or (``--recurrence-follows-depth``) the curriculum's depth plus a margin,
     kept within [``--min-recurrence``, ``--mean-recurrence``]."""
     if not args.recurrence_follows_depth:
@@ -296,80 +345,7 @@ def format_accuracy(record: dict) -> str:
                       for R in loops) + f" (chance {record['chance']})"
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command line; its defaults are the shipped model's recipe (``config.json``'s training record)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="run folder: checkpoint, log, and the model at the end")
-    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with its arguments")
-    ap.add_argument("--export", type=Path, help="also write the finished model to this folder")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=60_000)
-    ap.add_argument("--minutes", type=float, default=0, help="end this sitting after this much wall time (0: never)")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=1024, help="BPE vocabulary; 257 is one token per byte")
-    ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=2)
-    ap.add_argument("--layers", type=int, nargs=3, default=[1, 1, 1], metavar=("PRELUDE", "CORE", "CODA"))
-    ap.add_argument("--mean-recurrence", type=int, default=16, help="mean loops per training step (the most, with "
-                                                                    "--recurrence-follows-depth)")
-    ap.add_argument("--min-recurrence", type=int, default=8, help="the least mean, with --recurrence-follows-depth")
-    ap.add_argument("--recurrence-follows-depth", action="store_true",
-                    help="mean recurrence = curriculum depth + backprop, within [min, mean]")
-    ap.add_argument("--backprop", type=int, default=4, help="loops with gradient (truncated backpropagation)")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=500)
-    ap.add_argument("--mix", type=float, nargs=3, default=[0.2, 0.2, 0.6], metavar=("PROBLEMS", "CODE", "CHAINS"),
-                    help="fraction of each batch's rows (and weight in the loss) of each workload")
-    ap.add_argument("--mix-from-depth", type=int, default=16, help="chains alone until the curriculum reaches this "
-                                                                   "depth, then --mix")
-    ap.add_argument("--start-depth", type=int, default=4, help="deepest query at the start of the curriculum")
-    ap.add_argument("--depth-step", type=int, default=2, help="how far the curriculum raises the deepest query")
-    ap.add_argument("--advance-at", type=float, default=0.6, help="accuracy on the deepest allowed queries that "
-                                                                  "raises the curriculum")
-    ap.add_argument("--curriculum-loops", type=int, default=32, help="loops at which the curriculum is judged")
-    ap.add_argument("--curriculum-every", type=int, default=100)
-    ap.add_argument("--chains", type=int, default=1, help="most chains per program (one query each)")
-    ap.add_argument("--interleave", action="store_true", help="interleave a program's chains")
-    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
-    ap.add_argument("--eager", action="store_true", help="do not compile the loop")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--eval-every", type=int, default=500)
-    ap.add_argument("--eval-programs", type=int, default=256)
-    ap.add_argument("--checkpoint-every", type=int, default=250)
-    return ap
-
-
-def check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """One-line errors before any work."""
-    for name in ("steps", "batch", "seq", "vocab", "n_embd", "heads", "mean_recurrence", "min_recurrence",
-                 "backprop", "eval_every", "eval_programs", "checkpoint_every", "threads", "start_depth",
-                 "mix_from_depth", "depth_step", "curriculum_loops", "curriculum_every"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.vocab < 257:
-        ap.error(f"--vocab must be >= 257 (the byte alphabet and end-of-text), got {args.vocab}")
-    if args.n_embd % args.heads:
-        ap.error(f"--n-embd ({args.n_embd}) must be divisible by --heads ({args.heads})")
-    if min(args.layers) < 0 or args.layers[1] < 1:
-        ap.error(f"--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got {args.layers}")
-    if not args.lr > 0:
-        ap.error(f"--lr must be > 0, got {args.lr}")
-    if args.minutes < 0:
-        ap.error(f"--minutes must be >= 0, got {args.minutes}")
-    if not 0 < args.advance_at <= 1:
-        ap.error(f"--advance-at must be in (0, 1], got {args.advance_at}")
-    if min(args.mix) < 0 or abs(sum(args.mix) - 1) > 1e-6:
-        ap.error(f"--mix must be three fractions >= 0 that sum to 1, got {args.mix}")
-    if args.start_depth > data.CHAIN_DEPTH:
-        ap.error(f"--start-depth must be in [1, {data.CHAIN_DEPTH}], got {args.start_depth}")
-    if not 1 <= args.chains <= 4:
-        ap.error(f"--chains must be in [1, 4], got {args.chains}")
-    if args.resume and not (args.out / "checkpoint.pt").exists():
-        ap.error(f"--resume needs {args.out / 'checkpoint.pt'}, which does not exist")
-
-
-def build(args: argparse.Namespace, vocab_size: int) -> LoopedLM:
+def build(args: Options, vocab_size: int) -> LoopedLM:
     n_pre, n_core, n_coda = args.layers
     config = LoopedConfig(
         family="huginn", vocab_size=vocab_size, n_embd=args.n_embd, n_heads=args.heads, n_kv_heads=args.heads,
@@ -397,18 +373,19 @@ def write_model(folder: Path, model: LoopedLM, tokenizer: PreTrainedTokenizerFas
     (folder / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = parser()
-    words = list(sys.argv[1:] if argv is None else argv)
-    args = ap.parse_args(words)
-    check_arguments(ap, args)
+def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> None:
+    """Train (or with ``args.resume``, continue) a run. ``given``: the RESUMABLE options given on the command line,
+    which a resumed run takes from ``args`` (the others from its checkpoint); ``command``: the command line, which
+    the finished model's training record keeps."""
+    from transformers import PreTrainedTokenizerFast
+
     checkpoint = None
     if args.resume:  # the recorded recipe, except the options given again (recorded in the log as changes)
-        given = {name: getattr(args, name) for name in RESUMABLE if f"--{name.replace('_', '-')}" in words}
+        again = {name: getattr(args, name) for name in RESUMABLE if name in given}
         checkpoint = torch.load(args.out / "checkpoint.pt", weights_only=False)
         recorded = {**BEFORE_OPTION, **checkpoint["args"]}
-        changes = {k: (recorded[k], v) for k, v in given.items() if recorded[k] != v}
-        args = argparse.Namespace(**{**recorded, **given, "resume": True, "out": args.out, "export": args.export})
+        changes = {k: (recorded[k], v) for k, v in again.items() if recorded[k] != v}
+        args = Options(**{**recorded, **again, "resume": True, "out": args.out, "export": args.export})
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
@@ -527,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
     record["chains_held_out"] = held_out(model, dev_chains, final_loops)
     print(format_accuracy(record["chains_held_out"]), flush=True)
     training = {
-        "command": "python -m looped_kv.tiny.train " + " ".join(words),
+        "command": command,
         "args": settings,
         "parameters": params, "minutes": round((elapsed_before + time.perf_counter() - t0) / 60, 1),
         "curriculum": curriculum.state(), **record}
@@ -538,4 +515,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from looped_kv import cli
+
+    sys.exit(cli.main(["train", *sys.argv[1:]], prog=COMMAND))
