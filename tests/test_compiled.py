@@ -21,7 +21,7 @@ from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
 from looped_kv.decoding.loop import decode
 from looped_kv.decoding.speculative import LoopDrafts
-from looped_kv.experiments import bench
+from looped_kv.experiments import bench, speed
 from looped_kv.runtime.policy import make_prefix_reads
 
 R = 2
@@ -94,6 +94,15 @@ def test_new_prompt_lengths_reuse_the_trace_of_their_capacity_bucket(backend, mo
     assert backend.graphs - before == 2  # one draft pass, one verification pass
     generate(model, prompts(model, (90,)), **options)
     assert backend.graphs - before == 2
+
+
+def test_the_speed_benchmark_counts_one_trace_per_capacity_bucket(backend):
+    """``python -m looped_kv.experiments.speed``'s count: new prompt lengths in the timed prompt's bucket trace
+    nothing, the bucket below traces once."""
+    model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=R)
+    generate(model, prompts(model, (100,)), max_new_tokens=8, num_loops=R, stop_at_eos=False, compile=True)
+    rows = speed.retraces(model, 100, 8, R)
+    assert [(bucket, traces) for _, bucket, traces in rows] == [(128, 0)] * 3 + [(64, 1), (64, 0)]
 
 
 def test_das_wave_rounds_share_one_trace(backend, model):

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from looped_kv.decoding.core import capacity_bucket
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import DISPLAY
 from looped_kv.runtime.config import LoopedConfig
@@ -180,11 +181,34 @@ def greedy_against_reference(args: Options, config: LoopedConfig) -> None:
             print(f"  {name} / reference: {paired(times, name, base)} (median of the paired rounds, range)")
     if "looped_kv compiled" in times:
         print(f"  compiled / eager: {paired(times, 'looped_kv compiled', 'looped_kv eager')}")
+        print("looped_kv compiled, traces made by prompts of new lengths after the timed one:")
+        for length, bucket, traces in retraces(ours, args.prompt, n, R):
+            print(f"  prompt {length:<4} capacity bucket {bucket:<5} {traces} new trace(s)")
     if args.batch_sizes:
         print("looped_kv eager, tokens/s against the batch size (same prompt in every row):")
         for b in args.batch_sizes:
             seconds = timed(lambda b=b: generate(ours, prompt.expand(b, -1), **options))
             print(f"  B = {b:<3} {b * n / seconds:8.1f} tokens/s")
+
+
+def retraces(model: LoopedLM, timed_length: int, new_tokens: int, num_loops: int) -> list[tuple[int, int, int]]:
+    """(prompt length, capacity bucket, traces it made) of compiled greedy decoding of prompts of new lengths, after
+    one of ``timed_length``: three lengths in its capacity bucket (no trace each), then two in the bucket below
+    (one trace for the first, none for the second)."""
+    block_size = model.config.block_size
+    bucket = capacity_bucket(timed_length + new_tokens, block_size)
+    below = bucket // 2
+    lengths = [n for n in (bucket - new_tokens, (bucket + below) // 2 - new_tokens + 1, timed_length - 1) if n > 0]
+    lengths += [n for n in (below - new_tokens, below // 2 + 1) if n > 0 and below >= 64]
+    generator = torch.Generator().manual_seed(2)
+    out = []
+    for length in lengths:
+        prompt = torch.randint(0, model.config.vocab_size, (1, length), generator=generator)
+        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        generate(model, prompt, max_new_tokens=new_tokens, num_loops=num_loops, stop_at_eos=False, compile=True)
+        traces = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+        out.append((length, capacity_bucket(length + new_tokens, block_size), traces))
+    return out
 
 
 def methods_side_by_side(args: Options) -> None:
