@@ -12,14 +12,18 @@ every method eager and compiled.
 
 Runs are interleaved (A, B, C, A, B, C, ...) so that drifts in machine speed fall on every arm alike; each
 ratio is the median of the per-round ratios of paired runs, with the range over rounds. Compiled steps are
-traced before the first round. Then looped_kv's tokens/s against the batch size.
+traced before the first round; after the rounds, prompts of new lengths count the traces they make (none in
+the timed prompt's capacity bucket, one in a new bucket). Then looped_kv's tokens/s against the batch size.
 
 The reference is not part of this package: point ``--reference`` at a checkout of the public code
 (``git clone https://github.com/seal-rg/recurrent-pretraining``); its two modeling files are imported
-from there as they are. They were written for transformers 4.x: run the comparison in an environment
-with ``pip install "transformers>=4.53,<5"`` (4.47 lacks a call they make; looped_kv works with any).
+from there as they are. They were written for transformers 4.x (4.47 lacks a call they make; looped_kv works
+with any): run the comparison in an environment with ``pip install "transformers>=4.53,<5"``, or put such a
+transformers ahead of the installed one, as this project's measurements did:
 
-    python -m looped_kv.experiments.speed --reference ../recurrent-pretraining
+    pip install --no-deps --target ../transformers4 "transformers>=4.53,<5" "huggingface_hub>=0.34,<1" \
+        "tokenizers>=0.22,<0.23"
+    PYTHONPATH=../transformers4 python -m looped_kv.experiments.speed --reference ../recurrent-pretraining
 """
 
 from __future__ import annotations
