@@ -40,9 +40,11 @@ BACKEND: str | object = "inductor"
 #: Inductor's options per device type. On a CPU a decode step's matrix products are one row (or gamma + 1) by a few
 #: hundred, where a library call costs more than the arithmetic and the Python wrapper calls a few hundred kernels per
 #: step: Inductor's own C++ GEMM templates (``max_autotune``, which times them against the library's) and a C++
-#: wrapper make the compiled tiny model's greedy decoding about 1.8x faster (``python -m looped_kv.experiments.speed``
-#: prints the ratio to the reference). On a GPU, torch.compile's defaults.
-OPTIONS: dict[str, dict[str, object]] = {"cpu": {"max_autotune": True, "cpp_wrapper": True}}
+#: wrapper cut that (``python -m looped_kv.experiments.speed`` prints compiled / reference); the timings of its
+#: choices are kept off stderr. On a GPU, torch.compile's defaults.
+OPTIONS: dict[str, dict[str, object]] = {"cpu": {"max_autotune": True, "cpp_wrapper": True,
+                                                 "autotune_num_choices_displayed": 0,
+                                                 "max_autotune_report_choices_stats": False}}
 
 
 def _forward(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, tokens: Tensor, lengths: Tensor,
