@@ -13,7 +13,7 @@ from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import peak_bytes
 from looped_kv.analysis.throughput import throughput_cells
 from looped_kv.decoding import compiled as compiled_step
-from looped_kv.decoding.core import accept, new_cache, prefill, prefill_rows, run_block
+from looped_kv.decoding.core import accept, new_cache, prefill, prompt_logits, run_block
 from looped_kv.decoding.generate import generate
 from looped_kv.experiments.throughput import main
 from looped_kv.runtime.cache import BlockPass, PlaneCache
@@ -101,7 +101,7 @@ def test_one_block_pass_matches_per_row_logits_and_bytes(cache, params):
     policy = make_policy(cache, R, **params)
     prompts = ragged_prompts(model, (2, 9, 5), seed=3)
     batch = new_cache(model, policy, 3, 16)
-    prefill_rows(model, batch, prompts, R)
+    prompt_logits(model, batch, prompts, R)
     block = torch.randint(0, model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(4))
     positions = batch.lengths[:, None] + torch.arange(4)
     logits, _ = run_block(model, block, BlockPass(batch, positions), R)
@@ -147,7 +147,7 @@ def test_stopped_rows_leave_the_batch_without_allocating():
     assert out.extra["batch_per_pass"] == [2, 2, 1, 1]  # row 0 never steps; row 1 leaves after two steps
     assert [len(t) for t in out.new_rows] == [1, 3, 5]
     cache = PlaneCache(model.config, make_policy("ripe", R, window=3), batch=4, capacity=12, dtype=model.dtype)
-    prefill_rows(model, cache, ragged_prompts(model, (4, 2, 3, 5)), R)
+    prompt_logits(model, cache, ragged_prompts(model, (4, 2, 3, 5)), R)
     before = [t.clone() for t in (*cache.core, *cache.ring)]
     peak, _ = peak_bytes(lambda: cache.keep_rows([1, 3]))
     assert peak < 1000 < cache.allocated_bytes  # compacted in place, only the small length vector is new

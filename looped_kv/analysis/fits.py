@@ -421,14 +421,6 @@ def deep_perturbation_size(n_core: int, delta_k: ArrayLike, delta_v: ArrayLike, 
     return float(np.sqrt(n_core * np.sum(dk[chosen - 1] ** 2 + dv[chosen - 1] ** 2)))
 
 
-def predict_deepest_kl(a: float, b: float, g: float, n_core: int, delta_k: ArrayLike, delta_v: ArrayLike,
-                       deep_loops: Iterable[int]) -> float:
-    """Eq. (6): KL of the deepest-plane cache ~ e^(a+b) S^g, with the sensitivity fit's a, b, g."""
-    if not all(math.isfinite(v) for v in (a, b, g)):
-        raise ValueError(f"a, b and g must be finite, got {(a, b, g)}")
-    return math.exp(a + b) * deep_perturbation_size(n_core, delta_k, delta_v, deep_loops) ** g
-
-
 # -- paired bootstrap statistics ------------------------------------------------------------------
 
 

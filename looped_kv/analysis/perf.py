@@ -20,8 +20,8 @@ printed output, while the printed values themselves do not; the printed values a
 * Table 9, tau model from alpha_d with gamma = 4: exact for the three deepest-plane rows (3.36, 4.33,
   4.84); the three full-cache rows only within rounding (the printed alphas give 2.47, 3.39, 4.36
   against printed 2.46, 3.40, 4.37). The rejection fit k, rho_a (log-linear least squares of
-  1 - alpha_d on d) is exact for the deepest plane (0.42, 0.66) and for the full cache's rho_a (0.76);
-  the full cache's k = 0.62 only within rounding (0.61 from the printed alphas).
+  1 - alpha_d on d, fitted in the test) is exact for the deepest plane (0.42, 0.66) and for the full
+  cache's rho_a (0.76); the full cache's k = 0.62 only within rounding (0.61 from the printed alphas).
 * Figure 5b (eta = 1.07): the statements "at d = 4 the full cache peaks at gamma = 5 (1.98x), while the
   deepest plane still rises at gamma = 8 (2.87x)" are exact from the *measured* alpha_4 of Table 9
   (0.805, 0.928). The rejection model k rho_a^d gives alpha_4 = 0.793 and 0.920 and hence 1.93x and
@@ -155,28 +155,6 @@ def rejection_model(d: ArrayLike, k: float, rho_a: float) -> float | np.ndarray:
 
 
 @dataclass(frozen=True)
-class RejectionFit:
-    """1 - alpha_d = k rho_a^d fitted by least squares on log(1 - alpha_d)."""
-
-    k: float
-    rho_a: float
-
-
-def fit_rejection(d: ArrayLike, alpha: ArrayLike) -> RejectionFit:
-    """Fit k and rho_a of the rejection model to acceptances alpha_d at depths d (RIPE Table 9 caption)."""
-    depth = _vector("d", d, min_size=2)
-    acc = _vector("alpha", alpha, min_size=2)
-    _same_length(d=depth, alpha=acc)
-    if np.any((acc < 0) | (acc >= 1)):
-        raise ValueError("alpha must lie in [0, 1) (log(1 - alpha) is fitted)")
-    if np.unique(depth).size < 2:
-        raise ValueError("d must hold at least 2 distinct depths")
-    slope, intercept = np.polyfit(depth, np.log1p(-acc), 1)
-    return RejectionFit(k=float(np.exp(intercept)), rho_a=float(np.exp(slope)))
-
-
-
-@dataclass(frozen=True)
 class BlockAcceptance:
     """Acceptance along the block of measured verifications, and Eq. (7) at its mean (RIPE Sec. 3.3).
 
@@ -265,15 +243,6 @@ def speedup(tau: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: 
     c_full = _passes(model, num_loops, "num_loops")
     block = g * _passes(model, d, "d") + c_full
     return _scalar_or_array(t * c_full / (eta * block))
-
-
-def tau_for_speedup(speedup_value: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: float = 1.0,
-                    num_loops: int | None = None) -> float | np.ndarray:
-    """Eq. (8) solved for tau: the tokens per verification that give speed-up ``speedup_value``."""
-    s = np.asarray(speedup_value, dtype=float)
-    if not np.all(np.isfinite(s)) or np.any(s <= 0):
-        raise ValueError(f"speedup_value must be > 0, got {speedup_value!r}")
-    return _scalar_or_array(s / np.asarray(speedup(1.0, d, gamma, model, eta, num_loops)))
 
 
 @dataclass(frozen=True)

@@ -268,11 +268,6 @@ def prompt_logits(model: LoopedLM, cache: PlaneCache, prompts: Sequence[Tensor],
     return logits[torch.arange(len(prompts), device=ids.device), last]
 
 
-def prefill_rows(model: LoopedLM, cache: PlaneCache, prompts: list[Tensor], num_loops: int) -> Tensor:
-    """Prefill B prompts of any lengths; returns each row's next token (B, 1), greedy."""
-    return prompt_logits(model, cache, prompts, num_loops).argmax(-1, keepdim=True)
-
-
 def step(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> Tensor:
     """Process ``tokens`` (B, n) after each row's prefix, committing their planes; returns logits (B, n, V)."""
     router = BlockPass(cache, block_positions(cache, tokens.shape[1]))

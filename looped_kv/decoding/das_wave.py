@@ -20,15 +20,12 @@ Because the verifier is the unchanged target, the output equals greedy full-dept
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, accept
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode_rows
+from looped_kv.decoding.core import accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal
 from looped_kv.decoding.passes import Passes
-from looped_kv.decoding.settings import DasWave
 from looped_kv.decoding.speculative import check_reads, check_speculation
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.model import LoopedLM
@@ -131,17 +128,3 @@ class WaveDrafts(Drafter):
     @property
     def extra(self) -> dict:
         return dict(self.schedule)
-
-
-@torch.no_grad()
-def das_wave(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
-             policy: CachePolicy, block: int = DasWave.block, rounds: int = DasWave.rounds,
-             initial_width: int = DasWave.initial_width, updates: int = DasWave.updates, carry: bool = DasWave.carry,
-             reads: PrefixReads = DEEP_KV, exact: bool = True, eos: int | None = None, compile: bool = False,
-             progress: bool = False) -> Generation:
-    """DAS-Wave decoding of B prompts; defaults are :class:`~looped_kv.decoding.settings.DasWave`'s (the paper's
-    Huginn configuration)."""
-    drafter = WaveDrafts(block=block, rounds=rounds, initial_width=initial_width, updates=updates, carry=carry,
-                         reads=reads, exact=exact)
-    return decode_rows(model, input_ids, max_new_tokens, policy=policy, drafter=drafter, eos=eos, compile=compile,
-                       progress=progress)

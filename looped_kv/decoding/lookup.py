@@ -3,16 +3,13 @@ at full depth."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, accept
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode_rows
+from looped_kv.decoding.core import accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal
 from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.speculative import check_speculation
-from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy
 
 
@@ -70,13 +67,3 @@ class NgramDrafts(Drafter):
     @property
     def extra(self) -> dict:
         return {"block": self.gamma, "ngram": self.ngram}
-
-
-@torch.no_grad()
-def prompt_lookup(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
-                  policy: CachePolicy, block: int, ngram: int = 3, exact: bool = True, eos: int | None = None,
-                  compile: bool = False, progress: bool = False) -> Generation:
-    """Prompt lookup decoding of B prompts; rows whose drafts are shorter verify only what they drafted."""
-    return decode_rows(model, input_ids, max_new_tokens, policy=policy,
-                       drafter=NgramDrafts(block=block, ngram=ngram, exact=exact), eos=eos, compile=compile,
-                       progress=progress)

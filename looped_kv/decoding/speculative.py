@@ -10,15 +10,12 @@ W >= gamma; Proposition 1) every row emits exactly the tokens of greedy decoding
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, accept
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode_rows
+from looped_kv.decoding.core import accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal
 from looped_kv.decoding.passes import Passes
-from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads
 
 
@@ -85,14 +82,3 @@ class LoopDrafts(Drafter):
     @property
     def extra(self) -> dict:
         return {"draft_loops": self.draft_loops, "block": self.gamma}
-
-
-@torch.no_grad()
-def self_speculative(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
-                     policy: CachePolicy, draft_loops: int, block: int, reads: PrefixReads, exact: bool = True,
-                     eos: int | None = None, compile: bool = False, progress: bool = False) -> Generation:
-    """Greedy self-speculative decoding of B prompts: d-loop drafts, one R-loop verification per block of gamma."""
-    drafter = LoopDrafts(draft_loops=draft_loops, block=block, reads=reads, exact=exact)
-    return decode_rows(model, input_ids, max_new_tokens, policy=policy, drafter=drafter, eos=eos, compile=compile,
-                       progress=progress)
-
