@@ -151,6 +151,8 @@ def test_rejection_model():
     assert fit_rejection([1, 2, 3, 5], rejection_model(np.array([1, 2, 3, 5]), 0.4, 0.7)) == pytest.approx((0.4, 0.7))
     with pytest.raises(ValueError, match="rho_a"):
         rejection_model(2, 0.5, 1.5)
+    with pytest.raises(ValueError, match="scale"):
+        rejection_model(2, -0.5, 0.5)
 
 
 def test_table9_caption_rejection_fit():

@@ -13,13 +13,13 @@ from looped_kv.decoding.speculative import check_speculation
 from looped_kv.runtime.policy import CachePolicy
 
 
-def lookup_drafts(context: list[int], block: int, ngram: int) -> list[int]:
+def lookup_drafts(context: list[int], gamma: int, ngram: int) -> list[int]:
     """The tokens that followed the latest earlier occurrence of the last n-gram (n = ngram..1)."""
     for n in range(min(ngram, len(context) - 1), 0, -1):
         tail = context[-n:]
         for start in range(len(context) - n - 1, -1, -1):
             if context[start:start + n] == tail:
-                return context[start + n:start + n + block]
+                return context[start + n:start + n + gamma]
     return []
 
 
@@ -30,9 +30,9 @@ class NgramDrafts(Drafter):
 
     name = "prompt lookup"
 
-    def __init__(self, *, block: int, ngram: int = 3, exact: bool = True) -> None:
-        self.gamma, self.ngram, self.exact = block, ngram, exact
-        self.lookahead = self.width = block + 1
+    def __init__(self, *, gamma: int, ngram: int = 3, exact: bool = True) -> None:
+        self.gamma, self.ngram, self.exact = gamma, ngram, exact
+        self.lookahead = self.width = gamma + 1
         self.contexts: list[list[int]] = []
 
     def check(self, policy: CachePolicy) -> None:
@@ -56,14 +56,14 @@ class NgramDrafts(Drafter):
         return Proposal(drafts, torch.tensor([len(f) for f in found], device=pending.device))
 
     def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
-        k = accept(proposal.tokens, targets, proposal.lengths)
-        nxt = targets.gather(1, k[:, None])
-        ks = k.tolist()
-        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, ks, nxt, strict=True)]
+        accepted = accept(proposal.tokens, targets, proposal.lengths)
+        nxt = targets.gather(1, accepted[:, None])
+        counts = accepted.tolist()
+        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, counts, nxt, strict=True)]
         for context, tokens in zip(self.contexts, emitted, strict=True):
             context += tokens.tolist()
-        return Outcome(k, k + 1, nxt, emitted, proposal.lengths.tolist(), [1] * len(ks))
+        return Outcome(accepted, accepted + 1, nxt, emitted, proposal.lengths.tolist(), [1] * len(counts))
 
     @property
-    def extra(self) -> dict:
-        return {"block": self.gamma, "ngram": self.ngram}
+    def options(self) -> dict:
+        return {"gamma": self.gamma, "ngram": self.ngram}

@@ -29,7 +29,7 @@ def _fit_line(cells: list[ThroughputCell]) -> str:
 def _check_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The command line's checks that need no model: every count, the budget, --fit-on and --device."""
     for flag, value in (("--prompts", args.prompts), ("--max-new-tokens", args.max_new_tokens),
-                        ("--num-loops", args.num_loops), ("--draft-loops", args.draft_loops), ("--block", args.block),
+                        ("--num-loops", args.num_loops), ("--draft-loops", args.draft_loops), ("--gamma", args.gamma),
                         ("--repeats", args.repeats), ("--threads", args.threads)):
         if value is not None and value < 1:
             ap.error(f"{flag} must be >= 1, got {value}")
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m looped_kv.experim
     ap.add_argument("--max-new-tokens", type=int, default=16, help="new tokens per sequence (default 16)")
     ap.add_argument("--num-loops", type=int, default=None, help="R (default: the model's mean recurrence)")
     ap.add_argument("--draft-loops", type=int, default=4, help="d, loops per draft, in [1, R - 1] (default 4)")
-    ap.add_argument("--block", type=int, default=4, help="gamma, drafts per verification (default 4)")
+    ap.add_argument("--gamma", type=int, default=4, help="gamma, drafts per verification (default 4)")
     ap.add_argument("--budget-mb", type=float, default=24.0,
                     help="memory budget of the fixed-memory comparison, MB = 10^6 bytes above the weights "
                          "(default 24); 0 skips the comparison")
@@ -104,26 +104,26 @@ def main(argv: list[str] | None = None, prog: str = "python -m looped_kv.experim
     prompts = [model.tokenizer(text, return_tensors="pt").input_ids[0].to(model.device)
                for text in data.prompts(args.workload, args.prompts, split="eval")]
     options = dict(num_loops=R, max_new_tokens=args.max_new_tokens, progress=True)
-    dtv = dict(draft_loops=args.draft_loops, block=args.block)
+    dtv = dict(draft_loops=args.draft_loops, gamma=args.gamma)
     series = [("ar", "full", {}), ("ar", "deepest", {}), ("self-spec", "full", dtv),
               ("self-spec", "deepest", {**dtv, "exact": False})]
-    checks = [(args.batch_sizes, method, cache, extra) for method, cache, extra in series]
+    checks = [(args.batch_sizes, method, cache, given) for method, cache, given in series]
     if args.budget_mb:  # the fixed-memory comparison's memory runs (its throughput runs are checked above)
-        checks += [(args.memory_batch_sizes, "self-spec", cache, extra) for _, cache, extra in series[2:]]
-    for sizes, method, cache, extra in checks:  # every series checked before the first decoding
+        checks += [(args.memory_batch_sizes, "self-spec", cache, given) for _, cache, given in series[2:]]
+    for sizes, method, cache, given in checks:  # every series checked before the first decoding
         try:
-            check_cells(model, prompts, sizes, method, cache, args.max_new_tokens, {"num_loops": R, **extra})
+            check_cells(model, prompts, sizes, method, cache, args.max_new_tokens, {"num_loops": R, **given})
         except ValueError as error:
-            ap.error(f"{method}, {cache} cache: {error} (see --max-new-tokens, --num-loops, --draft-loops, --block)")
+            ap.error(f"{method}, {cache} cache: {error} (see --max-new-tokens, --num-loops, --draft-loops, --gamma)")
     with measurement_mode() as mode:  # cuDNN attention off on CUDA (RIPE Sec. 5.5); nothing changes on CPU
         print(f"model {args.model} ({model.dtype}, {args.device}, {torch.get_num_threads()} threads), R = {R}, "
-              f"d = {args.draft_loops}, gamma = {args.block}, {args.prompts} {args.workload} prompts "
+              f"d = {args.draft_loops}, gamma = {args.gamma}, {args.prompts} {args.workload} prompts "
               f"({min(map(len, prompts))}-{max(map(len, prompts))} tokens), {args.max_new_tokens} new tokens each; "
               f"cuDNN attention {mode['cudnn_sdp']}")
         print(f"{'method':<10}{'cache':<9}" + "".join(f"{'B=' + str(b):>10}" for b in args.batch_sizes) + "   tokens/s")
-        for method, cache, extra in series:
+        for method, cache, given in series:
             cells = throughput_cells(model, prompts, args.batch_sizes, method, cache, repeats=args.repeats, **options,
-                                     **extra)
+                                     **given)
             taus = f"  tau {cells[-1].tau:.2f}" if method == "self-spec" else ""
             print(f"{method:<10}{cache:<9}" + "".join(f"{c.tokens_per_s:>10.1f}" for c in cells) + taus)
             print(f"{'':19}{_fit_line(cells)}")
