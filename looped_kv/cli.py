@@ -126,17 +126,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError(f"model {args.model!r} has no tokenizer; generate needs one for text in and out")
     ids = model.tokenizer(text, return_tensors="pt").input_ids.to(model.device)
     flags = {"exact": False if args.inexact else None, "carry": False if args.no_carry else None}
-    options = {key: getattr(args, key) for key in ("num_loops", "window", "k", "sinks", "draft_loops", "block",
+    options = {key: getattr(args, key) for key in ("num_loops", "window", "k", "sinks", "draft_loops", "gamma",
                                                    "prefix_reads", "ngram", "rounds", "initial_width", "updates")}
     out = generate(model, ids, method=args.method, cache=args.cache, max_new_tokens=args.max_new_tokens,
                    progress=args.progress, **options, **flags)
     completion = model.tokenizer.decode(out.new_tokens[0].tolist())
-    stats = {"method": args.method, "cache": out.extra.get("policy", args.cache), **out.stats()}
+    stats = {"method": args.method, "cache": out.details.get("policy", args.cache), **out.stats()}
     if args.json:
         print(json.dumps({"prompt": text, "completion": completion, "stats": stats}))
     else:
         print(completion)
-        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()),
+        print("  ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in stats.items()),
               file=sys.stderr)
     return 0
 
@@ -157,8 +157,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                    help=f"tokens to generate (default: {Greedy.max_new_tokens})")
     p.add_argument("--draft-loops", type=int, help=f"d, loops per draft (self-spec, mature-spec; default: "
                                                    f"{SelfSpec.draft_loops})")
-    p.add_argument("--block", type=int, help=f"gamma, drafts per verification (self-spec, mature-spec, pld; default: "
-                                             f"{SelfSpec.block}; das-wave {DasWave.block})")
+    p.add_argument("--gamma", type=int, help=f"gamma, drafts per verification (self-spec, mature-spec, pld; default: "
+                                             f"{SelfSpec.gamma}; das-wave {DasWave.gamma})")
     p.add_argument("--prefix-reads", choices=PREFIX_READS, help=f"drafts' prefix reads (self-spec default aligned, "
                                                                 f"deep-kv with cache ripe; das-wave default "
                                                                 f"{DasWave.prefix_reads})")
@@ -167,7 +167,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ngram", type=int, help=f"n-gram length of prompt lookup (pld; default: {PromptLookup.ngram})")
     p.add_argument("--rounds", type=int, help=f"J, refinement rounds (das-wave; default: {DasWave.rounds})")
     p.add_argument("--initial-width", type=int, help=f"W_init (das-wave; default: {DasWave.initial_width})")
-    p.add_argument("--updates", type=int, help=f"k, updates per round (das-wave; default: {DasWave.updates})")
+    p.add_argument("--updates", type=int, help=f"updates per round, DAS k (das-wave; default: {DasWave.updates})")
     p.add_argument("--no-carry", action="store_true", help="do not carry refined states (das-wave)")
     p.add_argument("--json", action="store_true", help="print one JSON object (prompt, completion, stats)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -178,7 +178,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.block, args.methods, args.workloads,
+    bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.gamma, args.methods, args.workloads,
                         args.repeats)
     try:  # the config first (no weights): R is known before the model is loaded
         config = LoopedConfig.from_file(resolve_source(args.model) / "config.json")
@@ -188,7 +188,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = _load(args)
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
-    bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops, args.block,
+    bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops, args.gamma,
                  progress=not args.quiet, repeats=args.repeats, modes=args.modes)
     return 0
 
@@ -217,8 +217,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="decoders (default: all); greedy decoding (ar) always runs as the reference")
     p.add_argument("--draft-loops", type=int, default=SelfSpec.draft_loops,
                    help=f"d of self-spec and mature-spec, in [1, R - 1] (default: {SelfSpec.draft_loops})")
-    p.add_argument("--block", type=int, default=SelfSpec.block,
-                   help=f"gamma of self-spec, mature-spec and pld (default: {SelfSpec.block}); das-wave runs "
+    p.add_argument("--gamma", type=int, default=SelfSpec.gamma,
+                   help=f"gamma of self-spec, mature-spec and pld (default: {SelfSpec.gamma}); das-wave runs "
                         f"looped_kv.decoding.settings.DasWave")
     p.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES,
                    help="eager passes, compiled steps (compile=True), or both side by side (default: both)")
@@ -311,7 +311,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plans = plan.chapter_plans(config, profile)
     table = plan.plan_table(plans, args.gpu_memory * plan.GB)
     heading = (f"{args.model} at profile {profile.name} ({profile.dtype}; {workloads.SOURCES[profile.workloads]}, "
-               f"prompts up to {profile.prompt_tokens} tokens, {profile.rows_per_pass or 'all'} rows per pass) on a "
+               f"prompts up to {profile.prompt_tokens} tokens, {profile.rows_per_chunk or 'all'} rows per chunk) on a "
                f"{args.gpu_memory:g} GB GPU, {plan.GPU_RESERVE / plan.GB:g} GB kept free")
     too_large = plan.steps_beyond(plans, args.gpu_memory * plan.GB)
     if args.markdown:
@@ -356,7 +356,7 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 def _check_batched(args: argparse.Namespace) -> None:
     """The checks that need no model: every count, the batch sizes, the budget and --fit-on."""
     _at_least_one(prompts=args.prompts, max_new_tokens=args.max_new_tokens, num_loops=args.num_loops,
-                  draft_loops=args.draft_loops, block=args.block, repeats=args.repeats, threads=args.threads)
+                  draft_loops=args.draft_loops, gamma=args.gamma, repeats=args.repeats, threads=args.threads)
     _all_at_least_one(batch_sizes=args.batch_sizes, memory_batch_sizes=args.memory_batch_sizes)
     if not (math.isfinite(args.budget_mb) and args.budget_mb >= 0):
         raise ValueError(f"--budget-mb must be > 0 (or 0 to skip the fixed-memory comparison), got {args.budget_mb}")
@@ -411,7 +411,7 @@ def _add_batched(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16, help="new tokens per sequence (default 16)")
     p.add_argument("--num-loops", type=int, default=None, help="R (default: the model's mean recurrence)")
     p.add_argument("--draft-loops", type=int, default=4, help="d, loops per draft, in [1, R - 1] (default 4)")
-    p.add_argument("--block", type=int, default=4, help="gamma, drafts per verification (default 4)")
+    p.add_argument("--gamma", type=int, default=4, help="gamma, drafts per verification (default 4)")
     p.add_argument("--budget-mb", type=float, default=24.0,
                    help="memory budget of the fixed-memory comparison, MB = 10^6 bytes above the weights "
                         "(default 24); 0 skips the comparison")
@@ -431,7 +431,7 @@ def _add_batched(sub: argparse._SubParsersAction) -> None:
 def cmd_freeze(args: argparse.Namespace) -> int:
     path = batches.freeze(args.spec, args.out, force=args.force)
     table = batches.read_table(path)
-    groups = pd.Series([k.split("/")[0] for k in table["files"]]).value_counts()
+    groups = pd.Series([name.split("/")[0] for name in table["files"]]).value_counts()
     counts = ", ".join(f"{n} {group}" for group, n in groups.items())
     print(f"froze batch {table['batch']}: {len(table['files'])} files ({counts}) -> {path}")
     return 0

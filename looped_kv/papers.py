@@ -250,14 +250,6 @@ RIPE_TABLE_8: tuple[Table8Row, ...] = (
 )
 
 
-def ripe_table_8(batch: int, slots: int, scheduler: str, alpha: float | None) -> Table8Row:
-    """The row of :data:`RIPE_TABLE_8` with this batch, number of shared slots, scheduler and acceptance."""
-    rows = [r for r in RIPE_TABLE_8 if (r.batch, r.slots, r.scheduler, r.alpha) == (batch, slots, scheduler, alpha)]
-    if len(rows) != 1:
-        raise KeyError(f"no row ({batch}, {slots}, {scheduler!r}, {alpha}) in RIPE Table 8")
-    return rows[0]
-
-
 # -- Sections 4 and 5: Tables 2 and 4, Figure 4 --------------------------------------------------------
 
 #: RIPE Table 2: KV memory per sequence at L = 1024 from Eqs. (3) and (10) (bf16, MB = 10^6 bytes) and its

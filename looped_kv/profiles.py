@@ -83,7 +83,7 @@ class Ch04:
     # equal in float64; in a narrower dtype rounding can split near-ties, so equality is counted, not asserted)
     acceptance_prompts: int = 32  # per workload, decoded as one batch
     acceptance_tokens: int = 24
-    block: int = 4
+    gamma: int = 4
     draft_loops: int = 4
     reference_dtype: str = "bfloat16"
     exact_dtype: str = "float64"
@@ -94,7 +94,7 @@ class Ch04:
 
 @dataclass(frozen=True)
 class Ch05:
-    """Mature-V: draft agreement by read policy, the read-depth grid, acceptance along the block, speed-ups."""
+    """Mature-V: draft agreement by read policy, the read-depth grid, acceptance along the drafts, speed-ups."""
 
     agreement_prompts: int = 32  # per workload, decoded as one batch (DAS Table 6)
     agreement_tokens: int = 24
@@ -104,7 +104,7 @@ class Ch05:
     acceptance_prompts: int = 32  # per workload, decoded as one batch
     acceptance_tokens: int = 32
     draft_loops: int = 4  # d of self-spec and Mature-Spec (DAS Sec. 4.3 compares the reads at d = 4)
-    block: int = 8  # gamma (DAS Table 5: Mature-Spec on Huginn)
+    gamma: int = 8  # DAS Table 5: Mature-Spec on Huginn
     timing_prompts: int = 4  # per workload, each decoded alone (a speed verdict needs 16, timed in repeats)
     timing_repeats: int = 1  # interleaved timing rounds per prompt (a speed verdict needs 2)
     new_tokens: int = 32  # per timing run
@@ -112,16 +112,16 @@ class Ch05:
 
 @dataclass(frozen=True)
 class Ch06:
-    """DAS-Wave: one block drawn at the measured schedule, speed-ups, A against the ceiling, the factorial, the
+    """DAS-Wave: one wave drawn at the measured schedule, speed-ups, A against the ceiling, the factorial, the
     refinement budget."""
 
     acceptance_prompts: int = 32  # per workload, decoded as one batch (A against w, the factorial)
-    acceptance_tokens: int = 24  # one DAS-Wave block commits up to w = 25 of them
+    acceptance_tokens: int = 24  # one DAS-Wave verification commits up to w = 25 of them
     timing_prompts: int = 3  # per workload, each decoded alone (a speed verdict needs 16, timed in repeats)
     timing_repeats: int = 1  # interleaved timing rounds per prompt (a speed verdict needs 2)
     new_tokens: int = 32  # per timing run
     sweep_prompts: int = 2  # word problems, each decoded alone (DAS Tables 11-12 use GSM8K); intervals from 16
-    sweep: dict = field(default_factory=lambda: {"updates": (1, 2, 4, 8), "block": (8, 16, 32),
+    sweep: dict = field(default_factory=lambda: {"updates": (1, 2, 4, 8), "gamma": (8, 16, 32),
                                                  "initial_width": (1, 2, 4, 8)})
 
 
@@ -146,7 +146,7 @@ class Profile:
     dtype: str  # weights dtype for decoding
     workloads: str = "generated"  # "generated" (looped_kv.workloads.data) or "papers" (GSM8K and MBPP)
     prompt_tokens: int = 256  # the longest prompt a chapter decodes from; the plan charges every prompt this length
-    rows_per_pass: int | None = None  # a batch decode runs at most this many rows at once (None: all)
+    rows_per_chunk: int | None = None  # a batch decode runs at most this many rows at once (None: all)
     ch01: Ch01 = field(default_factory=Ch01)
     ch02: Ch02 = field(default_factory=Ch02)
     ch03: Ch03 = field(default_factory=Ch03)
@@ -171,24 +171,24 @@ SMOKE = Profile(
     ch03=Ch03(texts_per_workload=2, prefix=64, decoded=8, table3_texts_per_workload=2, table3_length=48,
               table3_chunk=6),
     ch04=Ch04(replay_prompts=2, replay_batch=2, new_tokens=10, drawn=(24, 6), exact_prompts=1, acceptance_prompts=2,
-              acceptance_tokens=8, block=3, draft_loops=2),
+              acceptance_tokens=8, gamma=3, draft_loops=2),
     ch05=Ch05(agreement_prompts=2, agreement_tokens=6, draft_depths=(1, 2, 3), grid_prompts=2, grid_tokens=6,
-              acceptance_prompts=2, acceptance_tokens=8, draft_loops=2, block=3, timing_prompts=1, new_tokens=6),
+              acceptance_prompts=2, acceptance_tokens=8, draft_loops=2, gamma=3, timing_prompts=1, new_tokens=6),
     ch06=Ch06(acceptance_prompts=2,
               acceptance_tokens=8, timing_prompts=1, new_tokens=6, sweep_prompts=1,
-              sweep={"updates": (1, 2), "block": (4,), "initial_width": (1, 2)}),
+              sweep={"updates": (1, 2), "gamma": (4,), "initial_width": (1, 2)}),
     ch07=Ch07(check_rows=2, batch_sizes=(1, 2), memory_batch_sizes=(1, 2, 3), new_tokens=6, prompts=3,
               draft_loops=2),
 )
 
-#: Huginn-0125 on one 40 GB GPU (A100-40GB), on the papers' workloads: bf16 decoding in passes of 4 rows from
+#: Huginn-0125 on one 40 GB GPU (A100-40GB), on the papers' workloads: bf16 decoding in row chunks of 4 rows from
 #: eight-shot GSM8K prompts (held to 1,536 tokens); replays in fp32 with their records on the host; the exactness
 #: check of Algorithm 1 in fp32 (fp64 weights and caches do not fit beside bf16 ones); the block dependence of
 #: Sec. 5.2 in bf16 only, as the paper measured it (an fp32 replay's caches of 1,536-token prompts would not fit
 #: beside the fp32 copy); 16 timed prompts in 2 interleaved rounds, the fewest a speed verdict accepts.
 #: ``looped-kv plan --model huginn-0125 --gpu-memory 40`` shows each chapter's peak against the GPU.
 HUGINN_0125 = Profile(
-    "huginn-0125", "bfloat16", workloads="papers", prompt_tokens=1536, rows_per_pass=4,
+    "huginn-0125", "bfloat16", workloads="papers", prompt_tokens=1536, rows_per_chunk=4,
     ch01=Ch01(texts_per_workload=32, text_chars=1200, chain_programs=64, chain_tokens=256, new_tokens=64),
     ch02=Ch02(texts_per_workload=11, length=256, decoded=64, record_device="cpu", chunk=2),
     ch03=Ch03(texts_per_workload=11, prefix=95, decoded=32, table3_texts_per_workload=32, table3_length=96,
@@ -232,25 +232,25 @@ DEFAULT_CARD = "40gb"
 
 def _t4(profile: Profile, *, rows: int = 1, chains: int = 32, fp64_fits: bool = False) -> Profile:
     """A T4 version of a 40 GB profile: float16 wherever that one runs bfloat16 (decoding, chapter 2's Eq. (5)
-    replay, chapter 4's reference), chapter 4's exactness check in float32, ``rows`` rows per pass, ``chains``
+    replay, chapter 4's reference), chapter 4's exactness check in float32, ``rows`` rows per chunk, ``chains``
     chain programs per forward. Unless ``fp64_fits`` (float64 weights beside the float16 model's), the float64
     floors move one precision down: chapter 2 fits its ripening in float16 (the model itself, cast in place to
     float64 for its floor), chapter 3 runs its arms in float16 against a float32 floor."""
     p = profile
     ch02 = replace(p.ch02, replay_dtypes=("float32" if fp64_fits else "float16", "float16"))
     ch03 = p.ch03 if fp64_fits else replace(p.ch03, arm_dtype="float16", exact_dtype="float32")
-    return replace(p, name=f"{p.name}-t4", dtype="float16", rows_per_pass=rows,
+    return replace(p, name=f"{p.name}-t4", dtype="float16", rows_per_chunk=rows,
                    ch01=replace(p.ch01, chain_programs=chains), ch02=ch02, ch03=ch03,
                    ch04=replace(p.ch04, reference_dtype="float16", exact_dtype="float32"))
 
 
 def _l4(profile: Profile) -> Profile:
     """A 24 GB version of a 40 GB profile of a model whose float32 copy fills most of the card (Huginn-0125,
-    Ouro-2.6B): one row per pass, chapter 2 fits its ripening in bfloat16 (the model, cast in place to float32 for
+    Ouro-2.6B): one row per chunk, chapter 2 fits its ripening in bfloat16 (the model, cast in place to float32 for
     its floor), chapter 3 runs its arms in bfloat16 against a float32 floor, chapter 4 checks Algorithm 1 in bfloat16
     (counted, not asserted), chapter 7 batches of at most 2."""
     p = profile
-    return replace(p, name=f"{p.name}-l4", rows_per_pass=1,
+    return replace(p, name=f"{p.name}-l4", rows_per_chunk=1,
                    ch02=replace(p.ch02, replay_dtypes=("bfloat16", "bfloat16"), exact_dtype="float32"),
                    ch03=replace(p.ch03, arm_dtype="bfloat16", exact_dtype="float32"),
                    ch04=replace(p.ch04, exact_dtype="bfloat16"),
@@ -261,7 +261,7 @@ _BASES = {"huginn-0125": HUGINN_0125, "raven-llama": replace(RAVEN, name="raven-
           "raven-olmo": replace(RAVEN, name="raven-olmo"), "raven-tinyllama": replace(RAVEN, name="raven-tinyllama"),
           "ouro-1.4b": OURO, "ouro-2.6b": replace(OURO, name="ouro-2.6b")}
 #: model -> card -> profile. A 40 GB profile that fits a smaller card serves it too (the L4 for every model but
-#: Huginn-0125 and Ouro-2.6B); an 80 GB profile is the 40 GB one with 8 rows per pass. A model with no profile that
+#: Huginn-0125 and Ouro-2.6B); an 80 GB profile is the 40 GB one with 8 rows per chunk. A model with no profile that
 #: fits a card (Huginn-0125 and Ouro-2.6B on a T4) is given its smallest, and ``looped-kv plan`` names what does not.
 BY_CARD: dict[str, dict[str, Profile]] = {}
 for _model, _base in _BASES.items():
@@ -269,7 +269,7 @@ for _model, _base in _BASES.items():
     _t4_profile = {"huginn-0125": _l4_profile, "ouro-2.6b": _l4_profile,
                    "raven-tinyllama": _t4(_base, rows=2, chains=64, fp64_fits=True)}.get(_model) or _t4(_base)
     BY_CARD[_model] = {"t4": _t4_profile, "l4": _l4_profile, "40gb": _base,
-                       "80gb": replace(_base, name=f"{_base.name}-80gb", rows_per_pass=8)}
+                       "80gb": replace(_base, name=f"{_base.name}-80gb", rows_per_chunk=8)}
 
 PROFILES = {"tiny": TINY, "smoke": SMOKE, **{p.name: p for cards in BY_CARD.values() for p in cards.values()}}
 MODELS = tuple(BY_CARD)

@@ -69,7 +69,7 @@ book.setup()
 model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when available
 run = profiles.for_model(model)
 profile = run.ch01  # every size of this chapter
-PASS = run.rows_per_pass  # batches run in passes of at most this many rows
+CHUNK = run.rows_per_chunk  # batches run in row chunks of at most this many rows
 cfg = model.config
 R = cfg.mean_recurrence
 print(book.environment(model))
@@ -84,7 +84,7 @@ print(workloads.preflight(model, run))  # every prompt tokenized, held to the bo
 # again below, on text and on chain answers, for whatever model it runs on.
 
 # %% tags=["remove-input"]
-gate_record = cfg.extra.get("gates")
+gate_record = cfg.raw.get("gates")
 book.md(
     gates.depth_story(gate_record) if book.is_tiny(model) and gate_record else
     "This checkpoint has no recorded gates: the measurements below are the first "
@@ -287,7 +287,7 @@ texts = {
     for w in data.WORKLOADS
 }
 losses = {
-    w: loss_by_text(model, ids_w, loops, real, rows_per_pass=PASS)
+    w: loss_by_text(model, ids_w, loops, real, rows_per_chunk=CHUNK)
     for w, (ids_w, real) in texts.items()
 }
 curve = pd.DataFrame({w: table.mean() for w, table in losses.items()})
@@ -480,13 +480,14 @@ prompts = {
 }
 runs = {
     w: looped_kv.generate(
-        model, p, max_new_tokens=profile.new_tokens, rows_per_pass=PASS
+        model, p, max_new_tokens=profile.new_tokens, rows_per_chunk=CHUNK
     )
     for w, p in prompts.items()
 }
 deepest_runs = {
     w: looped_kv.generate(
-        model, p, max_new_tokens=profile.new_tokens, cache="deepest", rows_per_pass=PASS
+        model, p, max_new_tokens=profile.new_tokens, cache="deepest",
+        rows_per_chunk=CHUNK,
     )
     for w, p in prompts.items()
 }
@@ -513,7 +514,8 @@ same_rows = {
 }
 stopped = {w: run.stopped.count("eos") for w, run in runs.items()}
 ratio = {
-    w: deepest_runs[w].extra["cache_bytes"] / runs[w].extra["cache_bytes"] for w in runs
+    w: deepest_runs[w].details["cache_bytes"] / runs[w].details["cache_bytes"]
+    for w in runs
 }
 book.md(
     f"Every generated token of the {sum(r.batch for r in runs.values())} rows is the "
@@ -652,7 +654,7 @@ chapter_verdicts = loss_verdicts | chain_verdicts | draft_verdicts
 book.table(V.interval_table(chapter_verdicts))
 
 # %%
-training = cfg.extra.get("training", {})
+training = cfg.raw.get("training", {})
 recipe = training.get("args", {})
 fields = ("batch", "seq", "mean_recurrence", "backprop", "chains", "mix",
           "mix_from_depth")

@@ -87,7 +87,7 @@ model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when avai
 run = profiles.for_model(model)
 profile = run.ch04  # every size of this chapter
 cfg, R = model.config, model.config.mean_recurrence
-GAMMA, DRAFT_LOOPS = profile.block, profile.draft_loops
+GAMMA, DRAFT_LOOPS = profile.gamma, profile.draft_loops
 SETUP4 = papers.RIPE_TABLE_4_SETUP  # Table 4's windows, sinks and tail threshold
 PAPER_WINDOWS, SINKS, TAIL = SETUP4["windows"], SETUP4["sinks"], SETUP4["tail KL"]
 SEC5_1, SEC5_2 = papers.RIPE_SEC_5_1, papers.RIPE_SEC_5_2
@@ -263,8 +263,9 @@ book.md(
 exact_texts = [t for w in data.WORKLOADS for t in workloads.prompts(
     w, profile.exact_prompts, source=run.workloads)]
 exact_prompts = workloads.encode(model_exact, run, exact_texts)
-decode = dict(max_new_tokens=profile.acceptance_tokens, rows_per_pass=run.rows_per_pass)
-spec = dict(method="self-spec", draft_loops=DRAFT_LOOPS, block=GAMMA)
+decode = dict(max_new_tokens=profile.acceptance_tokens,
+              rows_per_chunk=run.rows_per_chunk)
+spec = dict(method="self-spec", draft_loops=DRAFT_LOOPS, gamma=GAMMA)
 ripe_gamma = dict(cache="ripe", window=GAMMA)
 deep_cache = dict(cache="deepest", prefix_reads="deep-kv", exact=False)
 sequential = looped_kv.generate(model_exact, exact_prompts, **decode, **ripe_gamma)
@@ -276,7 +277,7 @@ same = sum(torch.equal(a, s) for a, s in
 # narrower dtype rounding may split near-ties, so the equal rows are counted)
 if model_exact.dtype == torch.float64:
     assert same == len(exact_prompts)
-row_bytes = sequential.extra["row_cache_bytes"]
+row_bytes = sequential.details["row_cache_bytes"]
 for s, nbytes in zip(sequential.sequences, row_bytes, strict=True):
     assert nbytes == m_ripe(cfg, len(s) - 1, GAMMA, R, model_exact.dtype)  # Eq. (10)
 deep_sequential = looped_kv.generate(model_exact, exact_prompts, **decode,
@@ -334,7 +335,7 @@ for w in data.WORKLOADS:
     replay_workload += [w] * n_replay
 target = looped_kv.generate(model16, replay_ids, max_new_tokens=profile.new_tokens,
                             stop_at_eos=profile.stop_at_eos,
-                            rows_per_pass=run.rows_per_pass)
+                            rows_per_chunk=run.rows_per_chunk)
 trajectories = [s[None] for s in target.sequences]
 lengths = [len(s) for s in target.sequences]
 if profile.windows:
@@ -355,7 +356,7 @@ arms = {DEEP: (model16, deepest),
         "two planes": (model16, make_policy("k-deepest", R, k=2)),
         FP32: (model32, full)}
 replays = replay_records(trajectories, target.prompt_lengths, (model16, full), arms,
-                         block=GAMMA, block_arms=[DEEP], reference_label="full cache",
+                         gamma=GAMMA, block_arms=[DEEP], reference_label="full cache",
                          batch_size=profile.replay_batch)
 records = replays.records
 records["workload"] = np.array(replay_workload)[records["prompt"].to_numpy()]
@@ -567,7 +568,7 @@ if profile.block_dtype is not None:
              for t, p in zip(trajectories, target.prompt_lengths, strict=True)]
     exact_dependence = replay_records(
         first, target.prompt_lengths, (exact_model, full),
-        {DEEP: (exact_model, deepest)}, block=GAMMA, block_arms=[DEEP],
+        {DEEP: (exact_model, deepest)}, gamma=GAMMA, block_arms=[DEEP],
         reference_label="full cache", batch_size=profile.replay_batch,
     ).block_dependence
     del exact_model
@@ -643,7 +644,7 @@ caches = {"full cache": {"cache": "full"}, "deepest plane": deep_cache,
           ripe_accept: {"cache": "ripe", "window": W_ACCEPT}}
 acceptance = {w: acceptance_by_cache(model, workloads.prompt_ids(
     model, run, w, profile.acceptance_prompts), caches, profile.acceptance_tokens,
-    draft_loops=DRAFT_LOOPS, block=GAMMA, rows_per_pass=run.rows_per_pass)
+    draft_loops=DRAFT_LOOPS, gamma=GAMMA, rows_per_chunk=run.rows_per_chunk)
     for w in data.WORKLOADS}
 GAIN = papers.RIPE_TABLE_6_THRESHOLDS["tau gain of the deepest plane"]
 LEDGER = "RIPE Table 6: '+ ≥ 0.5 (shared)'"

@@ -89,7 +89,8 @@ DEPTHS = list(P.draft_depths)  # DAS Table 6's d = 1, 2, 4, 8, each below R
 eval_prompts = {w: workloads.prompt_ids(model, profile, w, P.agreement_prompts)
                 for w in data.WORKLOADS}
 agreement = {w: measure.agreement_by_prompt(model, prompts, P.agreement_tokens, DEPTHS,
-                                            READS, rows_per_pass=profile.rows_per_pass)
+                                            READS,
+                                            rows_per_chunk=profile.rows_per_chunk)
              for w, prompts in eval_prompts.items()}
 means = {w: frame.groupby(["read", "d"], sort=False)["agreement"].mean().unstack()
          for w, frame in agreement.items()}
@@ -170,12 +171,12 @@ book.md(
 # position we record the acceptance given that the earlier drafts were accepted.
 
 # %%
-d, gamma = P.draft_loops, P.block
+d, gamma = P.draft_loops, P.gamma
 methods = {name: c for name, c in bench.method_configs(d, gamma).items()
            if name in ("ar", "self-spec", "mature-spec")}
 acceptance = {w: bench.acceptance_runs(model, prompts[:P.acceptance_prompts], methods,
                                        P.acceptance_tokens,
-                                       rows_per_pass=profile.rows_per_pass)
+                                       rows_per_chunk=profile.rows_per_chunk)
               for w, prompts in eval_prompts.items()}
 along = {(w, bench.label(m)): perf.block_acceptance(
              [a for row in runs[runs["method"] == m]["accepted"] for a in row], gamma)

@@ -82,11 +82,11 @@ print(workloads.preflight(model, profile))  # every prompt tokenized, held to th
 # mismatch.
 
 # %%
-methods = bench.method_configs(SEQ.draft_loops, SEQ.block)
-WAVE = {k: methods["das-wave"][k] for k in ("block", "rounds", "initial_width",
+methods = bench.method_configs(SEQ.draft_loops, SEQ.gamma)
+WAVE = {key: methods["das-wave"][key] for key in ("gamma", "rounds", "initial_width",
                                             "updates")}  # the measured schedule
 ids = workloads.prompt_ids(model, profile, "problems", 1)[0]
-cache = new_cache(model, make_policy("full", R), 1, ids.shape[1] + WAVE["block"] + 2)
+cache = new_cache(model, make_policy("full", R), 1, ids.shape[1] + WAVE["gamma"] + 2)
 with torch.no_grad():
     anchor = prefill(model, cache, ids, R)[:, -1:].argmax(-1)
     trace: list[torch.Tensor] = []
@@ -94,7 +94,7 @@ with torch.no_grad():
                        **WAVE)
 target = looped_kv.generate(model, ids, max_new_tokens=proposals.shape[1] + 1,
                             stop_at_eos=False).new_tokens[:, 1:]
-k = int(accept(proposals, target))
+accepted = int(accept(proposals, target))
 w = proposals.shape[1]
 
 
@@ -102,7 +102,7 @@ def show(token: int) -> str:
     return book.decode(model, torch.tensor([token])).replace("\n", "⏎")[:4]
 
 
-grid = np.full((len(trace) + 1, WAVE["block"]), np.nan)
+grid = np.full((len(trace) + 1, WAVE["gamma"]), np.nan)
 fig, ax = plt.subplots(figsize=book.WIDE)
 for j, guesses in enumerate(trace):
     width = guesses.shape[1]
@@ -111,14 +111,15 @@ for j, guesses in enumerate(trace):
         grid[j, width - 1] = 2.0  # newly active
     for i, token in enumerate(guesses[0].tolist()):
         ax.text(i, j, show(token), ha="center", va="center", fontsize=4.5)
-grid[-1, :w] = [3.0 if i < k else 4.0 if i == k else np.nan for i in range(w)]
+grid[-1, :w] = [3.0 if i < accepted else 4.0 if i == accepted else np.nan
+                for i in range(w)]
 for i, token in enumerate(target[0, :w].tolist()):
     ax.text(i, len(trace), show(token), ha="center", va="center", fontsize=4.5,
             weight="bold")
 COLORS = ["#cfe3f7", "#f7d774", "#9be39b", "#f29b9b"]  # carried, new, accept, reject
 cmap = plt.matplotlib.colors.ListedColormap(COLORS)
 ax.imshow(grid, cmap=cmap, vmin=0.5, vmax=4.5, aspect="auto")
-ax.set_xticks(range(WAVE["block"]), [f"y{i + 1}" for i in range(WAVE["block"])],
+ax.set_xticks(range(WAVE["gamma"]), [f"y{i + 1}" for i in range(WAVE["gamma"])],
               fontsize=6)
 ax.set(xlabel="proposal (y1 is read out from the anchor)",
        ylabel="round j (last row: verifier)", yticks=range(len(trace) + 1),
@@ -128,8 +129,8 @@ ax.tick_params(axis="y", labelsize=6)
 plt.show()
 
 # %% tags=["remove-input"]
-book.md(f"In this block the verifier accepts {k} of the {w} proposals"
-        + (f" and emits its own token at position {k + 1}." if k < w
+book.md(f"In this block the verifier accepts {accepted} of the {w} proposals"
+        + (f" and emits its own token at position {accepted + 1}." if accepted < w
            else ", all of them."))
 
 # %% [markdown]
@@ -185,7 +186,7 @@ assert cells[(1, 1, 1)] == {**methods["das-wave"], "prefix_reads": "deep-kv"}
 batched = {w: bench.acceptance_runs(model, prompts,
                                     {"mature-spec": methods["mature-spec"], **cells},
                                     P.acceptance_tokens,
-                                    rows_per_pass=profile.rows_per_pass)
+                                    rows_per_chunk=profile.rows_per_chunk)
            for w, prompts in eval_prompts.items()}
 acceptance = {w: runs.assign(method=runs["method"].map(
                   lambda m: "das-wave" if m == (1, 1, 1) else m))
@@ -209,11 +210,11 @@ wave_verdicts = {w: bench.speed_verdict(bench.WAVE_FASTER, timing[w], "das-wave"
 # %% tags=["remove-input"]
 w_wave = bench.ceiling(methods["das-wave"]).value
 paper_share = {name: HUGINN1[name]["GSM8K"][1] / most for name, most in
-               (("DAS-Wave", w_wave), ("Mature-Spec", SEQ.block))}
+               (("DAS-Wave", w_wave), ("Mature-Spec", SEQ.gamma))}
 share = {w: ceilings.loc[w, "A / most accepted"] for w in data.WORKLOADS}
 book.md(
     f"DAS-Wave tests $w = {w_wave}$ proposals per block, Mature-Spec $\\gamma$ = "
-    f"{SEQ.block}. DAS-Wave's mean $A$ is "
+    f"{SEQ.gamma}. DAS-Wave's mean $A$ is "
     + ", ".join(f"{ceilings.loc[(w, 'DAS-Wave'), 'A']:.1f} on {w}"
                 for w in data.WORKLOADS)
     + ". "
@@ -223,7 +224,7 @@ book.md(
     + ", ".join(f"{share[w]['DAS-Wave']:.0%} and Mature-Spec "
                 f"{share[w]['Mature-Spec']:.0%} on {w}" for w in data.WORKLOADS)
     + f"; on Huginn/GSM8K the paper's Table 1 gives {paper_share['DAS-Wave']:.0%} and "
-    f"{paper_share['Mature-Spec']:.0%} (at $\\gamma$ = {SEQ.block}). The paper's "
+    f"{paper_share['Mature-Spec']:.0%} (at $\\gamma$ = {SEQ.gamma}). The paper's "
     f"Huginn speed-up is {HUGINN1['DAS-Wave']['GSM8K'][0]:.2f}x with $A$ = "
     f"{HUGINN1['DAS-Wave']['GSM8K'][1]} on GSM8K. Here {P.timing_prompts} prompts per "
     f"workload are timed, {P.timing_repeats} round(s) each (a speed verdict needs "
@@ -303,7 +304,7 @@ budget = pd.DataFrame([
      "w": bench.ceiling(config).value,
      **summary.loc[distinct[tuple(sorted(config.items()))], COLUMNS]}
     for name, config in sweep.items()])
-NAMES = {"updates": "updates k", "block": "block γ", "initial_width": "initial width"}
+NAMES = {"updates": "updates k", "gamma": "block γ", "initial_width": "initial width"}
 fig, axes = plt.subplots(2, len(P.sweep), figsize=book.WIDE, sharex="col")
 for col, (setting, frame) in enumerate(budget.groupby("setting", sort=False)):
     x = np.arange(len(frame))
@@ -337,7 +338,7 @@ def line(setting: str, symbol: str) -> str:
                if intervals else f" (on {P.sweep_prompts} prompts: no interval)."))
 
 
-book.md(" ".join(line(s, sym) for s, sym in (("updates", "$k$"), ("block", "$\\gamma$"),
+book.md(" ".join(line(s, sym) for s, sym in (("updates", "$k$"), ("gamma", "$\\gamma$"),
                                              ("initial_width", "$W_\\text{init}$"))
                  if s in by)
         + " In the paper (DAS Sec. 4.4), on Huginn more updates raise $A$ and lower "

@@ -61,7 +61,7 @@ cfg, R = model.config, model.config.mean_recurrence
 BATCH_SIZES = list(P.batch_sizes)
 NEW_TOKENS = P.new_tokens
 # Mature-Spec drafts: 4 loops each, 4 per block
-DRAFT = {"draft_loops": 4, "block": 4, "prefix_reads": "deep-kv"}
+DRAFT = {"draft_loops": 4, "gamma": 4, "prefix_reads": "deep-kv"}
 prompts = workloads.prompt_ids(model, run, "problems", P.prompts)
 print(book.environment(model))
 print(workloads.preflight(model, run))  # every prompt tokenized, held to the bound
@@ -636,7 +636,7 @@ book.md(
     f"{tau_full:.2f} tokens per "
     f"verification with the full cache and {tau_deep:.2f} with the deepest plane (at "
     "most "
-    f"{DRAFT['block'] + 1}), a ratio of {tau_deep / tau_full:.2f}"
+    f"{DRAFT['gamma'] + 1}), a ratio of {tau_deep / tau_full:.2f}"
     + (
         ", so acceptance plays no part in the same-batch factor here"
         if abs(tau_deep / tau_full - 1) < 0.01

@@ -63,7 +63,7 @@ def tiny_spec(folder: Path, **overrides) -> Path:
     spec = {"batch": "b", "name": "bad", "question": "q?", "model": "tiny", "num_loops": 4, "mode": "generation",
             "prompts": [{"name": "p", "file": "prompts.json"}], "max_new_tokens": 4,
             "arms": [{"name": "deepest", "cache": "deepest"},
-                     {"name": "spec", "decoder": "self-spec", "cache": "full", "block": 2, "draft_loops": 2}],
+                     {"name": "spec", "decoder": "self-spec", "cache": "full", "gamma": 2, "draft_loops": 2}],
             "metrics": ["kl_mean", "same_as_greedy"],
             "decision_rules": [{"name": "exact", "statistic": "mean", "metric": "same_as_greedy", "arm": "spec",
                                 "threshold": 0.5, "n_boot": 100, "labels": {"above": "a", "between": "b",
@@ -321,12 +321,12 @@ SUBSTITUTION = {"mode": "substitution", "tokens": 64, "decoded": 4, "max_new_tok
     (SUBSTITUTION | {"tokens": 5000}, None, "spec.tokens 5000 is beyond the model's context (block_size 1024)"),
     ({"max_new_tokens": 100000}, None, "spec.max_new_tokens 100000: prompts[0] (p) file 'prompts.json', text 0 has"),
     ({"arms": [{"name": "deepest", "cache": "deepest"},
-               {"name": "spec", "decoder": "self-spec", "cache": "full", "block": 1000, "draft_loops": 2}]}, None,
-     "arms[1] (spec).block: prompts[0] (p) file 'prompts.json', text 0 has"),
+               {"name": "spec", "decoder": "self-spec", "cache": "full", "gamma": 1000, "draft_loops": 2}]}, None,
+     "arms[1] (spec).gamma: prompts[0] (p) file 'prompts.json', text 0 has"),
     ({"arms": [{"name": "deepest", "cache": "sinks", "sinks": 5000},
-               {"name": "spec", "decoder": "self-spec", "cache": "full", "block": 2, "draft_loops": 2}]}, None,
+               {"name": "spec", "decoder": "self-spec", "cache": "full", "gamma": 2, "draft_loops": 2}]}, None,
      "arms[0] (deepest).sinks 5000 is beyond the model's context (block_size 1024)"),
-], ids=["text shorter than tokens", "tokens beyond the context", "max_new_tokens", "block", "sinks"])
+], ids=["text shorter than tokens", "tokens beyond the context", "max_new_tokens", "gamma", "sinks"])
 def test_freeze_refuses_what_cannot_run(tmp_path, overrides, texts, message):
     path = tiny_spec(tmp_path, **overrides)
     if texts is not None:
@@ -340,7 +340,7 @@ def test_freeze_refuses_what_cannot_run(tmp_path, overrides, texts, message):
     ({"seed": -1}, "spec.seed must be >= 0"),
     ({"tail_kl": -0.5}, "spec.tail_kl must be a KL >= 0"),
     ({"arms": [{"name": "deepest", "cache": "deepest"},
-               {"name": "spec", "decoder": "self-spec", "block": 2, "draft_loops": 2},
+               {"name": "spec", "decoder": "self-spec", "gamma": 2, "draft_loops": 2},
                {"name": "pld", "decoder": "pld", "ngram": 0}]}, "arms[2] (pld).ngram must be >= 1, got 0"),
     (SUBSTITUTION | {"tokens": -5}, "spec.tokens must be >= 2"),
 ])

@@ -5,9 +5,9 @@ deep inside, or no error at all):
 
 * prompts that are not integer tensors: a str, a list of ints;
 * integer options that are not ints: max_new_tokens=3.5 (and True), num_loops=2.5, window=2.5, draft_loops=2.5,
-  block (gamma)=2.5, ngram=2.5, rounds=2.5, updates=2.5, initial_width=2.5, eos_token_id=3.5;
+  gamma=2.5, ngram=2.5, rounds=2.5, updates=2.5, initial_width=2.5, eos_token_id=3.5;
 * flags that are not bools: stop_at_eos="no", compile="yes", exact="no", carry="no";
-* options the chosen method does not use: prefix_reads, block=-5 and draft_loops=-5 with method "ar", ngram with
+* options the chosen method does not use: prefix_reads, gamma=-5 and draft_loops=-5 with method "ar", ngram with
   self-spec, rounds with mature-spec;
 * sizes beyond the model's context: sinks=5000 and window=5000 with a 128-token context.
 """
@@ -52,7 +52,7 @@ def test_prompts_must_be_integer_tensors(no_work, ids, kind):
 
 @pytest.mark.parametrize("name, value, method", [
     ("max_new_tokens", 3.5, "ar"), ("max_new_tokens", True, "ar"), ("num_loops", 2.5, "ar"),
-    ("draft_loops", 2.5, "self-spec"), ("block", 2.5, "self-spec"), ("ngram", 2.5, "pld"),
+    ("draft_loops", 2.5, "self-spec"), ("gamma", 2.5, "self-spec"), ("ngram", 2.5, "pld"),
     ("rounds", 2.5, "das-wave"), ("updates", 2.5, "das-wave"), ("initial_width", 2.5, "das-wave"),
     ("eos_token_id", 3.5, "ar")])
 def test_integer_options_must_be_ints(no_work, name, value, method):
@@ -70,7 +70,7 @@ def test_flags_must_be_bools(no_work, name, value, method):
 
 
 @pytest.mark.parametrize("name, value, method, users", [
-    ("prefix_reads", "deep-v", "ar", "self-spec"), ("block", -5, "ar", "self-spec"),
+    ("prefix_reads", "deep-v", "ar", "self-spec"), ("gamma", -5, "ar", "self-spec"),
     ("draft_loops", -5, "ar", "self-spec"), ("ngram", 2, "self-spec", "pld"), ("rounds", 3, "mature-spec", "das-wave")])
 def test_options_the_method_does_not_use_are_refused(no_work, name, value, method, users):
     refused(no_work, rf"^{name}={value!r} is not used by method='{method}'; only method in \(.*'{users}'",

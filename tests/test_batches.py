@@ -77,7 +77,7 @@ def small_spec(folder: Path, model: str, mode: str = "substitution", **overrides
     else:
         spec |= {"max_new_tokens": 8, "dtype": "float32",
                  "arms": [{"name": "same", "cache": "full"}, {"name": "deepest", "cache": "deepest"},
-                          {"name": "spec", "decoder": "self-spec", "cache": "ripe", "window": 4, "block": 3,
+                          {"name": "spec", "decoder": "self-spec", "cache": "ripe", "window": 4, "gamma": 3,
                            "draft_loops": 2}],
                  "metrics": ["kl_mean", "tail", "same_as_greedy", "tau"],
                  "decision_rules": [{"name": "exact", "statistic": "mean", "metric": "same_as_greedy", "arm": "spec",
@@ -127,7 +127,7 @@ def test_bad_substitution_spec_names_the_field(tmp_path, change, message):
 
 
 @pytest.mark.parametrize("arm, message", [
-    ({"name": "x", "decoder": "self-spec", "cache": "ripe", "window": 2, "block": 4}, "RIPE Proposition 1"),
+    ({"name": "x", "decoder": "self-spec", "cache": "ripe", "window": 2, "gamma": 4}, "RIPE Proposition 1"),
     ({"name": "x", "decoder": "beam"}, "decoder must be one of"),
     ({"name": "x", "cache": "ripe"}, "cache='ripe' needs window"),
     ({"name": "x", "precision": "int8"}, "precision must be one of"),
@@ -205,7 +205,7 @@ def synthetic_spec(tmp_path: Path) -> batches.BatchSpec:
     path = small_spec(tmp_path, "tiny", "generation", max_new_tokens=4,
                       arms=[{"name": "deepest", "cache": "deepest"}, {"name": "window", "cache": "ripe", "window": 2},
                             {"name": "fp32", "cache": "full"},
-                            {"name": "spec", "decoder": "self-spec", "cache": "full", "block": 2, "draft_loops": 2}],
+                            {"name": "spec", "decoder": "self-spec", "cache": "full", "gamma": 2, "draft_loops": 2}],
                       decision_rules=rules, predictions=predictions)
     return batches.load_spec(path)
 

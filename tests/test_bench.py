@@ -13,7 +13,7 @@ from looped_kv.analysis.verdicts import AGREES, DISAGREES, IDENTICAL, INCONCLUSI
 from looped_kv.decoding import settings
 from looped_kv.experiments import bench
 
-SMALL_WAVE = {"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}
+SMALL_WAVE = {"gamma": 4, "rounds": 3, "initial_width": 2, "updates": 1}
 
 
 def prompts(model, lengths=(5, 3, 7)):
@@ -22,13 +22,13 @@ def prompts(model, lengths=(5, 3, 7)):
 
 
 def test_method_configs_use_one_vocabulary():
-    configs = bench.method_configs(draft_loops=2, block=3, wave={"updates": 1})
+    configs = bench.method_configs(draft_loops=2, gamma=3, wave={"updates": 1})
     assert tuple(configs) == settings.METHODS
     assert all(c["method"] == name for name, c in configs.items())
     spec, mature = configs["self-spec"], configs["mature-spec"]
-    assert (spec["draft_loops"], spec["block"]) == (mature["draft_loops"], mature["block"]) == (2, 3)
+    assert (spec["draft_loops"], spec["gamma"]) == (mature["draft_loops"], mature["gamma"]) == (2, 3)
     assert configs["das-wave"] == {"method": "das-wave", **settings.DasWave().schedule, "updates": 1}
-    for kwargs, message in (({"draft_loops": 0}, "draft_loops must be >= 1"), ({"block": 0}, "block must be >= 1"),
+    for kwargs, message in (({"draft_loops": 0}, "draft_loops must be >= 1"), ({"gamma": 0}, "gamma must be >= 1"),
                             ({"wave": {"width": 2}}, "wave must set only"), ({"wave": {"rounds": 0}}, "rounds")):
         with pytest.raises(ValueError, match=message):
             bench.method_configs(**kwargs)
@@ -36,8 +36,8 @@ def test_method_configs_use_one_vocabulary():
 
 def test_ceilings():
     assert bench.ceiling({"method": "ar"}) is None
-    assert bench.ceiling({"method": "self-spec", "block": 8}) == bench.Ceiling("tau", 9, 1)
-    assert bench.ceiling({"method": "pld"}) == bench.Ceiling("tau", settings.PromptLookup.block + 1, 1)
+    assert bench.ceiling({"method": "self-spec", "gamma": 8}) == bench.Ceiling("tau", 9, 1)
+    assert bench.ceiling({"method": "pld"}) == bench.Ceiling("tau", settings.PromptLookup.gamma + 1, 1)
     assert bench.ceiling({"method": "das-wave", **SMALL_WAVE}) == bench.Ceiling("A", 4, 0)  # min(4, 2 + 3 - 1)
     assert bench.ceiling({"method": "das-wave"}).value == 25  # the paper's gamma 32, J 24, W_init 2
     with pytest.raises(ValueError, match="method must be one of"):
@@ -46,7 +46,7 @@ def test_ceilings():
 
 def test_run_paired_and_summarize():
     model = random_model("huginn", seed=5, mean_recurrence=4)
-    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 2, "block": 3},
+    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 2, "gamma": 3},
                "das-wave": {"method": "das-wave", **SMALL_WAVE}}
     runs = bench.run_paired(model, prompts(model), methods, max_new_tokens=8, progress=False, repeats=2)
     assert len(runs) == 9 and runs["same_as_greedy"].all() and (runs["repeats"] == 2).all()
@@ -68,7 +68,7 @@ def test_run_paired_and_summarize():
 
 def test_batched_acceptance_equals_decoding_each_prompt_alone():
     model = random_model("raven", seed=6, mean_recurrence=4)
-    methods = {"mature-spec": {"method": "mature-spec", "draft_loops": 1, "block": 3},
+    methods = {"mature-spec": {"method": "mature-spec", "draft_loops": 1, "gamma": 3},
                "das-wave": {"method": "das-wave", **SMALL_WAVE}}
     batched = bench.acceptance_runs(model, prompts(model), methods, max_new_tokens=7)
     alone = bench.run_paired(model, prompts(model), methods, max_new_tokens=7, progress=False)
@@ -164,10 +164,10 @@ def test_factorial_cells_and_interaction_verdict():
 
 
 def test_check_options_name_the_option_and_the_value():
-    good = dict(prompts=32, max_new_tokens=128, draft_loops=4, block=4, methods=list(settings.METHODS),
+    good = dict(prompts=32, max_new_tokens=128, draft_loops=4, gamma=4, methods=list(settings.METHODS),
                 workloads=["problems"])
     bench.check_options(**good)
-    for change, message in (({"prompts": 1}, "--prompts must be >= 2"), ({"block": 0}, "--block must be >= 1, got 0"),
+    for change, message in (({"prompts": 1}, "--prompts must be >= 2"), ({"gamma": 0}, "--gamma must be >= 1, got 0"),
                             ({"methods": ["greedy"]}, "--methods must name some of"),
                             ({"workloads": []}, "--workloads must name some of")):
         with pytest.raises(ValueError, match=message):

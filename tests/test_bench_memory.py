@@ -52,14 +52,14 @@ def test_check_memory_model_recovers_a_linear_peak():
 
 
 @pytest.mark.parametrize("method, cache, options", [("ar", "full", {}),
-                                                    ("self-spec", "ripe", {"window": 3, "block": 3, "draft_loops": 2})])
+                                                    ("self-spec", "ripe", {"window": 3, "gamma": 3, "draft_loops": 2})])
 def test_memory_model_predicts_held_out_batches(method, cache, options):
     """Real decoding: the cache term is Eq. (3)/(10) per sequence; o0 + o1 B fitted on B = 1, 2 predicts B = 3, 5."""
     model = random_model("huginn", seed=1)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, model.config.vocab_size, (5,), generator=generator) for _ in range(3)]
     cells = memory_cells(model, prompts, [1, 2, 3, 5], method, cache, max_new_tokens=3, num_loops=R, **options)
-    capacity = 5 + 3 + (options["block"] + 1 if method == "self-spec" else 0)  # prompt, new tokens, one block
+    capacity = 5 + 3 + (options["gamma"] + 1 if method == "self-spec" else 0)  # prompt, new tokens, one block
     policy = make_policy(cache, R, window=options.get("window"))
     assert [c.cache_bytes for c in cells] == [b * policy_bytes(model.config, policy, capacity, model.dtype)
                                               for b in (1, 2, 3, 5)]
@@ -73,9 +73,9 @@ def test_fixed_memory_comparison_under_a_budget():
     model = random_model("huginn", seed=1)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, model.config.vocab_size, (4,), generator=generator) for _ in range(2)]
-    options = dict(max_new_tokens=3, num_loops=R, draft_loops=2, block=2, memory_batch_sizes=(1, 2), fit_on=(1, 2))
+    options = dict(max_new_tokens=3, num_loops=R, draft_loops=2, gamma=2, memory_batch_sizes=(1, 2), fit_on=(1, 2))
     full = memory_cells(model, prompts, [1, 2], "self-spec", "full", max_new_tokens=3, num_loops=R, draft_loops=2,
-                        block=2)
+                        gamma=2)
     budget = full[1].peak_bytes * 1.01  # two full-cache sequences fit
     comparison = fixed_memory_comparison(model, prompts, budget, **options)
     b_full, b_deep = comparison.memory["full"].b_max, comparison.memory["deepest"].b_max

@@ -25,11 +25,11 @@ torch.set_num_threads(1)  # small models: more threads only add contention
 HELP = {
     (): ["generate", "bench", "batched", "memory", "batch", "speed", "gpu-check", "plan-check", "train", "gates",
          "scout"],
-    ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--block", "--prefix-reads", "--inexact",
+    ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--gamma", "--prefix-reads", "--inexact",
                     "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
-    ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--draft-loops", "--block", "--model",
+    ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--draft-loops", "--gamma", "--model",
                  "--repeats", "--quiet", "Mature-Spec beats self-speculation"],
-    ("batched",): ["looped-kv batched", "--batch-sizes", "--max-new-tokens", "--draft-loops", "--block", "--budget-mb",
+    ("batched",): ["looped-kv batched", "--batch-sizes", "--max-new-tokens", "--draft-loops", "--gamma", "--budget-mb",
                    "--memory-batch-sizes", "--fit-on", "--device"],
     ("memory",): ["--model", "--context", "--dtype", "--num-loops", "--windows", "--batch-size"],
     ("batch",): ["freeze", "run", "verify", "compare", "ledger"],
@@ -158,7 +158,7 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["generate", "--device", "foo", "hi"], "--device 'foo' is not a torch device name; available here: cpu"),
     (["bench", "--device", "cuda:99"], "--device 'cuda:99'"),
     (["bench", "--prompts", "1"], "--prompts must be >= 2 (paired intervals need two prompts), got 1"),
-    (["bench", "--block", "0"], "--block must be >= 1, got 0"),
+    (["bench", "--gamma", "0"], "--gamma must be >= 1, got 0"),
     (["bench", "--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["bench", "--methods", "greedy"], "argument --methods: invalid choice: 'greedy'"),
     (["bench", "--model", "./no-such-folder"], "--model './no-such-folder'"),
@@ -232,7 +232,7 @@ def test_memory_num_loops_is_used(capsys):
 
 def test_batched_forwards_to_the_batched_benchmark(capsys):
     assert main(["batched", "--prompts", "1", "--batch-sizes", "1", "--max-new-tokens", "2", "--num-loops", "2",
-                 "--draft-loops", "1", "--block", "1", "--budget-mb", "0", "--repeats", "1"]) == 0
+                 "--draft-loops", "1", "--gamma", "1", "--budget-mb", "0", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "R = 2, d = 1, gamma = 1" in out
     for series in ("ar        full", "ar        deepest", "self-spec full", "self-spec deepest"):
@@ -242,14 +242,14 @@ def test_batched_forwards_to_the_batched_benchmark(capsys):
 def test_generate_text_in_text_out(model_source, capsys):  # noqa: F811
     prompt = "Question: Ava has 3 apples. She buys 2 bags with 4 apples in each bag. How many apples?\nAnswer:"
     assert main(["generate", "--model", model_source, "--method", "self-spec", "--cache", "ripe", "--window", "4",
-                 "--block", "4", "--max-new-tokens", "8", "--json", prompt]) == 0
+                 "--gamma", "4", "--max-new-tokens", "8", "--json", prompt]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["prompt"] == prompt and out["stats"]["new_tokens"] == 8 and out["stats"]["cache"] == "ripe(4)"
     assert main(["generate", "--model", model_source, "--max-new-tokens", "4", prompt]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() and "tokens_per_s=" in captured.err
     assert main(["generate", "--model", model_source, "--method", "self-spec", "--cache", "ripe", "--window", "2",
-                 "--block", "4", prompt]) == 2
+                 "--gamma", "4", prompt]) == 2
     assert "RIPE Proposition 1" in capsys.readouterr().err
 
 

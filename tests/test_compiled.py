@@ -25,8 +25,8 @@ from looped_kv.experiments import bench, speed
 from looped_kv.runtime.policy import make_prefix_reads
 
 R = 2
-METHODS = {"ar": {}, "self-spec": {"draft_loops": 1, "block": 3}, "mature-spec": {"draft_loops": 1, "block": 2},
-           "pld": {"block": 3, "ngram": 1}, "das-wave": {"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
+METHODS = {"ar": {}, "self-spec": {"draft_loops": 1, "gamma": 3}, "mature-spec": {"draft_loops": 1, "gamma": 2},
+           "pld": {"gamma": 3, "ngram": 1}, "das-wave": {"gamma": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
 
 
 class CountingBackend:
@@ -74,7 +74,7 @@ def test_compiled_passes_emit_the_eager_tokens(backend, model, method, cache):
     eager, traced = (run(model, ids, method, compile=c, **cache) for c in (False, True))
     assert all(torch.equal(a, b) for a, b in zip(eager.sequences, traced.sequences, strict=True)), (method, cache)
     assert traced.row_accepted == eager.row_accepted and traced.stopped == eager.stopped
-    assert traced.extra["row_cache_bytes"] == eager.extra["row_cache_bytes"]
+    assert traced.details["row_cache_bytes"] == eager.details["row_cache_bytes"]
     if method != "ar" and cache.get("exact", True):
         greedy = run(model, ids, **{k: v for k, v in cache.items() if k != "exact"})
         assert all(torch.equal(a, b) for a, b in zip(greedy.sequences, traced.sequences, strict=True))
@@ -83,7 +83,7 @@ def test_compiled_passes_emit_the_eager_tokens(backend, model, method, cache):
 def test_new_prompt_lengths_reuse_the_trace_of_their_capacity_bucket(backend, model):
     """Greedy steps and self-spec's drafts and verification blocks: one trace per pass and capacity bucket."""
     options = dict(max_new_tokens=4, num_loops=R, stop_at_eos=False, compile=True, method="self-spec",
-                   draft_loops=1, block=3)
+                   draft_loops=1, gamma=3)
     assert capacity_bucket(5 + 4 + 4, 160) == capacity_bucket(40 + 4 + 4, 160) == 64
     generate(model, prompts(model, (5,)), **options)  # the bucket of 64 positions
     before = backend.graphs
@@ -107,7 +107,7 @@ def test_the_speed_benchmark_counts_one_trace_per_capacity_bucket(backend):
 
 def test_das_wave_rounds_share_one_trace(backend, model):
     """J = 5 rounds with deep K/V reads read the same planes: one trace for every round, one for verification."""
-    options = dict(max_new_tokens=5, num_loops=R, stop_at_eos=False, compile=True, method="das-wave", block=5,
+    options = dict(max_new_tokens=5, num_loops=R, stop_at_eos=False, compile=True, method="das-wave", gamma=5,
                    rounds=5, initial_width=1, updates=2)
     before = backend.graphs
     traced = generate(model, prompts(model, (4,)), **options)
@@ -131,12 +131,12 @@ def test_stopped_rows_kept_as_padding_change_nothing(model, method):
     shrunk, padded = (decode(model, ids, budgets, policy=policy, drafter=drafter(), shrink=s) for s in (True, False))
     assert all(torch.equal(a, b) for a, b in zip(shrunk.sequences, padded.sequences, strict=True))
     assert shrunk.row_accepted == padded.row_accepted and shrunk.stopped == padded.stopped
-    assert shrunk.extra["row_cache_bytes"] == padded.extra["row_cache_bytes"]
-    assert shrunk.extra["batch_per_pass"] == padded.extra["batch_per_pass"]  # live rows per pass
+    assert shrunk.details["row_cache_bytes"] == padded.details["row_cache_bytes"]
+    assert shrunk.details["batch_per_pass"] == padded.details["batch_per_pass"]  # live rows per pass
 
 
 def test_bench_times_eager_and_compiled_side_by_side(backend, model):
-    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 1, "block": 3}}
+    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 1, "gamma": 3}}
     ids = [p[None] for p in prompts(model, (5, 6))]
     runs = bench.run_paired(model, ids, methods, max_new_tokens=5, progress=False, modes=bench.MODES)
     assert len(runs) == 2 * 2 * 2 and runs["same_as_greedy"].all()

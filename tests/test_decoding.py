@@ -14,7 +14,7 @@ from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import peak_bytes
 from looped_kv.analysis.throughput import throughput_cells
 from looped_kv.decoding import compiled as compiled_step
-from looped_kv.decoding.core import accept, new_cache, prefill, prefill_rows, run_block
+from looped_kv.decoding.core import accept, new_cache, prefill, prompt_logits, run_block
 from looped_kv.decoding.generate import generate
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.memory import policy_bytes
@@ -29,8 +29,8 @@ LENGTHS, BUDGETS = (3, 7, 1, 5), [7, 4, 8, 6]
 SPECULATIVE = [("full", {}, True), ("ripe", {"window": 4}, True), ("ripe", {"window": 5, "sinks": 1}, True),
                ("sinks", {"sinks": 2, "window": 4}, True), ("deepest", {}, False), ("ripe", {"window": 2}, False),
                ("share", {"k": 2}, False), ("k-deepest", {"k": 2}, False), ("first", {"k": 3}, False)]
-METHODS = {"self-spec": {"draft_loops": 2, "block": 3}, "mature-spec": {"draft_loops": 2, "block": 3},
-           "pld": {"block": 3, "ngram": 2}, "das-wave": {"block": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
+METHODS = {"self-spec": {"draft_loops": 2, "gamma": 3}, "mature-spec": {"draft_loops": 2, "gamma": 3},
+           "pld": {"gamma": 3, "ngram": 2}, "das-wave": {"gamma": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
 
 
 @pytest.fixture(scope="module", params=["huginn", "raven", "raven-olmo", "ouro"])
@@ -57,7 +57,7 @@ def test_greedy_rows_are_greedy_alone(model, cache, params):
         assert torch.equal(out.sequences[i], alone.sequences[0])
         assert len(out.new_rows[i]) == budget
         expected = policy_bytes(model.config, policy, len(prompt) + budget - 1, model.dtype)
-        assert out.extra["row_cache_bytes"][i] == expected
+        assert out.details["row_cache_bytes"][i] == expected
     assert out.num_new == sum(BUDGETS) and out.stopped == ["length"] * 4
 
 
@@ -66,7 +66,7 @@ def test_greedy_rows_are_greedy_alone(model, cache, params):
 def test_speculative_rows_are_the_row_alone_and_exact_ones_are_greedy(model, method, cache, params, exact):
     if model.config.family not in ("huginn", "ouro") and cache not in ("full", "ripe"):
         pytest.skip("every policy runs on Huginn and Ouro; the Raven families run the block-independent ones")
-    if method == "das-wave" and cache in ("ripe", "sinks") and params.get("window", 0) < METHODS[method]["block"]:
+    if method == "das-wave" and cache in ("ripe", "sinks") and params.get("window", 0) < METHODS[method]["gamma"]:
         exact = False
     prompts = ragged_prompts(model, seed=1)
     options = {**METHODS[method], "cache": cache, "exact": exact, **params}
@@ -87,7 +87,7 @@ def test_speculative_rows_are_the_row_alone_and_exact_ones_are_greedy(model, met
                                                   ("ripe", {"window": 4}, "deep-k")])
 def test_prefix_reads_rows_match_alone(model, cache, params, reads):
     prompts = ragged_prompts(model, (2, 6, 4), seed=2)
-    options = {"cache": cache, "draft_loops": 3, "block": 3, "prefix_reads": reads, **params}
+    options = {"cache": cache, "draft_loops": 3, "gamma": 3, "prefix_reads": reads, **params}
     out = run(model, prompts, 6, "self-spec", **options)
     for i, prompt in enumerate(prompts):
         assert torch.equal(out.sequences[i], run(model, prompt, 6, "self-spec", **options).sequences[0])
@@ -101,7 +101,7 @@ def test_one_block_pass_matches_per_row_logits_and_bytes(cache, params):
     policy = make_policy(cache, R, **params)
     prompts = ragged_prompts(model, (2, 9, 5), seed=3)
     batch = new_cache(model, policy, 3, 16)
-    prefill_rows(model, batch, prompts, R)
+    prompt_logits(model, batch, prompts, R)
     block = torch.randint(0, model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(4))
     positions = batch.lengths[:, None] + torch.arange(4)
     logits, _ = run_block(model, block, BlockPass(batch, positions), R)
@@ -144,10 +144,10 @@ def test_ring_writes_keep_each_rows_last_window():
 def test_stopped_rows_leave_the_batch_without_allocating():
     model = random_model("huginn", seed=2)
     out = run(model, ragged_prompts(model, (4, 2, 3)), [1, 3, 5])
-    assert out.extra["batch_per_pass"] == [2, 2, 1, 1]  # row 0 never steps; row 1 leaves after two steps
+    assert out.details["batch_per_pass"] == [2, 2, 1, 1]  # row 0 never steps; row 1 leaves after two steps
     assert [len(t) for t in out.new_rows] == [1, 3, 5]
     cache = PlaneCache(model.config, make_policy("ripe", R, window=3), batch=4, capacity=12, dtype=model.dtype)
-    prefill_rows(model, cache, ragged_prompts(model, (4, 2, 3, 5)), R)
+    prompt_logits(model, cache, ragged_prompts(model, (4, 2, 3, 5)), R)
     before = [t.clone() for t in (*cache.core, *cache.ring)]
     peak, _ = peak_bytes(lambda: cache.keep_rows([1, 3]))
     assert peak < 1000 < cache.allocated_bytes  # compacted in place, only the small length vector is new
@@ -214,8 +214,8 @@ def test_accept_is_ragged():
 def test_a_tensor_of_prompts_a_list_and_one_prompt_agree():
     model = random_model("huginn", seed=4)
     ids = torch.randint(0, model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(0))
-    batch = run(model, ids, 5, "self-spec", cache="ripe", window=4, draft_loops=2, block=3)
-    listed = run(model, list(ids), 5, "self-spec", cache="ripe", window=4, draft_loops=2, block=3)
+    batch = run(model, ids, 5, "self-spec", cache="ripe", window=4, draft_loops=2, gamma=3)
+    listed = run(model, list(ids), 5, "self-spec", cache="ripe", window=4, draft_loops=2, gamma=3)
     assert torch.equal(batch.tokens, listed.tokens) and batch.tokens.shape == (3, 9)
     # Algorithm 1 with W >= gamma emits what sequential decoding under the same RIPE cache emits
     assert torch.equal(run(model, ids[1], 5, "ar", cache="ripe", window=4).tokens[0], batch.tokens[1])
@@ -226,7 +226,7 @@ def test_throughput_cells():
     model = random_model("huginn", seed=4)
     prompts = ragged_prompts(model, (3, 5))
     cells = throughput_cells(model, prompts, [1, 3], "self-spec", "full", max_new_tokens=4, num_loops=R,
-                             draft_loops=2, block=2, warmup=False)
+                             draft_loops=2, gamma=2, warmup=False)
     assert [c.batch for c in cells] == [1, 3]
     assert [c.new_tokens for c in cells] == [4, 12]
     assert all(c.tokens_per_s > 0 and c.tau >= 1 for c in cells)
@@ -244,14 +244,14 @@ def test_throughput_cells():
     (lambda m, p: generate(m, [torch.tensor([], dtype=torch.long)]), "prompt 0 is empty"),
     (lambda m, p: generate(m, p, eos_token_id=70), r"eos_token_id must be in \[0, 49\]"),
     (lambda m, p: generate(m, p, method="pld", compile="yes"), "compile must be True or False"),
-    (lambda m, p: generate(m, p, compile=True, cache="ripe", window=2, block=2), "block=2 is not used by method='ar'"),
-    (lambda m, p: generate(m, p, method="self-spec", cache="deepest", num_loops=R), "W = 0 < block gamma"),
+    (lambda m, p: generate(m, p, compile=True, cache="ripe", window=2, gamma=2), "gamma=2 is not used by method='ar'"),
+    (lambda m, p: generate(m, p, method="self-spec", cache="deepest", num_loops=R), "W = 0 < gamma"),
     (lambda m, p: generate(m, p, method="self-spec", draft_loops=R, num_loops=R), r"draft_loops must be in"),
-    (lambda m, p: generate(m, p, method="self-spec", block=0, num_loops=R), r"block \(gamma\) must be >= 1"),
+    (lambda m, p: generate(m, p, method="self-spec", gamma=0, num_loops=R), r"gamma must be >= 1"),
     (lambda m, p: generate(m, p, method="self-spec", prefix_reads="shallow", num_loops=R), "prefix_reads must"),
     (lambda m, p: throughput_cells(m, p, [0]), "batch_sizes must be"),
     (lambda m, p: throughput_cells(m, p, [1], beam=2), "options must be among"),
-    (lambda m, p: throughput_cells(m, p, [1], "self-spec", "ripe", window=1, block=2), "W = 1 < block gamma = 2"),
+    (lambda m, p: throughput_cells(m, p, [1], "self-spec", "ripe", window=1, gamma=2), "W = 1 < gamma = 2"),
     (lambda m, p: BlockPass(None, torch.zeros(1, 1, dtype=torch.long), store="disk"), "store must be one of"),
 ])
 def test_bad_parameters(call, message):
@@ -273,13 +273,13 @@ def test_command_line_help(capsys):
         cli.main(["batched", "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--batch-sizes", "--max-new-tokens", "--draft-loops", "--block", "--budget-mb", "--fit-on"):
+    for flag in ("--batch-sizes", "--max-new-tokens", "--draft-loops", "--gamma", "--budget-mb", "--fit-on"):
         assert flag in text
 
 
 def test_command_line_on_the_tiny_model(capsys):
     assert cli.main(["batched", "--prompts", "2", "--batch-sizes", "1", "2", "--max-new-tokens", "3", "--num-loops",
-                     "4", "--draft-loops", "2", "--block", "2", "--budget-mb", "1", "--memory-batch-sizes", "1", "2",
+                     "4", "--draft-loops", "2", "--gamma", "2", "--budget-mb", "1", "--memory-batch-sizes", "1", "2",
                      "3", "--repeats", "1"]) == 0
     text = capsys.readouterr().out
     for series in ("ar        full", "ar        deepest", "self-spec full", "self-spec deepest"):
@@ -302,7 +302,7 @@ def _no_decoding(*args, **kwargs):
     (["--batch-sizes", "0", "2"], "--batch-sizes must all be >= 1"),
     (["--memory-batch-sizes", "0", "1", "2"], "--memory-batch-sizes must all be >= 1"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-    (["--block", "0"], "--block must be >= 1"),
+    (["--gamma", "0"], "--gamma must be >= 1"),
     (["--num-loops", "0"], "--num-loops must be >= 1"),
     (["--threads", "0"], "--threads must be >= 1"),
     (["--device", "foo"], "--device 'foo' is not a torch device name; available here: cpu"),

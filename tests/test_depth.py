@@ -43,7 +43,7 @@ def test_loss_by_text_is_each_texts_mean_loss(tiny):
     ids, real = encode_texts(tiny.tokenizer, texts)
     table = loss_by_text(tiny, ids, [1, 4], real)
     assert table.shape == (3, 2) and list(table.columns) == [1, 4]
-    pd.testing.assert_frame_equal(loss_by_text(tiny, ids, [1, 4], real, rows_per_pass=2), table, rtol=1e-6)
+    pd.testing.assert_frame_equal(loss_by_text(tiny, ids, [1, 4], real, rows_per_chunk=2), table, rtol=1e-6)
     for i, text in enumerate(texts):  # each text alone, without padding
         alone = torch.tensor([tiny.tokenizer(text)["input_ids"]])
         logits = tiny(alone[:, :-1], num_loops=4)[0].float()

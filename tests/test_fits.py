@@ -35,7 +35,6 @@ from looped_kv.analysis.fits import (
     mean_speedup,
     paired_bootstrap_ratio,
     per_prompt_bin_means,
-    predict_deepest_kl,
     ripeness,
     sensitivity_regression,
     text_region_coefficients,
@@ -242,14 +241,11 @@ def test_text_region_coefficients_are_each_texts_own_b():
         text_region_coefficients([{**r, "size": 1.0} if r["deep"] else r for r in rows])
 
 
-def test_predict_deepest_kl_eq6():
+def test_deep_perturbation_size_eq6():
     delta_k = 0.01 * np.ones(32)
     delta_v = 0.02 * np.ones(32)
     size = deep_perturbation_size(4, delta_k, delta_v, range(25, 32))
     assert size == pytest.approx(math.sqrt(4 * 7 * (0.01**2 + 0.02**2)))
-    b, g = SENSITIVITY["b"][0], SENSITIVITY["g"][0]
-    kl = predict_deepest_kl(-1.0, b, g, 4, delta_k, delta_v, range(25, 32))
-    assert kl == pytest.approx(math.exp(b - 1.0) * size**g)
     # only the deep loops count
     delta_k[:24] = 1.0
     assert deep_perturbation_size(4, delta_k, delta_v, range(25, 32)) == pytest.approx(size)

@@ -65,22 +65,22 @@ def test_check_greedy_tokens_allows_only_near_ties_in_low_precision():
 
 
 @pytest.mark.parametrize("method, options", [
-    ("ar", {}), ("self-spec", {"draft_loops": 1, "block": 3}), ("mature-spec", {"draft_loops": 2, "block": 2}),
-    ("pld", {"ngram": 1}), ("das-wave", {"block": 4, "rounds": 3})])
-def test_rows_per_pass_decodes_the_same_rows(model, method, options):
-    """A batch decoded in passes of fewer rows (float64): the same tokens, statistics and cache bytes per row."""
+    ("ar", {}), ("self-spec", {"draft_loops": 1, "gamma": 3}), ("mature-spec", {"draft_loops": 2, "gamma": 2}),
+    ("pld", {"ngram": 1}), ("das-wave", {"gamma": 4, "rounds": 3})])
+def test_rows_per_chunk_decodes_the_same_rows(model, method, options):
+    """A batch decoded in row chunks (float64): the same tokens, statistics and cache bytes per row."""
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
                for n in (4, 7, 5, 9, 3)]
     run = dict(max_new_tokens=[5, 6, 4, 7, 6], method=method, num_loops=3, stop_at_eos=False, **options)
     whole = looped_kv.generate(model, prompts, **run)
-    parts = looped_kv.generate(model, prompts, rows_per_pass=2, **run)
+    parts = looped_kv.generate(model, prompts, rows_per_chunk=2, **run)
     assert all(torch.equal(a, b) for a, b in zip(whole.sequences, parts.sequences, strict=True))
     assert (parts.row_accepted, parts.stopped, parts.prompt_lengths) == (whole.row_accepted, whole.stopped,
                                                                         whole.prompt_lengths)
-    assert parts.extra["row_cache_bytes"] == whole.extra["row_cache_bytes"]
-    assert parts.extra["allocated_bytes"] < whole.extra["allocated_bytes"]  # one pass's cache at a time
-    with pytest.raises(ValueError, match="rows_per_pass must be None or an int >= 1"):
-        looped_kv.generate(model, prompts, rows_per_pass=0, **run)
+    assert parts.details["row_cache_bytes"] == whole.details["row_cache_bytes"]
+    assert parts.details["allocated_bytes"] < whole.details["allocated_bytes"]  # one chunk's cache at a time
+    with pytest.raises(ValueError, match="rows_per_chunk must be None or an int >= 1"):
+        looped_kv.generate(model, prompts, rows_per_chunk=0, **run)
 
 
 def test_chapter_model_measures_without_cudnn_attention_on_a_gpu(monkeypatch):

@@ -78,7 +78,7 @@ def test_raven_olmo_recognised_by_its_tensors(tmp_path):
     folder = olmo_copy(tmp_path, "raven_modeling_minimal.RavenForCausalLM")
     assert LoopedConfig.from_file(folder / "config.json").family == "raven"  # the config alone: rope_theta
     model = load(folder, dtype=torch.float64)
-    assert model.config.family == "raven-olmo" and model.config.block == "reordered" and model.config.qk_norm
+    assert model.config.family == "raven-olmo" and model.config.norm_layout == "reordered" and model.config.qk_norm
     ref = load_file(folder / "reference.safetensors")
     logits = model(ref["input_ids"], num_loops=3, initial_state=ref["input_states"])
     assert torch.allclose(logits, ref["logits_steps3"], rtol=0, atol=1e-12)

@@ -112,11 +112,11 @@ KL_ROUNDING_FLOOR = 1e-14
 
 def test_block_dependence_vanishes_for_block_independent_caches(model_and_tokens):
     model, tokens = model_and_tokens
-    block = 3
-    for policy in (make_policy("full", R), make_policy("ripe", R, window=block),
-                   make_policy("ripe", R, window=block + 3)):
-        divergence = block_dependence(model, tokens, 9, policy, block)
-        assert divergence.numel() == (tokens.shape[1] - 9) // (block + 1) * (block + 1)
+    gamma = 3
+    for policy in (make_policy("full", R), make_policy("ripe", R, window=gamma),
+                   make_policy("ripe", R, window=gamma + 3)):
+        divergence = block_dependence(model, tokens, 9, policy, gamma)
+        assert divergence.numel() == (tokens.shape[1] - 9) // (gamma + 1) * (gamma + 1)
         assert divergence.abs().max() < KL_ROUNDING_FLOOR, policy.name
 
 
@@ -128,12 +128,12 @@ def test_block_dependence_is_below_1e_20_for_block_independent_caches(model_and_
 
 def test_block_dependence_is_clearly_positive_for_the_deepest_plane(model_and_tokens):
     model, tokens = model_and_tokens
-    block = 3
-    for policy in (make_policy("deepest", R), make_policy("ripe", R, window=block - 1)):
-        divergence = block_dependence(model, tokens, 9, policy, block)
+    gamma = 3
+    for policy in (make_policy("deepest", R), make_policy("ripe", R, window=gamma - 1)):
+        divergence = block_dependence(model, tokens, 9, policy, gamma)
         assert divergence.max() > 1e-8, policy.name
         # the first token of each block reads only the cache: nothing of the block to differ on
-        assert divergence.view(-1, block + 1)[:, 0].abs().max() < KL_ROUNDING_FLOOR
+        assert divergence.view(-1, gamma + 1)[:, 0].abs().max() < KL_ROUNDING_FLOOR
 
 
 def test_block_dependence_of_a_trajectory_too_short_for_a_block_is_empty(model_and_tokens):
@@ -166,8 +166,8 @@ def test_agreement_by_prompt_is_draft_agreement_of_each_prompt_decoded_alone():
             row = frame[(frame["prompt"] == i) & (frame["d"] == d) & frame["read"].map(lambda r, s=spec: r == s)]
             assert row["agreement"].item() == value, (i, d, spec)
     assert (frame[(frame["d"] == R) & (frame["read"] == "aligned")]["agreement"] == 1).all()
-    passes = agreement_by_prompt(model, prompts, 9, [1, 2, R], reads, stop_at_eos=False, rows_per_pass=2)
-    assert passes.equals(frame)  # one pass of rows at a time: the same rows, in the same order
+    passes = agreement_by_prompt(model, prompts, 9, [1, 2, R], reads, stop_at_eos=False, rows_per_chunk=2)
+    assert passes.equals(frame)  # one row chunk at a time: the same rows, in the same order
 
 
 def test_agreement_by_prompt_stops_rows_at_end_of_text():
@@ -219,8 +219,8 @@ def test_bad_measurement_arguments_raise(model_and_tokens):
 def test_block_dependence_and_draft_agreement_validate_their_arguments(model_and_tokens):
     model, tokens = model_and_tokens
     deepest = make_policy("deepest", R)
-    for kwargs in ({"prompt_length": 9, "block": 0}, {"prompt_length": 0, "block": 2},
-                   {"prompt_length": tokens.shape[1], "block": 2}):
+    for kwargs in ({"prompt_length": 9, "gamma": 0}, {"prompt_length": 0, "gamma": 2},
+                   {"prompt_length": tokens.shape[1], "gamma": 2}):
         with pytest.raises(ValueError):
             block_dependence(model, tokens, policy=deepest, **kwargs)
     with pytest.raises(ValueError):
@@ -354,13 +354,13 @@ def test_replay_batch_is_policy_logits_and_block_dependence_of_every_row(model_a
     policies = (make_policy("full", R), make_policy("deepest", R), make_policy("ripe", R, window=2),
                 make_policy("sinks", R, sinks=2), make_policy("k-deepest", R, k=2))
     for policy in policies:  # each policy stores its part of the shared prefill
-        for block in (3, 4):  # blocks ending at and before a trajectory's last token
-            replays = replay_batch(model, rows, prompts, policy, block)
+        for gamma in (3, 4):  # blocks ending at and before a trajectory's last token
+            replays = replay_batch(model, rows, prompts, policy, gamma)
             for arm, row, p in zip(replays, rows, prompts, strict=True):
                 alone = policy_logits(model, row, p, policy)
                 assert arm.logits.shape == alone.shape
                 assert (arm.logits.double() - alone).abs().max() < 1e-10, policy.name
-                expected = block_dependence(model, row, p, policy, block)
+                expected = block_dependence(model, row, p, policy, gamma)
                 assert arm.block_kl.shape == expected.shape
                 assert torch.allclose(arm.block_kl, expected, rtol=1e-6, atol=1e-14), policy.name
     assert all(r.block_kl is None for r in replay_batch(model, rows, prompts, make_policy("full", R)))
@@ -373,7 +373,7 @@ def test_replay_batch_is_policy_logits_and_block_dependence_of_every_row(model_a
         replay_batch(model, rows[:2], prompts[:2], make_policy("full", R), prompts=shared)
     with pytest.raises(ValueError, match=r"prompt_lengths\[0\] must be in"):
         replay_batch(model, [tokens], [0], make_policy("full", R))
-    with pytest.raises(ValueError, match=r"block \(gamma\) must be >= 1"):
+    with pytest.raises(ValueError, match=r"gamma must be >= 1"):
         replay_batch(model, [tokens], [9], make_policy("full", R), 0)
 
 
@@ -388,7 +388,7 @@ def test_replay_records_with_block_dependence(model_and_tokens):
     other = trajectory(model, prompt_length=5, new=12, seed=2)
     full, deepest = make_policy("full", R), make_policy("deepest", R)
     arms = {"deepest": (model, deepest), "W = 3": (model, make_policy("ripe", R, window=3))}
-    out = replay_records([tokens, other], [9, 5], (model, full), arms, block=3, block_arms=["deepest", "W = 3"],
+    out = replay_records([tokens, other], [9, 5], (model, full), arms, gamma=3, block_arms=["deepest", "W = 3"],
                          reference_label="full")
     frame = out.block_dependence
     assert frame.shape == (2, 3) and list(frame.columns) == ["full", "deepest", "W = 3"]
@@ -397,9 +397,9 @@ def test_replay_records_with_block_dependence(model_and_tokens):
     expected = block_dependence(model, other, 5, deepest, 3).clamp_min(0).mean()
     assert frame.loc[1, "deepest"] == pytest.approx(float(expected))
     assert replay_records([tokens], [9], (model, full), arms).block_dependence is None
-    short = replay_records([tokens[:, :12]], [9], (model, full), arms, block=3, block_arms=["deepest"])
+    short = replay_records([tokens[:, :12]], [9], (model, full), arms, gamma=3, block_arms=["deepest"])
     assert short.block_dependence.isna().all().all()  # 3 generated tokens hold no block of 4
-    chunked = replay_records([tokens, other], [9, 5], (model, full), arms, block=3, block_arms=["deepest", "W = 3"],
+    chunked = replay_records([tokens, other], [9, 5], (model, full), arms, gamma=3, block_arms=["deepest", "W = 3"],
                              reference_label="full", batch_size=1)
     pd.testing.assert_frame_equal(chunked.block_dependence, frame, rtol=1e-6)
     together = out.records.sort_values(["prompt", "arm", "position"], ignore_index=True)
@@ -408,10 +408,10 @@ def test_replay_records_with_block_dependence(model_and_tokens):
     assert np.allclose(together["kl"], alone["kl"], rtol=1e-6, atol=1e-14)
     with pytest.raises(ValueError, match="batch_size must be"):
         replay_records([tokens], [9], (model, full), arms, batch_size=0)
-    with pytest.raises(ValueError, match=r"block \(gamma\) must be >= 1"):
-        replay_records([tokens], [9], (model, full), arms, block=0)
+    with pytest.raises(ValueError, match=r"gamma must be >= 1"):
+        replay_records([tokens], [9], (model, full), arms, gamma=0)
     with pytest.raises(ValueError, match="block_arms must name arms"):
-        replay_records([tokens], [9], (model, full), arms, block=3, block_arms=["two planes"])
+        replay_records([tokens], [9], (model, full), arms, gamma=3, block_arms=["two planes"])
 
 
 def test_in_dtype_copies_only_when_needed():
@@ -453,7 +453,7 @@ def test_acceptance_by_cache_pairs_each_prompts_tau():
     prompts = [torch.randint(0, 50, (n,), generator=generator) for n in (6, 9, 4)]
     caches = {"full": {"cache": "full"}, "RIPE, W = 4": {"cache": "ripe", "window": 4},
               "deepest": {"cache": "deepest", "exact": False, "prefix_reads": "deep-kv"}}
-    out = acceptance_by_cache(model, prompts, caches, 8, draft_loops=2, block=4)
+    out = acceptance_by_cache(model, prompts, caches, 8, draft_loops=2, gamma=4)
     assert list(out.tau.columns) == list(caches) and len(out.tau) == 3
     assert ((out.tau >= 1) & (out.tau <= 5)).all().all()
     for label, run in out.runs.items():
@@ -462,9 +462,9 @@ def test_acceptance_by_cache_pairs_each_prompts_tau():
         assert run.tau == pytest.approx(pooled / run.verifications)
         assert out.tau[label].to_numpy() @ np.array([len(a) for a in run.row_accepted]) == pytest.approx(pooled)
     with pytest.raises(ValueError, match="cache arguments only"):
-        acceptance_by_cache(model, prompts, {"x": {"block": 3}}, 8, draft_loops=2, block=4)
+        acceptance_by_cache(model, prompts, {"x": {"gamma": 3}}, 8, draft_loops=2, gamma=4)
     with pytest.raises(ValueError, match="at least one cache"):
-        acceptance_by_cache(model, prompts, {}, 8, draft_loops=2, block=4)
+        acceptance_by_cache(model, prompts, {}, 8, draft_loops=2, gamma=4)
     with pytest.raises(ValueError, match="speculative decoder"):
         row_tau(generate(model, prompts, max_new_tokens=3))
 

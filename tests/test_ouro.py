@@ -43,8 +43,8 @@ def ouro(request) -> tuple[looped_kv.LoopedLM, dict[str, torch.Tensor]]:
 
 def test_config_is_read_from_the_checkpoints_own_format(ouro):
     model, _ = ouro
-    cfg, raw = model.config, model.config.extra
-    assert (cfg.family, cfg.n_prelude, cfg.n_coda, cfg.block) == ("ouro", 0, 0, "peri-norm")
+    cfg, raw = model.config, model.config.raw
+    assert (cfg.family, cfg.n_prelude, cfg.n_coda, cfg.norm_layout) == ("ouro", 0, 0, "peri-norm")
     assert (cfg.n_embd, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.n_core, cfg.intermediate_size) == (
         raw["hidden_size"], raw["num_attention_heads"], raw["num_key_value_heads"], raw["head_dim"],
         raw["num_hidden_layers"], raw["intermediate_size"])
@@ -207,8 +207,8 @@ def test_initial_state_is_the_embedding():
         model.initial_state(positions, 2)
 
 
-DECODERS = {"self-spec": {"draft_loops": 2, "block": 3}, "mature-spec": {"draft_loops": 1, "block": 3},
-            "pld": {"block": 3, "ngram": 2}, "das-wave": {"block": 3, "rounds": 3, "initial_width": 2, "updates": 1}}
+DECODERS = {"self-spec": {"draft_loops": 2, "gamma": 3}, "mature-spec": {"draft_loops": 1, "gamma": 3},
+            "pld": {"gamma": 3, "ngram": 2}, "das-wave": {"gamma": 3, "rounds": 3, "initial_width": 2, "updates": 1}}
 POLICIES = [("full", {}, True), ("ripe", {"window": 3}, True), ("sinks", {"sinks": 1, "window": 3}, True),
             ("deepest", {}, False), ("k-deepest", {"k": 2}, False), ("share", {"k": 2}, False),
             ("first", {"k": 2}, False), ("ripe", {"window": 1}, False)]

@@ -26,10 +26,10 @@ SCALED = LoopedConfig(family="huginn", vocab_size=800, n_embd=64, n_heads=4, n_k
                       n_coda=2, intermediate_size=216, block_size=512, qk_bias=True, rope_base=50000.0,
                       embed_scale=8.0, state_std=0.4, tie_embeddings=True, mean_recurrence=16)
 H = profiles.HUGINN_0125
-# The Huginn profile's structure (bf16 decoding, passes of rows, replays' records on the host, fp32 exactness
+# The Huginn profile's structure (bf16 decoding, row chunks, replays' records on the host, fp32 exactness
 # check in chapter 4), with fewer and shorter texts.
 PROFILE = replace(
-    H, name="scaled", prompt_tokens=40, rows_per_pass=4,
+    H, name="scaled", prompt_tokens=40, rows_per_chunk=4,
     ch01=replace(H.ch01, texts_per_workload=6, text_chars=97, loops=(1, 4, 16), prompts_per_workload=6,
                  new_tokens=8),
     ch02=replace(H.ch02, texts_per_workload=2, length=64, decoded=16, chunk=2),
@@ -47,7 +47,7 @@ def t4_scaled(profile: profiles.Profile, R: int, wave_prompts: int) -> profiles.
     """A T4 profile's structure (float16 decoding and replays, its floors) with fewer and shorter texts."""
     p = profile
     return replace(
-        p, name=f"scaled {p.name}", prompt_tokens=48, rows_per_pass=2,
+        p, name=f"scaled {p.name}", prompt_tokens=48, rows_per_chunk=2,
         ch01=replace(p.ch01, texts_per_workload=4, text_chars=97, loops=(1, 2, R), prompts_per_workload=4,
                      new_tokens=8, chain_programs=8, chain_tokens=64),
         ch02=replace(p.ch02, texts_per_workload=2, length=64, decoded=16, chunk=2),

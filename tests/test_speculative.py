@@ -30,13 +30,13 @@ def tiny_prompts(model, n: int, workload: str) -> list[torch.Tensor]:
 
 
 CONFIGS = [
-    dict(method="self-spec", draft_loops=2, block=4),
-    dict(method="self-spec", draft_loops=4, block=3, prefix_reads="deep-v"),
-    dict(method="self-spec", draft_loops=1, block=5, prefix_reads=(1, 3)),
-    dict(method="mature-spec", draft_loops=4, block=6),
-    dict(method="pld", block=5),
-    dict(method="das-wave", block=8, rounds=6, initial_width=2, updates=2),
-    dict(method="das-wave", block=6, rounds=4, initial_width=1, updates=1, carry=False, prefix_reads="aligned"),
+    dict(method="self-spec", draft_loops=2, gamma=4),
+    dict(method="self-spec", draft_loops=4, gamma=3, prefix_reads="deep-v"),
+    dict(method="self-spec", draft_loops=1, gamma=5, prefix_reads=(1, 3)),
+    dict(method="mature-spec", draft_loops=4, gamma=6),
+    dict(method="pld", gamma=5),
+    dict(method="das-wave", gamma=8, rounds=6, initial_width=2, updates=2),
+    dict(method="das-wave", gamma=6, rounds=4, initial_width=1, updates=1, carry=False, prefix_reads="aligned"),
 ]
 
 
@@ -72,27 +72,27 @@ def cache_state(cache):
 
 
 @pytest.mark.parametrize("family", ["huginn", "raven", "raven-olmo", "ouro"])
-@pytest.mark.parametrize("window, block", [(4, 4), (6, 3), (0, 3)])
-def test_proposition_1(family, window, block):
+@pytest.mark.parametrize("window, gamma", [(4, 4), (6, 3), (0, 3)])
+def test_proposition_1(family, window, gamma):
     """RIPE Proposition 1: with W >= gamma, one batched pass over gamma + 1 tokens gives the logits and the
     cached planes of decoding them one at a time; with W = 0 (deepest plane) they differ."""
     model = random_model(family, seed=11)
     R, generator = 5, torch.Generator().manual_seed(2)
     policy = make_policy("ripe", R, window=window)
     for start in (3, 7, 12):
-        ids = torch.randint(0, model.config.vocab_size, (1, start + block + 1), generator=generator)
+        ids = torch.randint(0, model.config.vocab_size, (1, start + gamma + 1), generator=generator)
         sequential, batched = (new_cache(model, policy, 1, ids.shape[1]) for _ in range(2))
         for cache in (sequential, batched):
             prefill(model, cache, ids[:, :start], R)
         logits_seq = torch.cat([step(model, sequential, ids[:, t:t + 1], R) for t in range(start, ids.shape[1])], 1)
-        buffer = BlockBuffer(model.config, R, batch=1, capacity=block + 1, dtype=model.dtype)
-        router = BlockPass(batched, range(start, start + block + 1), buffer=buffer, store="buffer")
+        buffer = BlockBuffer(model.config, R, batch=1, capacity=gamma + 1, dtype=model.dtype)
+        router = BlockPass(batched, range(start, start + gamma + 1), buffer=buffer, store="buffer")
         logits_batch, _ = run_block(model, ids[:, start:], router, R)
-        batched.commit(buffer, block + 1)
+        batched.commit(buffer, gamma + 1)
         same_logits = torch.allclose(logits_batch, logits_seq, rtol=0, atol=1e-12)
         same_planes = all(torch.allclose(a, b, rtol=0, atol=1e-12)
                           for a, b in zip(cache_state(batched), cache_state(sequential), strict=True))
-        if window >= block:
+        if window >= gamma:
             assert same_logits and same_planes
         else:
             assert not same_logits and not same_planes
@@ -101,10 +101,10 @@ def test_proposition_1(family, window, block):
 def test_exactness_needs_a_window_covering_the_block():
     model = random_model("huginn")
     ids = torch.zeros(1, 4, dtype=torch.long)
-    with pytest.raises(ValueError, match="W = 2 < block gamma = 4"):
-        looped_kv.generate(model, ids, max_new_tokens=4, method="self-spec", cache="ripe", window=2, block=4,
+    with pytest.raises(ValueError, match="W = 2 < gamma = 4"):
+        looped_kv.generate(model, ids, max_new_tokens=4, method="self-spec", cache="ripe", window=2, gamma=4,
                            num_loops=5)
-    with pytest.raises(ValueError, match="W = 0 < block gamma"):
+    with pytest.raises(ValueError, match="W = 0 < gamma"):
         looped_kv.generate(model, ids, max_new_tokens=4, method="mature-spec", cache="deepest", num_loops=5)
     out = looped_kv.generate(model, ids, max_new_tokens=4, method="mature-spec", cache="deepest", num_loops=5,
                              exact=False)
@@ -114,10 +114,10 @@ def test_exactness_needs_a_window_covering_the_block():
 @pytest.mark.parametrize("kwargs, message", [
     ({"method": "self-spec", "draft_loops": 5}, r"draft_loops must be in \[1, 4\]"),
     ({"method": "self-spec", "draft_loops": 0}, r"draft_loops must be in \[1, 4\]"),
-    ({"method": "self-spec", "block": 0}, "block .gamma. must be >= 1"),
+    ({"method": "self-spec", "gamma": 0}, "gamma must be >= 1"),
     ({"method": "self-spec", "prefix_reads": "shallow"}, "prefix_reads must be one of"),
     ({"method": "self-spec", "prefix_reads": (2, 6)}, "nu must be in"),
-    ({"method": "das-wave", "block": 1, "initial_width": 2}, "block .gamma. must be >= initial_width"),
+    ({"method": "das-wave", "gamma": 1, "initial_width": 2}, "gamma must be >= initial_width"),
     ({"method": "das-wave", "rounds": 0}, r"rounds \(J\) must be >= 1"),
     ({"method": "das-wave", "updates": 0}, r"updates \(k, recurrent updates per round\) must be >= 1"),
     ({"method": "pld", "ngram": 0}, "ngram must be >= 1"),
@@ -130,8 +130,8 @@ def test_bad_speculation_parameters(kwargs, message):
 
 
 def test_lookup_drafts_continue_the_last_ngram_match():
-    assert lookup_drafts([5, 6, 7, 8, 5, 6], block=3, ngram=2) == [7, 8, 5]
-    assert lookup_drafts([1, 2, 3], block=3, ngram=2) == []
+    assert lookup_drafts([5, 6, 7, 8, 5, 6], gamma=3, ngram=2) == [7, 8, 5]
+    assert lookup_drafts([1, 2, 3], gamma=3, ngram=2) == []
 
 
 # -- DAS-Wave's proposal engine (DAS Appendix B.2) -------------------------------------------------
@@ -149,12 +149,12 @@ def wave_setup(seed: int = 3, prompt: int = 6, R: int = 5):
 
 def test_refinement_widths_follow_the_schedule():
     model, cache, anchor, _ = wave_setup()
-    for block, rounds, initial_width in ((8, 4, 2), (4, 6, 1), (3, 2, 3)):
+    for gamma, rounds, initial_width in ((8, 4, 2), (4, 6, 1), (3, 2, 3)):
         trace: list[torch.Tensor] = []
-        proposals = refine(model, cache, anchor, block=block, rounds=rounds, initial_width=initial_width, updates=1,
+        proposals = refine(model, cache, anchor, gamma=gamma, rounds=rounds, initial_width=initial_width, updates=1,
                            carry=True, reads=DEEP_KV, trace=trace)
-        assert [t.shape[1] for t in trace] == [min(block, initial_width + j) for j in range(rounds)]
-        assert proposals.shape[1] == proposal_width(block, rounds, initial_width)
+        assert [t.shape[1] for t in trace] == [min(gamma, initial_width + j) for j in range(rounds)]
+        assert proposals.shape[1] == proposal_width(gamma, rounds, initial_width)
 
 
 def test_carry_continues_the_recurrence_of_the_first_position():
@@ -172,17 +172,17 @@ def test_carry_continues_the_recurrence_of_the_first_position():
     assert first_guess(rounds * updates) != first_guess(updates)  # else the test could not tell them apart
     for carry, loops in ((True, rounds * updates), (False, updates)):
         trace: list[torch.Tensor] = []
-        refine(model, cache, anchor, block=4, rounds=rounds, initial_width=1, updates=updates, carry=carry,
+        refine(model, cache, anchor, gamma=4, rounds=rounds, initial_width=1, updates=updates, carry=carry,
                reads=DEEP_KV, trace=trace)
         assert int(trace[-1][0, 0]) == first_guess(loops), carry
 
 
 def test_das_wave_commits_no_bonus_token_when_every_proposal_is_accepted(tiny64):
-    block, rounds, initial_width = 4, 4, 2
-    w = proposal_width(block, rounds, initial_width)
+    gamma, rounds, initial_width = 4, 4, 2
+    w = proposal_width(gamma, rounds, initial_width)
     kinds = set()
     for ids in tiny_prompts(tiny64, 3, "problems"):
-        out = looped_kv.generate(tiny64, ids, max_new_tokens=40, method="das-wave", num_loops=16, block=block,
+        out = looped_kv.generate(tiny64, ids, max_new_tokens=40, method="das-wave", num_loops=16, gamma=gamma,
                                  rounds=rounds, initial_width=initial_width, updates=1)
         kinds |= {a == w for a in out.accepted}
         assert out.retained == [int(a < w) for a in out.accepted]
@@ -196,7 +196,7 @@ def test_ripe_drafts_read_plane_R_by_default():
     """RIPE Algorithm 1, line 3: with cache="ripe", self-spec drafts read plane R for cached positions."""
     model = random_model("huginn", seed=4)
     ids = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(4))
-    settings = dict(max_new_tokens=12, method="self-spec", cache="ripe", window=4, block=3, draft_loops=2,
+    settings = dict(max_new_tokens=12, method="self-spec", cache="ripe", window=4, gamma=3, draft_loops=2,
                     num_loops=5)
     default = looped_kv.generate(model, ids, **settings)
     deep = looped_kv.generate(model, ids, prefix_reads="deep-kv", **settings)

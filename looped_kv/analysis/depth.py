@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from looped_kv.decoding.core import row_passes
+from looped_kv.decoding.core import row_chunks
 from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads.data import ChainProgram
@@ -82,15 +82,15 @@ def loss_by_loops(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tens
 
 @torch.no_grad()
 def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tensor | None = None,
-                 rows_per_pass: int | None = None) -> pd.DataFrame:
+                 rows_per_chunk: int | None = None) -> pd.DataFrame:
     """Mean next-token loss (nats) of each text (row of ``ids``, (B, n)) after each R: rows texts, columns R.
 
-    ``real`` (B, n) marks real tokens; padding targets are left out of each text's mean. ``rows_per_pass`` runs
+    ``real`` (B, n) marks real tokens; padding targets are left out of each text's mean. ``rows_per_chunk`` runs
     at most that many texts per forward.
     """
-    passes = row_passes(ids.shape[0], rows_per_pass)
-    if len(passes) > 1:
-        parts = [loss_by_text(model, ids[rows], loops, None if real is None else real[rows]) for rows in passes]
+    chunks = row_chunks(ids.shape[0], rows_per_chunk)
+    if len(chunks) > 1:
+        parts = [loss_by_text(model, ids[rows], loops, None if real is None else real[rows]) for rows in chunks]
         return pd.concat(parts, ignore_index=True).rename_axis(index="text", columns="loops")
     loops = _check_loops(loops)
     if ids.dim() != 2 or ids.shape[1] < 2:

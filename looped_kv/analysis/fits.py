@@ -421,14 +421,6 @@ def deep_perturbation_size(n_core: int, delta_k: ArrayLike, delta_v: ArrayLike, 
     return float(np.sqrt(n_core * np.sum(dk[chosen - 1] ** 2 + dv[chosen - 1] ** 2)))
 
 
-def predict_deepest_kl(a: float, b: float, g: float, n_core: int, delta_k: ArrayLike, delta_v: ArrayLike,
-                       deep_loops: Iterable[int]) -> float:
-    """Eq. (6): KL of the deepest-plane cache ~ e^(a+b) S^g, with the sensitivity fit's a, b, g."""
-    if not all(math.isfinite(v) for v in (a, b, g)):
-        raise ValueError(f"a, b and g must be finite, got {(a, b, g)}")
-    return math.exp(a + b) * deep_perturbation_size(n_core, delta_k, delta_v, deep_loops) ** g
-
-
 # -- paired bootstrap statistics ------------------------------------------------------------------
 
 
@@ -634,10 +626,11 @@ def interaction_effect(y: Mapping[tuple[int, int, int], float] | ArrayLike) -> f
     ``y`` maps (carry, deep K, deep V) in {0, 1}^3 to G, or is a (2, 2, 2) array indexed the same way.
     """
     if isinstance(y, Mapping):
-        keys = {(c, k, v) for c in (0, 1) for k in (0, 1) for v in (0, 1)}
-        if set(y) != keys:
+        cells = {(c, deep_k, deep_v) for c in (0, 1) for deep_k in (0, 1) for deep_v in (0, 1)}
+        if set(y) != cells:
             raise ValueError(f"y must map exactly the 8 cells (carry, K, V) in {{0, 1}}^3, got keys {sorted(y)}")
-        cube = np.array([[[y[(c, k, v)] for v in (0, 1)] for k in (0, 1)] for c in (0, 1)], dtype=float)
+        cube = np.array([[[y[(c, deep_k, deep_v)] for deep_v in (0, 1)] for deep_k in (0, 1)] for c in (0, 1)],
+                        dtype=float)
     else:
         cube = np.asarray(y, dtype=float)
         if cube.shape != (2, 2, 2):

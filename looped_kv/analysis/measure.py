@@ -35,7 +35,7 @@ from looped_kv.analysis.verdicts import (
     varies,
     verdict,
 )
-from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_passes
+from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_chunks
 from looped_kv.decoding.loop import DecodeView, Observer, Outcome, decode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
@@ -65,18 +65,18 @@ def policy_logits(model: LoopedLM, tokens: Tensor, prompt_length: int, policy: C
 
 
 def block_dependence(model: LoopedLM, tokens: Tensor, prompt_length: int, policy: CachePolicy,
-                     block: int) -> Tensor:
+                     gamma: int) -> Tensor:
     """KL between batched and sequential verification logits at identical contexts (RIPE Section 5.2).
 
-    The trajectory after the prompt is cut into verification blocks of ``block + 1`` tokens. For
+    The trajectory after the prompt is cut into verification blocks of ``gamma + 1`` tokens. For
     each block, the cache holds the exact sequential prefix; the block's logits are computed once
     by one batched pass and once token by token. Returns KL(sequential || batched) per position.
     """
-    if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}")
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
     _check_prompt_length(prompt_length, tokens.shape[1])
-    forced = force(model, [tokens[0]], [prompt_length], policy, block=block)
-    divergences = [kl(forced.logits[0, s + 1:s + block + 2], forced.blocks[s][0]) for s in sorted(forced.blocks)]
+    forced = force(model, [tokens[0]], [prompt_length], policy, gamma=gamma)
+    divergences = [kl(forced.logits[0, s + 1:s + gamma + 2], forced.blocks[s][0]) for s in sorted(forced.blocks)]
     return torch.cat(divergences) if divergences else torch.empty(0, dtype=torch.float64)
 
 
@@ -128,7 +128,7 @@ class DraftAgreement(Observer):
 def agreement_by_prompt(model: LoopedLM, prompts: Sequence[Tensor], max_new_tokens: int,
                         draft_loops: Sequence[int], reads: Iterable[str | tuple[int, int]], *,
                         policy: CachePolicy | None = None, stop_at_eos: bool = True,
-                        eos_token_id: int | None = None, rows_per_pass: int | None = None) -> pd.DataFrame:
+                        eos_token_id: int | None = None, rows_per_chunk: int | None = None) -> pd.DataFrame:
     """Draft-target agreement per prompt, the prompts decoded together as one batch (DAS Table 6, Figure 4).
 
     The B prompts (any lengths) are decoded greedily at full depth; a row stops after ``max_new_tokens``
@@ -139,14 +139,14 @@ def agreement_by_prompt(model: LoopedLM, prompts: Sequence[Tensor], max_new_toke
     ``"deep-kv"`` or a (kappa, nu) pair of planes): the decode loop's observer (:class:`DraftAgreement`).
     Returns one row per (prompt, d, read): ``agreement`` (the fraction of the prompt's drafted positions
     where the draft's argmax is the target's token; NaN for a prompt with none) and ``positions`` (drafted
-    positions). ``rows_per_pass`` decodes the batch in passes of at most that many rows; each row's figures
+    positions). ``rows_per_chunk`` decodes the batch in row chunks of at most that many rows; each row's figures
     are the same.
     """
-    passes = row_passes(len(prompts), rows_per_pass)
-    if len(passes) > 1:
+    chunks = row_chunks(len(prompts), rows_per_chunk)
+    if len(chunks) > 1:
         parts = [agreement_by_prompt(model, prompts[rows], max_new_tokens, draft_loops, reads, policy=policy,
                                      stop_at_eos=stop_at_eos, eos_token_id=eos_token_id)
-                 .assign(prompt=lambda f, first=rows.start: f["prompt"] + first) for rows in passes]
+                 .assign(prompt=lambda f, first=rows.start: f["prompt"] + first) for rows in chunks]
         frame = pd.concat(parts, ignore_index=True)
         cell = frame["d"].astype(str) + " " + frame["read"].astype(str)  # the rows of one batch, in its order
         rank = cell.map({c: i for i, c in enumerate(dict.fromkeys(cell))})

@@ -20,8 +20,8 @@ printed output, while the printed values themselves do not; the printed values a
 * Table 9, tau model from alpha_d with gamma = 4: exact for the three deepest-plane rows (3.36, 4.33,
   4.84); the three full-cache rows only within rounding (the printed alphas give 2.47, 3.39, 4.36
   against printed 2.46, 3.40, 4.37). The rejection fit k, rho_a (log-linear least squares of
-  1 - alpha_d on d) is exact for the deepest plane (0.42, 0.66) and for the full cache's rho_a (0.76);
-  the full cache's k = 0.62 only within rounding (0.61 from the printed alphas).
+  1 - alpha_d on d, fitted in the test) is exact for the deepest plane (0.42, 0.66) and for the full
+  cache's rho_a (0.76); the full cache's k = 0.62 only within rounding (0.61 from the printed alphas).
 * Figure 5b (eta = 1.07): the statements "at d = 4 the full cache peaks at gamma = 5 (1.98x), while the
   deepest plane still rises at gamma = 8 (2.87x)" are exact from the *measured* alpha_4 of Table 9
   (0.805, 0.928). The rejection model k rho_a^d gives alpha_4 = 0.793 and 0.920 and hence 1.93x and
@@ -65,7 +65,7 @@ from numpy.typing import ArrayLike
 from looped_kv.papers import RIPE_SEC_3_4_SPEEDUP, RIPE_TABLE_9_REJECTION, ripe_table_9
 from looped_kv.runtime.config import LoopedConfig
 
-Passes = LoopedConfig | tuple[int, int, int]
+LayerCounts = LoopedConfig | tuple[int, int, int]  # a config or its (n_pre, n_core, n_coda)
 
 
 # -- small helpers ---------------------------------------------------------------------------------
@@ -139,41 +139,20 @@ def acceptance_tau(alpha: ArrayLike, gamma: ArrayLike) -> float | np.ndarray:
     return _scalar_or_array(np.where(a == 1, g + 1, tau))
 
 
-def rejection_model(d: ArrayLike, k: float, rho_a: float) -> float | np.ndarray:
-    """Acceptance alpha_d = 1 - k rho_a^d of the rejection model (RIPE Sec. 3.3, Table 9 caption)."""
-    if not (math.isfinite(k) and k >= 0):
-        raise ValueError(f"k must be a finite number >= 0, got {k}")
+def rejection_model(d: ArrayLike, scale: float, rho_a: float) -> float | np.ndarray:
+    """Acceptance alpha_d = 1 - scale rho_a^d of the rejection model (RIPE Sec. 3.3, Table 9 caption, where the
+    scale is written k)."""
+    if not (math.isfinite(scale) and scale >= 0):
+        raise ValueError(f"scale must be a finite number >= 0, got {scale}")
     if not 0 < rho_a <= 1:
         raise ValueError(f"rho_a must lie in (0, 1], got {rho_a}")
     depth = np.asarray(d, dtype=float)
     if not np.all(np.isfinite(depth)) or np.any(depth < 0):
         raise ValueError(f"d must be >= 0, got {d!r}")
-    alpha = 1 - k * rho_a ** depth
+    alpha = 1 - scale * rho_a ** depth
     if np.any(alpha < 0):
-        raise ValueError(f"k rho_a^d must be <= 1 for every d (an acceptance probability), got k = {k}")
+        raise ValueError(f"scale rho_a^d must be <= 1 for every d (an acceptance probability), got scale = {scale}")
     return _scalar_or_array(alpha)
-
-
-@dataclass(frozen=True)
-class RejectionFit:
-    """1 - alpha_d = k rho_a^d fitted by least squares on log(1 - alpha_d)."""
-
-    k: float
-    rho_a: float
-
-
-def fit_rejection(d: ArrayLike, alpha: ArrayLike) -> RejectionFit:
-    """Fit k and rho_a of the rejection model to acceptances alpha_d at depths d (RIPE Table 9 caption)."""
-    depth = _vector("d", d, min_size=2)
-    acc = _vector("alpha", alpha, min_size=2)
-    _same_length(d=depth, alpha=acc)
-    if np.any((acc < 0) | (acc >= 1)):
-        raise ValueError("alpha must lie in [0, 1) (log(1 - alpha) is fitted)")
-    if np.unique(depth).size < 2:
-        raise ValueError("d must hold at least 2 distinct depths")
-    slope, intercept = np.polyfit(depth, np.log1p(-acc), 1)
-    return RejectionFit(k=float(np.exp(intercept)), rho_a=float(np.exp(slope)))
-
 
 
 @dataclass(frozen=True)
@@ -202,16 +181,16 @@ def block_acceptance(accepted: ArrayLike, gamma: int) -> BlockAcceptance:
     """Per-position acceptance of blocks of ``gamma`` drafts with ``accepted`` drafts each (RIPE Sec. 3.3)."""
     if not _is_positive_int(gamma):
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
-    k = _check_integer_array("accepted", _vector("accepted", accepted), 0)
-    if np.any(k > gamma):
-        raise ValueError(f"accepted must be at most gamma = {gamma} per block, got {int(k.max())}")
-    reached = np.array([(k >= i - 1).sum() for i in range(1, gamma + 1)], dtype=float)
-    passed = np.array([(k >= i).sum() for i in range(1, gamma + 1)], dtype=float)
+    counts = _check_integer_array("accepted", _vector("accepted", accepted), 0)
+    if np.any(counts > gamma):
+        raise ValueError(f"accepted must be at most gamma = {gamma} per block, got {int(counts.max())}")
+    reached = np.array([(counts >= i - 1).sum() for i in range(1, gamma + 1)], dtype=float)
+    passed = np.array([(counts >= i).sum() for i in range(1, gamma + 1)], dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         rates = np.where(reached > 0, passed / reached, np.nan)
     alpha = float(np.nanmean(rates))
     return BlockAcceptance(rates=rates, alpha=alpha, spread=float(np.nanmax(rates) - np.nanmin(rates)),
-                           blocks=int(k.size), tau_measured=float(1 + k.mean()),
+                           blocks=int(counts.size), tau_measured=float(1 + counts.mean()),
                            tau_model=float(acceptance_tau(alpha, gamma)))
 
 
@@ -222,12 +201,12 @@ def _is_positive_int(value: object) -> bool:
 # -- cost and speed-up (Eq. 8, Figure 5b) ------------------------------------------------------------
 
 
-def layer_passes(model: Passes, num_loops: ArrayLike) -> np.ndarray:
+def layer_passes(model: LayerCounts, num_loops: ArrayLike) -> np.ndarray:
     """c(r) = n_pre + r n_core + n_coda for a config or an (n_pre, n_core, n_coda) triple (RIPE Eq. 8)."""
     return _passes(model, num_loops, "num_loops")
 
 
-def _passes(model: Passes, loops: ArrayLike, name: str) -> np.ndarray:
+def _passes(model: LayerCounts, loops: ArrayLike, name: str) -> np.ndarray:
     if isinstance(model, LoopedConfig):
         n_pre, n_core, n_coda = model.n_prelude, model.n_core, model.n_coda
     elif (isinstance(model, tuple) and len(model) == 3 and all(isinstance(v, int) for v in model)
@@ -240,7 +219,7 @@ def _passes(model: Passes, loops: ArrayLike, name: str) -> np.ndarray:
     return n_pre + r * n_core + n_coda
 
 
-def _loops(model: Passes, num_loops: int | None) -> int:
+def _loops(model: LayerCounts, num_loops: int | None) -> int:
     """R: ``num_loops``, or the config's mean recurrence (a layer-count tuple carries no R)."""
     if num_loops is not None:
         return num_loops
@@ -249,7 +228,7 @@ def _loops(model: Passes, num_loops: int | None) -> int:
     raise ValueError("num_loops is required when model is an (n_pre, n_core, n_coda) tuple")
 
 
-def speedup(tau: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: float = 1.0,
+def speedup(tau: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: LayerCounts, eta: float = 1.0,
             num_loops: int | None = None) -> float | np.ndarray:
     """Eq. (8): S = tau c(R) / (eta (gamma c(d) + c(R))), speed-up over sequential decoding
     (R: ``num_loops``, default the config's mean recurrence)."""
@@ -263,17 +242,8 @@ def speedup(tau: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: 
         raise ValueError(f"num_loops must be >= 1, got {num_loops}")
     g = _check_integer_array("gamma", gamma, 1)
     c_full = _passes(model, num_loops, "num_loops")
-    block = g * _passes(model, d, "d") + c_full
-    return _scalar_or_array(t * c_full / (eta * block))
-
-
-def tau_for_speedup(speedup_value: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes, eta: float = 1.0,
-                    num_loops: int | None = None) -> float | np.ndarray:
-    """Eq. (8) solved for tau: the tokens per verification that give speed-up ``speedup_value``."""
-    s = np.asarray(speedup_value, dtype=float)
-    if not np.all(np.isfinite(s)) or np.any(s <= 0):
-        raise ValueError(f"speedup_value must be > 0, got {speedup_value!r}")
-    return _scalar_or_array(s / np.asarray(speedup(1.0, d, gamma, model, eta, num_loops)))
+    cycle = g * _passes(model, d, "d") + c_full  # layer passes of gamma drafts and their verification
+    return _scalar_or_array(t * c_full / (eta * cycle))
 
 
 @dataclass(frozen=True)
@@ -288,7 +258,7 @@ class EtaFit:
         return float(np.max(np.abs(self.relative_errors)))
 
 
-def fit_eta(speedups: ArrayLike, taus: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: Passes,
+def fit_eta(speedups: ArrayLike, taus: ArrayLike, d: ArrayLike, gamma: ArrayLike, model: LayerCounts,
             num_loops: int | None = None, relative: bool = False) -> EtaFit:
     """Least-squares eta of Eq. (8) over per-prompt (measured speed-up, tau) pairs (RIPE Sec. 3.4).
 
@@ -321,14 +291,15 @@ def figure_5b_alphas(source: Literal["table9", "rejection"]) -> dict[str, dict[i
     raise ValueError(f"source must be 'table9' or 'rejection', got {source!r}")
 
 
-def speedup_curves(alpha_by_depth: Mapping[int, float], model: Passes, gammas: Iterable[int] = range(1, 9),
+def speedup_curves(alpha_by_depth: Mapping[int, float], model: LayerCounts, gammas: Iterable[int] = range(1, 9),
                    eta: float = RIPE_SEC_3_4_SPEEDUP["eta"], num_loops: int | None = None) -> dict[int, np.ndarray]:
-    """Figure 5b: Eq. (8) with tau = Eq. (7) over block lengths ``gammas``, one curve per draft depth d."""
+    """Figure 5b: Eq. (8) with tau = Eq. (7) over ``gammas`` (drafts per verification), one curve per draft
+    depth d."""
     if not alpha_by_depth:
         raise ValueError("alpha_by_depth must map at least one draft depth to an acceptance")
     g = _check_integer_array("gammas", list(gammas), 1)
     if g.size == 0:
-        raise ValueError("gammas must hold at least one block length")
+        raise ValueError("gammas must hold at least one gamma")
     return {d: np.asarray(speedup(acceptance_tau(alpha, g), d, g, model, eta, num_loops))
             for d, alpha in alpha_by_depth.items()}
 

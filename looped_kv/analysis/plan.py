@@ -99,7 +99,7 @@ def kv_cache(config: LoopedConfig, rows: int, tokens: int, num_loops: int, dtype
 def records(config: LoopedConfig, rows: int, tokens: int, loops: int, kinds: str, dtype: str | torch.dtype) -> int:
     """A replay's per-loop records of ``kinds`` (letters of "qkv") at every core layer."""
     widths = {"q": config.n_heads, "k": config.n_kv_heads, "v": config.n_kv_heads}
-    return loops * config.n_core * rows * tokens * config.head_dim * sum(widths[k] for k in kinds) * _bytes(dtype)
+    return loops * config.n_core * rows * tokens * config.head_dim * sum(widths[kind] for kind in kinds) * _bytes(dtype)
 
 
 def _bytes(dtype: str | torch.dtype | int) -> int:
@@ -147,23 +147,24 @@ class ChapterPlan:
 
 
 def decode_step(config: LoopedConfig, rows: int, prompt: int, new: int, dtype: str | torch.dtype, *,
-                block: int = 0, policy: CachePolicy | None = None) -> tuple[Held, ...]:
+                gamma: int = 0, policy: CachePolicy | None = None) -> tuple[Held, ...]:
     """A batch decode (:func:`looped_kv.generate` and the chapters' batch measurements): the cache (default full)
-    of every row's prompt, new tokens and one block, the drafters' block buffer, and the prefill of the prompts."""
+    of every row's prompt, new tokens and one verification block of ``gamma`` + 1 tokens, the drafters' block
+    buffer, and the prefill of the prompts."""
     R = config.mean_recurrence
     policy = policy or make_policy("full", R)
-    capacity = prompt + new + (block + 1 if block else 0)
+    capacity = prompt + new + (gamma + 1 if gamma else 0)
     prefill = forward_peak(config, rows, prompt, dtype)
     held = [Held(f"{policy.name} cache, {rows} x {capacity} tokens",
                  rows * policy_bytes(config, policy, capacity, _bytes(dtype)))]
-    if block:  # a block's pass reads the cache with an explicit float32 softmax (attend_segments)
-        verify = forward_peak(config, rows, block + 1, dtype, softmax_dtype="float32", reads=capacity)
-        held.append(Held(f"prefill of {rows} x {prompt} tokens, or a pass of {block + 1} over the cache",
+    if gamma:  # a block's pass reads the cache with an explicit float32 softmax (attend_segments)
+        verify = forward_peak(config, rows, gamma + 1, dtype, softmax_dtype="float32", reads=capacity)
+        held.append(Held(f"prefill of {rows} x {prompt} tokens, or a pass of {gamma + 1} over the cache",
                          max(prefill, verify)))
     else:
         held.append(Held(f"prefill of {rows} x {prompt} tokens", prefill))
-    if block:
-        held.append(Held(f"block buffer, {rows} x {block + 1} tokens", kv_cache(config, rows, block + 1, R, dtype)))
+    if gamma:
+        held.append(Held(f"block buffer, {rows} x {gamma + 1} tokens", kv_cache(config, rows, gamma + 1, R, dtype)))
     return tuple(held)
 
 
@@ -176,23 +177,23 @@ def _copy(config: LoopedConfig, model_dtype: str, dtype: str) -> tuple[Held, ...
     return () if dtype == model_dtype else (Held(f"{dtype} weights (copy)", weights(config, dtype)),)
 
 
-def _passes(profile: Profile, rows: int) -> int:
-    """Rows decoded at once: a batch runs in passes of at most ``profile.rows_per_pass`` rows."""
-    return min(rows, profile.rows_per_pass or rows)
+def _chunk(profile: Profile, rows: int) -> int:
+    """Rows decoded at once: a batch runs in row chunks of at most ``profile.rows_per_chunk`` rows."""
+    return min(rows, profile.rows_per_chunk or rows)
 
 
 def ch01(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     p, m = profile.ch01, profile.dtype
     base = (Held(f"{m} weights", weights(config, m)),)
     texts, n = p.texts_per_workload, p.text_chars - 1  # a token holds at least one character of these texts
-    rows = _passes(profile, texts)
+    rows = _chunk(profile, texts)
     fp = forward_peak(config, rows, n, m)
     loss = Step(f"held-out loss, {rows} texts x {n} tokens at a time, R up to {max(p.loops)}",
                 (*base, Held("forward (and the loss's log-softmax)", max(fp, 2 * logits(config, rows, n)))))
     chains = Step(f"chain answers, {p.chain_programs} programs",
                   (*base, Held("forward", forward_peak(config, p.chain_programs, p.chain_tokens, m))))
     greedy = Step(f"greedy samples, {p.prompts_per_workload} prompts",
-                  (*base, *decode_step(config, _passes(profile, p.prompts_per_workload), profile.prompt_tokens,
+                  (*base, *decode_step(config, _chunk(profile, p.prompts_per_workload), profile.prompt_tokens,
                                         p.new_tokens, m)))
     sizes = (f"{texts} texts x {n} tokens per workload, loops {min(p.loops)}-{max(p.loops)}; "
              f"{p.prompts_per_workload} prompts x {p.new_tokens} tokens")
@@ -265,17 +266,17 @@ def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     prompt, prompts = profile.prompt_tokens, 3 * p.replay_prompts  # the workloads' trajectories, replayed together
     exact = Step(f"Algorithm 1 in {p.exact_dtype}, {3 * p.exact_prompts} prompts",
                  (*base, Held(f"{p.exact_dtype} weights (copy)", weights(config, p.exact_dtype)),
-                  *decode_step(config, _passes(profile, 3 * p.exact_prompts), prompt, p.acceptance_tokens,
-                               p.exact_dtype, block=p.block, policy=make_policy("ripe", R, window=p.block))))
+                  *decode_step(config, _chunk(profile, 3 * p.exact_prompts), prompt, p.acceptance_tokens,
+                               p.exact_dtype, gamma=p.gamma, policy=make_policy("ripe", R, window=p.gamma))))
     ref, floor = p.reference_dtype, "float32"
     copies = (*_copy(config, m, ref), Held(f"{floor} weights (copy, the precision floor)", weights(config, floor)))
     targets = Step(f"{ref} trajectories, {prompts} prompts",
                    (*base, *_copy(config, m, ref),
-                    *decode_step(config, _passes(profile, prompts), prompt, p.new_tokens, ref)))
+                    *decode_step(config, _chunk(profile, prompts), prompt, p.new_tokens, ref)))
     rows, g = p.replay_batch, p.new_tokens
     arms = 4 + len(p.windows or (0, 0, 0))  # deepest, the windows, sinks, two planes, fp32
 
-    def replay(name: str, dtype: str, shared: bool, extra: tuple[Held, ...] = (), g: int = g) -> Step:
+    def replay(name: str, dtype: str, shared: bool, held: tuple[Held, ...] = (), g: int = g) -> Step:
         """Replays of one model's arms (:func:`~looped_kv.analysis.ripe.replay_records`). A model of several arms
         prefills their shared prompt planes once (freed before the next model's); then each arm copies them into
         its cache (at most full) and runs the generated tokens, with the block buffer of the arms that measure it.
@@ -285,12 +286,12 @@ def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
                           logits(config, rows, g + 1, dtype) * 4)
         cache, prefill = kv_cache(config, rows, prompt + g, R, dtype), forward_peak(config, rows, prompt, dtype)
         if shared:
-            arm = cache + kv_cache(config, rows, p.block + 1, R, dtype) + forward_peak(config, rows, g + 1, dtype)
+            arm = cache + kv_cache(config, rows, p.gamma + 1, R, dtype) + forward_peak(config, rows, g + 1, dtype)
             work = Held(f"prompt planes ({dtype}) and their prefill, then an arm's cache (at most full), block "
                         f"buffer and forward", kv_cache(config, rows, prompt, R, dtype) + max(prefill, arm))
         else:
             work = Held(f"an arm's cache (at most full, {dtype}) and its prefill", cache + prefill)
-        return Step(name, (*base, *copies, *extra, arm_logits, work))
+        return Step(name, (*base, *copies, *held, arm_logits, work))
 
     replays = (replay(f"replay through the {arms - 1} {ref} arms, {rows} at a time", ref, True),
                replay(f"replay through the {floor} arm (the precision floor), {rows} at a time", floor, False))
@@ -301,17 +302,17 @@ def ch04(config: LoopedConfig, profile: Profile) -> ChapterPlan:
         Held(f"{dtype} replay", forward_peak(config, c2.chunk, c2.length, dtype, softmax_dtype="float32"))))
         for dtype in (floor, ref))
     bd = p.block_dtype
-    block = ()
+    dependence = ()
     if bd is not None:
         block_copy = () if bd in (m, ref, floor) else (Held(f"{bd} weights (copy, Sec. 5.2)", weights(config, bd)),)
-        block = (replay(f"block dependence in {bd} (full cache and deepest plane), {rows} at a time", bd, True,
-                        extra=block_copy, g=min(g, p.block_tokens)),)
+        dependence = (replay(f"block dependence in {bd} (full cache and deepest plane), {rows} at a time", bd, True,
+                             held=block_copy, g=min(g, p.block_tokens)),)
     accept = Step(f"acceptance by cache, {p.acceptance_prompts} prompts",
-                  (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
-                                block=p.block)))
+                  (*base, *decode_step(config, _chunk(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
+                                gamma=p.gamma)))
     sizes = (f"{prompts} trajectories of {g} tokens, {rows} replayed at a time; windows {p.windows or 'scaled'}; "
              f"Algorithm 1 on {3 * p.exact_prompts} prompts in {p.exact_dtype}; block dependence in {bd or ref}")
-    return ChapterPlan("ch04", sizes, (exact, targets, *replays, *ripeness, *block, accept))
+    return ChapterPlan("ch04", sizes, (exact, targets, *replays, *ripeness, *dependence, accept))
 
 
 def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:
@@ -320,27 +321,27 @@ def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     prompt = profile.prompt_tokens
     agreement = Step(f"draft agreement, {p.agreement_prompts} prompts",
                      (*base,
-                      *decode_step(config, _passes(profile, p.agreement_prompts), prompt, p.agreement_tokens, m)))
+                      *decode_step(config, _chunk(profile, p.agreement_prompts), prompt, p.agreement_tokens, m)))
     accept = Step(f"acceptance, {p.acceptance_prompts} prompts",
-                  (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
-                                block=p.block)))
+                  (*base, *decode_step(config, _chunk(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
+                                gamma=p.gamma)))
     timing = Step("timing, one prompt at a time",
-                  (*base, *decode_step(config, 1, prompt, p.new_tokens, m, block=p.block)))
+                  (*base, *decode_step(config, 1, prompt, p.new_tokens, m, gamma=p.gamma)))
     sizes = (f"{p.agreement_prompts} prompts x {p.agreement_tokens} tokens (agreement), {p.acceptance_prompts} x "
-             f"{p.acceptance_tokens} (acceptance, gamma {p.block}), {p.timing_prompts} timed")
+             f"{p.acceptance_tokens} (acceptance, gamma {p.gamma}), {p.timing_prompts} timed")
     return ChapterPlan("ch05", sizes, (agreement, accept, timing))
 
 
 def ch06(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     p, m = profile.ch06, profile.dtype
     base = (Held(f"{m} weights", weights(config, m)),)
-    prompt, block = profile.prompt_tokens, max(DasWave.block, *p.sweep.get("block", ()))
+    prompt, gamma = profile.prompt_tokens, max(DasWave.gamma, *p.sweep.get("gamma", ()))
     accept = Step(f"DAS-Wave and the drafters, {p.acceptance_prompts} prompts",
-                  (*base, *decode_step(config, _passes(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
-                                block=block)))
+                  (*base, *decode_step(config, _chunk(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
+                                gamma=gamma)))
     timing = Step("timing and the sweep, one prompt at a time",
-                  (*base, *decode_step(config, 1, prompt, p.new_tokens, m, block=block)))
-    sizes = (f"{p.acceptance_prompts} prompts x {p.acceptance_tokens} tokens, blocks up to {block}; "
+                  (*base, *decode_step(config, 1, prompt, p.new_tokens, m, gamma=gamma)))
+    sizes = (f"{p.acceptance_prompts} prompts x {p.acceptance_tokens} tokens, gamma up to {gamma}; "
              f"{p.timing_prompts} timed, {p.sweep_prompts} in the sweep")
     return ChapterPlan("ch06", sizes, (accept, timing))
 
@@ -351,7 +352,7 @@ def ch07(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     largest = max(*p.batch_sizes, *p.memory_batch_sizes)
     steps = (Step(f"batched decoding, B = {largest}",
                   (*base, *decode_step(config, largest, profile.prompt_tokens, p.new_tokens, m,
-                                       block=SelfSpec.block))),)
+                                       gamma=SelfSpec.gamma))),)
     sizes = f"B in {p.batch_sizes} (throughput), {p.memory_batch_sizes} (memory), {p.new_tokens} new tokens"
     return ChapterPlan("ch07", sizes, steps)
 

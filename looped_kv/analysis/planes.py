@@ -649,7 +649,7 @@ def first_position_agreement(model: LoopedLM, ids: Tensor, policies: Mapping[str
             kls[label].append(kl(base, logits).cpu().numpy())
         bases.append(base)
     matches = {label: np.concatenate(m) for label, m in matches.items()}
-    kls = {label: np.concatenate(k) for label, k in kls.items()}
+    kls = {label: np.concatenate(parts) for label, parts in kls.items()}
     rows = [{"cache": label, "policy": policy.name, "planes": len(policy.kept), "bytes": nbytes[label],
              "formula bytes": B * policy_bytes(model.config, policy, first + 1, model.dtype),
              "agreement": float(matches[label].mean()), "KL mean": float(kls[label].mean()),

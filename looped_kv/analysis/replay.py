@@ -113,12 +113,12 @@ class ReplayRouter:
             store[kind] = torch.empty(*lead, *x.shape, dtype=self.dtype or x.dtype, device=self.device or x.device)
         return store[kind][(*index, site.layer)]
 
-    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        for kind, x in zip(KINDS, (q, k, v), strict=True):
+    def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        for kind, x in zip(KINDS, (queries, keys, values), strict=True):
             slot = self._slot(site, kind, x) if kind in self.record else None
             if slot is not None:
                 slot.copy_(x)
-        return attend(q, k, v, causal=True, softmax_dtype=self.softmax_dtype)
+        return attend(queries, keys, values, causal=True, softmax_dtype=self.softmax_dtype)
 
 
 @torch.no_grad()
@@ -158,16 +158,16 @@ class SubstitutionRouter:
                  softmax_dtype: torch.dtype) -> None:
         self.reference, self.planes, self.kinds, self.softmax_dtype = reference, planes, kinds, softmax_dtype
 
-    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
         if site.stage != "core" or site.loop not in self.planes:
-            return attend(q, k, v, causal=True, softmax_dtype=self.softmax_dtype)
+            return attend(queries, keys, values, causal=True, softmax_dtype=self.softmax_dtype)
         p = self.planes[site.loop]
         prefix_k, prefix_v = (self.reference.plane(kind, p)[site.layer].to(x.device, x.dtype) if kind in self.kinds
-                              else x for kind, x in (("k", k), ("v", v)))
-        n = q.shape[2]
-        own = torch.eye(n, dtype=torch.bool, device=q.device)
+                              else x for kind, x in (("k", keys), ("v", values)))
+        n = queries.shape[2]
+        own = torch.eye(n, dtype=torch.bool, device=queries.device)
         mask = torch.cat([torch.ones_like(own).tril(-1), own], dim=1)  # [prefix j < t | own j = t]
-        return attend(q, torch.cat([prefix_k, k], dim=2), torch.cat([prefix_v, v], dim=2), mask,
+        return attend(queries, torch.cat([prefix_k, keys], dim=2), torch.cat([prefix_v, values], dim=2), mask,
                       softmax_dtype=self.softmax_dtype)
 
 

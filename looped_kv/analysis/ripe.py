@@ -118,7 +118,7 @@ def batched_vs_sequential(model: LoopedLM, tokens: Tensor, start: int, policy: C
         raise ValueError(f"tokens must be (1, n), got shape {tuple(tokens.shape)}")
     if not 1 <= start < n:
         raise ValueError(f"start must be in [1, {n - 1}] (a prefix and a block of at least one token), got {start}")
-    sequential, batched = (TeacherForcing(model, policy, [tokens[0]], [start], block=n - start - 1)
+    sequential, batched = (TeacherForcing(model, policy, [tokens[0]], [start], gamma=n - start - 1)
                            for _ in range(2))
     for forced in (sequential, batched):
         forced.prefill()
@@ -145,33 +145,33 @@ class ArmReplay:
 
 @torch.no_grad()
 def replay_batch(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths: Sequence[int],
-                 policy: CachePolicy, block: int | None = None, prompts: PromptPlanes | None = None
+                 policy: CachePolicy, gamma: int | None = None, prompts: PromptPlanes | None = None
                  ) -> list[ArmReplay]:
-    """Teacher-forced sequential replay of B trajectories at once, and with ``block`` the Section 5.2 check.
+    """Teacher-forced sequential replay of B trajectories at once, and with ``gamma`` the Section 5.2 check.
 
     Row b is :func:`~looped_kv.analysis.measure.policy_logits` of ``trajectories[b]`` (its prompt prefilled,
     then every generated token decoded one at a time under ``policy``); the rows run together, each at its own
     positions, so rows of different lengths share every forward. ``prompts`` (:func:`prompt_planes` of the
     same model and trajectories) stands in for the prefill, which otherwise runs straight into the arm's cache.
-    With ``block`` = gamma, each row's generated
+    With ``gamma``, each row's generated
     tokens are cut into verification blocks of gamma + 1 tokens (:func:`block_starts`), as in
     :func:`~looped_kv.analysis.measure.block_dependence`; before a block's sequential steps, one batched pass
     over the block reads the same cache (its planes go to a scratch buffer), and the block's KL(sequential ||
     batched) is recorded. Rows too short for one block get an empty ``block_kl``.
     """
     check_trajectories(trajectories, prompt_lengths)
-    if block is not None and block < 1:
-        raise ValueError(f"block (gamma) must be >= 1, got {block}")
+    if gamma is not None and gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
     B = len(trajectories)
     if prompts is not None and prompts.last_logits.shape[0] != B:
         raise ValueError(f"prompts must hold the planes of the {B} trajectories, got {prompts.last_logits.shape[0]}")
-    forced = force(model, [t[0] for t in trajectories], prompt_lengths, policy, block=block, prompts=prompts)
+    forced = force(model, [t[0] for t in trajectories], prompt_lengths, policy, gamma=gamma, prompts=prompts)
     out = []
     for b, g in enumerate(forced.generated):
         block_kl = None
-        if block is not None:
-            starts = block_starts(g, block)
-            block_kl = torch.cat([kl(forced.logits[b, s + 1:s + block + 2], forced.blocks[s][b]) for s in starts]
+        if gamma is not None:
+            starts = block_starts(g, gamma)
+            block_kl = torch.cat([kl(forced.logits[b, s + 1:s + gamma + 2], forced.blocks[s][b]) for s in starts]
                                  ) if len(starts) else torch.empty(0, dtype=torch.float64)
         out.append(ArmReplay(forced.row_logits(b), block_kl))
     return out
@@ -179,7 +179,7 @@ def replay_batch(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths
 
 @dataclass(frozen=True)
 class Replays:
-    """Per-position records of every arm (:func:`replay_records`) and, with a block, the block dependence."""
+    """Per-position records of every arm (:func:`replay_records`) and, with ``gamma``, the block dependence."""
 
     records: pd.DataFrame
     block_dependence: pd.DataFrame | None  # mean KL(sequential || batched) per prompt (rows) and policy (columns)
@@ -187,7 +187,7 @@ class Replays:
 
 def replay_records(trajectories: Sequence[Tensor], prompt_lengths: Sequence[int],
                    reference: tuple[LoopedLM, CachePolicy], arms: Mapping[str, tuple[LoopedLM, CachePolicy]], *,
-                   block: int | None = None, block_arms: Sequence[str] = (), reference_label: str = "reference",
+                   gamma: int | None = None, block_arms: Sequence[str] = (), reference_label: str = "reference",
                    batch_size: int | None = None, progress: bool = False) -> Replays:
     """Teacher-forced replay of the trajectories through the reference and every arm (RIPE Sec. 2, 5.1, 5.2).
 
@@ -197,7 +197,7 @@ def replay_records(trajectories: Sequence[Tensor], prompt_lengths: Sequence[int]
     share each batch's prefill (:func:`prompt_planes`). The records have one row per (prompt, generated
     position, arm): ``kl`` = KL(reference || arm) in float64 (rounding below 0 clipped to 0), ``flip`` (the
     arm's top-1 token differs from the reference's), ``margin`` (the reference's top-2 probability margin) and
-    ``position`` (0 for the first generated token). With ``block`` = gamma, the reference and the arms named
+    ``position`` (0 for the first generated token). With ``gamma``, the reference and the arms named
     in ``block_arms`` also measure their block dependence during the same replay: the mean KL(sequential ||
     batched) per prompt, NaN for a prompt that generated fewer than gamma + 1 tokens.
     """
@@ -207,27 +207,27 @@ def replay_records(trajectories: Sequence[Tensor], prompt_lengths: Sequence[int]
     unknown = [label for label in block_arms if label not in arms]
     if unknown:
         raise ValueError(f"block_arms must name arms, got {unknown}")
-    if block is not None and block < 1:
-        raise ValueError(f"block (gamma) must be >= 1, got {block}")
+    if gamma is not None and gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be None or >= 1, got {batch_size}")
     size = batch_size or len(trajectories)
     frames, dependence = [], []
     for first in tqdm(range(0, len(trajectories), size), disable=not progress, desc="replay", leave=False):
         rows, lengths = list(trajectories[first:first + size]), list(prompt_lengths[first:first + size])
-        frame, means = _replay_rows(rows, lengths, reference, arms, block, block_arms, reference_label)
+        frame, means = _replay_rows(rows, lengths, reference, arms, gamma, block_arms, reference_label)
         frame["prompt"] += first
         frames.append(frame)
         dependence.append(means)
     block_frame = None
-    if block is not None:
+    if gamma is not None:
         block_frame = pd.concat(dependence, ignore_index=True)
         block_frame.index.name = "prompt"
     return Replays(pd.concat(frames, ignore_index=True), block_frame)
 
 
 def _replay_rows(trajectories: list[Tensor], prompt_lengths: list[int], reference: tuple[LoopedLM, CachePolicy],
-                 arms: Mapping[str, tuple[LoopedLM, CachePolicy]], block: int | None, block_arms: Sequence[str],
+                 arms: Mapping[str, tuple[LoopedLM, CachePolicy]], gamma: int | None, block_arms: Sequence[str],
                  reference_label: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One batch of :func:`replay_records`: its records and its per-prompt block dependence."""
     shared: dict[int, PromptPlanes] = {}
@@ -238,11 +238,11 @@ def _replay_rows(trajectories: list[Tensor], prompt_lengths: list[int], referenc
         if uses[id(model)] and id(model) not in shared:  # more arms of this model follow: they share a prefill
             shared[id(model)] = prompt_planes(model, trajectories, prompt_lengths, policy.num_loops)
         planes = shared[id(model)] if uses[id(model)] else shared.pop(id(model), None)  # freed after its last arm
-        return replay_batch(model, trajectories, prompt_lengths, policy, block if with_block else None, planes)
+        return replay_batch(model, trajectories, prompt_lengths, policy, gamma if with_block else None, planes)
 
     ref = replay(*reference, True)
     references = [r.logits.double() for r in ref]
-    dependence = {reference_label: [_mean_kl(r.block_kl) for r in ref]} if block is not None else {}
+    dependence = {reference_label: [_mean_kl(r.block_kl) for r in ref]} if gamma is not None else {}
     frames = []
     for label, (model, policy) in arms.items():
         replays = replay(model, policy, label in block_arms)
@@ -272,10 +272,10 @@ class Acceptance:
 
 
 def acceptance_by_cache(model: LoopedLM, prompts: Sequence[Tensor], caches: Mapping[str, Mapping[str, object]],
-                        max_new_tokens: int, *, draft_loops: int, block: int,
-                        rows_per_pass: int | None = None) -> Acceptance:
-    """Greedy self-speculative decoding of ``prompts`` as one batch per cache (in passes of at most
-    ``rows_per_pass`` rows): each prompt's tau (RIPE Eq. 7).
+                        max_new_tokens: int, *, draft_loops: int, gamma: int,
+                        rows_per_chunk: int | None = None) -> Acceptance:
+    """Greedy self-speculative decoding of ``prompts`` as one batch per cache (in row chunks of at most
+    ``rows_per_chunk`` rows): each prompt's tau (RIPE Eq. 7).
 
     ``caches`` maps a label to the cache arguments of :func:`looped_kv.generate` (``cache``, ``window``,
     ``prefix_reads``, ``exact``, ...). With ``cache="ripe"`` and drafts reading plane R this is RIPE
@@ -287,11 +287,11 @@ def acceptance_by_cache(model: LoopedLM, prompts: Sequence[Tensor], caches: Mapp
         raise ValueError("prompts must hold at least one prompt")
     if not caches:
         raise ValueError("caches must name at least one cache")
-    fixed = {"method", "draft_loops", "block", "max_new_tokens"} & {k for spec in caches.values() for k in spec}
+    fixed = {"method", "draft_loops", "gamma", "max_new_tokens"} & {name for spec in caches.values() for name in spec}
     if fixed:
         raise ValueError(f"caches must give cache arguments only, got {sorted(fixed)}")
     runs = {label: generate(model, list(prompts), max_new_tokens=max_new_tokens, method="self-spec",
-                            draft_loops=draft_loops, block=block, rows_per_pass=rows_per_pass, **spec)
+                            draft_loops=draft_loops, gamma=gamma, rows_per_chunk=rows_per_chunk, **spec)
             for label, spec in caches.items()}
     tau = pd.DataFrame({label: row_tau(run) for label, run in runs.items()})
     tau.index.name = "prompt"

@@ -61,10 +61,10 @@ def check_depths(draft_loops: Sequence[int], num_loops: int) -> list[int]:
     return depths
 
 
-def block_starts(generated: int, block: int) -> range:
-    """Offsets after the prompt of the verification blocks of gamma + 1 = ``block`` + 1 tokens that fit in
-    ``generated`` tokens (RIPE Sec. 5.2: the trajectory cut into consecutive blocks)."""
-    return range(0, generated - block, block + 1)
+def block_starts(generated: int, gamma: int) -> range:
+    """Offsets after the prompt of the verification blocks of ``gamma`` + 1 tokens that fit in ``generated`` tokens
+    (RIPE Sec. 5.2: the trajectory cut into consecutive blocks)."""
+    return range(0, generated - gamma, gamma + 1)
 
 
 def tokens_after_prompt(sequences: Sequence[Tensor], prompt_lengths: Sequence[int], offset: int,
@@ -110,19 +110,19 @@ class PromptPlanes:
 class TeacherForcing:
     """B trajectories (1-d ``sequences`` and their ``prompt_lengths``) forced through one cache under ``policy``.
 
-    ``capacity`` defaults to the longest prompt plus the most generated tokens; ``block`` (gamma >= 0) allocates
-    the scratch buffer of the block checks (gamma + 1 tokens).
+    ``capacity`` defaults to the longest prompt plus the most generated tokens; ``gamma`` (>= 0) allocates the
+    scratch buffer of the block checks (gamma + 1 tokens).
     """
 
     def __init__(self, model: LoopedLM, policy: CachePolicy, sequences: Sequence[Tensor],
-                 prompt_lengths: Sequence[int], *, block: int | None = None, capacity: int | None = None) -> None:
+                 prompt_lengths: Sequence[int], *, gamma: int | None = None, capacity: int | None = None) -> None:
         self.model, self.policy = model, policy
         self.sequences, self.prompt_lengths = list(sequences), list(prompt_lengths)
         self.generated = [len(s) - p for s, p in zip(self.sequences, self.prompt_lengths, strict=True)]
         B = len(self.sequences)
         capacity = capacity or max(self.prompt_lengths) + max(self.generated)
         self.cache = new_cache(model, policy, B, capacity)
-        self.buffer = new_buffer(model, policy.num_loops, B, block + 1) if block is not None else None
+        self.buffer = new_buffer(model, policy.num_loops, B, gamma + 1) if gamma is not None else None
 
     def prefill(self, prompts: PromptPlanes | None = None, record: dict | None = None) -> Tensor:
         """Process the prompts (or store ``prompts``' planes); the logits of each prompt's last position (B, V)."""
@@ -179,20 +179,20 @@ class Forced:
 
 @torch.no_grad()
 def force(model: LoopedLM, sequences: Sequence[Tensor], prompt_lengths: Sequence[int], policy: CachePolicy, *,
-          block: int | None = None, depths: Sequence[int] = (), reads: Mapping[object, PrefixReads] | None = None,
+          gamma: int | None = None, depths: Sequence[int] = (), reads: Mapping[object, PrefixReads] | None = None,
           prompts: PromptPlanes | None = None) -> Forced:
     """Teacher-forced sequential replay of B trajectories (1-d ``sequences``) under ``policy``, rows together.
 
-    With ``block`` = gamma, each row's generated tokens are cut into verification blocks of gamma + 1 tokens
+    With ``gamma``, each row's generated tokens are cut into verification blocks of gamma + 1 tokens
     (:func:`block_starts`) and a block check runs before each block's first step. With ``depths`` and ``reads``,
     before each step i that has a next token, d-loop drafts of generated token i read the cached prefix under each
     read and count as hits where they equal generated token i + 1 (``depths`` in the order given). ``prompts``
     (:func:`prompt_planes` of the same model and trajectories) stands in for the prefill.
     """
-    engine = TeacherForcing(model, policy, sequences, prompt_lengths, block=block)
+    engine = TeacherForcing(model, policy, sequences, prompt_lengths, gamma=gamma)
     generated = engine.generated
-    starts = [block_starts(g, block) if block else range(0) for g in generated]
-    last = max([g - 2 for g in generated] + [s[-1] + block for s in starts if len(s)])  # the last step's offset
+    starts = [block_starts(g, gamma) if gamma else range(0) for g in generated]
+    last = max([g - 2 for g in generated] + [s[-1] + gamma for s in starts if len(s)])  # the last step's offset
     out = Forced(torch.empty(0), generated)
     steps = [engine.prefill(prompts)[:, None]]
     if reads:
@@ -201,7 +201,7 @@ def force(model: LoopedLM, sequences: Sequence[Tensor], prompt_lengths: Sequence
         drafted = torch.tensor([max(g - 1, 0) for g in generated])
         out.drafted = drafted
     for i in range(last + 1):
-        if block and any(i in s for s in starts):
+        if gamma and any(i in s for s in starts):
             out.blocks[i] = engine.check_block(i)
         if reads:
             target = engine.tokens(i + 1)[:, 0].cpu()

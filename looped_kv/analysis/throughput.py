@@ -43,7 +43,7 @@ def _batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     return sizes
 
 
-OPTIONS = ("num_loops", "window", "k", "sinks", "draft_loops", "block", "prefix_reads", "exact")
+OPTIONS = ("num_loops", "window", "k", "sinks", "draft_loops", "gamma", "prefix_reads", "exact")
 
 
 def check_cells(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Sequence[int], method: str, cache: str,
@@ -78,7 +78,7 @@ def throughput_cells(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Se
 
     Batch B decodes the first B ``prompts`` (cycling), ``max_new_tokens`` each, with
     :func:`looped_kv.generate` (``options``: ``num_loops``, ``window``, ``k``, ``sinks``, ``draft_loops``,
-    ``block``, ``prefix_reads``, ``exact``). A warm-up run at the smallest batch comes first; each cell
+    ``gamma``, ``prefix_reads``, ``exact``). A warm-up run at the smallest batch comes first; each cell
     is the fastest of ``repeats`` runs (other load on the machine only slows a run down). Fit the
     cells with :func:`looped_kv.analysis.perf.fit_throughput` for T(B) = B / (a + b B).
     """
@@ -113,7 +113,7 @@ def memory_cells(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Sequen
     cells = []
     for size in tqdm(sizes, disable=not progress, desc=f"{method}, {cache}: peak memory", leave=False):
         peak, out = peak_bytes(lambda size=size: _run(model, prompts, size, run), model.device)
-        cells.append(MemoryCell(size, peak, out.extra["allocated_bytes"]))
+        cells.append(MemoryCell(size, peak, out.details["allocated_bytes"]))
     return cells
 
 

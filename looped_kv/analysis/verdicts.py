@@ -450,7 +450,7 @@ def combined(claim: Claim, parts: Mapping[str, Verdict], units: str = "prompts")
         label = next(lab for lab in (AGREES, INCONCLUSIVE, DISAGREES, NO_EFFECT, IDENTICAL) if lab in labels)
     deciding = [v for v in parts.values() if v.label == label] or list(parts.values())
     pick = max(deciding, key=distance)
-    name = next(k for k, v in parts.items() if v is pick)
+    name = next(key for key, value in parts.items() if value is pick)
     counts = pd.Series([v.label for v in parts.values()]).value_counts()
     summary = ", ".join(f"{count} {lab}" for lab, count in counts.items())
     reason = f"over {len(parts)} parts ({summary}), deciding part {name}: {pick.reason}"
@@ -498,7 +498,7 @@ def distinct(verdicts: Mapping[str, Verdict]) -> tuple[dict[str, Verdict], dict[
     kept: dict[str, Verdict] = {}
     repeats: dict[str, str] = {}
     for name, v in verdicts.items():
-        same = next((k for k, u in kept.items() if u.values == v.values and (u.estimate, u.low, u.high, u.label)
+        same = next((key for key, u in kept.items() if u.values == v.values and (u.estimate, u.low, u.high, u.label)
                      == (v.estimate, v.low, v.high, v.label)), None)
         if same is None:
             kept[name] = v

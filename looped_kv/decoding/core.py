@@ -37,7 +37,7 @@ class Generation:
     forward_passes: int = 0
     stopped: list[str] = field(default_factory=list)  # per row: "eos" or "length"
     pad_id: int = 0
-    extra: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # cache policy, cache bytes, live rows per pass, method options
 
     @property
     def batch(self) -> int:
@@ -111,18 +111,18 @@ class Generation:
 
     @classmethod
     def concat(cls, parts: Sequence[Generation]) -> Generation:
-        """The rows of several runs, in order, as one run (a batch decoded in passes of fewer rows): per-row lists
-        are joined, counts and times added, and the cache's allocation is the largest one pass held."""
-        if len({p.pad_id for p in parts}) != 1 or len({p.extra.get("policy") for p in parts}) != 1:
+        """The rows of several runs, in order, as one run (a batch decoded in row chunks): per-row lists are
+        joined, counts and times added, and the cache's allocation is the largest one chunk held."""
+        if len({p.pad_id for p in parts}) != 1 or len({p.details.get("policy") for p in parts}) != 1:
             raise ValueError("parts must share one pad id and one cache policy")
-        extra = {key: [x for p in parts for x in p.extra[key]] if isinstance(value, list)
-                 else max(p.extra[key] for p in parts) if key == "allocated_bytes"
-                 else sum(p.extra[key] for p in parts) if isinstance(value, int | float) and key != "policy"
-                 else value for key, value in parts[0].extra.items()}
+        details = {key: [x for p in parts for x in p.details[key]] if isinstance(value, list)
+                   else max(p.details[key] for p in parts) if key == "allocated_bytes"
+                   else sum(p.details[key] for p in parts) if isinstance(value, int | float) and key != "policy"
+                   else value for key, value in parts[0].details.items()}
         joined = {name: [x for p in parts for x in getattr(p, name)]
                   for name in ("sequences", "prompt_lengths", "row_accepted", "row_drafted", "row_retained", "stopped")}
         return cls(**joined, wall_time=sum(p.wall_time for p in parts),
-                   forward_passes=sum(p.forward_passes for p in parts), pad_id=parts[0].pad_id, extra=extra)
+                   forward_passes=sum(p.forward_passes for p in parts), pad_id=parts[0].pad_id, details=details)
 
     def stats(self) -> dict[str, float]:
         return {"new_tokens": self.num_new, "wall_time_s": self.wall_time, "tokens_per_s": self.tokens_per_s,
@@ -130,11 +130,11 @@ class Generation:
                 "forward_passes": self.forward_passes}
 
 
-def row_passes(count: int, rows_per_pass: int | None) -> list[slice]:
-    """The rows of a batch of ``count``, in passes of at most ``rows_per_pass`` (None: one pass of all)."""
-    if rows_per_pass is not None and (not isinstance(rows_per_pass, int) or rows_per_pass < 1):
-        raise ValueError(f"rows_per_pass must be None or an int >= 1, got {rows_per_pass!r}")
-    step = rows_per_pass or max(count, 1)
+def row_chunks(count: int, rows_per_chunk: int | None) -> list[slice]:
+    """The rows of a batch of ``count``, in chunks of at most ``rows_per_chunk`` (None: one chunk of all)."""
+    if rows_per_chunk is not None and (not isinstance(rows_per_chunk, int) or rows_per_chunk < 1):
+        raise ValueError(f"rows_per_chunk must be None or an int >= 1, got {rows_per_chunk!r}")
+    step = rows_per_chunk or max(count, 1)
     return [slice(i, i + step) for i in range(0, count, step)]
 
 
@@ -172,7 +172,7 @@ def check_prompts(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new
                          f"{max_new_tokens!r} ({type(max_new_tokens).__name__})")
     if len(budgets) != len(rows):
         raise ValueError(f"max_new_tokens must be an int or one int per prompt ({len(rows)}), got {len(budgets)}")
-    V, block = model.config.vocab_size, model.config.block_size
+    V, context = model.config.vocab_size, model.config.block_size
     for i, (row, budget) in enumerate(zip(rows, budgets, strict=True)):
         if row.numel() < 1:
             raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
@@ -181,9 +181,9 @@ def check_prompts(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {budget!r}")
         need = row.numel() + budget + margin
-        if need > block:
+        if need > context:
             raise ValueError(f"prompt length {row.numel()} + max_new_tokens {budget} (+{margin}) = {need} exceeds the "
-                             f"model's context (block_size {block})")
+                             f"model's context (block_size {context})")
     ids = torch.cat(rows)
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= V:
@@ -266,11 +266,6 @@ def prompt_logits(model: LoopedLM, cache: PlaneCache, prompts: Sequence[Tensor],
     logits = prefill(model, cache, ids, num_loops, counts, record)
     last = torch.tensor([len(p) for p in prompts], device=ids.device) - 1
     return logits[torch.arange(len(prompts), device=ids.device), last]
-
-
-def prefill_rows(model: LoopedLM, cache: PlaneCache, prompts: list[Tensor], num_loops: int) -> Tensor:
-    """Prefill B prompts of any lengths; returns each row's next token (B, 1), greedy."""
-    return prompt_logits(model, cache, prompts, num_loops).argmax(-1, keepdim=True)
 
 
 def step(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> Tensor:
@@ -371,12 +366,12 @@ class Rows:
             tensors = tuple(t[keep] for t in tensors)
         return list(tensors)
 
-    def result(self, cache: PlaneCache, forward_passes: int, pad_id: int | None, **extra: object) -> Generation:
+    def result(self, cache: PlaneCache, forward_passes: int, pad_id: int | None, **options: object) -> Generation:
         self.bar.close()
         wall = time.perf_counter() - self.start
         sequences = [torch.cat([p, *new]) for p, new in zip(self.prompts, self.emitted, strict=True)]
         cache_bytes = [0 if b is None else b for b in self.cache_bytes]
-        extra = {"policy": cache.policy.name, "cache_bytes": sum(cache_bytes), "row_cache_bytes": cache_bytes,
-                 "allocated_bytes": cache.allocated_bytes, "batch_per_pass": self.batch_per_pass, **extra}
+        details = {"policy": cache.policy.name, "cache_bytes": sum(cache_bytes), "row_cache_bytes": cache_bytes,
+                   "allocated_bytes": cache.allocated_bytes, "batch_per_pass": self.batch_per_pass, **options}
         return Generation(sequences, [len(p) for p in self.prompts], wall, self.accepted, self.drafted,
-                          self.retained, forward_passes, self.stopped, 0 if pad_id is None else pad_id, extra)
+                          self.retained, forward_passes, self.stopped, 0 if pad_id is None else pad_id, details)

@@ -1,6 +1,6 @@
 """DAS-Wave: carried parallel refinement with mature prefix reads and an independent verifier, batch-first.
 
-One block (DAS Appendix B.2), from the materialized prefix cache and each row's anchor x_t (the
+One verification cycle (DAS Appendix B.2), from the materialized prefix cache and each row's anchor x_t (the
 pending token at position L):
 
 1. Initialize: provisional guesses repeat the anchor; a newly active position starts from the
@@ -20,15 +20,12 @@ Because the verifier is the unchanged target, the output equals greedy full-dept
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, accept
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode_rows
+from looped_kv.decoding.core import accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal
 from looped_kv.decoding.passes import Passes
-from looped_kv.decoding.settings import DasWave
 from looped_kv.decoding.speculative import check_reads, check_speculation
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.model import LoopedLM
@@ -37,25 +34,25 @@ from looped_kv.runtime.policy import CachePolicy, PrefixReads
 DEEP_KV = PrefixReads("deep", "deep")
 
 
-def check_wave(block: int, rounds: int, initial_width: int, updates: int) -> None:
+def check_wave(gamma: int, rounds: int, initial_width: int, updates: int) -> None:
     if initial_width < 1:
         raise ValueError(f"initial_width (W_init) must be >= 1, got {initial_width}")
-    if block < initial_width:
-        raise ValueError(f"block (gamma) must be >= initial_width (W_init) = {initial_width}, got {block}")
+    if gamma < initial_width:
+        raise ValueError(f"gamma must be >= initial_width (W_init) = {initial_width}, got {gamma}")
     if rounds < 1:
         raise ValueError(f"rounds (J) must be >= 1, got {rounds}")
     if updates < 1:
         raise ValueError(f"updates (k, recurrent updates per round) must be >= 1, got {updates}")
 
 
-def proposal_width(block: int, rounds: int, initial_width: int) -> int:
-    """w: proposals a block tests, the width of the last round, min(gamma, W_init + J - 1) (Eq. 5).
+def proposal_width(gamma: int, rounds: int, initial_width: int) -> int:
+    """w: proposals one verification tests, the width of the last round, min(gamma, W_init + J - 1) (Eq. 5).
 
-    It also bounds the tokens one verification commits: k < w accepted plus a correction, or all w."""
-    return min(block, initial_width + rounds - 1)
+    It also bounds the tokens one verification commits: A < w accepted plus a correction, or all w."""
+    return min(gamma, initial_width + rounds - 1)
 
 
-def wave(passes: Passes, anchor: Tensor, *, block: int, rounds: int, initial_width: int, updates: int, carry: bool,
+def wave(passes: Passes, anchor: Tensor, *, gamma: int, rounds: int, initial_width: int, updates: int, carry: bool,
          reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
     """Carried parallel refinement (DAS Eq. 5-6) of B rows; returns the proposals y_1..y_w (B, w).
 
@@ -65,11 +62,11 @@ def wave(passes: Passes, anchor: Tensor, *, block: int, rounds: int, initial_wid
     that no active position reads them), and keep only the active positions' guesses and states. With
     ``trace``, each round's guesses after its readout (B, W_j) are appended to it.
     """
-    guesses = anchor.expand(-1, block + 1).clone()  # guesses[:, i] conditions position L + i
+    guesses = anchor.expand(-1, gamma + 1).clone()  # guesses[:, i] conditions position L + i
     states: Tensor | None = None
     previous = 0
     for j in range(rounds):
-        width = min(block, initial_width + j)
+        width = min(gamma, initial_width + j)
         first_loop = 1 + (j * updates if carry else 0)
         if passes.static:
             guesses, states = passes.refine(guesses, states if carry else None, previous if carry else 0, width,
@@ -87,10 +84,10 @@ def wave(passes: Passes, anchor: Tensor, *, block: int, rounds: int, initial_wid
     return guesses[:, 1:width + 1]
 
 
-def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, block: int, rounds: int, initial_width: int,
+def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, gamma: int, rounds: int, initial_width: int,
            updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
     """:func:`wave` with eager block passes on ``cache`` (each row's anchor x_t pending at position L)."""
-    return wave(Passes(model, cache, None, into_cache=False), anchor, block=block, rounds=rounds,
+    return wave(Passes(model, cache, None, into_cache=False), anchor, gamma=gamma, rounds=rounds,
                 initial_width=initial_width, updates=updates, carry=carry, reads=reads, trace=trace)
 
 
@@ -100,13 +97,13 @@ class WaveDrafts(Drafter):
 
     name = "das-wave"
 
-    def __init__(self, *, block: int, rounds: int, initial_width: int, updates: int, carry: bool,
+    def __init__(self, *, gamma: int, rounds: int, initial_width: int, updates: int, carry: bool,
                  reads: PrefixReads = DEEP_KV, exact: bool = True) -> None:
-        check_wave(block, rounds, initial_width, updates)
-        self.schedule = dict(block=block, rounds=rounds, initial_width=initial_width, updates=updates, carry=carry)
-        self.gamma, self.reads, self.exact = block, reads, exact
-        self.w = proposal_width(block, rounds, initial_width)
-        self.lookahead, self.width, self.passes_per_block = block + 1, block, rounds + 1
+        check_wave(gamma, rounds, initial_width, updates)
+        self.schedule = dict(gamma=gamma, rounds=rounds, initial_width=initial_width, updates=updates, carry=carry)
+        self.gamma, self.reads, self.exact = gamma, reads, exact
+        self.w = proposal_width(gamma, rounds, initial_width)
+        self.lookahead, self.width, self.passes_per_verification = gamma + 1, gamma, rounds + 1
 
     def check(self, policy: CachePolicy) -> None:
         check_speculation(policy, self.gamma, self.exact)
@@ -115,33 +112,21 @@ class WaveDrafts(Drafter):
     def propose(self, passes: Passes, pending: Tensor) -> Proposal:
         return Proposal(wave(passes, pending, **self.schedule, reads=self.reads))
 
-    def block(self, pending: Tensor, proposal: Proposal) -> Tensor:
+    def tokens_to_verify(self, pending: Tensor, proposal: Proposal) -> Tensor:
         return torch.cat([pending, proposal.tokens[:, :-1]], dim=1)
 
     def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
         w, proposals = self.w, proposal.tokens
-        k = accept(proposals, targets)
-        corrected = k < w  # with m = w proposals tested there is no bonus token when all agree
-        fixes = targets.gather(1, k.clamp(max=w - 1)[:, None])
+        accepted = accept(proposals, targets)
+        corrected = accepted < w  # with m = w proposals tested there is no bonus token when all agree
+        fixes = targets.gather(1, accepted.clamp(max=w - 1)[:, None])
         nxt = torch.where(corrected[:, None], fixes, proposals[:, -1:])
-        ks, fixed = k.tolist(), corrected.tolist()
-        emitted = [torch.cat([p[:a], f]) if c else p for p, a, f, c in zip(proposals, ks, fixes, fixed, strict=True)]
-        return Outcome(k, torch.where(corrected, k + 1, w), nxt, emitted, [w] * len(ks), [int(c) for c in fixed])
+        counts, fixed = accepted.tolist(), corrected.tolist()
+        emitted = [torch.cat([p[:a], f]) if c else p
+                   for p, a, f, c in zip(proposals, counts, fixes, fixed, strict=True)]
+        return Outcome(accepted, torch.where(corrected, accepted + 1, w), nxt, emitted, [w] * len(counts),
+                       [int(c) for c in fixed])
 
     @property
-    def extra(self) -> dict:
+    def options(self) -> dict:
         return dict(self.schedule)
-
-
-@torch.no_grad()
-def das_wave(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
-             policy: CachePolicy, block: int = DasWave.block, rounds: int = DasWave.rounds,
-             initial_width: int = DasWave.initial_width, updates: int = DasWave.updates, carry: bool = DasWave.carry,
-             reads: PrefixReads = DEEP_KV, exact: bool = True, eos: int | None = None, compile: bool = False,
-             progress: bool = False) -> Generation:
-    """DAS-Wave decoding of B prompts; defaults are :class:`~looped_kv.decoding.settings.DasWave`'s (the paper's
-    Huginn configuration)."""
-    drafter = WaveDrafts(block=block, rounds=rounds, initial_width=initial_width, updates=updates, carry=carry,
-                         reads=reads, exact=exact)
-    return decode_rows(model, input_ids, max_new_tokens, policy=policy, drafter=drafter, eos=eos, compile=compile,
-                       progress=progress)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_passes
+from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_chunks
 from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
 from looped_kv.decoding.loop import Drafter, Observer, decode
@@ -19,10 +19,10 @@ from looped_kv.runtime.model import LoopedLM
 def drafter(config: Decoding, num_loops: int) -> Drafter | None:
     """The drafter of ``config``'s method (None: greedy decoding)."""
     if isinstance(config, SelfSpec | MatureSpec):
-        return LoopDrafts(draft_loops=config.draft_loops, block=config.block, reads=config.reads(num_loops),
+        return LoopDrafts(draft_loops=config.draft_loops, gamma=config.gamma, reads=config.reads(num_loops),
                           exact=config.exact, name=config.method)
     if isinstance(config, PromptLookup):
-        return NgramDrafts(block=config.block, ngram=config.ngram, exact=config.exact)
+        return NgramDrafts(gamma=config.gamma, ngram=config.ngram, exact=config.exact)
     if isinstance(config, DasWave):
         return WaveDrafts(**config.schedule, reads=config.reads(num_loops), exact=config.exact)
     return None
@@ -42,7 +42,7 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     * ``"ar"`` (:class:`~looped_kv.decoding.settings.Greedy`): greedy full-depth autoregressive decoding (the
       baseline of every ratio);
     * ``"self-spec"`` (:class:`~looped_kv.decoding.settings.SelfSpec`): sequential self-speculative decoding,
-      ``draft_loops`` (d) loops per draft, ``block`` (gamma, default 4) drafts per verification, drafts reading
+      ``draft_loops`` (d) loops per draft, ``gamma`` (default 4) drafts per verification, drafts reading
       the prefix per ``prefix_reads`` (``"aligned"``, ``"deep-v"`` = Mature-V, ``"deep-k"``, ``"deep-kv"`` or a
       (kappa, nu) pair of planes); the default is ``"aligned"``, except with ``cache="ripe"``, where cached
       positions are read at plane R (``"deep-kv"``) as in RIPE Algorithm 1, line 3;
@@ -51,19 +51,19 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     * ``"pld"`` (:class:`~looped_kv.decoding.settings.PromptLookup`): prompt lookup decoding, ``ngram``-gram
       drafts verified at full depth;
     * ``"das-wave"`` (:class:`~looped_kv.decoding.settings.DasWave`): carried parallel refinement (DAS Section
-      3.3) with ``block`` (gamma, default 32), ``rounds`` (J), ``initial_width`` (W_init), ``updates`` (k),
+      3.3) with ``gamma`` (default 32), ``rounds`` (J), ``initial_width`` (W_init), ``updates`` (k),
       ``carry`` and ``prefix_reads`` (default ``"deep-kv"``); the defaults are the paper's Huginn configuration.
 
     Every method takes :class:`~looped_kv.decoding.settings.Decoding`'s options: ``cache`` names the verifier's
     cache policy (:func:`looped_kv.runtime.policy.make_policy`): ``"full"``, ``"deepest"``, ``"ripe"`` with
     ``window``, ``"k-deepest"``/``"share"``/``"first"`` with ``k``, ``"sinks"``. Speculative methods require a
-    block-independent cache (full, or RIPE with window >= block; RIPE Proposition 1) unless ``exact=False``.
+    block-independent cache (full, or RIPE with window >= gamma; RIPE Proposition 1) unless ``exact=False``.
     ``num_loops`` defaults to the model's mean recurrence. A row stops after ``max_new_tokens`` (an int, or one per
     prompt) or after emitting the end-of-text token (``eos_token_id``, default the tokenizer's) unless
     ``stop_at_eos=False``. ``compile=True`` runs every method's passes on torch.compile'd steps with static shapes
-    (:mod:`looped_kv.decoding.compiled`). ``rows_per_pass`` decodes a large batch in passes of at most that many
-    rows (one pass's cache in memory at a time); the rows emit the same tokens either way. An option the method
-    does not take is refused; ``observer`` (:class:`~looped_kv.decoding.loop.Observer`) sees every block.
+    (:mod:`looped_kv.decoding.compiled`). ``rows_per_chunk`` decodes a large batch in row chunks of at most that
+    many rows (one chunk's cache in memory at a time); the rows emit the same tokens either way. An option the method
+    does not take is refused; ``observer`` (:class:`~looped_kv.decoding.loop.Observer`) sees every verification.
     """
     if config is None:
         config = method_config(options.pop("method", None) or "ar", **options)
@@ -75,11 +75,11 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     policy = config.check(model.config.block_size, model.config.mean_recurrence)
     draft = drafter(config, policy.num_loops)
     prompts, budgets = check_prompts(model, input_ids, config.max_new_tokens, 0 if draft is None else draft.lookahead)
-    passes = row_passes(len(prompts), config.rows_per_pass)
-    if len(passes) > 1:
+    chunks = row_chunks(len(prompts), config.rows_per_chunk)
+    if len(chunks) > 1:
         return Generation.concat([generate(model, prompts[rows], replace(config, max_new_tokens=budgets[rows],
-                                                                         rows_per_pass=None), observer=observer)
-                                  for rows in passes])
+                                                                         rows_per_chunk=None), observer=observer)
+                                  for rows in chunks])
     eos = eos_id(model, config.eos_token_id, config.stop_at_eos)
     return decode(model, prompts, budgets, policy=policy, drafter=draft, eos=eos, compile=config.compile,
                   progress=config.progress, observer=observer)

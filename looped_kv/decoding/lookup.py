@@ -3,26 +3,23 @@ at full depth."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, accept
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode_rows
+from looped_kv.decoding.core import accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal
 from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.speculative import check_speculation
-from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy
 
 
-def lookup_drafts(context: list[int], block: int, ngram: int) -> list[int]:
+def lookup_drafts(context: list[int], gamma: int, ngram: int) -> list[int]:
     """The tokens that followed the latest earlier occurrence of the last n-gram (n = ngram..1)."""
     for n in range(min(ngram, len(context) - 1), 0, -1):
         tail = context[-n:]
         for start in range(len(context) - n - 1, -1, -1):
             if context[start:start + n] == tail:
-                return context[start + n:start + n + block]
+                return context[start + n:start + n + gamma]
     return []
 
 
@@ -33,9 +30,9 @@ class NgramDrafts(Drafter):
 
     name = "prompt lookup"
 
-    def __init__(self, *, block: int, ngram: int = 3, exact: bool = True) -> None:
-        self.gamma, self.ngram, self.exact = block, ngram, exact
-        self.lookahead = self.width = block + 1
+    def __init__(self, *, gamma: int, ngram: int = 3, exact: bool = True) -> None:
+        self.gamma, self.ngram, self.exact = gamma, ngram, exact
+        self.lookahead = self.width = gamma + 1
         self.contexts: list[list[int]] = []
 
     def check(self, policy: CachePolicy) -> None:
@@ -59,24 +56,14 @@ class NgramDrafts(Drafter):
         return Proposal(drafts, torch.tensor([len(f) for f in found], device=pending.device))
 
     def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
-        k = accept(proposal.tokens, targets, proposal.lengths)
-        nxt = targets.gather(1, k[:, None])
-        ks = k.tolist()
-        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, ks, nxt, strict=True)]
+        accepted = accept(proposal.tokens, targets, proposal.lengths)
+        nxt = targets.gather(1, accepted[:, None])
+        counts = accepted.tolist()
+        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, counts, nxt, strict=True)]
         for context, tokens in zip(self.contexts, emitted, strict=True):
             context += tokens.tolist()
-        return Outcome(k, k + 1, nxt, emitted, proposal.lengths.tolist(), [1] * len(ks))
+        return Outcome(accepted, accepted + 1, nxt, emitted, proposal.lengths.tolist(), [1] * len(counts))
 
     @property
-    def extra(self) -> dict:
-        return {"block": self.gamma, "ngram": self.ngram}
-
-
-@torch.no_grad()
-def prompt_lookup(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
-                  policy: CachePolicy, block: int, ngram: int = 3, exact: bool = True, eos: int | None = None,
-                  compile: bool = False, progress: bool = False) -> Generation:
-    """Prompt lookup decoding of B prompts; rows whose drafts are shorter verify only what they drafted."""
-    return decode_rows(model, input_ids, max_new_tokens, policy=policy,
-                       drafter=NgramDrafts(block=block, ngram=ngram, exact=exact), eos=eos, compile=compile,
-                       progress=progress)
+    def options(self) -> dict:
+        return {"gamma": self.gamma, "ngram": self.ngram}

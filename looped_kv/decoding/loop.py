@@ -6,7 +6,7 @@ emitted token is pending, the cache holds every processed token):
 1. prefill every prompt; each row's greedy next token is pending;
 2. the :class:`Drafter` proposes up to m tokens per row after the pending one (none: greedy decoding;
    d-loop drafts: self-speculation and Mature-Spec; n-gram lookup; DAS-Wave's carried wave);
-3. one verification pass at full depth (all R loops) over the drafter's block of tokens, under the cache
+3. one verification pass at full depth (all R loops) over the drafter's tokens to verify, under the cache
    policy (a single token for greedy decoding);
 4. the drafter accepts, per row, the longest prefix on which its proposals and the verifier agree and names
    the next pending token; the row commits the planes of what it verified and emits its tokens;
@@ -15,9 +15,9 @@ emitted token is pending, the cache holds every processed token):
 
 The passes themselves come from :class:`~looped_kv.decoding.passes.Passes` (block passes reading the
 committed prefix) or :class:`~looped_kv.decoding.compiled.CompiledPasses` (torch.compile'd steps with static
-shapes); the drafter calls them the same way. An :class:`Observer` sees every block: the measurements that follow a
-decoder's trajectory (draft agreement per position, a trajectory's logits) use the loop through it
-instead of copying it.
+shapes); the drafter calls them the same way. An :class:`Observer` sees every verification: the measurements that
+follow a decoder's trajectory (draft agreement per position, a trajectory's logits) use the loop through it instead
+of copying it.
 
 The shape follows HF transformers' assisted decoding, whose candidate generators propose tokens and are
 told how many matched, and gpt-fast's ``generate.py`` (draft, one verification forward over gamma + 1
@@ -76,7 +76,7 @@ class DecodeView:
 
 
 class Observer:
-    """Sees every block of a decoding run; the default observer does nothing."""
+    """Sees every verification of a decoding run; the default observer does nothing."""
 
     def prefilled(self, view: DecodeView, logits: Tensor) -> None:
         """After the prefill: ``logits`` (B, V) of each prompt's last position."""
@@ -110,22 +110,23 @@ class LogitsRecorder(Observer):
 
 
 class Drafter:
-    """What a method adds to the loop: its proposals, the block it verifies and what it accepts.
+    """What a method adds to the loop: its proposals, the tokens it verifies and what it accepts.
 
-    ``lookahead`` is the number of positions past a row's budget that its last block may touch, ``width`` the
-    buffer columns a block needs, ``passes_per_block`` the model passes one block costs (prefill excluded).
+    ``lookahead`` is the number of positions past a row's budget that its last verification may touch, ``width``
+    the buffer columns one verification needs, ``passes_per_verification`` the model passes one cycle of drafts
+    and verification costs (prefill excluded).
     """
 
     name = "greedy"
     lookahead = 0
     width = 0
-    passes_per_block = 1
+    passes_per_verification = 1
 
     def check(self, policy: CachePolicy) -> None:
         """Refuse a configuration this drafter cannot run under ``policy``, before any work."""
 
     def start(self, prompts: list[Tensor], pending: Tensor) -> None:
-        """Before the first block: the prompts and each row's first pending token."""
+        """Before the first verification: the prompts and each row's first pending token."""
 
     def keep(self, rows: list[int]) -> None:
         """Only ``rows`` of the batch remain (the others stopped)."""
@@ -133,7 +134,7 @@ class Drafter:
     def propose(self, passes: Passes, pending: Tensor) -> Proposal:
         return Proposal(pending[:, :0])
 
-    def block(self, pending: Tensor, proposal: Proposal) -> Tensor:
+    def tokens_to_verify(self, pending: Tensor, proposal: Proposal) -> Tensor:
         """The tokens the verifier runs: the pending token, then the proposals."""
         return torch.cat([pending, proposal.tokens], dim=1) if proposal.tokens.shape[1] else pending
 
@@ -143,8 +144,8 @@ class Drafter:
         return Outcome(None, torch.ones_like(nxt[:, 0]), nxt, list(nxt))
 
     @property
-    def extra(self) -> dict:
-        """The method's settings, kept in the run's statistics."""
+    def options(self) -> dict:
+        """The method's options, kept in the run's details (:attr:`Generation.details`)."""
         return {}
 
 
@@ -191,10 +192,10 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
         view = DecodeView(model, cache, pending, rows.batch, rows.live)
         observer.proposing(view)
         proposal = drafter.propose(passes, pending)
-        logits = passes.verify(drafter.block(pending, proposal))
+        logits = passes.verify(drafter.tokens_to_verify(pending, proposal))
         outcome = drafter.accept(pending, proposal, logits.argmax(-1))
         observer.verified(view, logits, outcome)
-        del logits  # not held through the next block's drafts
+        del logits  # not held through the next verification's drafts
         if all(view.live):
             passes.commit(outcome.commit)
         else:  # stopped rows kept as padding commit nothing
@@ -203,8 +204,8 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
             rows.record(outcome.accepted.tolist(), outcome.drafted, outcome.retained)
         rows.emit(outcome.emitted)
         pending = outcome.pending
-        forward_passes += drafter.passes_per_block
-    return rows.result(cache, forward_passes, eos, **drafter.extra)
+        forward_passes += drafter.passes_per_verification
+    return rows.result(cache, forward_passes, eos, **drafter.options)
 
 
 def decode_rows(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,

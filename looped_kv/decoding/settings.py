@@ -60,8 +60,8 @@ class Decoding:
     recurrence), ``window``, ``k`` and ``sinks`` name the verifier's cache policy
     (:func:`~looped_kv.runtime.policy.make_policy`). ``stop_at_eos`` and ``eos_token_id`` (default the
     tokenizer's) stop a row after end-of-text. ``compile`` runs every pass on torch.compile'd steps with static
-    shapes (:mod:`looped_kv.decoding.compiled`); ``rows_per_pass`` decodes a batch in passes of at most that many
-    rows; ``progress`` shows a progress bar.
+    shapes (:mod:`looped_kv.decoding.compiled`); ``rows_per_chunk`` decodes a batch in row chunks of at
+    most that many rows; ``progress`` shows a progress bar.
     """
 
     method: ClassVar[str]
@@ -74,7 +74,7 @@ class Decoding:
     stop_at_eos: bool = True
     eos_token_id: int | None = None
     compile: bool = False
-    rows_per_pass: int | None = None
+    rows_per_chunk: int | None = None
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -83,7 +83,7 @@ class Decoding:
                                         and all(_is_int(b) for b in budget)):
             raise ValueError(f"max_new_tokens must be an int >= 1 or a list of them (one per prompt), got "
                              f"{budget!r} ({type(budget).__name__})")
-        for name in ("num_loops", "window", "k", "sinks", "eos_token_id", "rows_per_pass"):
+        for name in ("num_loops", "window", "k", "sinks", "eos_token_id", "rows_per_chunk"):
             check_int(name, getattr(self, name), optional=True)
         if not isinstance(self.cache, str):
             raise ValueError(f"cache must be a cache policy name, got {self.cache!r} ({type(self.cache).__name__})")
@@ -122,15 +122,15 @@ class Greedy(Decoding):
 
 @dataclass(frozen=True, kw_only=True)
 class _Speculative(Decoding):
-    """Options of the drafters that verify at full depth: ``block`` (gamma) drafts per verification, ``exact``
+    """Options of the drafters that verify at full depth: ``gamma`` drafts per verification, ``exact``
     (refuse a block-dependent cache, RIPE Proposition 1)."""
 
-    block: int = 4
+    gamma: int = 4
     exact: bool = True
 
     @classmethod
     def _ints(cls) -> tuple[str, ...]:
-        return ("block",)
+        return ("gamma",)
 
     @classmethod
     def _flags(cls) -> tuple[str, ...]:
@@ -150,7 +150,7 @@ class SelfSpec(_Speculative):
 
     @classmethod
     def _ints(cls) -> tuple[str, ...]:
-        return ("block", "draft_loops")
+        return ("gamma", "draft_loops")
 
     def reads(self, num_loops: int) -> PrefixReads:
         return make_prefix_reads(self.prefix_reads or ("deep-kv" if self.cache == "ripe" else "aligned"), num_loops)
@@ -165,7 +165,7 @@ class MatureSpec(_Speculative):
 
     @classmethod
     def _ints(cls) -> tuple[str, ...]:
-        return ("block", "draft_loops")
+        return ("gamma", "draft_loops")
 
     def reads(self, num_loops: int) -> PrefixReads:
         return make_prefix_reads("deep-kv", num_loops)
@@ -173,7 +173,7 @@ class MatureSpec(_Speculative):
 
 @dataclass(frozen=True, kw_only=True)
 class PromptLookup(_Speculative):
-    """``pld``: prompt lookup decoding, up to ``block`` drafts copied after the last ``ngram``-gram's latest earlier
+    """``pld``: prompt lookup decoding, up to ``gamma`` drafts copied after the last ``ngram``-gram's latest earlier
     occurrence (Saxena, 2023), verified at full depth."""
 
     method: ClassVar[str] = "pld"
@@ -181,17 +181,17 @@ class PromptLookup(_Speculative):
 
     @classmethod
     def _ints(cls) -> tuple[str, ...]:
-        return ("block", "ngram")
+        return ("gamma", "ngram")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DasWave(_Speculative):
-    """``das-wave``: carried parallel refinement (DAS Section 3.3) with ``block`` (gamma), ``rounds`` (J),
+    """``das-wave``: carried parallel refinement (DAS Section 3.3) with ``gamma``, ``rounds`` (J),
     ``initial_width`` (W_init), ``updates`` (k), ``carry`` and ``prefix_reads``; the defaults are the paper's
     Huginn configuration (DAS Sec. 4.1, Table 5: gamma 32, J 24, W_init 2, k 2, carried states, deep K/V)."""
 
     method: ClassVar[str] = "das-wave"
-    block: int = 32
+    gamma: int = 32
     rounds: int = 24
     initial_width: int = 2
     updates: int = 2
@@ -200,7 +200,7 @@ class DasWave(_Speculative):
 
     @classmethod
     def _ints(cls) -> tuple[str, ...]:
-        return ("block", "rounds", "initial_width", "updates")
+        return ("gamma", "rounds", "initial_width", "updates")
 
     @classmethod
     def _flags(cls) -> tuple[str, ...]:
@@ -215,7 +215,7 @@ class DasWave(_Speculative):
         return {name: getattr(self, name) for name in WAVE_KEYS}
 
 
-WAVE_KEYS = ("block", "rounds", "initial_width", "updates", "carry")
+WAVE_KEYS = ("gamma", "rounds", "initial_width", "updates", "carry")
 CONFIGS: dict[str, type[Decoding]] = {cls.method: cls for cls in (Greedy, SelfSpec, MatureSpec, PromptLookup,
                                                                     DasWave)}
 

@@ -10,36 +10,33 @@ W >= gamma; Proposition 1) every row emits exactly the tokens of greedy decoding
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, accept
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode_rows
+from looped_kv.decoding.core import accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal
 from looped_kv.decoding.passes import Passes
-from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads
 
 
-def block_independent(policy: CachePolicy, block: int) -> bool:
-    """Proposition 1's premise: batched verification of ``block`` drafts reads what sequential decoding reads."""
+def block_independent(policy: CachePolicy, gamma: int) -> bool:
+    """Proposition 1's premise: batched verification of ``gamma`` drafts reads what sequential decoding reads."""
     if all(policy.plane(r) == r for r in range(1, policy.num_loops + 1)):
         return True
-    return policy.window >= block
+    return policy.window >= gamma
 
 
-def check_speculation(policy: CachePolicy, block: int, exact: bool, draft_loops: int | None = None) -> None:
+def check_speculation(policy: CachePolicy, gamma: int, exact: bool, draft_loops: int | None = None) -> None:
     """Validate a speculative configuration before any work is done."""
     R = policy.num_loops
     if draft_loops is not None and not 1 <= draft_loops < R:
         raise ValueError(f"draft_loops must be in [1, {R - 1}] (fewer than the R = {R} verification loops), "
                          f"got {draft_loops}")
-    if block < 1:
-        raise ValueError(f"block (gamma) must be >= 1, got {block}")
-    if exact and not block_independent(policy, block):
-        raise ValueError(f"cache {policy.name} has window W = {policy.window} < block gamma = {block}: batched "
-                         f"verification is then not exact (RIPE Proposition 1). Use window >= block, or pass "
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    if exact and not block_independent(policy, gamma):
+        raise ValueError(f"cache {policy.name} has window W = {policy.window} < gamma = {gamma}: batched "
+                         f"verification is then not exact (RIPE Proposition 1). Use window >= gamma, or pass "
                          f"exact=False to accept block-dependent verification")
 
 
@@ -57,11 +54,11 @@ class LoopDrafts(Drafter):
     """gamma drafts of d loops each, the i-th reading the prefix under ``reads`` and the earlier drafts (same loop),
     verified in one R-loop pass over [x, y_1..y_gamma]."""
 
-    def __init__(self, *, draft_loops: int, block: int, reads: PrefixReads, exact: bool = True,
+    def __init__(self, *, draft_loops: int, gamma: int, reads: PrefixReads, exact: bool = True,
                  name: str = "self-spec") -> None:
-        self.draft_loops, self.gamma, self.reads, self.exact, self.name = draft_loops, block, reads, exact, name
-        self.lookahead = self.width = block + 1
-        self.passes_per_block = block + 1
+        self.draft_loops, self.gamma, self.reads, self.exact, self.name = draft_loops, gamma, reads, exact, name
+        self.lookahead = self.width = gamma + 1
+        self.passes_per_verification = gamma + 1
 
     def check(self, policy: CachePolicy) -> None:
         check_speculation(policy, self.gamma, self.exact, self.draft_loops)
@@ -76,23 +73,12 @@ class LoopDrafts(Drafter):
         return Proposal(torch.cat(drafts, dim=1))
 
     def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
-        k = accept(proposal.tokens, targets)
-        nxt = targets.gather(1, k[:, None])
-        ks = k.tolist()
-        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, ks, nxt, strict=True)]
-        return Outcome(k, k + 1, nxt, emitted, [self.gamma] * len(ks), [1] * len(ks))
+        accepted = accept(proposal.tokens, targets)
+        nxt = targets.gather(1, accepted[:, None])
+        counts = accepted.tolist()
+        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, counts, nxt, strict=True)]
+        return Outcome(accepted, accepted + 1, nxt, emitted, [self.gamma] * len(counts), [1] * len(counts))
 
     @property
-    def extra(self) -> dict:
-        return {"draft_loops": self.draft_loops, "block": self.gamma}
-
-
-@torch.no_grad()
-def self_speculative(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
-                     policy: CachePolicy, draft_loops: int, block: int, reads: PrefixReads, exact: bool = True,
-                     eos: int | None = None, compile: bool = False, progress: bool = False) -> Generation:
-    """Greedy self-speculative decoding of B prompts: d-loop drafts, one R-loop verification per block of gamma."""
-    drafter = LoopDrafts(draft_loops=draft_loops, block=block, reads=reads, exact=exact)
-    return decode_rows(model, input_ids, max_new_tokens, policy=policy, drafter=drafter, eos=eos, compile=compile,
-                       progress=progress)
-
+    def options(self) -> dict:
+        return {"draft_loops": self.draft_loops, "gamma": self.gamma}

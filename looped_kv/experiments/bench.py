@@ -62,7 +62,7 @@ from looped_kv.workloads import data
 
 TOKENS = "the book's smallest effect for tokens per verification (RIPE Table 6's +0.5 for tau)"
 SPEED = "the book's smallest speed ratio (10%, the smallest ratio RIPE Table 6 pre-registers)"
-#: DAS Sec. 4.3 and Table 2: with the same draft depth and block, deep K/V prefix reads accept more drafts.
+#: DAS Sec. 4.3 and Table 2: with the same draft depth and gamma, deep K/V prefix reads accept more drafts.
 MATURE_SPEC_ACCEPTS_MORE = Claim("Mature-Spec accepts more drafts per verification than self-speculation "
                                  "(same d and gamma)", "DAS Sec. 4.3, Table 2", minimum=BOOK_MINIMUM["tokens"],
                                  minimum_source=TOKENS)
@@ -82,28 +82,28 @@ FACTORIAL_READS = {(0, 0): "aligned", (0, 1): "deep-v", (1, 0): "deep-k", (1, 1)
 MODES = ("eager", "compiled")
 
 
-def method_configs(draft_loops: int = SelfSpec.draft_loops, block: int = SelfSpec.block,
+def method_configs(draft_loops: int = SelfSpec.draft_loops, gamma: int = SelfSpec.gamma,
                    wave: dict | None = None) -> dict[str, dict]:
     """generate() settings of every method of :data:`~looped_kv.decoding.settings.METHODS`.
 
-    Self-spec and Mature-Spec draft ``draft_loops`` (d) loops and verify blocks of ``block`` (gamma)
-    drafts, so that they differ only in their prefix reads (DAS Sec. 4.3 compares reads at one draft
-    depth); prompt lookup drafts up to ``block`` tokens; DAS-Wave runs
-    :class:`~looped_kv.decoding.settings.DasWave`'s schedule (the paper's Huginn schedule) updated by ``wave``.
+    Self-spec and Mature-Spec draft ``draft_loops`` (d) loops and verify ``gamma`` drafts at a time, so that they
+    differ only in their prefix reads (DAS Sec. 4.3 compares reads at one draft depth); prompt lookup drafts up to
+    ``gamma`` tokens; DAS-Wave runs :class:`~looped_kv.decoding.settings.DasWave`'s schedule (the paper's Huginn
+    schedule) updated by ``wave``.
     """
     if draft_loops < 1:
         raise ValueError(f"draft_loops must be >= 1, got {draft_loops}")
-    if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}")
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
     unknown = sorted(set(wave or {}) - set(WAVE_KEYS))
     if unknown:
         raise ValueError(f"wave must set only {WAVE_KEYS}, got {unknown}")
     schedule = {**DasWave().schedule, **(wave or {})}
-    check_wave(schedule["block"], schedule["rounds"], schedule["initial_width"], schedule["updates"])
-    sequential = {"draft_loops": draft_loops, "block": block}
+    check_wave(schedule["gamma"], schedule["rounds"], schedule["initial_width"], schedule["updates"])
+    sequential = {"draft_loops": draft_loops, "gamma": gamma}
     return {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", **sequential},
             "mature-spec": {"method": "mature-spec", **sequential},
-            "pld": {"method": "pld", "block": block, "ngram": PromptLookup.ngram},
+            "pld": {"method": "pld", "gamma": gamma, "ngram": PromptLookup.ngram},
             "das-wave": {"method": "das-wave", **schedule}}
 
 
@@ -131,8 +131,8 @@ def ceiling(config: dict) -> Ceiling | None:
         return None
     options = method_config(**config)
     if method == "das-wave":
-        return Ceiling("A", proposal_width(options.block, options.rounds, options.initial_width), 0)
-    return Ceiling("tau", options.block + 1, 1)
+        return Ceiling("A", proposal_width(options.gamma, options.rounds, options.initial_width), 0)
+    return Ceiling("tau", options.gamma + 1, 1)
 
 
 def _rows(out: Generation, key: Hashable, config: dict) -> list[dict]:
@@ -155,13 +155,13 @@ def _rows(out: Generation, key: Hashable, config: dict) -> list[dict]:
 
 
 def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
-                    progress: bool = False, rows_per_pass: int | None = None) -> pd.DataFrame:
-    """Each drafting method decodes all ``prompts`` as one batch (in passes of at most ``rows_per_pass`` rows); one
+                    progress: bool = False, rows_per_chunk: int | None = None) -> pd.DataFrame:
+    """Each drafting method decodes all ``prompts`` as one batch (in row chunks of at most ``rows_per_chunk`` rows); one
     row per (prompt, method) (see :func:`_rows`)."""
     rows = []
     for key, config in tqdm(methods.items(), desc="acceptance", disable=not progress, leave=False):
         if config.get("method") != "ar":
-            out = generate(model, list(prompts), max_new_tokens=max_new_tokens, rows_per_pass=rows_per_pass, **config)
+            out = generate(model, list(prompts), max_new_tokens=max_new_tokens, rows_per_chunk=rows_per_chunk, **config)
             rows += _rows(out, key, config)
     return pd.DataFrame(rows)
 
@@ -196,7 +196,7 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
     generate(model, prompts[0], max_new_tokens=4)  # warm-up
     if "compiled" in modes:
         warm_up(model, prompts, methods, max_new_tokens, progress)
-    keys = ["ar", *(k for k, c in methods.items() if c.get("method") != "ar")]
+    keys = ["ar", *(key for key, c in methods.items() if c.get("method") != "ar")]
     configs = {"ar": {"method": "ar"}, **methods}
     rows = []
     for i, ids in enumerate(tqdm(prompts, desc="prompts", disable=not progress, leave=False)):
@@ -381,8 +381,9 @@ def mature_spec_verdicts(timing: pd.DataFrame, acceptance: pd.DataFrame | None =
 def factorial_configs(wave: dict | None = None) -> dict[tuple[int, int, int], dict]:
     """DAS-Wave settings of the eight cells (carry, deep K, deep V) at one schedule (default DasWave's)."""
     schedule = method_configs(wave=wave)["das-wave"]
-    return {(c, k, v): {**schedule, "carry": bool(c), "prefix_reads": FACTORIAL_READS[(k, v)]}
-            for c in (0, 1) for k in (0, 1) for v in (0, 1)}
+    return {(carry, deep_k, deep_v): {**schedule, "carry": bool(carry),
+                                      "prefix_reads": FACTORIAL_READS[(deep_k, deep_v)]}
+            for carry in (0, 1) for deep_k in (0, 1) for deep_v in (0, 1)}
 
 
 def interaction_by_prompt(runs: pd.DataFrame) -> np.ndarray:
@@ -416,12 +417,12 @@ def interaction_verdict(runs: pd.DataFrame) -> Verdict:
 # -- the command line (looped-kv bench) -------------------------------------------------------------------------
 
 
-def check_options(prompts: int, max_new_tokens: int, draft_loops: int, block: int, methods: Sequence[str],
+def check_options(prompts: int, max_new_tokens: int, draft_loops: int, gamma: int, methods: Sequence[str],
                   workloads: Sequence[str], repeats: int = 2) -> None:
     """The bench's arguments, before any model is loaded: one-line ValueErrors naming the option and the value."""
     if prompts < 2:
         raise ValueError(f"--prompts must be >= 2 (paired intervals need two prompts), got {prompts}")
-    for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-loops", draft_loops), ("--block", block),
+    for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-loops", draft_loops), ("--gamma", gamma),
                         ("--repeats", repeats)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -439,17 +440,17 @@ def check_model(model_loops: int, draft_loops: int) -> None:
 
 
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
-           draft_loops: int = SelfSpec.draft_loops, block: int = SelfSpec.block, progress: bool = True,
+           draft_loops: int = SelfSpec.draft_loops, gamma: int = SelfSpec.gamma, progress: bool = True,
            n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES) -> None:
     """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts
     (each decoded alone, stopping at end-of-text, in ``repeats`` interleaved rounds), eager and compiled side by side
     (``modes``), tau or A as a fraction of its ceiling, the best compiled speculative method against compiled greedy
     decoding, and the verdicts on "Mature-Spec beats self-speculation", measured with cuDNN attention off
     (:func:`looped_kv.runtime.measurement.measurement_mode`). Every prompt is checked before decoding."""
-    check_options(prompts, max_new_tokens, draft_loops, block, methods, workloads, repeats)
+    check_options(prompts, max_new_tokens, draft_loops, gamma, methods, workloads, repeats)
     check_model(model.config.mean_recurrence, draft_loops)
-    configs = {name: config for name, config in method_configs(draft_loops, block).items() if name in methods}
-    margin = max(config.get("block", 0) + 1 for config in configs.values())
+    configs = {name: config for name, config in method_configs(draft_loops, gamma).items() if name in methods}
+    margin = max(config.get("gamma", 0) + 1 for config in configs.values())
     encoded = {}
     for workload in workloads:
         encoded[workload] = [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device)
@@ -465,8 +466,8 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
     with measurement_mode() as record:
         print(f"model {model.source} on {model.device} ({str(model.dtype).removeprefix('torch.')}), R = "
               f"{model.config.mean_recurrence}; torch {record['torch']}, cuDNN attention: {record['cudnn_sdp']}; "
-              f"self-spec and mature-spec: d = {draft_loops}, gamma = {block}; pld: up to {block} drafts of "
-              f"{PromptLookup.ngram}-grams; das-wave: {', '.join(f'{k} {wave[k]}' for k in WAVE_KEYS)}; "
+              f"self-spec and mature-spec: d = {draft_loops}, gamma = {gamma}; pld: up to {gamma} drafts of "
+              f"{PromptLookup.ngram}-grams; das-wave: {', '.join(f'{name} {wave[name]}' for name in WAVE_KEYS)}; "
               f"modes: {', '.join(modes)}")
         for workload, ids in encoded.items():
             runs = run_paired(model, ids, configs, max_new_tokens, progress=progress, repeats=repeats,

@@ -85,10 +85,10 @@ def _records_device(model: LoopedLM, record_device: str) -> torch.device:
 
 
 def ch01(model: LoopedLM, profile: profiles.Profile) -> None:
-    p, rows = profile.ch01, profile.rows_per_pass
-    loss_by_text(model, token_ids(model, p.texts_per_workload, p.text_chars), p.loops, rows_per_pass=rows)
+    p, rows = profile.ch01, profile.rows_per_chunk
+    loss_by_text(model, token_ids(model, p.texts_per_workload, p.text_chars), p.loops, rows_per_chunk=rows)
     generate(model, _prompts(model, profile, p.prompts_per_workload), max_new_tokens=p.new_tokens,
-             stop_at_eos=False, rows_per_pass=rows)
+             stop_at_eos=False, rows_per_chunk=rows)
 
 
 def ch02(model: LoopedLM, profile: profiles.Profile) -> None:
@@ -120,17 +120,17 @@ def ch03(model: LoopedLM, profile: profiles.Profile) -> None:
 
 
 def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
-    p, R, rows = profile.ch04, model.config.mean_recurrence, profile.rows_per_pass
+    p, R, rows = profile.ch04, model.config.mean_recurrence, profile.rows_per_chunk
     model_exact = in_dtype(model, _dtype(p.exact_dtype))
-    spec = dict(max_new_tokens=p.acceptance_tokens, rows_per_pass=rows, stop_at_eos=False, cache="ripe",
-                window=p.block)
+    spec = dict(max_new_tokens=p.acceptance_tokens, rows_per_chunk=rows, stop_at_eos=False, cache="ripe",
+                window=p.gamma)
     exact_prompts = _prompts(model_exact, profile, 3 * p.exact_prompts)
     generate(model_exact, exact_prompts, **spec)
-    generate(model_exact, exact_prompts, **spec, method="self-spec", draft_loops=p.draft_loops, block=p.block)
+    generate(model_exact, exact_prompts, **spec, method="self-spec", draft_loops=p.draft_loops, gamma=p.gamma)
     del model_exact, exact_prompts
     model16 = in_dtype(model, _dtype(p.reference_dtype))
     targets = generate(model16, _prompts(model, profile, 3 * p.replay_prompts), max_new_tokens=p.new_tokens,
-                       stop_at_eos=False, rows_per_pass=rows)
+                       stop_at_eos=False, rows_per_chunk=rows)
     trajectories, lengths = [s[None] for s in targets.sequences], targets.prompt_lengths
     model32 = in_dtype(model16, torch.float32)
     full, deepest = make_policy("full", R), make_policy("deepest", R)
@@ -138,7 +138,7 @@ def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
             **{f"W = {w}": (model16, make_policy("ripe", R, window=w)) for w in p.windows},
             "sinks": (model16, make_policy("sinks", R, sinks=4)), "two": (model16, make_policy("k-deepest", R, k=2)),
             "fp32": (model32, full)}
-    replay_records(trajectories, lengths, (model16, full), arms, block=p.block, block_arms=["deepest"],
+    replay_records(trajectories, lengths, (model16, full), arms, gamma=p.gamma, block_arms=["deepest"],
                    batch_size=p.replay_batch)
     del arms
     c2 = profile.ch02
@@ -149,29 +149,29 @@ def ch04(model: LoopedLM, profile: profiles.Profile) -> None:
         block_dtype = _dtype(p.block_dtype)
         exact = model32 if model32.dtype == block_dtype else in_dtype(model16, block_dtype)
         first = [t[:, :n + p.block_tokens] for t, n in zip(trajectories, lengths, strict=True)]
-        replay_records(first, lengths, (exact, full), {"deepest": (exact, deepest)}, block=p.block,
+        replay_records(first, lengths, (exact, full), {"deepest": (exact, deepest)}, gamma=p.gamma,
                        block_arms=["deepest"], batch_size=p.replay_batch)
         del exact
     del model32
     acceptance_by_cache(model, _prompts(model, profile, p.acceptance_prompts), {"full": {"cache": "full"}},
-                        p.acceptance_tokens, draft_loops=p.draft_loops, block=p.block, rows_per_pass=rows)
+                        p.acceptance_tokens, draft_loops=p.draft_loops, gamma=p.gamma, rows_per_chunk=rows)
 
 
 def ch05(model: LoopedLM, profile: profiles.Profile) -> None:
-    p, rows = profile.ch05, profile.rows_per_pass
+    p, rows = profile.ch05, profile.rows_per_chunk
     measure.agreement_by_prompt(model, _prompts(model, profile, p.agreement_prompts), p.agreement_tokens, [1, 4],
-                                ("aligned", "deep-v"), stop_at_eos=False, rows_per_pass=rows)
-    methods = {k: c for k, c in bench.method_configs(p.draft_loops, p.block).items() if k == "mature-spec"}
+                                ("aligned", "deep-v"), stop_at_eos=False, rows_per_chunk=rows)
+    methods = {key: c for key, c in bench.method_configs(p.draft_loops, p.gamma).items() if key == "mature-spec"}
     bench.acceptance_runs(model, _prompts(model, profile, p.acceptance_prompts), methods, p.acceptance_tokens,
-                          rows_per_pass=rows)
+                          rows_per_chunk=rows)
 
 
 def ch06(model: LoopedLM, profile: profiles.Profile) -> None:
     p = profile.ch06
-    methods = {k: c for k, c in bench.method_configs(profile.ch05.draft_loops, profile.ch05.block).items()
-               if k == "das-wave"}
+    methods = {key: c for key, c in bench.method_configs(profile.ch05.draft_loops, profile.ch05.gamma).items()
+               if key == "das-wave"}
     bench.acceptance_runs(model, _prompts(model, profile, p.acceptance_prompts), methods, p.acceptance_tokens,
-                          rows_per_pass=profile.rows_per_pass)
+                          rows_per_chunk=profile.rows_per_chunk)
 
 
 def ch07(model: LoopedLM, profile: profiles.Profile) -> None:

@@ -82,7 +82,7 @@ def random_checkpoint(folder: Path, config: LoopedConfig, seed: int = 0) -> Path
             else:
                 p.normal_(0, 0.05)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+    save_file({key: value.contiguous() for key, value in model.state_dict().items() if key != "lm_head.weight"},
               folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=1))
     return folder
@@ -120,7 +120,7 @@ def reference_model(checkout: Path, folder: Path, config: LoopedConfig, num_loop
         n_layers_in_coda=config.n_coda, qk_bias=config.qk_bias, rope_base=config.rope_base,
         mean_recurrence=num_loops, norm_eps=config.norm_eps))
     missing, unexpected = model.load_state_dict(load_file(folder / "model.safetensors"), strict=False)
-    if unexpected or any(k not in ("lm_head.weight", "freqs_cis") for k in missing):
+    if unexpected or any(key not in ("lm_head.weight", "freqs_cis") for key in missing):
         raise ValueError(f"the reference does not take this checkpoint: missing {missing}, unexpected {unexpected}")
     return model.float().eval()
 
@@ -181,7 +181,7 @@ def greedy_against_reference(args: Options, config: LoopedConfig) -> None:
         print(f"  {name:<28} {n / statistics.median(ts):8.1f} tokens/s (median of {len(ts)})")
     base = "reference generate_minimal"
     if base in times:
-        for name in (k for k in times if k != base):
+        for name in (key for key in times if key != base):
             print(f"  {name} / reference: {paired(times, name, base)} (median of the paired rounds, range)")
     if "looped_kv compiled" in times:
         print(f"  compiled / eager: {paired(times, 'looped_kv compiled', 'looped_kv eager')}")

@@ -30,7 +30,7 @@ class Options:
     max_new_tokens: int
     num_loops: int
     draft_loops: int
-    block: int
+    gamma: int
     budget_mb: float
     memory_batch_sizes: list[int]
     fit_on: list[int]
@@ -47,7 +47,7 @@ def _fit_line(cells: list[ThroughputCell]) -> str:
 
 
 def _series(options: Options) -> list[tuple[str, str, dict]]:
-    dtv = dict(draft_loops=options.draft_loops, block=options.block)
+    dtv = dict(draft_loops=options.draft_loops, gamma=options.gamma)
     return [("ar", "full", {}), ("ar", "deepest", {}), ("self-spec", "full", dtv),
             ("self-spec", "deepest", {**dtv, "exact": False})]
 
@@ -70,17 +70,17 @@ def check(model: LoopedLM, prompts: list[Tensor], options: Options) -> None:
                         {"num_loops": options.num_loops, **extra})
         except ValueError as error:
             raise ValueError(f"{method}, {cache} cache: {error} (see --max-new-tokens, --num-loops, --draft-loops, "
-                             f"--block)") from None
+                             f"--gamma)") from None
 
 
 def run(model: LoopedLM, prompts: list[Tensor], options: Options, name: str) -> None:
     """Measure and print the table, the fits and the fixed-memory comparison (``name``: the model, as given)."""
     R = options.num_loops
     run_options = dict(num_loops=R, max_new_tokens=options.max_new_tokens, progress=True)
-    dtv = dict(draft_loops=options.draft_loops, block=options.block)
+    dtv = dict(draft_loops=options.draft_loops, gamma=options.gamma)
     with measurement_mode() as mode:  # cuDNN attention off on CUDA (RIPE Sec. 5.5); nothing changes on CPU
         print(f"model {name} ({model.dtype}, {model.device}, {torch.get_num_threads()} threads), R = {R}, "
-              f"d = {options.draft_loops}, gamma = {options.block}, {options.prompts} {options.workload} prompts "
+              f"d = {options.draft_loops}, gamma = {options.gamma}, {options.prompts} {options.workload} prompts "
               f"({min(map(len, prompts))}-{max(map(len, prompts))} tokens), {options.max_new_tokens} new tokens "
               f"each; cuDNN attention {mode['cudnn_sdp']}")
         print(f"{'method':<10}{'cache':<9}" + "".join(f"{'B=' + str(b):>10}" for b in options.batch_sizes)

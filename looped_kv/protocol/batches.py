@@ -48,7 +48,7 @@ Spec keys (unknown keys are errors)::
     generation: max_new_tokens, reference, tail_kl   reference = {cache, window, k, sinks, precision}
     arms       substitution: {name, region: shallow|deep|"lo-hi"|[loops], plane, kv: k|v|kv}
                generation: {name, decoder: replay|ar|self-spec|mature-spec|pld|das-wave, cache, window, k,
-                            sinks, precision, and the decoder's options (draft_loops, block, prefix_reads, ...)}
+                            sinks, precision, and the decoder's options (draft_loops, gamma, prefix_reads, ...)}
     metrics                           prompt-level metrics summarised per arm (METRICS)
     decision_rules   {name, statistic, threshold, labels: {above, between, below}, n_boot, level, and
                       ratio: metric, numerator, denominator | mean: metric, arm |

@@ -105,7 +105,7 @@ def _file_differences(name: str, a: Path, b: Path) -> list[Difference]:
     except (json.JSONDecodeError, UnicodeDecodeError):  # not JSON (the spec's YAML, a damaged file)
         return [Difference(name, "bytes", 1, 1, None, "the whole file")]
     groups: dict[str, list[tuple[str, Any, Any]]] = {}
-    for key in [*first, *(k for k in second if k not in first)]:
+    for key in [*first, *(name for name in second if name not in first)]:
         groups.setdefault(key[0], []).append((key[1], first.get(key, _ABSENT), second.get(key, _ABSENT)))
     found = []
     for metric, rows in groups.items():
@@ -133,11 +133,11 @@ def compare(first: str | Path, second: str | Path) -> Comparison:
         if not (root / MANIFEST).is_file():
             raise FileNotFoundError(f"{root} is not a batch archive (no {MANIFEST})")
     tables = [read_table(root / "frozen.json")["files"] for root in roots]
-    spec_changes = table_changes(*({k: v for k, v in t.items() if k.startswith("spec/")} for t in tables))
+    spec_changes = table_changes(*({key: value for key, value in t.items() if key.startswith("spec/")} for t in tables))
     if spec_changes:
         raise ValueError(f"{first} and {second} are archives of different frozen specs ({'; '.join(spec_changes)}); "
                          f"compare only archives of one frozen spec")
-    others = table_changes(*({k: v for k, v in t.items() if not k.startswith("spec/")} for t in tables))
+    others = table_changes(*({key: value for key, value in t.items() if not key.startswith("spec/")} for t in tables))
     names = sorted((set(archive_files(roots[0])) | set(archive_files(roots[1]))) - {*RUN_FILES, "frozen.json"})
     differing, differences = [], []
     for name in names:

@@ -27,7 +27,7 @@ def prompt_table(spec: BatchSpec, positions: list[dict], prompts: list[dict]) ->
         groups = pos.groupby(["prompt", "arm"])
         first = pos[pos["position"] == 0].set_index(["prompt", "arm"])
         derived = pd.DataFrame({"kl_first": first["kl"], "kl_mean": groups["kl"].mean(), "max_kl": groups["kl"].max(),
-                                "tail": groups["kl"].agg(lambda k: float((k > spec.tail_kl).sum())),
+                                "tail": groups["kl"].agg(lambda kls: float((kls > spec.tail_kl).sum())),
                                 "flips": groups["flip"].sum().astype(float),
                                 "agree_first": 1.0 - first["flip"].astype(float)})
         table.update(derived)

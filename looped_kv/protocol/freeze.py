@@ -80,7 +80,7 @@ def check_runnable(spec: BatchSpec) -> None:
     if spec.mode == "substitution" and spec.tokens > context:
         raise ValueError(f"spec.tokens {spec.tokens} is {beyond}")
     # a drafting decoder's cache holds a draft block and its anchor beyond the prompt and the new tokens
-    margins = [(f"{where}.block", arm.block + 1) for where, arm in arms if arm.block is not None]
+    margins = [(f"{where}.gamma", arm.gamma + 1) for where, arm in arms if arm.gamma is not None]
     for i, prompt_set in enumerate(spec.prompt_sets):
         for j, text in enumerate(prompt_set.texts):
             n = len(tokenizer(text).input_ids)
@@ -98,7 +98,7 @@ def check_runnable(spec: BatchSpec) -> None:
             for field, margin in margins:
                 if n + spec.max_new_tokens + margin > context:
                     raise ValueError(f"{field}: {where} has {n} tokens; with spec.max_new_tokens = "
-                                     f"{spec.max_new_tokens} and a draft block of block + 1 = {margin} the cache holds "
+                                     f"{spec.max_new_tokens} and a draft block of gamma + 1 = {margin} the cache holds "
                                      f"{n + spec.max_new_tokens + margin} positions, {beyond}")
 
 
@@ -152,7 +152,7 @@ def read_table(path: str | Path) -> dict[str, Any]:
 
 def table_changes(frozen: dict[str, str], current: dict[str, str]) -> list[str]:
     """Differences between two file tables, as "changed: ...", "missing: ...", "added: ..." lines."""
-    changed = sorted(k for k in frozen.keys() & current.keys() if frozen[k] != current[k])
+    changed = sorted(name for name in frozen.keys() & current.keys() if frozen[name] != current[name])
     missing, added = sorted(frozen.keys() - current.keys()), sorted(current.keys() - frozen.keys())
     return [f"{what}: {', '.join(keys)}" for what, keys in (("changed", changed), ("missing", missing),
                                                              ("added", added)) if keys]

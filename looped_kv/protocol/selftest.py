@@ -32,7 +32,7 @@ from looped_kv.runtime.memory import m_deep, m_full, m_ripe
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy
 
-R, BLOCK, WINDOW, NEW_TOKENS = 6, 3, 4, 12
+R, GAMMA, WINDOW, NEW_TOKENS = 6, 3, 4, 12
 
 
 @dataclass(frozen=True)
@@ -72,15 +72,15 @@ def _speculative_exact(model: LoopedLM, cache: str) -> tuple[bool, str]:
     ids = _prompt(model)
     greedy = generate(model, ids, max_new_tokens=NEW_TOKENS, method="ar", cache=cache, window=window)
     spec = generate(model, ids, max_new_tokens=NEW_TOKENS, method="self-spec", cache=cache, window=window,
-                    draft_loops=2, block=BLOCK)
+                    draft_loops=2, gamma=GAMMA)
     same = bool(torch.equal(greedy.tokens, spec.tokens))
     return same, f"{NEW_TOKENS} tokens, {spec.verifications} verifications, equal to greedy: {same}"
 
 
 def _proposition_1(model: LoopedLM) -> tuple[bool, str]:
     tokens = generate(model, _prompt(model), max_new_tokens=NEW_TOKENS, method="ar").tokens
-    ripe = float(block_dependence(model, tokens, 6, make_policy("ripe", R, window=WINDOW), BLOCK).max())
-    deepest = float(block_dependence(model, tokens, 6, make_policy("deepest", R), BLOCK).max())
+    ripe = float(block_dependence(model, tokens, 6, make_policy("ripe", R, window=WINDOW), GAMMA).max())
+    deepest = float(block_dependence(model, tokens, 6, make_policy("deepest", R), GAMMA).max())
     detail = f"max KL batched vs sequential: RIPE(W={WINDOW}) {ripe:.1e}, deepest plane {deepest:.1e}"
     return ripe < 1e-10 and deepest > 1e-6, detail
 

@@ -53,10 +53,10 @@ ARM_METRICS = {
 }
 METHOD_OPTIONS = {
     "ar": (),
-    "self-spec": ("draft_loops", "block", "prefix_reads", "exact"),
-    "mature-spec": ("draft_loops", "block", "exact"),
-    "pld": ("block", "ngram", "exact"),
-    "das-wave": ("block", "rounds", "initial_width", "updates", "carry", "prefix_reads", "exact"),
+    "self-spec": ("draft_loops", "gamma", "prefix_reads", "exact"),
+    "mature-spec": ("draft_loops", "gamma", "exact"),
+    "pld": ("gamma", "ngram", "exact"),
+    "das-wave": ("gamma", "rounds", "initial_width", "updates", "carry", "prefix_reads", "exact"),
 }
 SPEC_KEYS = {"batch", "name", "question", "model", "revision", "dtype", "num_loops", "mode", "seed", "cudnn_sdp",
              "threads", "prompts", "tokens", "decoded", "softmax", "max_new_tokens", "reference", "tail_kl", "arms",
@@ -86,17 +86,17 @@ class Arm:
     options: dict[str, Any] = field(default_factory=dict)  # generate keywords of the decoder
 
     @property
-    def block(self) -> int | None:
+    def gamma(self) -> int | None:
         """gamma of a drafting decoder arm (its option, else the decoder's default); None for other arms."""
-        return decoder_block(self.decoder, self.options) if self.kind == "decoder" else None
+        return decoder_gamma(self.decoder, self.options) if self.kind == "decoder" else None
 
 
-def decoder_block(decoder: str, options: dict[str, Any]) -> int | None:
-    """A decoder's block gamma: ``options["block"]``, else the default of :mod:`looped_kv.decoding.settings`; None
-    for decoders that draft nothing (greedy decoding, replay)."""
+def decoder_gamma(decoder: str, options: dict[str, Any]) -> int | None:
+    """A decoder's gamma: ``options["gamma"]``, else the default of :mod:`looped_kv.decoding.settings`; None for
+    decoders that draft nothing (greedy decoding, replay)."""
     if decoder in ("ar", "replay"):
         return None
-    return options.get("block", DasWave.block if decoder == "das-wave" else SelfSpec.block)
+    return options.get("gamma", DasWave.gamma if decoder == "das-wave" else SelfSpec.gamma)
 
 
 @dataclass(frozen=True)
@@ -205,9 +205,9 @@ def _names(value: Any, name: str) -> tuple[str, ...]:
 
 
 def _unknown(raw: dict, allowed: Iterable[str], where: str) -> None:
-    extra = sorted(set(raw) - set(allowed))
-    if extra:
-        raise ValueError(f"{where} has unknown keys {extra}; allowed: {sorted(allowed)}")
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown}; allowed: {sorted(allowed)}")
 
 
 def resolve_spec(spec: str | Path) -> Path:
@@ -247,7 +247,7 @@ def _cache_keywords(raw: dict, where: str, num_loops: int) -> dict[str, Any]:
         if raw.get(key) is not None:
             keywords[key] = _get(raw, key, where, int)
     try:
-        make_policy(keywords["cache"], num_loops, **{k: v for k, v in keywords.items() if k != "cache"})
+        make_policy(keywords["cache"], num_loops, **{key: value for key, value in keywords.items() if key != "cache"})
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     return keywords
@@ -277,7 +277,7 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
     if decoder == "replay":
         return Arm(name, "replay", precision, cache=cache)
     chosen = {key: raw[key] for key in options if raw.get(key) is not None}
-    for key in ("draft_loops", "block", "ngram", "rounds", "initial_width", "updates"):
+    for key in ("draft_loops", "gamma", "ngram", "rounds", "initial_width", "updates"):
         if key in chosen:
             _get(chosen, key, where, int)
     if chosen.get("ngram", 1) < 1:
@@ -285,7 +285,7 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
     for key in ("exact", "carry"):
         if key in chosen:
             _get(chosen, key, where, bool)
-    policy = make_policy(cache["cache"], num_loops, **{k: v for k, v in cache.items() if k != "cache"})
+    policy = make_policy(cache["cache"], num_loops, **{key: value for key, value in cache.items() if key != "cache"})
     try:
         if "prefix_reads" in chosen:
             reads = chosen["prefix_reads"]
@@ -294,10 +294,10 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
         if decoder != "ar":
             draft = chosen.get("draft_loops", SelfSpec.draft_loops) if decoder in ("self-spec", "mature-spec") \
                 else None
-            check_speculation(policy, decoder_block(decoder, chosen), chosen.get("exact", True), draft)
+            check_speculation(policy, decoder_gamma(decoder, chosen), chosen.get("exact", True), draft)
         if decoder == "das-wave":
             wave = DasWave().schedule | chosen
-            check_wave(wave["block"], wave["rounds"], wave["initial_width"], wave["updates"])
+            check_wave(wave["gamma"], wave["rounds"], wave["initial_width"], wave["updates"])
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     return Arm(name, "decoder", precision, cache=cache, decoder=decoder, options=chosen)
@@ -454,25 +454,26 @@ def load_spec(spec: str | Path) -> BatchSpec:
     if len({s.name for s in sets}) != len(sets) or not sets:
         raise ValueError("spec.prompts must name one or more prompt sets with distinct names")
     if mode == "substitution":
-        extra = dict(tokens=_get(raw, "tokens", where, int), decoded=_get(raw, "decoded", where, int),
+        by_mode = dict(tokens=_get(raw, "tokens", where, int), decoded=_get(raw, "decoded", where, int),
                      softmax=_get(raw, "softmax", where, str, "float32", allowed=("float32", "float64")))
-        if extra["tokens"] < 2:
+        if by_mode["tokens"] < 2:
             raise ValueError(f"spec.tokens must be >= 2 (a text and at least one decoded position), got "
-                             f"{extra['tokens']}")
-        if not 1 <= extra["decoded"] < extra["tokens"]:
-            raise ValueError(f"spec.decoded must be in 1..tokens - 1 = {extra['tokens'] - 1}, got {extra['decoded']}")
+                             f"{by_mode['tokens']}")
+        if not 1 <= by_mode["decoded"] < by_mode["tokens"]:
+            raise ValueError(f"spec.decoded must be in 1..tokens - 1 = {by_mode['tokens'] - 1}, got "
+                             f"{by_mode['decoded']}")
         for key in ("max_new_tokens", "reference"):
             if key in raw:
                 raise ValueError(f"spec.{key} is a generation-mode key; mode is 'substitution'")
     else:
         reference = _get(raw, "reference", where, dict, {})
         _unknown(reference, ("cache", "window", "k", "sinks", "precision"), "spec.reference")
-        extra = dict(max_new_tokens=_get(raw, "max_new_tokens", where, int),
+        by_mode = dict(max_new_tokens=_get(raw, "max_new_tokens", where, int),
                      reference={**_cache_keywords(reference, "spec.reference", num_loops),
                                 "precision": _get(reference, "precision", "spec.reference", str, dtype,
                                                   allowed=tuple(DTYPES))})
-        if extra["max_new_tokens"] < 2:
-            raise ValueError(f"spec.max_new_tokens must be >= 2, got {extra['max_new_tokens']}")
+        if by_mode["max_new_tokens"] < 2:
+            raise ValueError(f"spec.max_new_tokens must be >= 2, got {by_mode['max_new_tokens']}")
         for key in ("tokens", "decoded", "softmax"):
             if key in raw:
                 raise ValueError(f"spec.{key} is a substitution-mode key; mode is 'generation'")
@@ -487,7 +488,7 @@ def load_spec(spec: str | Path) -> BatchSpec:
             raise ValueError(f"spec.metrics: {metric!r} is not measured by any arm of this batch; "
                              f"available: {sorted(available)}")
     raw_rules = _get(raw, "decision_rules", where, list)
-    rules = tuple(_rule(r, i, by_name, mode, extra.get("max_new_tokens", 0)) for i, r in enumerate(raw_rules))
+    rules = tuple(_rule(r, i, by_name, mode, by_mode.get("max_new_tokens", 0)) for i, r in enumerate(raw_rules))
     if not rules or len({r.name for r in rules}) != len(rules):
         raise ValueError("spec.decision_rules must hold one or more rules with distinct names")
     rules_by_name = {r.name: r for r in rules}
@@ -495,7 +496,7 @@ def load_spec(spec: str | Path) -> BatchSpec:
     if not predictions:
         raise ValueError("spec.predictions must hold at least one prediction")
     return BatchSpec(**common, prompt_sets=sets, arms=arms, metrics=metrics, rules=rules, predictions=predictions,
-                     **extra)
+                     **by_mode)
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ def run_problems(spec: BatchSpec, run: Any) -> list[str]:
 
 def _decoder_problem(spec: BatchSpec, record: dict) -> str | None:
     """A decoder record's counts against its accepted drafts (tau: accepted drafts plus at most one token)."""
-    accepted, block = record["accepted"], spec.arm(record["arm"]).block
+    accepted, gamma = record["accepted"], spec.arm(record["arm"]).gamma
     mean = sum(accepted) / len(accepted) if accepted else None
     if record["verifications"] != len(accepted):
         return f"verifications {record['verifications']} but {len(accepted)} accepted counts"
@@ -160,8 +160,8 @@ def _decoder_problem(spec: BatchSpec, record: dict) -> str | None:
         return f"A = {record['A']} but its accepted drafts give {mean}"
     if (record["tau"] is None) != (mean is None) or (mean is not None and not mean <= record["tau"] <= mean + 1):
         return f"tau = {record['tau']} does not lie in [A, A + 1]"
-    if any(a > (block or 0) for a in accepted) or not 1 <= len(record["new_tokens"]) <= spec.max_new_tokens:
-        return f"accepted drafts beyond block {block}, or new tokens beyond max_new_tokens {spec.max_new_tokens}"
+    if any(a > (gamma or 0) for a in accepted) or not 1 <= len(record["new_tokens"]) <= spec.max_new_tokens:
+        return f"accepted drafts beyond gamma {gamma}, or new tokens beyond max_new_tokens {spec.max_new_tokens}"
     return None
 
 
@@ -256,7 +256,7 @@ def verify(archive: str | Path, key: bytes | None = None) -> list[str]:
     if not isinstance(files, dict) or not isinstance(spec_file, str) or f"spec/{spec_file}" not in files \
             or unsafe_name(spec_file) or "/" in spec_file:
         return ["frozen.json does not name its spec file among its files"]
-    frozen = {k: v for k, v in files.items() if k.startswith("spec/")}
+    frozen = {key: value for key, value in files.items() if key.startswith("spec/")}
     archived = {name: sha256(root / name) for name in archive_entries(root)[0] if name.startswith("spec/")}
     problems += [f"frozen table vs archived spec: {c}" for c in table_changes(frozen, archived)]
     if problems:
@@ -275,13 +275,14 @@ def verify(archive: str | Path, key: bytes | None = None) -> list[str]:
     if not problems:
         summary, decisions = analyse(spec, root)
         stored = documents["summary.json"]
-        if not isinstance(stored, dict) or {k: v for k, v in stored.items() if k != "measurement"} != summary:
+        if not isinstance(stored, dict) \
+                or {key: value for key, value in stored.items() if key != "measurement"} != summary:
             problems.append("summary.json does not follow from the records")
         elif stored.get("measurement") != documents["run.json"].get("measurement"):
             problems.append("summary.json's measurement is not run.json's")
         if documents["decisions.json"] != decisions:
             problems.append("decisions.json (labels, predictions) does not follow from the records")
-    package = {k: v for k, v in files.items() if k.startswith("package/")}
+    package = {key: value for key, value in files.items() if key.startswith("package/")}
     changes = table_changes(package, {key: sha256(path) for key, path in package_files().items()})
     if problems and changes:  # recomputed with other code than the run's: say so
         problems.append(f"the installed package differs from the archive's ({'; '.join(changes)})")

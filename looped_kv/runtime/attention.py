@@ -30,61 +30,62 @@ class Site:
 
 
 class Router(Protocol):
-    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Attention output for the block's queries ``q`` (B, H, n, D) given its keys/values (B, Hkv, n, D)."""
+    def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        """Attention output for the block's ``queries`` (B, H, n, D) given its ``keys`` and ``values``
+        (B, Hkv, n, D)."""
         ...
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, causal: bool = False,
+def attend(queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None, *, causal: bool = False,
            softmax_dtype: torch.dtype | None = None) -> Tensor:
-    """softmax(q k^T / sqrt(d_h) + M) v with grouped-query heads.
+    """softmax(q k^T / sqrt(d_h) + M) v with grouped-query heads (q, k, v: ``queries``, ``keys``, ``values``).
 
     ``mask`` is boolean (n_q, n_k) or broadcastable to (B, H, n_q, n_k), True where a query reads
     a key. ``softmax_dtype`` selects the explicit path (scores and softmax in that dtype, the
     measurement mode of RIPE Section 2); ``None`` uses PyTorch's fused attention.
     """
-    groups = q.shape[1] // k.shape[1]
+    groups = queries.shape[1] // keys.shape[1]
     if causal:
-        n_q, n_k = q.shape[2], k.shape[2]
-        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        n_q, n_k = queries.shape[2], keys.shape[2]
+        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=queries.device).tril(n_k - n_q)
     if softmax_dtype is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1)
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=groups > 1)
     if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = q.to(softmax_dtype) @ k.to(softmax_dtype).transpose(-1, -2) / math.sqrt(q.shape[-1])
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+    scores = queries.to(softmax_dtype) @ keys.to(softmax_dtype).transpose(-1, -2) / math.sqrt(queries.shape[-1])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(dim=-1) @ v.to(softmax_dtype)).to(q.dtype)
+    return (scores.softmax(dim=-1) @ values.to(softmax_dtype)).to(queries.dtype)
 
 
-def attend_segments(q: Tensor, segments: list[tuple[Tensor, Tensor, Tensor | None]],
+def attend_segments(queries: Tensor, segments: list[tuple[Tensor, Tensor, Tensor | None]],
                     softmax_dtype: torch.dtype | None = None) -> Tensor:
     """One softmax over several key/value segments, each read in place: no concatenation.
 
-    ``segments`` holds (k, v, mask) with k, v (B, Hkv, n_k, D) and mask broadcastable to (B, H, n_q, n_k)
-    (None: all read). Scores are computed per segment, normalized by their joint maximum and sum, and the
-    values summed per segment: the same result as attending to the concatenation. Grouped-query heads
+    ``segments`` holds (keys, values, mask) with keys and values (B, Hkv, n_k, D) and mask broadcastable to
+    (B, H, n_q, n_k) (None: all read). Scores are computed per segment, normalized by their joint maximum and sum,
+    and the values summed per segment: the same result as attending to the concatenation. Grouped-query heads
     broadcast instead of being repeated. Computed in ``softmax_dtype`` (default: float32, or the input's dtype
     when wider).
     """
     if len(segments) == 1:
-        k, v, mask = segments[0]
-        return attend(q, k, v, mask, softmax_dtype=softmax_dtype)
-    B, H, n, D = q.shape
+        keys, values, mask = segments[0]
+        return attend(queries, keys, values, mask, softmax_dtype=softmax_dtype)
+    B, H, n, D = queries.shape
     groups = H // segments[0][0].shape[1]
-    dtype = softmax_dtype or torch.promote_types(q.dtype, torch.float32)
-    qg = q.to(dtype).view(B, H // groups, groups, n, D) / math.sqrt(D)
+    dtype = softmax_dtype or torch.promote_types(queries.dtype, torch.float32)
+    qg = queries.to(dtype).view(B, H // groups, groups, n, D) / math.sqrt(D)
     scores = []
-    for k, _, mask in segments:
-        s = qg @ k.to(dtype).unsqueeze(2).transpose(-1, -2)  # (B, Hkv, groups, n, n_k)
+    for keys, _, mask in segments:
+        s = qg @ keys.to(dtype).unsqueeze(2).transpose(-1, -2)  # (B, Hkv, groups, n, n_k)
         if mask is not None:
             s = s.masked_fill(~_grouped(mask, groups), float("-inf"))
         scores.append(s)
     top = torch.stack([s.amax(-1) for s in scores]).amax(0).unsqueeze(-1)
     weights = [(s - top).exp() for s in scores]
     total = sum(w.sum(-1, keepdim=True) for w in weights)
-    out = sum(w @ v.to(dtype).unsqueeze(2) for w, (_, v, _) in zip(weights, segments, strict=True)) / total
-    return out.reshape(B, H, n, D).to(q.dtype)
+    out = sum(w @ values.to(dtype).unsqueeze(2) for w, (_, values, _) in zip(weights, segments, strict=True)) / total
+    return out.reshape(B, H, n, D).to(queries.dtype)
 
 
 def _grouped(mask: Tensor, groups: int) -> Tensor:
@@ -102,7 +103,7 @@ class CausalRouter:
         self.record = record
         self.softmax_dtype = softmax_dtype
 
-    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
         if self.record is not None:
-            self.record[site] = (k, v)
-        return attend(q, k, v, causal=True, softmax_dtype=self.softmax_dtype)
+            self.record[site] = (keys, values)
+        return attend(queries, keys, values, causal=True, softmax_dtype=self.softmax_dtype)

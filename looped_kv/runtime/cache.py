@@ -99,11 +99,11 @@ class PlaneCache:
         n_edge = config.n_prelude + config.n_coda
         self.edge = [torch.zeros(n_edge, batch, H, capacity, D, **like) for _ in range(2)]
         self.core = [torch.zeros(n_core, len(policy.kept), batch, H, capacity, D, **like) for _ in range(2)]
-        extra = len(policy.extra)
-        self.ring_size = min(policy.window, capacity) if extra else 0  # positions p < capacity <= W never wrap
-        self.sink_size = min(policy.sinks, capacity) if extra else 0
-        self.ring = [torch.zeros(n_core, extra, batch, H, self.ring_size, D, **like) for _ in range(2)]
-        self.sink = [torch.zeros(n_core, extra, batch, H, self.sink_size, D, **like) for _ in range(2)]
+        n_extra = len(policy.extra)
+        self.ring_size = min(policy.window, capacity) if n_extra else 0  # positions p < capacity <= W never wrap
+        self.sink_size = min(policy.sinks, capacity) if n_extra else 0
+        self.ring = [torch.zeros(n_core, n_extra, batch, H, self.ring_size, D, **like) for _ in range(2)]
+        self.sink = [torch.zeros(n_core, n_extra, batch, H, self.sink_size, D, **like) for _ in range(2)]
         self._views: dict[tuple, Tensor] = {}  # plane_tensor's views, made once per site (the hot path)
         self.allocated_bytes = sum(t.numel() * t.element_size() for t in self._tensors())
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.edge[0].device)
@@ -228,9 +228,8 @@ class PlaneCache:
         out = [(keys[:, :, :L], values[:, :, :L], "deep")]
         for kind, size in (("ring", self.ring_size), ("sinks", min(self.sink_size, L))):
             if size:
-                k = self._own(0, site.layer, own[0], kind, lengths)[:, :, :size]
-                v = self._own(1, site.layer, own[1], kind, lengths)[:, :, :size]
-                out.append((k, v, kind))
+                out.append((self._own(0, site.layer, own[0], kind, lengths)[:, :, :size],
+                            self._own(1, site.layer, own[1], kind, lengths)[:, :, :size], kind))
         return out
 
     def mask(self, kind: str, query_positions: Tensor, *, static: bool = False,
@@ -305,11 +304,11 @@ class PlaneCache:
         as one stacked tensor: one scatter, in a compiled step one in-place index_put.
         """
         if len(keys_values) == 1:  # a block pass writing one site (the eager hot path)
-            ((site, (k, v)),) = keys_values.items()
+            ((site, (keys, values)),) = keys_values.items()
             if site.stage != "core" or plane is not None or site.loop in self.kept_slot:
                 target = (site.loop if plane is None else plane) if site.stage == "core" else None
-                _put(self.plane_tensor(0, site, target), writes.main, k)
-                _put(self.plane_tensor(1, site, target), writes.main, v)
+                _put(self.plane_tensor(0, site, target), writes.main, keys)
+                _put(self.plane_tensor(1, site, target), writes.main, values)
                 return
         stores: dict[str, dict[tuple[int, ...], tuple[Tensor, Tensor]]] = {"edge": {}, "core": {}, "extra": {}}
         for site, kv in keys_values.items():
@@ -366,19 +365,19 @@ class BlockBuffer:
         index = site.layer if site.stage == "prelude" else self.config.n_prelude + site.layer
         return self.edge[which][index]
 
-    def write(self, site: Site, offset: int | Tensor, k: Tensor, v: Tensor) -> None:
+    def write(self, site: Site, offset: int | Tensor, keys: Tensor, values: Tensor) -> None:
         """Store a site's keys/values (B, Hkv, n, D) at columns [offset, offset + n); a tensor ``offset`` (a
         compiled step) holds one column, the same for every row."""
         if isinstance(offset, Tensor):
             column = offset.reshape(1)
-            self._slot(0, site)[:, :, column] = k
-            self._slot(1, site)[:, :, column] = v
+            self._slot(0, site)[:, :, column] = keys
+            self._slot(1, site)[:, :, column] = values
             return
-        n = k.shape[2]
+        n = keys.shape[2]
         if offset + n > self.capacity:
             raise ValueError(f"block buffer capacity {self.capacity} exceeded ({offset + n} tokens)")
-        self._slot(0, site)[:, :, offset:offset + n] = k
-        self._slot(1, site)[:, :, offset:offset + n] = v
+        self._slot(0, site)[:, :, offset:offset + n] = keys
+        self._slot(1, site)[:, :, offset:offset + n] = values
 
     def read(self, site: Site, start: int, stop: int) -> tuple[Tensor, Tensor]:
         return self._slot(0, site)[:, :, start:stop], self._slot(1, site)[:, :, start:stop]
@@ -391,8 +390,8 @@ class BlockBuffer:
         loops = max(site.loop for site in keys_values)
         core = [Site("core", layer, r) for layer in range(cfg.n_core) for r in range(1, loops + 1)]
         if set(keys_values) != {*edges, *core}:
-            for site, (k, v) in keys_values.items():
-                self.write(site, offset, k, v)
+            for site, (keys, values) in keys_values.items():
+                self.write(site, offset, keys, values)
             return
         for which in (0, 1):
             edge = torch.stack([keys_values[s][which] for s in edges])
@@ -495,39 +494,39 @@ class BlockPass:
         return self._masks["plane"][0]
 
     # -- the router --------------------------------------------------------------------------
-    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        if self.record is not None:  # k and v are views into wider projections: keep copies of their own
-            self.record[site] = (k.contiguous(), v.contiguous())
+    def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        if self.record is not None:  # the keys and values are views into wider projections: keep copies
+            self.record[site] = (keys.contiguous(), values.contiguous())
         if self.in_plane:  # write the block where its prefix is read (scratch past each row's length until the
             plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None  # last loop writes it)
-            self.cache.write(self.writes, {site: (k, v)}, plane=plane)
-            stop = self.cache.max_length + k.shape[2]
-            keys = self.cache.plane_tensor(0, site, plane)[:, :, :stop]
-            values = self.cache.plane_tensor(1, site, plane)[:, :, :stop]
+            self.cache.write(self.writes, {site: (keys, values)}, plane=plane)
+            stop = self.cache.max_length + keys.shape[2]
+            plane_keys = self.cache.plane_tensor(0, site, plane)[:, :, :stop]
+            plane_values = self.cache.plane_tensor(1, site, plane)[:, :, :stop]
             mask = self._plane_mask()
-            causal = mask is None and self.cache.max_length == 0 and k.shape[2] > 1
-            return attend(q, keys, values, mask, causal=causal, softmax_dtype=self.softmax_dtype)
-        out = attend_segments(q, self._reads(site, k, v), self.softmax_dtype)
+            causal = mask is None and self.cache.max_length == 0 and keys.shape[2] > 1
+            return attend(queries, plane_keys, plane_values, mask, causal=causal, softmax_dtype=self.softmax_dtype)
+        out = attend_segments(queries, self._reads(site, keys, values), self.softmax_dtype)
         if self.store == "cache":
-            self.cache.write(self.writes, {site: (k, v)})
+            self.cache.write(self.writes, {site: (keys, values)})
         return out
 
-    def _reads(self, site: Site, k: Tensor, v: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
+    def _reads(self, site: Site, keys: Tensor, values: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
         """What the call reads: the prefix segments, then the uncommitted tokens and the block (one segment)."""
         segments = self.cache.segments(site, self.reads) if self.cache is not None else []
         masks = self._segment_masks(tuple(kind for _, _, kind in segments))
         return [(sk, sv, m) for (sk, sv, _), m in zip(segments, masks[:-1], strict=True)] + [
-            (*self._tail(site, k, v), masks[-1])]
+            (*self._tail(site, keys, values), masks[-1])]
 
-    def _tail(self, site: Site, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def _tail(self, site: Site, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """The block's earlier uncommitted tokens and its own keys/values (written to the buffer first if stored)."""
         if self.buffer is not None and self.store == "buffer":
-            self.buffer.write(site, self.offset, k, v)
-            return self.buffer.read(site, 0, self.offset + k.shape[2])
+            self.buffer.write(site, self.offset, keys, values)
+            return self.buffer.read(site, 0, self.offset + keys.shape[2])
         if self.offset:
             bk, bv = self.buffer.read(site, 0, self.offset)
-            return torch.cat([bk, k], dim=2), torch.cat([bv, v], dim=2)
-        return k, v
+            return torch.cat([bk, keys], dim=2), torch.cat([bv, values], dim=2)
+        return keys, values
 
 
 class StaticBlockPass:
@@ -559,17 +558,17 @@ class StaticBlockPass:
             self._masks[kind] = self.cache.mask(kind, self.positions, static=True, lengths=self.lengths)
         return self._masks[kind]
 
-    def attend(self, site: Site, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
         planes = self.planes[site.loop - 1] if site.stage == "core" else None
         segments = self.cache.segments(site, planes=planes, static=True, lengths=self.lengths)
         parts = [(sk, sv, self._mask(kind)) for sk, sv, kind in segments]
         if self.offset is not None:
             bk, bv = self.buffer.read(site, 0, self.buffer.capacity)
             parts.append((bk, bv, self.earlier))
-        parts.append((k, v, self.causal))
+        parts.append((keys, values, self.causal))
         if self.store is not None:
-            self.new[site] = (k, v)
-        return attend_segments(q, parts)
+            self.new[site] = (keys, values)
+        return attend_segments(queries, parts)
 
     def store_block(self) -> None:
         """Write the pass's keys/values where ``store`` says (call after the model pass)."""

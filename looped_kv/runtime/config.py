@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 Family = Literal["huginn", "raven", "raven-olmo", "ouro"]
 FAMILIES: tuple[str, ...] = ("huginn", "raven", "raven-olmo", "ouro")
-BlockKind = Literal["sandwich", "pre-norm", "reordered", "peri-norm"]
+NormLayout = Literal["sandwich", "pre-norm", "reordered", "peri-norm"]
 #: The ``auto_map`` an Ouro checkpoint's config.json carries (its remote-code files on the hub).
 OURO_AUTO_MAP = {"AutoConfig": "configuration_ouro.OuroConfig", "AutoModel": "modeling_ouro.OuroModel",
                  "AutoModelForCausalLM": "modeling_ouro.OuroForCausalLM"}
@@ -58,7 +58,7 @@ class LoopedConfig:
     mean_recurrence: int = 32
     mean_backprop_depth: int = 8
     exit_threshold: float | None = None  # Ouro's early_exit_threshold (the HF readout's default); None elsewhere
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the config.json it was read from
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -83,8 +83,8 @@ class LoopedConfig:
         return self.n_embd // self.n_heads
 
     @property
-    def block(self) -> BlockKind:
-        """The block's norm placement.
+    def norm_layout(self) -> NormLayout:
+        """Where each layer (:class:`~looped_kv.runtime.model.Block`) places its norms.
 
         ``"sandwich"`` (Huginn): ``x = n2(x + attn(n1(x))); x = n4(x + mlp(n3(x)))``;
         ``"pre-norm"`` (Raven-Llama): ``x = x + attn(n1(x)); x = x + mlp(n2(x))``;
@@ -159,7 +159,7 @@ class LoopedConfig:
             tie_embeddings=bool(raw.get("tie_embeddings", raw.get("tie_word_embeddings", True))),
             mean_recurrence=_integer(raw, "mean_recurrence"),
             mean_backprop_depth=int(raw.get("mean_backprop_depth", 8)),
-            extra=raw,
+            raw=raw,
         )
 
     @classmethod
@@ -198,7 +198,7 @@ class LoopedConfig:
             norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_base=float(raw.get("rope_theta", 10000.0)),
             state_std=0.0, tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             mean_recurrence=loops, mean_backprop_depth=loops,
-            exit_threshold=None if threshold is None else float(threshold), extra=raw,
+            exit_threshold=None if threshold is None else float(threshold), raw=raw,
         )
 
     @classmethod
@@ -218,7 +218,7 @@ class LoopedConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """The ``config.json`` that ``from_hf_dict`` reads back (used for the shipped tiny model); an Ouro model's
         in Ouro's own format."""
-        d = {k: v for k, v in asdict(self).items() if k != "extra"}
+        d = {key: value for key, value in asdict(self).items() if key != "raw"}
         if self.family == "ouro":
             return {
                 "architectures": ["OuroForCausalLM"], "auto_map": dict(OURO_AUTO_MAP), "model_type": "ouro",
@@ -260,9 +260,9 @@ class LoopedConfig:
 
 def _integer(raw: dict[str, Any], *keys: str) -> int:
     """The first of ``keys`` the config has, as an int: no default, since the format defines none for these."""
-    key = next((k for k in keys if k in raw), None)
+    key = next((key for key in keys if key in raw), None)
     if key is None:
-        raise ValueError(f"config has no {' or '.join(repr(k) for k in keys)}")
+        raise ValueError(f"config has no {' or '.join(repr(key) for key in keys)}")
     value = raw[key]
     if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
         raise ValueError(f"config {key!r} must be an integer, got {value!r}")

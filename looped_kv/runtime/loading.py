@@ -206,7 +206,7 @@ def check_state(model: LoopedLM, state: dict[str, torch.Tensor]) -> None:
         if tuple(state[key].shape) != shape:
             raise ValueError(f"tensor {key!r} has shape {tuple(state[key].shape)} in the checkpoint but the "
                              f"config implies {shape}")
-    unknown = sorted(k for k in state if k not in expected and k not in _IGNORED_KEYS and k != tied_head)
+    unknown = sorted(key for key in state if key not in expected and key not in _IGNORED_KEYS and key != tied_head)
     if unknown:
         raise ValueError(f"checkpoint has tensors the {model.config.family!r} config does not describe: {unknown[:5]} "
                          f"(families: {FAMILIES})")
@@ -259,7 +259,8 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
         raise ValueError(f"{folder}: {error}") from None
     if config.family == "ouro":
         state = from_ouro_tensors(config, state)
-    model.load_state_dict({k: v for k, v in state.items() if k not in _IGNORED_KEYS}, strict=False, assign=True)
+    model.load_state_dict({key: value for key, value in state.items() if key not in _IGNORED_KEYS}, strict=False,
+                          assign=True)
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
     model.rotary = Rotary(config)
@@ -282,7 +283,7 @@ def save(model: LoopedLM, folder: str | Path) -> Path:
         raise FileExistsError(f"{folder} already holds {', '.join(taken)}; save writes a checkpoint into a new or "
                               f"empty folder and overwrites nothing")
     config = model.config
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
     if config.tie_embeddings:
         state.pop("lm_head.weight")
     if config.family == "ouro":

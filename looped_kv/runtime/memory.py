@@ -74,7 +74,7 @@ def memory_table(configs: dict[str, LoopedConfig], length: int = 1024, num_loops
     table = []
     for label, spec in rows:
         row: dict = {"cache": label}
-        params = {k: v for k, v in spec.items() if k != "cache"}
+        params = {key: value for key, value in spec.items() if key != "cache"}
         for model, config in configs.items():
             loops = config.mean_recurrence if num_loops is None else num_loops
             mb = policy_bytes(config, make_policy(spec.get("cache", "full"), loops, **params), length, dtype) / 1e6

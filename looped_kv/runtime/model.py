@@ -121,17 +121,17 @@ class Attention(nn.Module):
         B, n, _ = x.shape
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.Wqkv(x)
-        v = qkv[..., self.chunks[0] + self.chunks[1]:].view(B, n, H_kv, D)
+        values = qkv[..., self.chunks[0] + self.chunks[1]:].view(B, n, H_kv, D)
         if hasattr(self, "q_norm"):
-            q, k = qkv[..., :self.chunks[0] + self.chunks[1]].split(self.chunks[:2], dim=-1)
-            q = rotary(self.q_norm(q).view(B, n, H, D), positions)
-            k = rotary(self.k_norm(k).view(B, n, H_kv, D), positions)
+            queries, keys = qkv[..., :self.chunks[0] + self.chunks[1]].split(self.chunks[:2], dim=-1)
+            queries = rotary(self.q_norm(queries).view(B, n, H, D), positions)
+            keys = rotary(self.k_norm(keys).view(B, n, H_kv, D), positions)
         else:  # queries and keys rotated together, heads side by side: the same arithmetic in fewer calls
             qk = qkv[..., :self.chunks[0] + self.chunks[1]].view(B, n, H + H_kv, D)
             if hasattr(self, "qk_bias"):
                 qk = qk + self.qk_bias.view(H + H_kv, D)
-            q, k = rotary(qk, positions).split([H, H_kv], dim=2)
-        y = router.attend(site, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            queries, keys = rotary(qk, positions).split([H, H_kv], dim=2)
+        y = router.attend(site, queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2))
         return self.proj(y.transpose(1, 2).reshape(B, n, -1))
 
 
@@ -148,28 +148,28 @@ class GatedMLP(nn.Module):
 
 class Block(nn.Module):
     """Sandwich block (Huginn), pre-norm block (Raven), OLMo-2's reordered block (Raven-OLMo) or a norm before and
-    after each sublayer (Ouro): ``config.block``."""
+    after each sublayer (Ouro): ``config.norm_layout``."""
 
     def __init__(self, config: LoopedConfig, stage: Stage, layer: int) -> None:
         super().__init__()
-        self.stage, self.layer, self.kind = stage, layer, config.block
+        self.stage, self.layer, self.layout = stage, layer, config.norm_layout
         self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = Attention(config)
         self.norm_2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = GatedMLP(config)
-        if self.kind in ("sandwich", "peri-norm"):
+        if self.layout in ("sandwich", "peri-norm"):
             self.norm_3 = RMSNorm(config.n_embd, config.norm_eps)
             self.norm_4 = RMSNorm(config.n_embd, config.norm_eps)
 
     def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, loop: int = 0) -> Tensor:
         site = Site(self.stage, self.layer, loop)
-        if self.kind == "sandwich":
+        if self.layout == "sandwich":
             x = self.norm_2(x + self.attn(self.norm_1(x), rotary, positions, router, site))
             return self.norm_4(x + self.mlp(self.norm_3(x)))
-        if self.kind == "reordered":
+        if self.layout == "reordered":
             x = x + self.norm_1(self.attn(x, rotary, positions, router, site))
             return x + self.norm_2(self.mlp(x))
-        if self.kind == "peri-norm":
+        if self.layout == "peri-norm":
             x = x + self.norm_2(self.attn(self.norm_1(x), rotary, positions, router, site))
             return x + self.norm_4(self.mlp(self.norm_3(x)))
         x = x + self.attn(self.norm_1(x), rotary, positions, router, site)

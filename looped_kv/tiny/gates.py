@@ -123,11 +123,11 @@ def measure(model: LoopedLM, programs: int = 256, prompts: int = 32, progress: b
     bar.update()
     eos = model.tokenizer.eos_token_id
     ids = [model.tokenizer(p, return_tensors="pt").input_ids[0] for p in data.prompts("chains", prompts, "eval")]
-    spec = generate(model, ids, max_new_tokens=48, method="self-spec", draft_loops=4, block=4, eos_token_id=eos)
+    spec = generate(model, ids, max_new_tokens=48, method="self-spec", draft_loops=4, gamma=4, eos_token_id=eos)
     figures["self-spec acceptance (d=4, gamma=4)"] = sum(spec.accepted) / sum(spec.drafted)
     bar.update()
     wave = generate(model, ids, max_new_tokens=48, method="das-wave", eos_token_id=eos)
-    ceiling = proposal_width(DasWave.block, DasWave.rounds, DasWave.initial_width)
+    ceiling = proposal_width(DasWave.gamma, DasWave.rounds, DasWave.initial_width)
     figures["DAS-Wave A / ceiling"] = wave.mean_accepted / ceiling
     bar.update()
     bar.close()

@@ -340,7 +340,7 @@ def held_out(model: LoopedLM, chains, loops: tuple[int, ...]) -> dict:
 
 
 def format_accuracy(record: dict) -> str:
-    loops = [k for k in record if k.isdigit()]
+    loops = [key for key in record if key.isdigit()]
     return " | ".join(f"R={R}: " + " ".join(f"{b}:{record[R].get(b, float('nan')):.2f}" for b in DEPTH_BUCKETS)
                       for R in loops) + f" (chance {record['chance']})"
 
@@ -366,7 +366,7 @@ def write_model(folder: Path, model: LoopedLM, tokenizer: PreTrainedTokenizerFas
                 log: list[dict]) -> None:
     """The public format: model.safetensors, config.json (with the training record) and the tokenizer."""
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state = {key: value.contiguous() for key, value in model.state_dict().items() if key != "lm_head.weight"}
     save_file(state, folder / "model.safetensors")
     tokenizer.save_pretrained(str(folder))
     (folder / "config.json").write_text(json.dumps(model.config.to_hf_dict() | {"training": training}, indent=2) + "\n")
@@ -384,14 +384,15 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
         again = {name: getattr(args, name) for name in RESUMABLE if name in given}
         checkpoint = torch.load(args.out / "checkpoint.pt", weights_only=False)
         recorded = {**BEFORE_OPTION, **checkpoint["args"]}
-        changes = {k: (recorded[k], v) for k, v in again.items() if recorded[k] != v}
+        changes = {key: (recorded[key], value) for key, value in again.items() if recorded[key] != value}
         args = Options(**{**recorded, **again, "resume": True, "out": args.out, "export": args.export})
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "resume"}
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
+                if key != "resume"}
     (args.out / "settings.json").write_text(json.dumps(settings, indent=1) + "\n")
     problems_train, code_train = corpus("train", 30_000)
     if checkpoint is None:
@@ -425,7 +426,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
         curriculum.load(checkpoint["curriculum"])
         log, start_step, elapsed_before = checkpoint["log"], checkpoint["step"] + 1, checkpoint["elapsed_s"]
         if changes:
-            log.append({"step": checkpoint["step"], "changed": {k: list(v) for k, v in changes.items()}})
+            log.append({"step": checkpoint["step"], "changed": {key: list(value) for key, value in changes.items()}})
     print(f"model: {params / 1e6:.2f}M parameters, {args.layers} layers, d={args.n_embd}, vocab {len(tokenizer)}; "
           f"steps {start_step}..{args.steps}", flush=True)
 
@@ -433,7 +434,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
         save_checkpoint(args.out / "checkpoint.pt", {
             "model": model.state_dict(), "optimizer": opt.state_dict(), "generator": generator.get_state(),
             "curriculum": curriculum.state(), "step": step, "log": log, "elapsed_s": elapsed,
-            "args": {k: v for k, v in vars(args).items() if k not in ("out", "resume", "export")}})
+            "args": {key: value for key, value in vars(args).items() if key not in ("out", "resume", "export")}})
         (args.out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
 
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
