@@ -26,6 +26,7 @@ for each kind of device.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -45,6 +46,8 @@ BACKEND: str | object = "inductor"
 OPTIONS: dict[str, dict[str, object]] = {"cpu": {"max_autotune": True, "cpp_wrapper": True,
                                                  "autotune_num_choices_displayed": 0,
                                                  "max_autotune_report_choices_stats": False}}
+# Inductor's GEMM autotuning (torch 2.13) reads a deprecated storage API of its own: not the user's to act on.
+warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning, "torch._inductor.select_algorithm")
 
 
 def _forward(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, tokens: Tensor, lengths: Tensor,
