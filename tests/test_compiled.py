@@ -16,7 +16,7 @@ from conftest import random_model
 
 from looped_kv import generate, make_policy
 from looped_kv.decoding import compiled
-from looped_kv.decoding.core import capacity_bucket
+from looped_kv.decoding.core import capacity_bucket, capacity_buckets
 from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
 from looped_kv.decoding.loop import decode
@@ -90,10 +90,17 @@ def test_new_prompt_lengths_reuse_the_trace_of_their_capacity_bucket(backend, mo
     for n in (9, 23, 40):
         generate(model, prompts(model, (n,)), **options)
     assert backend.graphs == before  # same bucket, new lengths: no new trace
-    generate(model, prompts(model, (70,)), **options)  # the bucket of 128 positions
+    generate(model, prompts(model, (70,)), **options)  # the bucket of 96 positions
     assert backend.graphs - before == 2  # one draft pass, one verification pass
-    generate(model, prompts(model, (90,)), **options)
+    generate(model, prompts(model, (80,)), **options)
     assert backend.graphs - before == 2
+
+
+def test_capacity_buckets_are_powers_of_two_and_half_again_up_to_the_context():
+    assert capacity_buckets(1024) == [64, 96, 128, 192, 256, 384, 512, 768, 1024]
+    assert capacity_buckets(160) == [64, 96, 128, 160] and capacity_buckets(50) == [50]
+    assert [capacity_bucket(n, 1024) for n in (1, 64, 65, 97, 320, 385, 1024, 2000)] == [
+        64, 64, 96, 128, 384, 512, 1024, 1024]
 
 
 def test_the_speed_benchmark_counts_one_trace_per_capacity_bucket(backend):
@@ -102,7 +109,7 @@ def test_the_speed_benchmark_counts_one_trace_per_capacity_bucket(backend):
     model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=R)
     generate(model, prompts(model, (100,)), max_new_tokens=8, num_loops=R, stop_at_eos=False, compile=True)
     rows = speed.retraces(model, 100, 8, R)
-    assert [(bucket, traces) for _, bucket, traces in rows] == [(128, 0)] * 3 + [(64, 1), (64, 0)]
+    assert [(bucket, traces) for _, bucket, traces in rows] == [(128, 0)] * 3 + [(96, 1), (96, 0), (96, 0)]
 
 
 def test_das_wave_rounds_share_one_trace(backend, model):

@@ -211,13 +211,21 @@ def new_buffer(model: LoopedLM, num_loops: int, batch: int, capacity: int) -> Bl
     return BlockBuffer(model.config, num_loops, batch=batch, capacity=capacity, dtype=model.dtype, device=model.device)
 
 
+def capacity_buckets(block_size: int, smallest: int = 64) -> list[int]:
+    """The capacities a compiled run may allocate: powers of two from ``smallest`` and 1.5 times each (64, 96, 128,
+    192, 256, ...), then the model's context. A run pads its cache to the next one, and a compiled step attends
+    over the whole capacity: the 1.5 steps keep that padding under a third of it at a trace per step."""
+    buckets = [smallest]
+    while buckets[-1] < block_size:
+        b = buckets[-1]
+        buckets.append(b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3)
+    return [b for b in buckets if b < block_size] + [block_size]
+
+
 def capacity_bucket(need: int, block_size: int, smallest: int = 64) -> int:
-    """The capacity a compiled run allocates for ``need`` positions: the next power of two (at least ``smallest``),
-    at most the model's context, so that runs of nearby lengths share one traced step."""
-    bucket = smallest
-    while bucket < need:
-        bucket *= 2
-    return min(bucket, block_size)
+    """The capacity a compiled run allocates for ``need`` positions: the first of :func:`capacity_buckets` that holds
+    them, so that runs of nearby lengths share one traced step."""
+    return next((b for b in capacity_buckets(block_size, smallest) if b >= need), block_size)
 
 
 def block_positions(cache: PlaneCache, n: int, offset: int = 0) -> range | Tensor:

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from looped_kv.decoding.core import capacity_bucket
+from looped_kv.decoding.core import capacity_bucket, capacity_buckets
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import DISPLAY
 from looped_kv.runtime.config import LoopedConfig
@@ -197,13 +197,15 @@ def greedy_against_reference(args: Options, config: LoopedConfig) -> None:
 
 def retraces(model: LoopedLM, timed_length: int, new_tokens: int, num_loops: int) -> list[tuple[int, int, int]]:
     """(prompt length, capacity bucket, traces it made) of compiled greedy decoding of prompts of new lengths, after
-    one of ``timed_length``: three lengths in its capacity bucket (no trace each), then two in the bucket below
-    (one trace for the first, none for the second)."""
-    block_size = model.config.block_size
-    bucket = capacity_bucket(timed_length + new_tokens, block_size)
-    below = bucket // 2
-    lengths = [n for n in (bucket - new_tokens, (bucket + below) // 2 - new_tokens + 1, timed_length - 1) if n > 0]
-    lengths += [n for n in (below - new_tokens, below // 2 + 1) if n > 0 and below >= 64]
+    one of ``timed_length``: the most, the middle and the fewest positions of its capacity bucket (no trace each),
+    then of the bucket below (one trace for the first, none after)."""
+    bucket = capacity_bucket(timed_length + new_tokens, model.config.block_size)
+    below = [0] + [b for b in capacity_buckets(model.config.block_size) if b < bucket]
+    spans = [(below[-1], bucket), (below[-2], below[-1])] if len(below) > 1 else [(0, bucket)]
+    lengths = []
+    for low, high in spans:
+        ends = (high - new_tokens, (low + high) // 2 + 1 - new_tokens, low + 1 - new_tokens)
+        lengths += [n for n in dict.fromkeys(ends) if n > 0 and n != timed_length]
     generator = torch.Generator().manual_seed(2)
     out = []
     for length in lengths:
@@ -211,7 +213,7 @@ def retraces(model: LoopedLM, timed_length: int, new_tokens: int, num_loops: int
         before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         generate(model, prompt, max_new_tokens=new_tokens, num_loops=num_loops, stop_at_eos=False, compile=True)
         traces = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
-        out.append((length, capacity_bucket(length + new_tokens, block_size), traces))
+        out.append((length, capacity_bucket(length + new_tokens, model.config.block_size), traces))
     return out
 
 
