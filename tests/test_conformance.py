@@ -148,3 +148,23 @@ def test_recorded_keys_match_reference(fixture_model):
         k, v = record[reference_step(model, s)]
         close(k, ref[f"keys_step{s}"])
         close(v, ref[f"values_step{s}"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_interleaved_rotary_is_the_pairwise_rotation_bit_for_bit(dtype):
+    """Huginn's rotary, laid out per element (x cos' + swap(x) sin'), is (a cos - b sin, b cos + a sin) per pair,
+    computed in float32 as the reference does, to the last bit."""
+    from looped_kv.runtime.config import LoopedConfig
+    from looped_kv.runtime.loading import TINY_DIR
+    from looped_kv.runtime.model import Rotary
+
+    config = LoopedConfig.from_file(TINY_DIR / "config.json")
+    D = config.head_dim
+    inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    angles = torch.outer(torch.arange(config.block_size, dtype=torch.float32), inv_freq)
+    positions = torch.tensor([[0, 17, 200], [3, 5, config.block_size - 1]])
+    x = torch.randn(2, 3, 2, D, generator=torch.Generator().manual_seed(0)).to(dtype)
+    cos, sin = angles.cos()[positions].unsqueeze(-2), angles.sin()[positions].unsqueeze(-2)
+    a, b = x.float()[..., 0::2], x.float()[..., 1::2]
+    expected = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2).type_as(x)
+    assert torch.equal(Rotary(config)(x, positions), expected)
