@@ -10,6 +10,7 @@ module's tests share.
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 from conftest import random_model
@@ -104,7 +105,7 @@ def test_capacity_buckets_are_powers_of_two_and_half_again_up_to_the_context():
 
 
 def test_the_speed_benchmark_counts_one_trace_per_capacity_bucket(backend):
-    """``python -m looped_kv.experiments.speed``'s count: new prompt lengths in the timed prompt's bucket trace
+    """``looped-kv speed``'s count: new prompt lengths in the timed prompt's bucket trace
     nothing, the bucket below traces once."""
     model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=R)
     generate(model, prompts(model, (100,)), max_new_tokens=8, num_loops=R, stop_at_eos=False, compile=True)
@@ -112,13 +113,17 @@ def test_the_speed_benchmark_counts_one_trace_per_capacity_bucket(backend):
     assert [(bucket, traces) for _, bucket, traces in rows] == [(128, 0)] * 3 + [(96, 1), (96, 0), (96, 0)]
 
 
-def test_das_wave_rounds_share_one_trace(backend, model):
-    """J = 5 rounds with deep K/V reads read the same planes: one trace for every round, one for verification."""
+def test_das_wave_rounds_share_one_trace_per_width_bucket(backend, model):
+    """J = 5 rounds of widths 1..5 with deep K/V reads: one trace per width bucket (2, 3, 4, 5), one for
+    verification, and the eager tokens."""
+    widths = (1, 2, 3, 5, 7, 9, 13, 17, 25, 32)
+    assert [compiled.refined_width(w, 32) for w in widths] == [2, 2, 3, 6, 8, 12, 16, 24, 32, 32]
+    assert [compiled.refined_width(w, 5) for w in range(1, 6)] == [2, 2, 3, 4, 5]
     options = dict(max_new_tokens=5, num_loops=R, stop_at_eos=False, compile=True, method="das-wave", gamma=5,
                    rounds=5, initial_width=1, updates=2)
     before = backend.graphs
     traced = generate(model, prompts(model, (4,)), **options)
-    assert backend.graphs - before == 2
+    assert backend.graphs - before == 4 + 1
     eager = generate(model, prompts(model, (4,)), **{**options, "compile": False})
     assert torch.equal(traced.tokens, eager.tokens) and traced.accepted == eager.accepted
 
@@ -152,7 +157,17 @@ def test_bench_times_eager_and_compiled_side_by_side(backend, model):
     for column in ("eager tokens/s", "compiled tokens/s", "eager speed-up", "compiled speed-up",
                    "compiled / eager greedy"):
         assert column in table.columns
+    assert (runs["prefill_time_s"] > 0).all()
     name, speed = bench.best_compiled(runs, n_boot=100)
     assert name == "self-spec" and speed.low <= speed.estimate <= speed.high
     with pytest.raises(ValueError, match="modes must name some of"):
         bench.run_paired(model, ids, methods, max_new_tokens=5, progress=False, modes=("jit",))
+
+
+def test_prefill_bound_is_greedy_time_over_the_prefill_time():
+    """Two prompts, greedy decoding 2 s and 3 s, their prefills 1 s and 0.5 s: no decoder passes (2 + 6) / 2 = 4x,
+    and the prefill's median share is (1/2 + 1/6) / 2."""
+    runs = pd.DataFrame({"mode": "compiled", "prompt": [0, 0, 1, 1], "method": ["a", "b", "a", "b"],
+                         "greedy_time_s": [2.0, 2.0, 3.0, 3.0], "prefill_time_s": [1.0, 1.0, 0.5, 0.5]})
+    bound, share = bench.prefill_bound(runs, "compiled")
+    assert bound == pytest.approx(4.0) and share == pytest.approx((1 / 2 + 1 / 6) / 2)

@@ -13,9 +13,10 @@ So each tensor has one shape at every call, and a step is traced once per shape:
   more than one token is written to the block buffer and committed from it;
 * a d-loop draft writes into the buffer at its column, a 0-d tensor, so the gamma drafts of a block share
   one trace;
-* a DAS-Wave round refines all gamma positions (the inactive ones after the active ones, so no active
-  position reads them) and keeps the active guesses and states with masks, so its J rounds share a trace
-  whenever they read the same planes (always with deep K/V reads).
+* a DAS-Wave round refines the first :func:`refined_width` positions, a bucket of its active width (the
+  inactive ones after the active ones, so no active position reads them), and keeps the active guesses and
+  states with masks, so its J rounds take one trace per width bucket whenever they read the same planes
+  (always with deep K/V reads).
 
 The cache's capacity is bucketed (:func:`~looped_kv.decoding.core.capacity_bucket`), so prompts of new
 lengths reuse a trace, and stopped rows stay in the batch as padding. Writing into the planes inside the
@@ -32,6 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from looped_kv.decoding.core import capacity_bucket
 from looped_kv.decoding.passes import Passes
 from looped_kv.runtime.cache import BlockBuffer, PlaneCache, StaticBlockPass
 from looped_kv.runtime.model import LoopedLM, check_finite
@@ -41,7 +43,7 @@ BACKEND: str | object = "inductor"
 #: Inductor's options per device type. On a CPU a decode step's matrix products are one row (or gamma + 1) by a few
 #: hundred, where a library call costs more than the arithmetic and the Python wrapper calls a few hundred kernels per
 #: step: Inductor's own C++ GEMM templates (``max_autotune``, which times them against the library's) and a C++
-#: wrapper cut that (``python -m looped_kv.experiments.speed`` prints compiled / reference); the timings of its
+#: wrapper cut that (``looped-kv speed`` prints compiled / reference); the timings of its
 #: choices are kept off stderr. On a GPU, torch.compile's defaults.
 OPTIONS: dict[str, dict[str, object]] = {"cpu": {"max_autotune": True, "cpp_wrapper": True,
                                                  "autotune_num_choices_displayed": 0,
@@ -79,24 +81,26 @@ def _verify(model, cache, buffer, tokens, lengths, offset, state, num_loops, pla
 
 def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor, previous: Tensor, width: Tensor,
             lengths: Tensor, num_loops: int, planes: tuple) -> tuple[Tensor, Tensor]:
-    """One DAS-Wave round over all gamma positions: positions < ``previous`` start from the ``carried`` states,
-    the others from their initial states; guesses and states are kept for positions < ``width``."""
-    gamma = guesses.shape[1] - 1
-    columns = torch.arange(gamma, device=guesses.device)
+    """One DAS-Wave round over the n positions after the anchor (``guesses`` is (B, n + 1)): positions < ``previous``
+    start from the ``carried`` states, the others from their initial states; guesses and states are kept for
+    positions < ``width``."""
+    n = guesses.shape[1] - 1
+    columns = torch.arange(n, device=guesses.device)
     positions = lengths[:, None] + columns
-    fresh = model.initial_state(positions, guesses.shape[0], last=cache.capacity - 1, tokens=guesses[:, :gamma])
+    fresh = model.initial_state(positions, guesses.shape[0], last=cache.capacity - 1, tokens=guesses[:, :n])
     state = torch.where((columns < previous)[None, :, None], carried, fresh)
     router = StaticBlockPass(cache, positions, lengths, planes)
-    logits, state = model(guesses[:, :gamma], num_loops, state, positions=positions, router=router,
+    logits, state = model(guesses[:, :n], num_loops, state, positions=positions, router=router,
                           return_state=True, max_position=cache.capacity - 1, check=False)
     active = columns < width
     guesses = torch.cat([guesses[:, :1], torch.where(active, logits.argmax(-1), guesses[:, 1:])], dim=1)
     return guesses, torch.where(active[None, :, None], state, carried)
 
 
-#: Traces one compiled function may hold: one per capacity bucket, batch size, cache policy and read plan met in
-#: one process (torch.compile's default of 8 is soon reached by a test session or a benchmark of every method).
-RECOMPILE_LIMIT = 64
+#: Traces one compiled function may hold: one per capacity bucket, batch size, cache policy, read plan and (DAS-Wave)
+#: width bucket met in one process (torch.compile's default of 8 is soon reached by a test session or a benchmark of
+#: every method).
+RECOMPILE_LIMIT = 256
 _TRACED: dict[tuple, Callable] = {}
 
 
@@ -153,11 +157,27 @@ class CompiledPasses(Passes):
 
     def refine(self, guesses: Tensor, carried: Tensor | None, previous: int, width: int, num_loops: int, *,
                reads: PrefixReads, first_loop: int) -> tuple[Tensor, Tensor]:
-        """One DAS-Wave round (:func:`~looped_kv.decoding.das_wave.wave`): (guesses (B, gamma + 1), states)."""
+        """One DAS-Wave round (:func:`~looped_kv.decoding.das_wave.wave`): (guesses (B, gamma + 1), states).
+
+        The round runs the first :func:`refined_width` positions, so rounds of nearby widths share a trace and the
+        positions past the bucket, inactive and read by no active one, cost nothing."""
+        B, n = guesses.shape
         if carried is None:
-            B, n = guesses.shape
             carried = torch.zeros(B, n - 1, self.model.config.n_embd, dtype=self.model.dtype, device=guesses.device)
+        bucket = refined_width(width, n - 1)
         previous_, width_ = (torch.tensor(n, device=guesses.device) for n in (previous, width))
         step = traced(_refine, guesses.device)
-        return step(self.model, self.cache, guesses, carried, previous_, width_, self.cache.lengths, num_loops,
-                    self.planes(reads, first_loop, num_loops))
+        head, states = step(self.model, self.cache, guesses[:, :bucket + 1].contiguous(),
+                            carried[:, :bucket].contiguous(), previous_, width_, self.cache.lengths, num_loops,
+                            self.planes(reads, first_loop, num_loops))
+        if bucket == n - 1:
+            return head, states
+        return torch.cat([head, guesses[:, bucket + 1:]], dim=1), torch.cat([states, carried[:, bucket:]], dim=1)
+
+
+def refined_width(width: int, gamma: int) -> int:
+    """The positions a compiled DAS-Wave round refines for ``width`` active ones: the first of 2, 3, 4, 6, 8, 12, 16,
+    24, 32, ... (:func:`~looped_kv.decoding.core.capacity_buckets`' ladder) that holds them, at most gamma. The
+    rounds' widths min(gamma, W_init + j) (DAS Eq. 5) then cost at most a third more than their own, at a trace per
+    bucket met."""
+    return capacity_bucket(width, gamma, smallest=2)

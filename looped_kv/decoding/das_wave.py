@@ -58,7 +58,7 @@ def wave(passes: Passes, anchor: Tensor, *, gamma: int, rounds: int, initial_wid
 
     Round j refines the first W_j = min(gamma, W_init + j) positions with k updates, reading the prefix per
     ``reads`` and each other's current keys/values (nothing is stored); position i's readout updates guess
-    i + 1. Compiled passes run all gamma positions every round, the inactive ones after the active ones (so
+    i + 1. Compiled passes run a bucket of W_j positions (the inactive ones after the active ones, so
     that no active position reads them), and keep only the active positions' guesses and states. With
     ``trace``, each round's guesses after its readout (B, W_j) are appended to it.
     """

@@ -11,7 +11,9 @@ Two kinds of runs, one row per (prompt, method, mode) each:
   falls on every arm alike. The speed-up is DAS Eq. (8): the mean over prompts of
   (n/t)_method / (n/t)_greedy, prefill included, each time the median over the rounds, with a paired
   prompt bootstrap interval (:func:`looped_kv.analysis.fits.mean_speedup`); every compiled run is
-  also paired with eager greedy decoding (what compilation gains);
+  also paired with eager greedy decoding (what compilation gains). The prefill alone (one new token) is
+  timed in the same rounds: no decoder's speed-up can pass greedy decoding's time over it
+  (:func:`prefill_bound`), since every decoder runs the same prefill;
 * acceptance (:func:`acceptance_runs`): each method decodes all prompts as one batch. Every row is
   what decoding that prompt alone gives, so the per-prompt accepted length A (Eq. 9), committed
   progress G (Eq. 10) and tokens per verification tau cost a fraction of the timing runs.
@@ -80,6 +82,8 @@ INTERACTION = Claim("carry strengthens the complementarity of mature keys and va
 FACTORIAL_READS = {(0, 0): "aligned", (0, 1): "deep-v", (1, 0): "deep-k", (1, 1): "deep-kv"}
 #: The timing modes: eager passes, and every pass on a compiled step (``compile=True``).
 MODES = ("eager", "compiled")
+#: The timing arm of the prefill alone in :func:`run_paired`'s rounds.
+PREFILL = "prefill"
 
 
 def method_configs(draft_loops: int = SelfSpec.draft_loops, gamma: int = SelfSpec.gamma,
@@ -205,8 +209,12 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
             compiled = mode == "compiled"
             times: dict[Hashable, list[float]] = {key: [] for key in keys}
             outs: dict[Hashable, Generation] = {}
+            prefill: list[float] = []
             for r in range(repeats):
-                for key in keys if r % 2 == 0 else keys[::-1]:
+                for key in [*keys, PREFILL] if r % 2 == 0 else [PREFILL, *keys[::-1]]:
+                    if key == PREFILL:  # the same prefill as every decoder's, and its first token
+                        prefill.append(generate(model, ids, max_new_tokens=1, compile=compiled).wall_time)
+                        continue
                     out = generate(model, ids, max_new_tokens=max_new_tokens, compile=compiled, **configs[key])
                     times[key].append(out.wall_time)
                     outs.setdefault(key, out)
@@ -219,6 +227,7 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
                 (row,) = _rows(out, key, config)
                 rows.append({**row, "prompt": i, "mode": mode, "time_s": time_s, "tokens_per_s": out.num_new / time_s,
                              "greedy_time_s": greedy_time, "greedy_tokens": reference.num_new,
+                             "prefill_time_s": float(np.median(prefill)),
                              "speed-up": (out.num_new / time_s) / (reference.num_new / greedy_time),
                              "eager_greedy_time_s": np.nan if eager is None else eager[1],
                              "eager_greedy_tokens": np.nan if eager is None else eager[0].num_new,
@@ -292,6 +301,15 @@ def best_compiled(runs: pd.DataFrame, n_boot: int = 2000) -> tuple[str, object] 
         if best is None or speed.estimate > best[1].estimate:
             best = (label(key), speed)
     return best
+
+
+def prefill_bound(runs: pd.DataFrame, mode: str) -> tuple[float, float]:
+    """The largest mean speed-up over greedy decoding (DAS Eq. 8) any exact decoder can reach in ``mode`` on these
+    prompts, the mean over prompts of greedy decoding's time over the prefill's (a decoder that cost nothing after
+    its prefill), and the prefill's median share of greedy decoding's time."""
+    per_prompt = runs[runs["mode"] == mode].groupby("prompt").first()
+    ratio = per_prompt["greedy_time_s"] / per_prompt["prefill_time_s"]
+    return float(ratio.mean()), float((1 / ratio).median())
 
 
 # -- verdicts -------------------------------------------------------------------------------------------------
@@ -481,6 +499,10 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
                 name, speed = best
                 print(f"  best compiled speculative method: {name}, {speed.estimate:.2f}x compiled greedy decoding "
                       f"[{speed.low:.2f}, {speed.high:.2f}]" + ("" if speed.low > 1 else " (interval not above 1)"))
+            for mode in modes:
+                bound, share = prefill_bound(runs, mode)
+                print(f"  {mode}: the prefill is {share:.0%} of greedy decoding's time (median over prompts), so no "
+                      f"decoder's speed-up can pass {bound:.2f}x here")
             first = runs[runs["mode"] == modes[0]]
             table = summarize(first, n_boot=n_boot)
             print(f"  {modes[0]} runs in detail:")
