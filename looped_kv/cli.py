@@ -3,7 +3,7 @@ and the tiny model's training.
 
     looped-kv generate --method mature-spec --cache ripe --window 16 "Question: ... Answer:"
     looped-kv bench --workloads problems --prompts 32 --methods ar self-spec mature-spec
-    looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24   # python -m looped_kv.experiments.throughput
+    looped-kv batched --batch-sizes 1 2 4 8 --budget-mb 24
     looped-kv memory --model huginn-0125 --context 1024 4096
     looped-kv plan --model huginn-0125 --gpu-memory 40    # does every chapter fit one GPU?
     looped-kv batch freeze regions                     # the shipped example, or a spec file
@@ -11,15 +11,15 @@ and the tiny model's training.
     looped-kv batch verify runs/regions
     looped-kv batch compare runs/regions runs/regions-torchrun   # byte for byte, else the largest differences
     looped-kv batch ledger runs/regions runs/windows
-    looped-kv speed --reference ../recurrent-pretraining   # python -m looped_kv.experiments.speed
-    looped-kv gpu-check --config huginn-0125 --out gpu_check.json   # python -m looped_kv.experiments.gpu_check
-    looped-kv plan-check --model huginn-0125 --out plan_check.json  # python -m looped_kv.experiments.plan_check
-    looped-kv train --out runs/tiny                    # python -m looped_kv.tiny.train
-    looped-kv gates                                    # python -m looped_kv.tiny.gates
-    looped-kv scout --list                             # python -m looped_kv.tiny.scout
+    looped-kv speed --reference ../recurrent-pretraining
+    looped-kv gpu-check --config huginn-0125 --out gpu_check.json
+    looped-kv plan-check --model huginn-0125 --out plan_check.json
+    looped-kv train --out runs/tiny
+    looped-kv gates
+    looped-kv scout --list
 
-Errors are one line on stderr (looped-kv: error: ...) and exit status 2 (3 when a self-test fails). Each
-python -m script above runs its subcommand, under the script's name.
+Errors are one line on stderr (looped-kv <command>: error: ...) and exit status 2 (3 when a self-test fails).
+python -m looped_kv.cli is the same command.
 """
 
 from __future__ import annotations
@@ -397,7 +397,7 @@ def cmd_batched(args: argparse.Namespace) -> int:
 def _add_batched(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "batched", help="batched decoding: tokens/s against batch size, the peak-memory model and the fixed-memory "
-                        "throughput ratio (chapter 7; python -m looped_kv.experiments.throughput)",
+                        "throughput ratio (chapter 7; looped_kv.experiments.throughput)",
         description="Batched decoding on CPU (or CUDA): tokens/s against batch size B for greedy decoding (ar) and "
                     "draft-then-verify (self-spec) with the full and the deepest-plane caches, the peak-memory model "
                     "peak(B) = cache B + o0 + o1 B fitted and checked on held-out batches, and the fixed-memory "
@@ -559,7 +559,7 @@ def cmd_speed(args: argparse.Namespace) -> int:
 
 def _add_speed(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("speed", help="decoding speed: greedy decoding against the public Huginn reference code, and "
-                                     "every method eager and compiled (python -m looped_kv.experiments.speed)",
+                                     "every method eager and compiled (looped_kv.experiments.speed)",
                        description=plain(speed.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reference", type=Path, help="checkout of seal-rg/recurrent-pretraining (omit: looped_kv only)")
     p.add_argument("--prompt", type=int, default=256, help="prompt tokens of the reference comparison (default 256)")
@@ -618,7 +618,7 @@ def cmd_gpu_check(args: argparse.Namespace) -> int:
 
 def _add_gpu_check(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpu-check", help="cache memory and loop cost of a full-size model with random weights, for "
-                                         "a GPU (python -m looped_kv.experiments.gpu_check)",
+                                         "a GPU (looped_kv.experiments.gpu_check)",
                        description=plain(gpu_check.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="huginn-0125", choices=sorted(gpu_check.CONFIGS))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -657,7 +657,7 @@ def cmd_plan_check(args: argparse.Namespace) -> int:
 
 def _add_plan_check(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan-check", help="each chapter's measured peak memory against the plan, random weights "
-                                          "(python -m looped_kv.experiments.plan_check)",
+                                          "(looped_kv.experiments.plan_check)",
                        description=plain(plan_check.__doc__).splitlines()[0])
     p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(gpu_check.CONFIGS)}, or a checkpoint "
                                                           f"folder or config.json (its config with random weights)")
@@ -753,7 +753,7 @@ def train_options(words: list[str]) -> train.Options:
 
 
 def _train_command(words: list[str]) -> str:
-    """The command line a finished run records (the module's, whichever command ran it)."""
+    """The command line a finished run records."""
     return " ".join([train.COMMAND, *words])
 
 
@@ -767,7 +767,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train the shipped tiny model on CPU with Huginn's recipe; resumable "
-                                     "(python -m looped_kv.tiny.train)",
+                                     "(looped_kv.tiny.train)",
                        description=plain(train.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     _train_arguments(p)
     p.set_defaults(func=cmd_train)
@@ -785,7 +785,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
 
 def _add_gates(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gates", help="the numeric gates the tiny model must pass, measured on held-out data "
-                                     "(python -m looped_kv.tiny.gates)",
+                                     "(looped_kv.tiny.gates)",
                        description=plain(gates.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(TINY_DIR), help="checkpoint folder (default: the shipped tiny model)")
     p.add_argument("--no-record", action="store_true", help="print only; do not write config.json")
@@ -809,7 +809,7 @@ def cmd_scout(args: argparse.Namespace) -> int:
 
 def _add_scout(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("scout", help="short, measured trainings of the tiny model that choose the long run's recipe "
-                                     "(python -m looped_kv.tiny.scout)",
+                                     "(looped_kv.tiny.scout)",
                        description=plain(scout.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", nargs="?", choices=sorted(scout.RECIPES))
     p.add_argument("--minutes", type=float, default=30)
@@ -829,15 +829,14 @@ def parser() -> Parser:
     return ap
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Run a command line (default: sys.argv). ``prog``: the name the command's help and errors go by, e.g. ``python
-    -m looped_kv.tiny.train`` for ``["train", ...]`` (each such module's __main__ calls this)."""
+def main(argv: list[str] | None = None) -> int:
+    """Run a command line (default: sys.argv); errors go by the command's name, e.g. ``looped-kv train``."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    name = prog or PROG
+    name = PROG
     try:
         ap = parser()
-        if prog is not None and argv[:1] and argv[0] in ap.commands:
-            ap.commands[argv[0]].prog = prog
+        if argv[:1] and argv[0] in ap.commands:
+            name = ap.commands[argv[0]].prog
         args = ap.parse_args(argv)
         args.words = argv[1:]  # the command's own words as given (train --resume: which options were given again)
         if getattr(args, "device", None) is not None:  # before any work: cuda on a CPU-only torch, "foo", ...

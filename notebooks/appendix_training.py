@@ -38,7 +38,7 @@
 # truncated backpropagation through the last loops and bfloat16 matrix products; the
 # loss on chain rows counts the query lines only, since the bindings are random. The
 # chains follow a curriculum on the deepest query, raised whenever development accuracy
-# on the deepest queries allowed passes a threshold. `python -m looped_kv.tiny.train`
+# on the deepest queries allowed passes a threshold. `looped-kv train`
 # retrains it and resumes with `--resume`.
 
 # %% tags=["remove-cell"]
@@ -74,7 +74,7 @@ records = scout.records()
 # ## Scouting
 #
 # Before a long run, short runs of at most 30 minutes each (one CPU thread, the
-# command and settings saved with the log, `python -m looped_kv.tiny.scout NAME`)
+# command and settings saved with the log, `looped-kv scout NAME`)
 # compared recipes. Each reports held-out accuracy by depth bucket at several loop
 # counts, beside chance. A recipe earns a long run only once accuracy at $R$ = 16
 # beats accuracy at $R$ = 4 and chance on queries deeper than four loops can answer

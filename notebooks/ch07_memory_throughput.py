@@ -666,7 +666,7 @@ book.table(interval_table(model_checks))
 #
 # Allocation and timing do not depend on the weights, so a full-size Huginn-0125 config
 # with random bf16 weights measures the real memory and the real cost of $d$ loops
-# against $R$ loops. The script `python -m looped_kv.experiments.gpu_check --out
+# against $R$ loops. The script `looped-kv gpu-check --out
 # book/data/gpu_check_huginn-0125.json` does this in one run (cache bytes and peak
 # reserved memory against the memory model for a few batch sizes, and the time of a
 # forward of $d$ loops against $R$ loops at batch 1 against Eq. (8)'s cost assumption

@@ -151,7 +151,7 @@ def test_sigint_leaves_a_marked_partial_and_says_so_in_one_line(table, tmp_path,
     out = tmp_path / "run"
     status, err = run_cli(["batch", "run", str(table), "--out", str(out), "--quiet"], capsys)
     assert status == 130 and err.count("\n") == 1
-    assert err.startswith(f"looped-kv: interrupted; the unfinished archive is left at {out}.partial (marked")
+    assert err.startswith(f"looped-kv batch: interrupted; the unfinished archive is left at {out}.partial (marked")
     from looped_kv.protocol import archive
 
     marker = json.loads((tmp_path / "run.partial" / archive.PARTIAL_MARKER).read_text())
@@ -169,7 +169,7 @@ def test_sigint_in_any_command_is_one_line(monkeypatch, capsys):
 
     monkeypatch.setattr(looped_kv.cli, "_load", interrupt)
     status, err = run_cli(["generate", "--model", "tiny", "--max-new-tokens", "2", "hi"], capsys)
-    assert (status, err) == (130, "looped-kv: interrupted\n")
+    assert (status, err) == (130, "looped-kv generate: interrupted\n")
 
 
 # -- verify checks meaning ---------------------------------------------------------------------------------------------

@@ -397,7 +397,7 @@ def test_compare_finds_identity_and_the_largest_difference_per_metric(small_arch
 # -- the shipped examples on the tiny model ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not TINY, reason="the tiny model is not trained yet (python -m looped_kv.tiny.train)")
+@pytest.mark.skipif(not TINY, reason="the tiny model is not trained yet (looped-kv train)")
 @pytest.mark.parametrize("name", ["regions", "windows"])
 def test_example_batches_run_and_their_ledgers_print(name, tmp_path, capsys):
     from looped_kv.cli import main

@@ -49,10 +49,6 @@ HELP = {
     ("gates",): ["--model", "--no-record", "more loops answer better"],
     ("scout",): ["recipe", "one-chain", "--minutes", "--list", "earns_long_run"],
 }
-#: The scripts run as ``python -m MODULE``, each a subcommand of looped-kv.
-SCRIPTS = {"looped_kv.experiments.speed": "speed", "looped_kv.experiments.gpu_check": "gpu-check",
-           "looped_kv.experiments.plan_check": "plan-check", "looped_kv.experiments.throughput": "batched",
-           "looped_kv.tiny.train": "train", "looped_kv.tiny.gates": "gates", "looped_kv.tiny.scout": "scout"}
 
 
 @pytest.mark.parametrize("command", list(HELP), ids=lambda c: " ".join(c) or "looped-kv")
@@ -74,19 +70,16 @@ def test_help_is_plain_text(command, capsys):
     assert "``" not in out and ":func:" not in out and ":mod:" not in out
 
 
-@pytest.mark.parametrize("module", list(SCRIPTS))
-def test_each_script_is_its_subcommand(module, monkeypatch, capsys):
-    """`python -m MODULE --help` (the module's __main__, run as python -m runs it) is the subcommand's help, under
-    the script's own name."""
-    monkeypatch.setattr(sys, "argv", [module, "--help"])
+def test_python_m_looped_kv_cli_is_the_command(monkeypatch, capsys):
+    """`python -m looped_kv.cli speed --help` is `looped-kv speed --help`."""
+    with pytest.raises(SystemExit):
+        main(["speed", "--help"])
+    expected = capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["looped_kv.cli", "speed", "--help"])
     with warnings.catch_warnings(), pytest.raises(SystemExit) as exit_:
-        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already (by looped_kv.cli)
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    assert exit_.value.code == 0
-    out = capsys.readouterr().out
-    assert out.startswith(f"usage: python -m {module} [-h]")
-    for word in HELP[(SCRIPTS[module],)]:
-        assert word.replace(f"looped-kv {SCRIPTS[module]}", f"python -m {module}") in out, (module, word)
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
+        runpy.run_module("looped_kv.cli", run_name="__main__", alter_sys=True)
+    assert exit_.value.code == 0 and capsys.readouterr().out == expected
 
 
 def test_only_the_cli_parses_command_lines():
@@ -110,12 +103,12 @@ def test_train_and_scout_pass_their_settings_on(tmp_path, monkeypatch):
     assert main(["train", *words]) == 0
     (options,), kwargs = calls.pop()
     assert isinstance(options, train.Options) and options.out == tmp_path and options.threads == 2
-    assert kwargs == {"given": ["threads", "mix"], "command": " ".join(["python -m looped_kv.tiny.train", *words])}
+    assert kwargs == {"given": ["threads", "mix"], "command": " ".join(["looped-kv train", *words])}
     monkeypatch.chdir(tmp_path)
     assert main(["scout", "three-chains", "--minutes", "5"]) == 0
     (recipe, options), kwargs = calls.pop()
     assert recipe == "three-chains" and options.chains == 3 and options.minutes == 5 and options.threads == 1
-    assert options.out == Path("runs/scout/three-chains") and kwargs["command"].startswith("python -m looped_kv.tiny")
+    assert options.out == Path("runs/scout/three-chains") and kwargs["command"].startswith("looped-kv train ")
 
 
 def test_an_unknown_model_name_fails_at_once_when_the_hub_is_unreachable(monkeypatch, capsys):
@@ -271,8 +264,8 @@ def test_batch_commands_end_to_end(model_source, tmp_path, capsys):  # noqa: F81
     assert main(["batch", "freeze", str(spec), "-o", str(table)]) == 2  # no silent re-freeze
     capsys.readouterr()
     assert main(["batch", "run", str(table), "--out", str(tmp_path / "a"), "--threads", "2"]) == 2
-    assert capsys.readouterr().err == ("looped-kv: error: --threads 2 contradicts the frozen spec's threads: 1 (the "
-                                       "count changes the records' bytes); allowed: 1, or leave --threads out\n")
+    assert capsys.readouterr().err == ("looped-kv batch: error: --threads 2 contradicts the frozen spec's threads: 1 "
+                                       "(the count changes the records' bytes); allowed: 1, or leave --threads out\n")
     assert main(["batch", "run", str(table), "--out", str(tmp_path / "a"), "--quiet", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "rule regions:" in out and "2 predictions:" in out

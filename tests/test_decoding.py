@@ -311,7 +311,7 @@ def _no_decoding(*args, **kwargs):
 ])
 def test_command_line_checks_every_argument_before_decoding(argv, message, capsys, monkeypatch):
     monkeypatch.setattr(throughput, "generate", _no_decoding)
-    assert cli.main(["batched", "--prompts", "2", *argv], prog="python -m looped_kv.experiments.throughput") == 2
+    assert cli.main(["batched", "--prompts", "2", *argv]) == 2
     err = capsys.readouterr().err
     assert re.search(message, err), err
-    assert err.startswith("python -m looped_kv.experiments.throughput: error: ") and len(err.splitlines()) == 1
+    assert err.startswith("looped-kv batched: error: ") and len(err.splitlines()) == 1

@@ -47,7 +47,7 @@ def reduced_windows(folder: Path, prompts: int = 3) -> Path:
     return folder / "windows.yaml"
 
 
-@pytest.mark.skipif(not TINY, reason="the tiny model is not trained yet (python -m looped_kv.tiny.train)")
+@pytest.mark.skipif(not TINY, reason="the tiny model is not trained yet (looped-kv train)")
 def test_alone_and_under_torchrun_without_thread_settings_the_records_are_identical(tmp_path):
     """Issue 19: without OMP_NUM_THREADS or --threads, torch picks one thread per core for a process alone and
     torchrun one per process; the logits then drift in their last bits on some CPUs unless the run pins the spec's

@@ -97,4 +97,5 @@ def test_the_command_line_stops_in_one_line(tmp_path, capsys):
                  "2", "Question: 2 + 3 = ?"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
-    assert captured.err.startswith("looped-kv: error: float16 overflow: inf or NaN in the logits (positions 0-")
+    assert captured.err.startswith("looped-kv generate: error: float16 overflow: inf or NaN in the logits "
+                                   "(positions 0-")

@@ -1,6 +1,6 @@
 """The shipped tiny model's depth gates (issue 24: loops that it must use).
 
-The figures are measured by ``python -m looped_kv.tiny.gates`` on the depth workload's evaluation split and
+The figures are measured by ``looped-kv gates`` on the depth workload's evaluation split and
 recorded in ``looped_kv/tiny/config.json``. One test reads the record; a fast test recomputes the answer-token
 figures and rho on the same programs.
 """

@@ -61,10 +61,10 @@ def test_bad_arguments_fail_before_any_work(argv, message, capsys, monkeypatch, 
         raise AssertionError("work started before the arguments were checked")
 
     monkeypatch.setattr(gpu_check, "random_model", no_work)
-    assert cli.main(["gpu-check", *argv], prog=gpu_check.COMMAND) == 2
+    assert cli.main(["gpu-check", *argv]) == 2
     err = capsys.readouterr().err
     assert re.search(message, err), err
-    assert err.startswith(f"{gpu_check.COMMAND}: error: ") and len(err.splitlines()) == 1
+    assert err.startswith("looped-kv gpu-check: error: ") and len(err.splitlines()) == 1
 
 
 def test_bare_import_exposes_measurement_mode():

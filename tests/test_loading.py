@@ -204,7 +204,7 @@ def test_missing_path_object_is_local(tmp_path):
 
 
 def test_training_defaults_are_the_shipped_recipe():
-    """`python -m looped_kv.tiny.train --out DIR` retrains the shipped model's recipe: every recorded argument is
+    """`looped-kv train --out DIR` retrains the shipped model's recipe: every recorded argument is
     the default, except where a sitting ran (threads, minutes, its length) and where the run was written."""
     from looped_kv.cli import train_options
 

@@ -126,8 +126,7 @@ def test_plan_check_runs_an_ouro_config_on_the_cpu_at_a_small_profile(tmp_path, 
     (row,) = record["chapters"]
     assert record["profile"] == "smoke" and 0.5 < row["predicted / measured"] < 2
     assert {"ouro-1.4b-t4", "raven-tinyllama-t4"} <= set(profiles.PROFILES)
-    module = re.escape(plan_check.__name__)  # looped_kv.experiments.plan_check since the experiments/ folder
-    commands = re.findall(rf"python -m {module} (--model \S+ --profile \S+)", plan_check.__doc__)
+    commands = re.findall(r"looped-kv plan-check (--model \S+ --profile \S+)", plan_check.__doc__)
     assert len(commands) == 2
     for command in commands:
         model, profile = command.split()[1::2]

@@ -3,7 +3,7 @@ analysis, workloads).
 
 * :mod:`~looped_kv.experiments.bench`: speed-ups of every decoder over paired greedy decoding (``looped-kv bench``);
 * :mod:`~looped_kv.experiments.speed`: decoding speed against the public reference code, every method eager and
-  compiled (``python -m looped_kv.experiments.speed``);
+  compiled (``looped-kv speed``);
 * :mod:`~looped_kv.experiments.throughput`: batched throughput and memory against B (``looped-kv batched``);
 * :mod:`~looped_kv.experiments.gpu_check`: cache memory and loop cost on a GPU, random weights;
 * :mod:`~looped_kv.experiments.plan_check`: each chapter's measured peak memory against the plan.

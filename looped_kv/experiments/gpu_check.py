@@ -12,14 +12,13 @@ Every argument is checked before any work (the script is meant to run once, on a
 measurements run inside :func:`looped_kv.runtime.measurement.measurement_mode` (cuDNN attention disabled),
 and the JSON records that setting with the torch, CUDA and cuDNN versions.
 
-    python -m looped_kv.experiments.gpu_check --config huginn-0125 --out gpu_check.json      # on a GPU
-    python -m looped_kv.experiments.gpu_check --config tiny --device cpu --batch-sizes 1 2 3  # anywhere
+    looped-kv gpu-check --config huginn-0125 --out gpu_check.json      # on a GPU
+    looped-kv gpu-check --config tiny --device cpu --batch-sizes 1 2 3  # anywhere
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass
 from datetime import date
@@ -38,7 +37,6 @@ from looped_kv.runtime.model import LoopedLM
 
 CONFIGS = {**PRESETS, "tiny": lambda: LoopedConfig.from_file(TINY_DIR / "config.json")}
 #: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``gpu-check``), as a module.
-COMMAND = "python -m looped_kv.experiments.gpu_check"
 
 
 @dataclass(frozen=True)
@@ -130,9 +128,3 @@ def run(args: Options, config: LoopedConfig) -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-
-
-if __name__ == "__main__":
-    from looped_kv import cli
-
-    sys.exit(cli.main(["gpu-check", *sys.argv[1:]], prog=COMMAND))

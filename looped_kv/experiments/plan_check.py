@@ -15,10 +15,10 @@ resident weights. ``tests/test_plan.py`` holds every prediction to 10% of the CP
 models (Huginn's shape, Ouro's and Raven-TinyLlama's); on a GPU, one command records a full-size check (the
 profile defaults to the model's for the GPU found; name a T4 profile to check it on a larger GPU):
 
-    python -m looped_kv.experiments.plan_check --model huginn-0125 --out book/data/plan-check-huginn-0125.json
-    python -m looped_kv.experiments.plan_check --model ouro-1.4b --profile ouro-1.4b-t4 \
+    looped-kv plan-check --model huginn-0125 --out book/data/plan-check-huginn-0125.json
+    looped-kv plan-check --model ouro-1.4b --profile ouro-1.4b-t4 \
         --out book/data/plan-check-ouro-1.4b-t4.json
-    python -m looped_kv.experiments.plan_check --model raven-tinyllama --profile raven-tinyllama-t4 \
+    looped-kv plan-check --model raven-tinyllama --profile raven-tinyllama-t4 \
         --out book/data/plan-check-raven-tinyllama-t4.json
 
 ``--model`` also takes a checkpoint folder or a config.json (random weights of that config): the same command runs
@@ -28,7 +28,6 @@ on a CPU with a fixture-sized model and the ``smoke`` profile.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable
 from datetime import date
@@ -63,7 +62,6 @@ from looped_kv.runtime.policy import make_policy
 
 SKIPPED = {"ch01": ("chain answers",)}  # plan steps a run does not make
 #: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``plan-check``), as a module.
-COMMAND = "python -m looped_kv.experiments.plan_check"
 
 
 def token_ids(model: LoopedLM, rows: int, tokens: int, seed: int = 0) -> torch.Tensor:
@@ -242,9 +240,3 @@ def run(model_name: str, config: LoopedConfig, profile: str | None = None, devic
         record = {"model": model_name, "profile": chosen.name, "date": date.today().isoformat(),
                   "environment": settings, "chapters": table.reset_index().to_dict("records")}
         out.write_text(json.dumps(record, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    from looped_kv import cli
-
-    sys.exit(cli.main(["plan-check", *sys.argv[1:]], prog=COMMAND))

@@ -23,7 +23,7 @@ transformers ahead of the installed one, as this project's measurements did:
 
     pip install --no-deps --target ../transformers4 "transformers>=4.53,<5" "huggingface_hub>=0.34,<1" \
         "tokenizers>=0.22,<0.23"
-    PYTHONPATH=../transformers4 python -m looped_kv.experiments.speed --reference ../recurrent-pretraining
+    PYTHONPATH=../transformers4 looped-kv speed --reference ../recurrent-pretraining
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ from looped_kv.workloads import data
 
 REFERENCE_FILES = ("raven_config_minimal.py", "raven_modeling_minimal.py")
 #: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``speed``), as a module.
-COMMAND = "python -m looped_kv.experiments.speed"
 
 
 @dataclass(frozen=True)
@@ -257,9 +256,3 @@ def run(options: Options) -> None:
     greedy_against_reference(options, config)
     if options.methods:
         methods_side_by_side(options)
-
-
-if __name__ == "__main__":
-    from looped_kv import cli
-
-    sys.exit(cli.main(["speed", *sys.argv[1:]], prog=COMMAND))

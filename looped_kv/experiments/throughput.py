@@ -4,7 +4,6 @@ comparison (RIPE Sec. 3.5, 5.3), printed from :mod:`looped_kv.analysis.throughpu
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +16,6 @@ from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
 
 #: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``batched``), as a module.
-COMMAND = "python -m looped_kv.experiments.throughput"
 
 
 @dataclass(frozen=True)
@@ -113,9 +111,3 @@ def run(model: LoopedLM, prompts: list[Tensor], options: Options, name: str) -> 
         f = comparison.factors
         print(f"  deepest / full at the full cache's B_max: {f.same_batch:.2f}x; batch factor {f.batch:.2f}x; "
               f"fixed-memory total {f.total:.2f}x")
-
-
-if __name__ == "__main__":
-    from looped_kv import cli
-
-    sys.exit(cli.main(["batched", *sys.argv[1:]], prog=COMMAND))

@@ -15,14 +15,13 @@ numbers, on the evaluation split of the depth workload (value-changing chains,
   d = 4, gamma = 4 accepts between 40% and 90% of drafted tokens, and DAS-Wave's accepted length A
   is at most 80% of its ceiling w.
 
-    python -m looped_kv.tiny.gates            # measure, print, and record in looped_kv/tiny/config.json
+    looped-kv gates            # measure, print, and record in looped_kv/tiny/config.json
 """
 
 from __future__ import annotations
 
 import json
 import operator
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
 
-COMMAND = "python -m looped_kv.tiny.gates"
+COMMAND = "looped-kv gates"
 DEEPEST = list(DEPTH_BUCKETS)[-1]
 LOOPS = (4, 16, 32, 64)
 
@@ -156,9 +155,3 @@ def run(folder: str | Path = TINY_DIR, record: bool = True) -> None:
         config["gates"] = {"command": COMMAND, "seconds": round(time.perf_counter() - start), "figures": figures,
                            "passed": {row["gate"]: row["passes"] for row in rows}}
         path.write_text(json.dumps(config, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    from looped_kv import cli
-
-    sys.exit(cli.main(["gates", *sys.argv[1:]], prog=COMMAND))

@@ -7,15 +7,14 @@ depth bucket at R = 1, 4, 8, 16, 32, beside chance. A recipe earns a long run on
 short run shows accuracy at R = 16 above accuracy at R = 4 on queries deeper than R = 4 can
 solve, and above chance (:func:`earns_long_run`).
 
-    python -m looped_kv.tiny.scout one-chain          # run one recipe
-    python -m looped_kv.tiny.scout --list             # the recipes and the runs recorded so far
+    looped-kv scout one-chain          # run one recipe
+    looped-kv scout --list             # the recipes and the runs recorded so far
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,7 +27,7 @@ RECORDS = Path(__file__).parent / "scouting"
 #: Where a run trains (NAME below it), relative to the working directory.
 RUNS = Path("runs/scout")
 #: The command that runs a recipe (:mod:`looped_kv.cli`'s ``scout``), as a module.
-COMMAND = "python -m looped_kv.tiny.scout"
+COMMAND = "looped-kv scout"
 #: Queries deeper than 4 loops of a 1-layer core can answer at one step per loop (DESIGN.md's prototypes).
 DEEP_BUCKETS = ("9-12", "13-16", "17-24", "25-32")
 
@@ -126,9 +125,3 @@ def run(recipe: str, settings: train.Options, command: str) -> None:
         "options": options, "settings": json.loads((out / "settings.json").read_text()),
         "final": final, "log": log}, indent=1) + "\n")
     print(f"{recipe}: earns a long run: {earns_long_run(final)}")
-
-
-if __name__ == "__main__":
-    from looped_kv import cli
-
-    sys.exit(cli.main(["scout", *sys.argv[1:]], prog=COMMAND))

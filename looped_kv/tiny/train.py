@@ -14,15 +14,15 @@ programs of every length from the start.
 Every ``--eval-every`` steps the log records held-out answer accuracy by depth bucket at
 R = 1, 4, 8, 16, 32, beside chance.
 
-    python -m looped_kv.tiny.train --out runs/tiny            # the shipped recipe
-    python -m looped_kv.tiny.train --out runs/tiny --resume   # continue after an interruption
-    python -m looped_kv.tiny.train --out runs/tiny --resume --export looped_kv/tiny   # ship it
+    looped-kv train --out runs/tiny            # the shipped recipe
+    looped-kv train --out runs/tiny --resume   # continue after an interruption
+    looped-kv train --out runs/tiny --resume --export looped_kv/tiny   # ship it
 
 Training is resumable: every ``--checkpoint-every`` steps the model, optimizer, curriculum,
 step and log are written to ``OUT/checkpoint.pt`` (and the log to ``OUT/training_log.json``);
 ``--resume`` continues from it with the recorded arguments. ``--minutes`` ends a sitting
 after that much wall time, with a checkpoint. At the last step the model is written to OUT in
-the public format; ``--export DIR`` writes it there as well. ``python -m looped_kv.tiny.gates``
+the public format; ``--export DIR`` writes it there as well. ``looped-kv gates``
 then measures the gates on the evaluation split.
 """
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # transformers is imported where a tokenizer is made: the loo
     from transformers import PreTrainedTokenizerFast
 
 #: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``train``), as a module; a finished run records it.
-COMMAND = "python -m looped_kv.tiny.train"
+COMMAND = "looped-kv train"
 EOS = "<|endoftext|>"
 #: Options a resumed run may change: the thread count, the sitting's length, the run's length and the data mix
 #: with the depth it starts from (a staged mix). Each change is logged with the step it took effect.
@@ -513,9 +513,3 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
     write_model(args.out, model, tokenizer, training, log)
     if args.export is not None:
         write_model(args.export, model, tokenizer, training, log)
-
-
-if __name__ == "__main__":
-    from looped_kv import cli
-
-    sys.exit(cli.main(["train", *sys.argv[1:]], prog=COMMAND))
