@@ -745,7 +745,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
 def train_options(words: list[str]) -> train.Options:
     """The settings of a training command line (``looped-kv train``'s options, defaults the shipped recipe), checked:
     a ValueError (argparse's exit for what it rejects itself) on bad input."""
-    p = Parser(prog=f"{PROG} train")
+    p = Parser(prog=train.COMMAND)
     _train_arguments(p)
     args = p.parse_args(words)
     _check_train(args)

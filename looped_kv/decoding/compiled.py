@@ -80,21 +80,21 @@ def _verify(model, cache, buffer, tokens, lengths, offset, state, num_loops, pla
 
 
 def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor, previous: Tensor, width: Tensor,
-            lengths: Tensor, num_loops: int, planes: tuple) -> tuple[Tensor, Tensor]:
-    """One DAS-Wave round over the n positions after the anchor (``guesses`` is (B, n + 1)): positions < ``previous``
-    start from the ``carried`` states, the others from their initial states; guesses and states are kept for
-    positions < ``width``."""
-    n = guesses.shape[1] - 1
+            lengths: Tensor, num_loops: int, planes: tuple, n: int) -> tuple[Tensor, Tensor]:
+    """One DAS-Wave round over the first ``n`` positions after the anchor (``guesses`` (B, gamma + 1), ``carried``
+    (B, gamma, n_embd)): positions < ``previous`` start from the ``carried`` states, the others from their initial
+    states; guesses and states are kept for positions < ``width``, the rest pass through unchanged."""
     columns = torch.arange(n, device=guesses.device)
     positions = lengths[:, None] + columns
     fresh = model.initial_state(positions, guesses.shape[0], last=cache.capacity - 1, tokens=guesses[:, :n])
-    state = torch.where((columns < previous)[None, :, None], carried, fresh)
+    state = torch.where((columns < previous)[None, :, None], carried[:, :n], fresh)
     router = StaticBlockPass(cache, positions, lengths, planes)
     logits, state = model(guesses[:, :n], num_loops, state, positions=positions, router=router,
                           return_state=True, max_position=cache.capacity - 1, check=False)
     active = columns < width
-    guesses = torch.cat([guesses[:, :1], torch.where(active, logits.argmax(-1), guesses[:, 1:])], dim=1)
-    return guesses, torch.where(active[None, :, None], state, carried)
+    head = torch.where(active, logits.argmax(-1), guesses[:, 1:n + 1])
+    kept = torch.where(active[None, :, None], state, carried[:, :n])
+    return torch.cat([guesses[:, :1], head, guesses[:, n + 1:]], dim=1), torch.cat([kept, carried[:, n:]], dim=1)
 
 
 #: Traces one compiled function may hold: one per capacity bucket, batch size, cache policy, read plan and (DAS-Wave)
@@ -161,18 +161,13 @@ class CompiledPasses(Passes):
 
         The round runs the first :func:`refined_width` positions, so rounds of nearby widths share a trace and the
         positions past the bucket, inactive and read by no active one, cost nothing."""
-        B, n = guesses.shape
         if carried is None:
+            B, n = guesses.shape
             carried = torch.zeros(B, n - 1, self.model.config.n_embd, dtype=self.model.dtype, device=guesses.device)
-        bucket = refined_width(width, n - 1)
-        previous_, width_ = (torch.tensor(n, device=guesses.device) for n in (previous, width))
+        previous_, width_ = (torch.tensor(v, device=guesses.device) for v in (previous, width))
         step = traced(_refine, guesses.device)
-        head, states = step(self.model, self.cache, guesses[:, :bucket + 1].contiguous(),
-                            carried[:, :bucket].contiguous(), previous_, width_, self.cache.lengths, num_loops,
-                            self.planes(reads, first_loop, num_loops))
-        if bucket == n - 1:
-            return head, states
-        return torch.cat([head, guesses[:, bucket + 1:]], dim=1), torch.cat([states, carried[:, bucket:]], dim=1)
+        return step(self.model, self.cache, guesses, carried, previous_, width_, self.cache.lengths, num_loops,
+                    self.planes(reads, first_loop, num_loops), refined_width(width, guesses.shape[1] - 1))
 
 
 def refined_width(width: int, gamma: int) -> int:
