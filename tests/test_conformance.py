@@ -168,3 +168,18 @@ def test_interleaved_rotary_is_the_pairwise_rotation_bit_for_bit(dtype):
     a, b = x.float()[..., 0::2], x.float()[..., 1::2]
     expected = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2).type_as(x)
     assert torch.equal(Rotary(config)(x, positions), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dim", [128, 100, 5120])
+def test_rms_norm_is_the_references_formula_bit_for_bit(dtype: torch.dtype, dim: int) -> None:
+    """The blocks' norm (one fused call in float32) is the reference's x * rsqrt(mean(x^2) + eps), in float32
+    whatever the dtype, times the weight, to the last bit."""
+    from looped_kv.runtime.model import rms_norm
+
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 17, dim, generator=generator) * 3).to(dtype)
+    weight = (torch.rand(dim, generator=generator) + 0.5).to(dtype)
+    x32 = x.float()
+    expected = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
+    assert torch.equal(rms_norm(x, weight, 1e-6), expected)

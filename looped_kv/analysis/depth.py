@@ -207,8 +207,9 @@ def state_changes(model: LoopedLM, ids: Tensor, num_loops: int, real: Tensor | N
     state = model.initial_state(positions, ids.shape[0], tokens=ids)
     keep = torch.ones_like(ids, dtype=torch.bool) if real is None else real.to(model.device)
     medians = []
+    core = model.core_weights()
     for r in range(1, num_loops + 1):
-        new = model.loop(state, embedded, positions, router, r)
+        new = model.loop(state, embedded, positions, router, r, core)
         change = (new - state).norm(dim=-1) / new.norm(dim=-1).clamp_min(1e-30)
         medians.append(float(change[keep].double().median()))
         state = new

@@ -577,7 +577,7 @@ def restrict(full: PlaneCache, policy: CachePolicy) -> PlaneCache:
     sites = [Site(stage, layer) for stage, n_layers in (("prelude", cfg.n_prelude), ("coda", cfg.n_coda))
              for layer in range(n_layers)]
     sites += [Site("core", layer, p) for layer in range(cfg.n_core) for p in range(1, policy.num_loops + 1)]
-    writes = cache.span_writes(cache.plan_writes(torch.arange(L, device=like.device).expand(full.batch, -1)), 0, L)
+    writes = cache.span_writes(0, L)
     planes = {site: tuple(full.plane_tensor(which, site, site.loop if site.stage == "core" else None)[:, :, :L]
                           for which in (0, 1)) for site in sites}
     cache.write(writes, planes)

@@ -84,14 +84,14 @@ def draft_readouts(model: LoopedLM, cache: PlaneCache, pending: Tensor, depths: 
     One pass per read runs the deepest depth and reads out the shallower ones on the way: a d-loop draft
     is the first d loops of a deeper one (the same ops as ``run_block`` with d loops). Nothing is stored.
     """
-    out = {}
+    out, core = {}, model.core_weights()
     for spec, read in reads.items():
         router = BlockPass(cache, block_positions(cache, 1), reads=read, store=None)
         positions = router.positions
         embedded = model.embed(pending, positions, router)
         state = model.initial_state(positions, pending.shape[0], last=router.last_position, tokens=pending)
         for r in range(1, max(depths) + 1):
-            state = model.loop(state, embedded, positions, router, r)
+            state = model.loop(state, embedded, positions, router, r, core)
             if r in depths:
                 out[(r, spec)] = model.readout(state, positions, router)[:, -1].argmax(-1)
     return out

@@ -58,6 +58,7 @@ from looped_kv.decoding.core import Generation, capacity_bucket, check_prompts
 from looped_kv.decoding.das_wave import check_wave, proposal_width
 from looped_kv.decoding.generate import drafter, generate
 from looped_kv.decoding.settings import WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
+from looped_kv.experiments.speed import frozen_heap
 from looped_kv.runtime.measurement import measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
@@ -191,7 +192,8 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
     greedy decoding and each method (the order reversed every other round), modes one after the other prompt by
     prompt; one row per (prompt, method, mode) with its median time over the rounds, tokens/s, per-prompt speed-up
     over the paired greedy run of its mode (DAS Eq. 8) and over eager greedy decoding, A, G, tau, whether it equals
-    greedy and ``repeats``. Compiled steps are traced before any timed run (:func:`warm_up`)."""
+    greedy and ``repeats``. Compiled steps are traced before any timed run (:func:`warm_up`); the runs are timed
+    under :func:`~looped_kv.experiments.speed.frozen_heap`."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     unknown = [m for m in modes if m not in MODES]
@@ -202,6 +204,15 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
         warm_up(model, prompts, methods, max_new_tokens, progress)
     keys = ["ar", *(key for key, c in methods.items() if c.get("method") != "ar")]
     configs = {"ar": {"method": "ar"}, **methods}
+    with frozen_heap():
+        return pd.DataFrame(_paired_rows(model, prompts, keys, configs, methods, max_new_tokens, progress, repeats,
+                                         modes))
+
+
+def _paired_rows(model: LoopedLM, prompts: Sequence[Tensor], keys: list[Hashable], configs: dict[Hashable, dict],
+                 methods: dict[Hashable, dict], max_new_tokens: int, progress: bool, repeats: int,
+                 modes: Sequence[str]) -> list[dict]:
+    """:func:`run_paired`'s rows."""
     rows = []
     for i, ids in enumerate(tqdm(prompts, desc="prompts", disable=not progress, leave=False)):
         eager: tuple[Generation, float] | None = None  # eager greedy decoding's run and median time
@@ -232,7 +243,7 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
                              "eager_greedy_time_s": np.nan if eager is None else eager[1],
                              "eager_greedy_tokens": np.nan if eager is None else eager[0].num_new,
                              "same_as_greedy": bool(torch.equal(out.tokens, reference.tokens)), "repeats": repeats})
-    return pd.DataFrame(rows)
+    return rows
 
 
 def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot: int = 2000) -> pd.DataFrame:

@@ -50,9 +50,9 @@ class _Scatter:
     path). ``valid`` (compiled steps): entries where it is False write back what their (clamped) slot holds.
     """
 
-    rows: Tensor
-    cols: Tensor
-    index: Tensor
+    rows: Tensor | None  # None with a span
+    cols: Tensor | None
+    index: Tensor | None
     span: tuple[int, int] | None = None
     valid: Tensor | None = None
 
@@ -71,7 +71,7 @@ def _put(dest: Tensor, scatter: _Scatter, src: Tensor) -> None:
     (..., B, H, n, D) with the same leading dimensions (none for one site, layers and planes for a whole store)."""
     if scatter.span is not None:
         start, stop = scatter.span
-        dest[..., start:stop, :] = src if src.shape[-2] == stop - start else src[..., :stop - start, :]
+        dest.narrow(-2, start, stop - start).copy_(src if src.shape[-2] == stop - start else src[..., :stop - start, :])
         return
     lead = (slice(None),) * (dest.dim() - 4)
     values = src[(*lead, scatter.rows, slice(None), scatter.cols)]  # (entries, ..., H, D)
@@ -270,11 +270,15 @@ class PlaneCache:
                          ring=_Scatter(rows[ring], cols[ring], index[ring] % max(self.ring_size, 1)),
                          sink=_Scatter(rows[sink], cols[sink], index[sink]))
 
-    def span_writes(self, writes: RowWrites, start: int, stop: int) -> RowWrites:
-        """``writes`` of a block at positions [start, stop) of every row, every column stored: the main entries
-        as one slice."""
-        main = writes.main
-        return RowWrites(_Scatter(main.rows, main.cols, main.index, span=(start, stop)), writes.ring, writes.sink)
+    def span_writes(self, start: int, stop: int) -> RowWrites:
+        """Every column of a block at positions [start, stop) of every row: the main entries as one slice (planned
+        entry by entry only for the ring and the sinks, when the policy has them)."""
+        main = _Scatter(None, None, None, span=(start, stop))
+        if not (self.ring_size or self.sink_size):
+            return RowWrites(main, main, main)  # ring and sinks hold nothing: never written
+        positions = torch.arange(start, stop, device=self.lengths.device).expand(self.batch, -1)
+        writes = self.plan_writes(positions)
+        return RowWrites(main, writes.ring, writes.sink)
 
     def static_writes(self, positions: Tensor) -> RowWrites:
         """Every column of a block at ``positions`` (B, n), built without a device sync or a data-dependent
@@ -469,10 +473,13 @@ class BlockPass:
         # A single fused attention over the plane the block is written into (see the module docstring).
         self.in_plane = store == "cache" and reads == ALIGNED and cache.policy.in_own_plane
         if store == "cache":
-            self.writes = cache.plan_writes(self.positions, None if self.in_plane else counts)
-            if span is not None:
-                self.writes = cache.span_writes(self.writes, *span)
+            self.writes = cache.span_writes(*span) if span is not None else \
+                cache.plan_writes(self.positions, None if self.in_plane else counts)
         self._masks: dict[tuple[str, ...], list[Tensor | None]] = {}
+        if self.in_plane:  # each call reads [0, stop) of its plane: the prefix, then the block (see attend)
+            self.stop = cache.max_length + n
+            self.plane_mask = self._plane_mask()
+            self.causal = self.plane_mask is None and cache.max_length == 0 and n > 1
 
     # -- masks, built once per block ---------------------------------------------------------
     def _segment_masks(self, kinds: tuple[str, ...]) -> list[Tensor | None]:
@@ -483,15 +490,11 @@ class BlockPass:
 
     def _plane_mask(self) -> Tensor | None:
         """Mask of a read over [0, max length + n) of the plane the block was written into: j <= t per row."""
-        if "plane" not in self._masks:
-            B, n = self.positions.shape
-            if self.cache.max_length == 0 or (B == 1 and n == 1):
-                mask = None  # a fresh block reads itself causally; one token reads everything up to itself
-            else:
-                j = torch.arange(self.cache.max_length + n, device=self.positions.device)
-                mask = (j <= self.positions[:, :, None])[:, None]
-            self._masks["plane"] = [mask]
-        return self._masks["plane"][0]
+        B, n = self.positions.shape
+        if self.cache.max_length == 0 or (B == 1 and n == 1):
+            return None  # a fresh block reads itself causally; one token reads everything up to itself
+        j = torch.arange(self.cache.max_length + n, device=self.positions.device)
+        return (j <= self.positions[:, :, None])[:, None]
 
     # -- the router --------------------------------------------------------------------------
     def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
@@ -500,12 +503,10 @@ class BlockPass:
         if self.in_plane:  # write the block where its prefix is read (scratch past each row's length until the
             plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None  # last loop writes it)
             self.cache.write(self.writes, {site: (keys, values)}, plane=plane)
-            stop = self.cache.max_length + keys.shape[2]
-            plane_keys = self.cache.plane_tensor(0, site, plane)[:, :, :stop]
-            plane_values = self.cache.plane_tensor(1, site, plane)[:, :, :stop]
-            mask = self._plane_mask()
-            causal = mask is None and self.cache.max_length == 0 and keys.shape[2] > 1
-            return attend(queries, plane_keys, plane_values, mask, causal=causal, softmax_dtype=self.softmax_dtype)
+            plane_keys = self.cache.plane_tensor(0, site, plane).narrow(2, 0, self.stop)
+            plane_values = self.cache.plane_tensor(1, site, plane).narrow(2, 0, self.stop)
+            return attend(queries, plane_keys, plane_values, self.plane_mask, causal=self.causal,
+                          softmax_dtype=self.softmax_dtype)
         out = attend_segments(queries, self._reads(site, keys, values), self.softmax_dtype)
         if self.store == "cache":
             self.cache.write(self.writes, {site: (keys, values)})

@@ -76,8 +76,9 @@ def loop_outputs(model: LoopedLM, input_ids: Tensor, num_loops: int | None = Non
     router = CausalRouter()
     embedded = model.embed(input_ids, positions, router)
     state, states = model.initial_state(positions, input_ids.shape[0], tokens=input_ids), []
+    core = model.core_weights()
     for r in range(1, num_loops + 1):
-        state = model.loop(state, embedded, positions, router, r)
+        state = model.loop(state, embedded, positions, router, r, core)
         states.append(state)
     stacked = torch.stack(states, dim=2)
     return LoopOutputs(stacked, model.transformer.exit_gate(stacked).squeeze(-1))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,15 @@ def check_finite(tensor: Tensor, what: str) -> None:
         raise Float16Overflow(what)
 
 
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, the mean computed in float32 as the reference does."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:  # the same ops in one call, bit for bit
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    x32 = x if x.dtype == torch.float32 else x.float()
+    y = x32 * x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]).add_(eps).rsqrt_()  # the mean, bit for bit
+    return (y if y.dtype == x.dtype else y.type_as(x)) * weight
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -45,9 +55,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x if x.dtype == torch.float32 else x.float()
-        y = x32 * torch.rsqrt(x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]) + self.eps)  # the mean, bit for bit
-        return (y if y.dtype == x.dtype else y.type_as(x)) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -82,12 +90,16 @@ class Rotary(nn.Module):
         return memo[2], memo[3]
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotate ``x`` (B, n, H, D) at absolute ``positions`` ((n,) or (B, n))."""
+        return self.rotate(x, positions)
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate ``x`` (B, n, H, D) at absolute ``positions`` ((n,) or (B, n)) (the blocks call this, not the
+        module: no module-call overhead in the decoders' hot path)."""
         cos, sin = self.angles(positions)
         if self.interleaved:  # computed in float32, as the reference does; the same products and sums, bit for bit
-            x32 = x.float()
-            swapped = x32.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (b, a) for each pair (a, b)
-            return (x32 * cos + swapped * sin).type_as(x)
+            x32 = x if x.dtype == torch.float32 else x.float()
+            rotated = x32 * cos + x32.unflatten(-1, (-1, 2)).flip(-1).flatten(-2) * sin  # swapped: (b, a) per pair
+            return rotated if rotated.dtype == x.dtype else rotated.type_as(x)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         half = x.shape[-1] // 2
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
@@ -104,12 +116,21 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+class AttentionWeights(NamedTuple):
+    qkv: Tensor
+    proj: Tensor
+    qk_bias: Tensor | None
+    q_norm: Tensor | None
+    k_norm: Tensor | None
+
+
 class Attention(nn.Module):
     def __init__(self, config: LoopedConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.chunks = [config.n_embd, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim]
         self.Wqkv = nn.Linear(config.n_embd, sum(self.chunks), bias=False)
+        self.has_qk_bias, self.has_qk_norm, self.eps = config.qk_bias, config.qk_norm, config.norm_eps
         if config.qk_bias:
             self.qk_bias = nn.Parameter(torch.zeros(2, 1, self.n_heads, self.head_dim))
         if config.qk_norm:  # over all heads at once (n_heads x head_dim wide), not per head
@@ -117,22 +138,28 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.chunks[1], config.norm_eps)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, site: Site) -> Tensor:
+    def weights(self) -> AttentionWeights:
+        return AttentionWeights(self.Wqkv.weight, self.proj.weight, self.qk_bias if self.has_qk_bias else None,
+                                *((self.q_norm.weight, self.k_norm.weight) if self.has_qk_norm else (None, None)))
+
+    def run(self, x: Tensor, w: AttentionWeights, rotary: Rotary, positions: Tensor, router: Router,
+            site: Site) -> Tensor:
+        """The attention sublayer on ``x`` (B, n, d) with the block's weights ``w``; ``router`` says what it reads."""
         B, n, _ = x.shape
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self.Wqkv(x)
-        values = qkv[..., self.chunks[0] + self.chunks[1]:].view(B, n, H_kv, D)
-        if hasattr(self, "q_norm"):
-            queries, keys = qkv[..., :self.chunks[0] + self.chunks[1]].split(self.chunks[:2], dim=-1)
-            queries = rotary(self.q_norm(queries).view(B, n, H, D), positions)
-            keys = rotary(self.k_norm(keys).view(B, n, H_kv, D), positions)
+        qkv = F.linear(x, w.qkv)
+        if self.has_qk_norm:
+            queries, keys, values = qkv.split(self.chunks, dim=-1)
+            queries = rotary.rotate(rms_norm(queries, w.q_norm, self.eps).view(B, n, H, D), positions)
+            keys = rotary.rotate(rms_norm(keys, w.k_norm, self.eps).view(B, n, H_kv, D), positions)
+            values = values.view(B, n, H_kv, D)
         else:  # queries and keys rotated together, heads side by side: the same arithmetic in fewer calls
-            qk = qkv[..., :self.chunks[0] + self.chunks[1]].view(B, n, H + H_kv, D)
-            if hasattr(self, "qk_bias"):
-                qk = qk + self.qk_bias.view(H + H_kv, D)
-            queries, keys = rotary(qk, positions).split([H, H_kv], dim=2)
+            qk, values = qkv.view(B, n, H + 2 * H_kv, D).split([H + H_kv, H_kv], dim=2)
+            if self.has_qk_bias:
+                qk = qk + w.qk_bias.view(H + H_kv, D)
+            queries, keys = rotary.rotate(qk, positions).split([H, H_kv], dim=2)
         y = router.attend(site, queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2))
-        return self.proj(y.transpose(1, 2).reshape(B, n, -1))
+        return F.linear(y.transpose(1, 2).reshape(B, n, -1), w.proj)
 
 
 class GatedMLP(nn.Module):
@@ -141,18 +168,35 @@ class GatedMLP(nn.Module):
         self.fc = nn.Linear(config.n_embd, 2 * config.intermediate_size, bias=False)
         self.proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.fc(x).chunk(2, dim=-1)
-        return self.proj(F.silu(gate) * up)
+    def weights(self) -> tuple[Tensor, Tensor]:
+        return self.fc.weight, self.proj.weight
+
+    @staticmethod
+    def run(x: Tensor, w: tuple[Tensor, Tensor]) -> Tensor:
+        gate, up = F.linear(x, w[0]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, w[1])
+
+
+class BlockWeights(NamedTuple):
+    """A block's parameters, read once per forward pass: a core block serves all R loops of it with one read."""
+
+    norms: tuple[Tensor, ...]  # norm_1, norm_2 (and norm_3, norm_4)
+    attn: AttentionWeights
+    mlp: tuple[Tensor, Tensor]  # fc, proj
 
 
 class Block(nn.Module):
     """Sandwich block (Huginn), pre-norm block (Raven), OLMo-2's reordered block (Raven-OLMo) or a norm before and
-    after each sublayer (Ouro): ``config.norm_layout``."""
+    after each sublayer (Ouro): ``config.norm_layout``.
+
+    Its sublayers compute with :class:`BlockWeights` (``F.linear``, :func:`rms_norm`), not through module calls:
+    the same arithmetic, without the attribute lookups and module-call overhead that would otherwise be most of a
+    one-token decoding step's time.
+    """
 
     def __init__(self, config: LoopedConfig, stage: Stage, layer: int) -> None:
         super().__init__()
-        self.stage, self.layer, self.layout = stage, layer, config.norm_layout
+        self.stage, self.layer, self.layout, self.eps = stage, layer, config.norm_layout, config.norm_eps
         self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = Attention(config)
         self.norm_2 = RMSNorm(config.n_embd, config.norm_eps)
@@ -161,19 +205,40 @@ class Block(nn.Module):
             self.norm_3 = RMSNorm(config.n_embd, config.norm_eps)
             self.norm_4 = RMSNorm(config.n_embd, config.norm_eps)
 
-    def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, loop: int = 0) -> Tensor:
-        site = Site(self.stage, self.layer, loop)
+    def weights(self) -> BlockWeights:
+        norms = (self.norm_1, self.norm_2, self.norm_3, self.norm_4) if self.layout in ("sandwich", "peri-norm") \
+            else (self.norm_1, self.norm_2)
+        return BlockWeights(tuple(norm.weight for norm in norms), self.attn.weights(), self.mlp.weights())
+
+    def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, loop: int = 0,
+                weights: BlockWeights | None = None) -> Tensor:
+        """The block on ``x`` (B, n, d); ``weights`` (default: read now) are :meth:`weights`."""
+        w = self.weights() if weights is None else weights
+        site, eps, norms = Site(self.stage, self.layer, loop), self.eps, w.norms
+
+        def attention(h: Tensor) -> Tensor:
+            return self.attn.run(h, w.attn, rotary, positions, router, site)
+
         if self.layout == "sandwich":
-            x = self.norm_2(x + self.attn(self.norm_1(x), rotary, positions, router, site))
-            return self.norm_4(x + self.mlp(self.norm_3(x)))
+            x = rms_norm(x + attention(rms_norm(x, norms[0], eps)), norms[1], eps)
+            return rms_norm(x + GatedMLP.run(rms_norm(x, norms[2], eps), w.mlp), norms[3], eps)
         if self.layout == "reordered":
-            x = x + self.norm_1(self.attn(x, rotary, positions, router, site))
-            return x + self.norm_2(self.mlp(x))
+            x = x + rms_norm(attention(x), norms[0], eps)
+            return x + rms_norm(GatedMLP.run(x, w.mlp), norms[1], eps)
         if self.layout == "peri-norm":
-            x = x + self.norm_2(self.attn(self.norm_1(x), rotary, positions, router, site))
-            return x + self.norm_4(self.mlp(self.norm_3(x)))
-        x = x + self.attn(self.norm_1(x), rotary, positions, router, site)
-        return x + self.mlp(self.norm_2(x))
+            x = x + rms_norm(attention(rms_norm(x, norms[0], eps)), norms[1], eps)
+            return x + rms_norm(GatedMLP.run(rms_norm(x, norms[2], eps), w.mlp), norms[3], eps)
+        x = x + attention(rms_norm(x, norms[0], eps))
+        return x + GatedMLP.run(rms_norm(x, norms[1], eps), w.mlp)
+
+
+class CoreWeights(NamedTuple):
+    """The core's parameters for :meth:`LoopedLM.loop`: its blocks', the adapter's (None for Ouro) and the final
+    norm's (Ouro's loop ends with it)."""
+
+    blocks: tuple[BlockWeights, ...]
+    adapter: Tensor | None
+    norm: Tensor
 
 
 class LoopedLM(nn.Module):
@@ -223,18 +288,26 @@ class LoopedLM(nn.Module):
             x = block(x, self.rotary, positions, router)
         return x
 
-    def loop(self, state: Tensor, embedded: Tensor, positions: Tensor, router: Router, r: int) -> Tensor:
+    def loop(self, state: Tensor, embedded: Tensor, positions: Tensor, router: Router, r: int,
+             weights: CoreWeights | None = None) -> Tensor:
         """Loop r of the core: s(r) = B(adapter([s(r-1), e])), or Ouro's s(r) = ln_f(B(s(r-1))); its attention calls
-        write plane r."""
+        write plane r. ``weights`` (default: read now) are :meth:`core_weights`, read once for many loops."""
+        blocks, w = self.transformer.core_block, self.core_weights() if weights is None else weights
         if self.config.looped_stack:
             x = state
-            for block in self.transformer.core_block:
-                x = block(x, self.rotary, positions, router, loop=r)
-            return self.transformer.ln_f(x)
-        x = self.transformer.adapter(torch.cat([state, embedded], dim=-1))
-        for block in self.transformer.core_block:
-            x = block(x, self.rotary, positions, router, loop=r)
+            for block, block_weights in zip(blocks, w.blocks, strict=True):
+                x = block(x, self.rotary, positions, router, r, block_weights)
+            return rms_norm(x, w.norm, self.config.norm_eps)
+        x = F.linear(torch.cat([state, embedded], dim=-1), w.adapter)
+        for block, block_weights in zip(blocks, w.blocks, strict=True):
+            x = block(x, self.rotary, positions, router, r, block_weights)
         return x
+
+    def core_weights(self) -> CoreWeights:
+        """The core's parameters (:class:`CoreWeights`), read once per forward pass for all its loops."""
+        t = self.transformer
+        return CoreWeights(tuple(block.weights() for block in t.core_block),
+                           None if self.config.looped_stack else t.adapter.weight, t.ln_f.weight)
 
     def readout(self, state: Tensor, positions: Tensor, router: Router) -> Tensor:
         """Coda and head: logits z = C(s(R)) (Ouro: the head on the normed state, z = head(s(R)))."""
@@ -339,8 +412,9 @@ class LoopedLM(nn.Module):
         embedded = self.embed(input_ids, positions, router)
         state = self.resolve_state(initial_state, positions, B, last, embedded)
         finite = []  # float16 only: per loop, whether the state stayed finite (one device sync at the end)
+        core = self.core_weights()
         for r in range(first_loop, first_loop + num_loops):
-            state = self.loop(state, embedded, positions, router, r)
+            state = self.loop(state, embedded, positions, router, r, core)
             if state.dtype == torch.float16:
                 finite.append(torch.isfinite(state).all())
         if finite:  # before the readout, which checks the logits

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from functools import cached_property
 
 CACHE_POLICIES = ("full", "deepest", "k-deepest", "share", "first", "ripe", "sinks")
 # The cache policies that read each optional make_policy parameter; any other policy rejects it.
@@ -84,7 +85,7 @@ class CachePolicy:
             return ()
         return tuple(p for p in range(1, self.num_loops + 1) if p not in self.kept)
 
-    @property
+    @cached_property  # read by every block pass
     def in_own_plane(self) -> bool:
         """Whether every kept plane p is last written by loop p among the loops that read it (plane(r) = p).
 
