@@ -204,46 +204,39 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
         warm_up(model, prompts, methods, max_new_tokens, progress)
     keys = ["ar", *(key for key, c in methods.items() if c.get("method") != "ar")]
     configs = {"ar": {"method": "ar"}, **methods}
-    with frozen_heap():
-        return pd.DataFrame(_paired_rows(model, prompts, keys, configs, methods, max_new_tokens, progress, repeats,
-                                         modes))
-
-
-def _paired_rows(model: LoopedLM, prompts: Sequence[Tensor], keys: list[Hashable], configs: dict[Hashable, dict],
-                 methods: dict[Hashable, dict], max_new_tokens: int, progress: bool, repeats: int,
-                 modes: Sequence[str]) -> list[dict]:
-    """:func:`run_paired`'s rows."""
     rows = []
-    for i, ids in enumerate(tqdm(prompts, desc="prompts", disable=not progress, leave=False)):
-        eager: tuple[Generation, float] | None = None  # eager greedy decoding's run and median time
-        for mode in modes:
-            compiled = mode == "compiled"
-            times: dict[Hashable, list[float]] = {key: [] for key in keys}
-            outs: dict[Hashable, Generation] = {}
-            prefill: list[float] = []
-            for r in range(repeats):
-                for key in [*keys, PREFILL] if r % 2 == 0 else [PREFILL, *keys[::-1]]:
-                    if key == PREFILL:  # the same prefill as every decoder's, and its first token
-                        prefill.append(generate(model, ids, max_new_tokens=1, compile=compiled).wall_time)
-                        continue
-                    out = generate(model, ids, max_new_tokens=max_new_tokens, compile=compiled, **configs[key])
-                    times[key].append(out.wall_time)
-                    outs.setdefault(key, out)
-            reference, greedy_time = outs["ar"], float(np.median(times["ar"]))
-            if not compiled and eager is None:
-                eager = (reference, greedy_time)
-            for key, config in methods.items():
-                source = "ar" if config.get("method") == "ar" else key
-                out, time_s = outs[source], float(np.median(times[source]))
-                (row,) = _rows(out, key, config)
-                rows.append({**row, "prompt": i, "mode": mode, "time_s": time_s, "tokens_per_s": out.num_new / time_s,
-                             "greedy_time_s": greedy_time, "greedy_tokens": reference.num_new,
-                             "prefill_time_s": float(np.median(prefill)),
-                             "speed-up": (out.num_new / time_s) / (reference.num_new / greedy_time),
-                             "eager_greedy_time_s": np.nan if eager is None else eager[1],
-                             "eager_greedy_tokens": np.nan if eager is None else eager[0].num_new,
-                             "same_as_greedy": bool(torch.equal(out.tokens, reference.tokens)), "repeats": repeats})
-    return rows
+    with frozen_heap():
+        for i, ids in enumerate(tqdm(prompts, desc="prompts", disable=not progress, leave=False)):
+            eager: tuple[Generation, float] | None = None  # eager greedy decoding's run and median time
+            for mode in modes:
+                compiled = mode == "compiled"
+                times: dict[Hashable, list[float]] = {key: [] for key in keys}
+                outs: dict[Hashable, Generation] = {}
+                prefill: list[float] = []
+                for r in range(repeats):
+                    for key in [*keys, PREFILL] if r % 2 == 0 else [PREFILL, *keys[::-1]]:
+                        if key == PREFILL:  # the same prefill as every decoder's, and its first token
+                            prefill.append(generate(model, ids, max_new_tokens=1, compile=compiled).wall_time)
+                            continue
+                        out = generate(model, ids, max_new_tokens=max_new_tokens, compile=compiled, **configs[key])
+                        times[key].append(out.wall_time)
+                        outs.setdefault(key, out)
+                reference, greedy_time = outs["ar"], float(np.median(times["ar"]))
+                if not compiled and eager is None:
+                    eager = (reference, greedy_time)
+                for key, config in methods.items():
+                    source = "ar" if config.get("method") == "ar" else key
+                    out, time_s = outs[source], float(np.median(times[source]))
+                    (row,) = _rows(out, key, config)
+                    rows.append({**row, "prompt": i, "mode": mode, "time_s": time_s,
+                                 "tokens_per_s": out.num_new / time_s, "greedy_time_s": greedy_time,
+                                 "greedy_tokens": reference.num_new,
+                                 "prefill_time_s": float(np.median(prefill)),
+                                 "speed-up": (out.num_new / time_s) / (reference.num_new / greedy_time),
+                                 "eager_greedy_time_s": np.nan if eager is None else eager[1],
+                                 "eager_greedy_tokens": np.nan if eager is None else eager[0].num_new,
+                                 "same_as_greedy": bool(torch.equal(out.tokens, reference.tokens)), "repeats": repeats})
+    return pd.DataFrame(rows)
 
 
 def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot: int = 2000) -> pd.DataFrame:
