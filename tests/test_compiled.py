@@ -81,6 +81,15 @@ def test_compiled_passes_emit_the_eager_tokens(backend, model, method, cache):
         assert all(torch.equal(a, b) for a, b in zip(greedy.sequences, traced.sequences, strict=True))
 
 
+@pytest.mark.parametrize("method", ["ar", "das-wave"])
+def test_float32_passes_trace_whole_and_emit_the_eager_tokens(backend, model, method):
+    """In float32 the eager step calls ops a trace can't hold (the fused norm): the traced step must not."""
+    model32 = random_model("huginn", seed=8, block_size=160, n_core=1, mean_recurrence=R).float()
+    ids = prompts(model32)
+    eager, traced = (run(model32, ids, method, compile=c) for c in (False, True))
+    assert all(torch.equal(a, b) for a, b in zip(eager.sequences, traced.sequences, strict=True)), method
+
+
 def test_new_prompt_lengths_reuse_the_trace_of_their_capacity_bucket(backend, model):
     """Greedy steps and self-spec's drafts and verification blocks: one trace per pass and capacity bucket."""
     options = dict(max_new_tokens=4, num_loops=R, stop_at_eos=False, compile=True, method="self-spec",

@@ -39,9 +39,16 @@ def check_finite(tensor: Tensor, what: str) -> None:
         raise Float16Overflow(what)
 
 
+#: The op that ``F.rms_norm`` dispatches to (PyTorch >= 2.8), called without the Python and dispatcher layers above
+#: it, which take a third of a one-token norm's time on a CPU (a decoding step of the tiny model computes 140 norms).
+_fused_rms_norm = getattr(torch, "_fused_rms_norm", None)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight, the mean computed in float32 as the reference does."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:  # the same ops in one call, bit for bit
+        if _fused_rms_norm is not None and not torch.compiler.is_compiling():  # (a traced step cannot call it)
+            return _fused_rms_norm(x, (x.shape[-1],), weight, eps)[0]
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     x32 = x if x.dtype == torch.float32 else x.float()
     y = x32 * x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]).add_(eps).rsqrt_()  # the mean, bit for bit
@@ -78,6 +85,7 @@ class Rotary(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self._angles: tuple[Tensor, int, Tensor, Tensor] | None = None  # positions, their version, cos, sin
+        self._swaps: dict[torch.device, Tensor] = {}  # per device: the index that swaps each adjacent pair
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos' and sin' at ``positions``, (..., 1, D); gathered once for the many calls of one forward pass."""
@@ -98,11 +106,21 @@ class Rotary(nn.Module):
         cos, sin = self.angles(positions)
         if self.interleaved:  # computed in float32, as the reference does; the same products and sums, bit for bit
             x32 = x if x.dtype == torch.float32 else x.float()
-            rotated = x32 * cos + x32.unflatten(-1, (-1, 2)).flip(-1).flatten(-2) * sin  # swapped: (b, a) per pair
+            rotated = x32 * cos + self._swapped(x32) * sin
             return rotated if rotated.dtype == x.dtype else rotated.type_as(x)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         half = x.shape[-1] // 2
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+    def _swapped(self, x: Tensor) -> Tensor:
+        """(b, a) for each adjacent pair (a, b) of the last dimension: a gather for a decoding step's few tokens (a
+        third faster there), a flip of pairs for a longer block (twice as fast there)."""
+        if x.numel() > 1024 or torch.compiler.is_compiling():
+            return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        index = self._swaps.get(x.device)
+        if index is None:
+            index = self._swaps[x.device] = torch.arange(self.cos.shape[-1], device=x.device) ^ 1
+        return x[..., index]
 
 
 def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
@@ -117,6 +135,8 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
 
 
 class AttentionWeights(NamedTuple):
+    """An attention layer's parameters; the projections transposed (views), multiplied as ``x @ W^T``."""
+
     qkv: Tensor
     proj: Tensor
     qk_bias: Tensor | None
@@ -139,27 +159,28 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def weights(self) -> AttentionWeights:
-        return AttentionWeights(self.Wqkv.weight, self.proj.weight, self.qk_bias if self.has_qk_bias else None,
+        return AttentionWeights(self.Wqkv.weight.t(), self.proj.weight.t(), self.qk_bias if self.has_qk_bias else None,
                                 *((self.q_norm.weight, self.k_norm.weight) if self.has_qk_norm else (None, None)))
 
     def run(self, x: Tensor, w: AttentionWeights, rotary: Rotary, positions: Tensor, router: Router,
             site: Site) -> Tensor:
-        """The attention sublayer on ``x`` (B, n, d) with the block's weights ``w``; ``router`` says what it reads."""
-        B, n, _ = x.shape
+        """The attention sublayer on the B x n tokens ``x`` (B n, d) at ``positions`` (B, n) or (n,), with the block's
+        weights ``w``; ``router`` says what it reads."""
+        B, n = (x.shape[0] // positions.shape[0], positions.shape[0]) if positions.dim() == 1 else positions.shape
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = F.linear(x, w.qkv)
+        qkv = torch.mm(x, w.qkv)  # F.linear's own product, without its wrapper
         if self.has_qk_norm:
-            queries, keys, values = qkv.split(self.chunks, dim=-1)
+            queries, keys, values = qkv.split_with_sizes(self.chunks, dim=-1)
             queries = rotary.rotate(rms_norm(queries, w.q_norm, self.eps).view(B, n, H, D), positions)
             keys = rotary.rotate(rms_norm(keys, w.k_norm, self.eps).view(B, n, H_kv, D), positions)
             values = values.view(B, n, H_kv, D)
         else:  # queries and keys rotated together, heads side by side: the same arithmetic in fewer calls
-            qk, values = qkv.view(B, n, H + 2 * H_kv, D).split([H + H_kv, H_kv], dim=2)
+            qk, values = qkv.view(B, n, H + 2 * H_kv, D).split_with_sizes([H + H_kv, H_kv], dim=2)
             if self.has_qk_bias:
                 qk = qk + w.qk_bias.view(H + H_kv, D)
-            queries, keys = rotary.rotate(qk, positions).split([H, H_kv], dim=2)
+            queries, keys = rotary.rotate(qk, positions).split_with_sizes([H, H_kv], dim=2)
         y = router.attend(site, queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2))
-        return F.linear(y.transpose(1, 2).reshape(B, n, -1), w.proj)
+        return torch.mm(y.transpose(1, 2).reshape(B * n, -1), w.proj)
 
 
 class GatedMLP(nn.Module):
@@ -169,12 +190,14 @@ class GatedMLP(nn.Module):
         self.proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
 
     def weights(self) -> tuple[Tensor, Tensor]:
-        return self.fc.weight, self.proj.weight
+        """fc^T and proj^T (views), multiplied as ``x @ W^T``."""
+        return self.fc.weight.t(), self.proj.weight.t()
 
     @staticmethod
     def run(x: Tensor, w: tuple[Tensor, Tensor]) -> Tensor:
-        gate, up = F.linear(x, w[0]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, w[1])
+        """The MLP on the tokens ``x`` (tokens, d)."""
+        gate, up = torch.mm(x, w[0]).chunk(2, dim=-1)
+        return torch.mm(F.silu(gate) * up, w[1])
 
 
 class BlockWeights(NamedTuple):
@@ -182,16 +205,17 @@ class BlockWeights(NamedTuple):
 
     norms: tuple[Tensor, ...]  # norm_1, norm_2 (and norm_3, norm_4)
     attn: AttentionWeights
-    mlp: tuple[Tensor, Tensor]  # fc, proj
+    mlp: tuple[Tensor, Tensor]  # fc^T, proj^T
 
 
 class Block(nn.Module):
     """Sandwich block (Huginn), pre-norm block (Raven), OLMo-2's reordered block (Raven-OLMo) or a norm before and
     after each sublayer (Ouro): ``config.norm_layout``.
 
-    Its sublayers compute with :class:`BlockWeights` (``F.linear``, :func:`rms_norm`), not through module calls:
-    the same arithmetic, without the attribute lookups and module-call overhead that would otherwise be most of a
-    one-token decoding step's time.
+    Its sublayers compute with :class:`BlockWeights` on the tokens as rows (``torch.mm`` with the transposed
+    weights, which is what ``F.linear`` calls, and :func:`rms_norm`), not through module calls: the same arithmetic,
+    without the attribute lookups, reshapes and module-call overhead that would otherwise be most of a one-token
+    decoding step's time.
     """
 
     def __init__(self, config: LoopedConfig, stage: Stage, layer: int) -> None:
@@ -214,6 +238,11 @@ class Block(nn.Module):
                 weights: BlockWeights | None = None) -> Tensor:
         """The block on ``x`` (B, n, d); ``weights`` (default: read now) are :meth:`weights`."""
         w = self.weights() if weights is None else weights
+        return self.run(x.flatten(0, 1), w, rotary, positions, router, loop).view(x.shape)
+
+    def run(self, x: Tensor, w: BlockWeights, rotary: Rotary, positions: Tensor, router: Router, loop: int) -> Tensor:
+        """:meth:`forward` on the B x n tokens as rows, ``x`` (B n, d), with its weights read and without a module
+        call: the model's own passes call this (2-d products, as ``F.linear`` computes them, in one call each)."""
         site, eps, norms = Site(self.stage, self.layer, loop), self.eps, w.norms
 
         def attention(h: Tensor) -> Tensor:
@@ -237,7 +266,7 @@ class CoreWeights(NamedTuple):
     norm's (Ouro's loop ends with it)."""
 
     blocks: tuple[BlockWeights, ...]
-    adapter: Tensor | None
+    adapter: Tensor | None  # transposed (a view), multiplied as x @ W^T
     norm: Tensor
 
 
@@ -284,39 +313,55 @@ class LoopedLM(nn.Module):
         x = self.transformer.wte(input_ids)
         if self.config.embed_scale != 1:
             x = x * self.config.embed_scale
+        rotary, rows = self.rotary, x.flatten(0, 1)
         for block in self.transformer.prelude:
-            x = block(x, self.rotary, positions, router)
-        return x
+            rows = block.run(rows, block.weights(), rotary, positions, router, 0)
+        return rows.view(x.shape)
 
     def loop(self, state: Tensor, embedded: Tensor, positions: Tensor, router: Router, r: int,
              weights: CoreWeights | None = None) -> Tensor:
         """Loop r of the core: s(r) = B(adapter([s(r-1), e])), or Ouro's s(r) = ln_f(B(s(r-1))); its attention calls
         write plane r. ``weights`` (default: read now) are :meth:`core_weights`, read once for many loops."""
-        blocks, w = self.transformer.core_block, self.core_weights() if weights is None else weights
-        if self.config.looped_stack:
-            x = state
-            for block, block_weights in zip(blocks, w.blocks, strict=True):
-                x = block(x, self.rotary, positions, router, r, block_weights)
-            return rms_norm(x, w.norm, self.config.norm_eps)
-        x = F.linear(torch.cat([state, embedded], dim=-1), w.adapter)
-        for block, block_weights in zip(blocks, w.blocks, strict=True):
-            x = block(x, self.rotary, positions, router, r, block_weights)
-        return x
+        return self.loops(state, embedded, positions, router, range(r, r + 1), weights)
+
+    def loops(self, state: Tensor, embedded: Tensor, positions: Tensor, router: Router, loops: range,
+              weights: CoreWeights | None = None, finite: list[Tensor] | None = None) -> Tensor:
+        """:meth:`loop` for r in ``loops``, one after the other; ``finite`` (if given) collects, per loop, whether the
+        state stayed finite (0-d bool tensors: no device sync)."""
+        blocks, rotary, config = self.transformer.core_block, self.rotary, self.config
+        w = self.core_weights() if weights is None else weights
+        pairs = tuple(zip(blocks, w.blocks, strict=True))
+        rows, embedded_rows = state.flatten(0, 1), embedded.flatten(0, 1)  # the B x n tokens as rows
+        for r in loops:
+            if config.looped_stack:
+                x = rows
+                for block, block_weights in pairs:
+                    x = block.run(x, block_weights, rotary, positions, router, r)
+                rows = rms_norm(x, w.norm, config.norm_eps)
+            else:
+                rows = torch.mm(torch.cat([rows, embedded_rows], dim=-1), w.adapter)
+                for block, block_weights in pairs:
+                    rows = block.run(rows, block_weights, rotary, positions, router, r)
+            if finite is not None:
+                finite.append(torch.isfinite(rows).all())
+        return rows.view(state.shape)
 
     def core_weights(self) -> CoreWeights:
         """The core's parameters (:class:`CoreWeights`), read once per forward pass for all its loops."""
         t = self.transformer
         return CoreWeights(tuple(block.weights() for block in t.core_block),
-                           None if self.config.looped_stack else t.adapter.weight, t.ln_f.weight)
+                           None if self.config.looped_stack else t.adapter.weight.t(), t.ln_f.weight)
 
     def readout(self, state: Tensor, positions: Tensor, router: Router) -> Tensor:
         """Coda and head: logits z = C(s(R)) (Ouro: the head on the normed state, z = head(s(R)))."""
         if self.config.looped_stack:
             return self._logits(self.lm_head(state), positions)
-        x = self.transformer.ln_f(state) if self.config.norm_after_recurrence else state
-        for block in self.transformer.coda:
-            x = block(x, self.rotary, positions, router)
-        return self._logits(self.lm_head(self.transformer.ln_f(x)), positions)
+        t, eps, rotary, rows = self.transformer, self.config.norm_eps, self.rotary, state.flatten(0, 1)
+        x = rms_norm(rows, t.ln_f.weight, eps) if self.config.norm_after_recurrence else rows
+        for block in t.coda:
+            x = block.run(x, block.weights(), rotary, positions, router, 0)
+        logits = F.linear(rms_norm(x, t.ln_f.weight, eps), self.lm_head.weight)
+        return self._logits(logits.view(*state.shape[:2], -1), positions)
 
     @staticmethod
     def _logits(logits: Tensor, positions: Tensor) -> Tensor:
@@ -411,14 +456,11 @@ class LoopedLM(nn.Module):
         router = CausalRouter() if router is None else router
         embedded = self.embed(input_ids, positions, router)
         state = self.resolve_state(initial_state, positions, B, last, embedded)
-        finite = []  # float16 only: per loop, whether the state stayed finite (one device sync at the end)
-        core = self.core_weights()
-        for r in range(first_loop, first_loop + num_loops):
-            state = self.loop(state, embedded, positions, router, r, core)
-            if state.dtype == torch.float16:
-                finite.append(torch.isfinite(state).all())
-        if finite:  # before the readout, which checks the logits
-            flags = torch.stack(finite).tolist()
+        stayed_finite = [] if state.dtype == torch.float16 else None  # float16 only: checked with one device sync
+        state = self.loops(state, embedded, positions, router, range(first_loop, first_loop + num_loops),
+                           finite=stayed_finite)
+        if stayed_finite:  # before the readout, which checks the logits
+            flags = torch.stack(stayed_finite).tolist()
             if not all(flags):
                 raise Float16Overflow(f"the state after loop {first_loop + flags.index(False)} (positions "
                                       f"{int(positions.min())}-{int(positions.max())})")
