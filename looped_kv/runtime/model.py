@@ -333,15 +333,10 @@ class LoopedLM(nn.Module):
         pairs = tuple(zip(blocks, w.blocks, strict=True))
         rows, embedded_rows = state.flatten(0, 1), embedded.flatten(0, 1)  # the B x n tokens as rows
         for r in loops:
-            if config.looped_stack:
-                x = rows
-                for block, block_weights in pairs:
-                    x = block.run(x, block_weights, rotary, positions, router, r)
-                rows = rms_norm(x, w.norm, config.norm_eps)
-            else:
-                rows = torch.mm(torch.cat([rows, embedded_rows], dim=-1), w.adapter)
-                for block, block_weights in pairs:
-                    rows = block.run(rows, block_weights, rotary, positions, router, r)
+            x = rows if config.looped_stack else torch.mm(torch.cat([rows, embedded_rows], dim=-1), w.adapter)
+            for block, block_weights in pairs:
+                x = block.run(x, block_weights, rotary, positions, router, r)
+            rows = rms_norm(x, w.norm, config.norm_eps) if config.looped_stack else x
             if finite is not None:
                 finite.append(torch.isfinite(rows).all())
         return rows.view(state.shape)
