@@ -27,7 +27,6 @@ for each kind of device.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -40,16 +39,12 @@ from looped_kv.runtime.model import LoopedLM, check_finite
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
 
 BACKEND: str | object = "inductor"
-#: Inductor's options per device type. On a CPU a decode step's matrix products are one row (or gamma + 1) by a few
-#: hundred, where a library call costs more than the arithmetic and the Python wrapper calls a few hundred kernels per
-#: step: Inductor's own C++ GEMM templates (``max_autotune``, which times them against the library's) and a C++
-#: wrapper cut that (``looped-kv speed`` prints compiled / reference); the timings of its
-#: choices are kept off stderr. On a GPU, torch.compile's defaults.
-OPTIONS: dict[str, dict[str, object]] = {"cpu": {"max_autotune": True, "cpp_wrapper": True,
-                                                 "autotune_num_choices_displayed": 0,
-                                                 "max_autotune_report_choices_stats": False}}
-# Inductor's GEMM autotuning (torch 2.13) reads a deprecated storage API of its own: not the user's to act on.
-warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning, "torch._inductor.select_algorithm")
+#: Inductor's options per device type. On a CPU a decode step's matrix products have one row, where a library call
+#: costs more than its arithmetic: Inductor's ``decompose_mm_pass`` writes each as a product and a sum, fused with the
+#: ops around it into a few C++ kernels, and a C++ wrapper calls them (``looped-kv speed`` prints compiled / reference).
+#: Products of more rows (verification blocks, the prefill) stay library calls. On a GPU, torch.compile's defaults.
+OPTIONS: dict[str, dict[str, object]] = {"cpu": {"cpp_wrapper": True,
+                                                 "post_grad_fusion_options": {"decompose_mm_pass": {}}}}
 
 
 def _forward(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, tokens: Tensor, lengths: Tensor,
@@ -108,7 +103,7 @@ def traced(fn: Callable, device: torch.device) -> Callable:
     """``fn`` compiled with :data:`BACKEND` and the :data:`OPTIONS` of ``device``'s type (static shapes, one graph),
     made once per setting."""
     options = OPTIONS.get(device.type) if BACKEND == "inductor" else None
-    key = (fn.__name__, BACKEND, device.type, tuple(sorted((options or {}).items())))
+    key = (fn.__name__, BACKEND, device.type, repr(sorted((options or {}).items())))
     if key not in _TRACED:
         compiled = torch.compile(fn, backend=BACKEND, options=options, dynamic=False, fullgraph=True)
 
