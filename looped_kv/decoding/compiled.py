@@ -39,10 +39,11 @@ from looped_kv.runtime.model import LoopedLM, check_finite
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
 
 BACKEND: str | object = "inductor"
-#: Inductor's options per device type. On a CPU a decode step's matrix products have one row, where a library call
-#: costs more than its arithmetic: Inductor's ``decompose_mm_pass`` writes each as a product and a sum, fused with the
-#: ops around it into a few C++ kernels, and a C++ wrapper calls them (``looped-kv speed`` prints compiled / reference).
-#: Products of more rows (verification blocks, the prefill) stay library calls. On a GPU, torch.compile's defaults.
+#: Inductor's options per device type. On a CPU a decode step of one row has matrix products of one row, where a
+#: library call costs more than its arithmetic: Inductor's ``decompose_mm_pass`` writes each as a product and a sum,
+#: fused with the ops around it into a few C++ kernels, and a C++ wrapper calls them (``looped-kv speed`` prints
+#: compiled / reference). Products of more rows (batched steps, verification blocks, DAS-Wave rounds) stay library
+#: calls; the prefill runs eager (:class:`~looped_kv.decoding.passes.Passes`). On a GPU, torch.compile's defaults.
 OPTIONS: dict[str, dict[str, object]] = {"cpu": {"cpp_wrapper": True,
                                                  "post_grad_fusion_options": {"decompose_mm_pass": {}}}}
 
