@@ -64,7 +64,9 @@ def test_memory_model_predicts_held_out_batches(method, cache, options):
     assert [c.cache_bytes for c in cells] == [b * policy_bytes(model.config, policy, capacity, model.dtype)
                                               for b in (1, 2, 3, 5)]
     assert all(c.peak_bytes > c.cache_bytes for c in cells)
-    check = check_memory_model(cells, [1, 2], budget=cells[-1].peak_bytes)
+    # 1% above B = 5's measured peak: the fit's prediction for B = 5 is within 1% of it (held-out error), B = 6's
+    # is one sequence (cache + o1, ~20%) above it
+    check = check_memory_model(cells, [1, 2], budget=cells[-1].peak_bytes * 1.01)
     assert check.max_held_out_error < 0.01
     assert check.fit.o1 > 0 and check.b_max == 5
 
