@@ -17,12 +17,14 @@ from conftest import random_model
 
 from looped_kv import generate, make_policy
 from looped_kv.decoding import compiled
-from looped_kv.decoding.core import capacity_bucket, capacity_buckets
+from looped_kv.decoding.core import capacity_bucket, capacity_buckets, new_cache
 from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
 from looped_kv.decoding.loop import decode
+from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.speculative import LoopDrafts
 from looped_kv.experiments import bench, speed
+from looped_kv.runtime.cache import PrefillPass
 from looped_kv.runtime.policy import make_prefix_reads
 
 R = 2
@@ -88,6 +90,40 @@ def test_float32_passes_trace_whole_and_emit_the_eager_tokens(backend, model, me
     ids = prompts(model32)
     eager, traced = (run(model32, ids, method, compile=c) for c in (False, True))
     assert all(torch.equal(a, b) for a, b in zip(eager.sequences, traced.sequences, strict=True)), method
+
+
+@pytest.mark.parametrize("cache", ["full", "deepest"])
+def test_the_compiled_prefill_stores_the_eager_planes_in_one_trace_for_every_length(backend, model, cache):
+    """Ragged prompts of new lengths into caches of new capacities: the eager prefill's logits and planes at every
+    row's own positions (the padding past them is never read), and no trace after the first."""
+    policy = make_policy(cache, R)
+    graphs = []
+    for lengths, capacity in (((5, 3), 64), ((17, 30), 96), ((2, 41), 160)):
+        ids = prompts(model, lengths)
+        eager, static = (new_cache(model, policy, 2, capacity) for _ in range(2))
+        expected = Passes(model, eager, None, into_cache=True).prefill(ids)
+        logits = compiled.CompiledPasses(model, static, None).prefill(ids)
+        graphs.append(backend.graphs)
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
+        assert static.host_lengths == eager.host_lengths == list(lengths)
+        for mine, theirs in zip((*static.edge, *static.core), (*eager.edge, *eager.core), strict=True):
+            for row, length in enumerate(lengths):
+                torch.testing.assert_close(mine.select(-4, row)[..., :length, :],
+                                           theirs.select(-4, row)[..., :length, :], rtol=0, atol=1e-12)
+    assert graphs[1] == graphs[2] == graphs[0]
+
+
+def test_the_compiled_prefill_refuses_a_cache_that_holds_tokens(model):
+    cache = new_cache(model, make_policy("full", R), 1, 64)
+    cache.advance([3])
+    with pytest.raises(ValueError, match="prefill needs an empty cache, got rows of lengths"):
+        compiled.CompiledPasses(model, cache, None).prefill(prompts(model, (4,)))
+
+
+def test_a_prefill_pass_refuses_a_cache_with_a_ring(model):
+    ring = new_cache(model, make_policy("ripe", R, window=2), 1, 64)
+    with pytest.raises(ValueError, match="a PrefillPass writes no ring or sinks"):
+        PrefillPass(ring, 4)
 
 
 def test_new_prompt_lengths_reuse_the_trace_of_their_capacity_bucket(backend, model):

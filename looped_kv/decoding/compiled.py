@@ -6,6 +6,9 @@ every attention call reads the whole capacity of the planes it reads under masks
 lengths on the device, plus the block's earlier drafts in the buffer and the block itself, in one softmax.
 So each tensor has one shape at every call, and a step is traced once per shape:
 
+* the prefill (:class:`~looped_kv.runtime.cache.PrefillPass`) runs the right-padded prompts causally into the
+  empty cache, traced with the prompt length and the capacity as dynamic sizes: one trace for every prompt
+  length (eager under a policy with a ring or sinks);
 * greedy steps and verification blocks (one token, gamma + 1 or DAS-Wave's w, all R loops) write their
   keys and values into the cache at each row's next positions through
   :meth:`~looped_kv.runtime.cache.PlaneCache.write`, past the committed length until the commit
@@ -32,9 +35,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import capacity_bucket
+from looped_kv.decoding.core import capacity_bucket, last_logits, pad_prompts
 from looped_kv.decoding.passes import Passes
-from looped_kv.runtime.cache import BlockBuffer, PlaneCache, StaticBlockPass
+from looped_kv.runtime.cache import BlockBuffer, PlaneCache, PrefillPass, StaticBlockPass
 from looped_kv.runtime.model import LoopedLM, check_finite
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
 
@@ -43,7 +46,7 @@ BACKEND: str | object = "inductor"
 #: library call costs more than its arithmetic: Inductor's ``decompose_mm_pass`` writes each as a product and a sum,
 #: fused with the ops around it into a few C++ kernels, and a C++ wrapper calls them (``looped-kv speed`` prints
 #: compiled / reference). Products of more rows (batched steps, verification blocks, DAS-Wave rounds) stay library
-#: calls; the prefill runs eager (:class:`~looped_kv.decoding.passes.Passes`). On a GPU, torch.compile's defaults.
+#: calls, as do the prefill's products over all prompt positions. On a GPU, torch.compile's defaults.
 OPTIONS: dict[str, dict[str, object]] = {"cpu": {"cpp_wrapper": True,
                                                  "post_grad_fusion_options": {"decompose_mm_pass": {}}}}
 
@@ -75,6 +78,16 @@ def _verify(model, cache, buffer, tokens, lengths, offset, state, num_loops, pla
     return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store)
 
 
+def _prefill(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> Tensor:
+    """The prompts (B, n), right-padded, through ``num_loops`` loops into an empty cache: logits (B, n, V)."""
+    n = tokens.shape[1]
+    positions = torch.arange(n, device=tokens.device).expand(tokens.shape[0], -1)
+    router = PrefillPass(cache, n)
+    logits = model(tokens, num_loops, positions=positions, router=router, max_position=n - 1, check=False)
+    router.store_block()
+    return logits
+
+
 def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor, previous: Tensor, width: Tensor,
             lengths: Tensor, num_loops: int, planes: tuple, n: int) -> tuple[Tensor, Tensor]:
     """One DAS-Wave round over the first ``n`` positions after the anchor (``guesses`` (B, gamma + 1), ``carried``
@@ -100,16 +113,18 @@ RECOMPILE_LIMIT = 256
 _TRACED: dict[tuple, Callable] = {}
 
 
-def traced(fn: Callable, device: torch.device) -> Callable:
-    """``fn`` compiled with :data:`BACKEND` and the :data:`OPTIONS` of ``device``'s type (static shapes, one graph),
-    made once per setting."""
+def traced(fn: Callable, device: torch.device, *, dynamic: bool = False) -> Callable:
+    """``fn`` compiled with :data:`BACKEND` and the :data:`OPTIONS` of ``device``'s type (one graph), made once per
+    setting: with static shapes, or (``dynamic``) with the sizes the caller marks dynamic and every other one static."""
     options = OPTIONS.get(device.type) if BACKEND == "inductor" else None
-    key = (fn.__name__, BACKEND, device.type, repr(sorted((options or {}).items())))
+    key = (fn.__name__, BACKEND, device.type, repr(sorted((options or {}).items())), dynamic)
     if key not in _TRACED:
-        compiled = torch.compile(fn, backend=BACKEND, options=options, dynamic=False, fullgraph=True)
+        compiled = torch.compile(fn, backend=BACKEND, options=options, dynamic=None if dynamic else False,
+                                 fullgraph=True)
+        settings = dict(recompile_limit=RECOMPILE_LIMIT, automatic_dynamic_shapes=False)
 
         def call(*args: object) -> tuple[Tensor, Tensor]:
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            with torch._dynamo.config.patch(**settings):
                 return compiled(*args)
 
         _TRACED[key] = call
@@ -126,6 +141,23 @@ class CompiledPasses(Passes):
         if not model.config.looped_stack:  # the table of initial states, built before tracing (Ouro has none)
             model.initial_state(torch.arange(cache.capacity, device=cache.lengths.device), 1, last=cache.capacity - 1)
         self._planes: dict[tuple, tuple] = {}
+
+    def prefill(self, prompts: list[Tensor]) -> Tensor:
+        """The prompts' pass into the empty cache, one trace for every prompt length (:class:`PrefillPass`); eager
+        under a policy with a ring or sinks."""
+        if self.cache.ring_size or self.cache.sink_size:
+            return super().prefill(prompts)
+        if self.cache.max_length:
+            raise ValueError(f"prefill needs an empty cache, got rows of lengths {self.cache.host_lengths}")
+        ids, _ = pad_prompts(prompts)
+        torch._dynamo.maybe_mark_dynamic(ids, 1)
+        for planes in (*self.cache.edge, *self.cache.core):
+            torch._dynamo.maybe_mark_dynamic(planes, planes.dim() - 2)  # the capacity
+        logits = traced(_prefill, ids.device, dynamic=True)(self.model, self.cache, ids, self.policy.num_loops)
+        if self.model.dtype == torch.float16:
+            check_finite(logits, "the logits of the compiled prefill")
+        self.cache.advance([len(p) for p in prompts])
+        return last_logits(logits, prompts)
 
     def planes(self, reads: PrefixReads, first_loop: int, num_loops: int) -> tuple:
         """What loops first_loop .. first_loop + num_loops - 1 read (:func:`read_planes`), the pass's loops 1..n."""

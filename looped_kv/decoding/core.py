@@ -271,9 +271,13 @@ def prompt_logits(model: LoopedLM, cache: PlaneCache, prompts: Sequence[Tensor],
                   record: dict | None = None) -> Tensor:
     """Prefill B prompts of any lengths; returns the logits of each prompt's last position (B, V)."""
     ids, counts = pad_prompts(prompts)
-    logits = prefill(model, cache, ids, num_loops, counts, record)
-    last = torch.tensor([len(p) for p in prompts], device=ids.device) - 1
-    return logits[torch.arange(len(prompts), device=ids.device), last]
+    return last_logits(prefill(model, cache, ids, num_loops, counts, record), prompts)
+
+
+def last_logits(logits: Tensor, prompts: Sequence[Tensor]) -> Tensor:
+    """Each prompt's logits at its own last position (B, V), of the right-padded prompts' logits (B, n, V)."""
+    last = torch.tensor([len(p) for p in prompts], device=logits.device) - 1
+    return logits[torch.arange(len(prompts), device=logits.device), last]
 
 
 def step(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> Tensor:

@@ -61,9 +61,10 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     ``num_loops`` defaults to the model's mean recurrence. A row stops after ``max_new_tokens`` (an int, or one per
     prompt) or after emitting the end-of-text token (``eos_token_id``, default the tokenizer's) unless
     ``stop_at_eos=False``. ``compile=True`` runs every method's passes on torch.compile'd steps with static shapes
-    (:mod:`looped_kv.decoding.compiled`). ``rows_per_chunk`` decodes a large batch in row chunks of at most that
-    many rows (one chunk's cache in memory at a time); the rows emit the same tokens either way. An option the method
-    does not take is refused; ``observer`` (:class:`~looped_kv.decoding.loop.Observer`) sees every verification.
+    and its prefill on one trace for every prompt length (:mod:`looped_kv.decoding.compiled`). ``rows_per_chunk``
+    decodes a large batch in row chunks of at most that many rows (one chunk's cache in memory at a time); the rows
+    emit the same tokens either way. An option the method does not take is refused; ``observer``
+    (:class:`~looped_kv.decoding.loop.Observer`) sees every verification.
     """
     if config is None:
         config = method_config(options.pop("method", None) or "ar", **options)

@@ -23,7 +23,8 @@ and, where the policy lets it, the block is written into the plane its prefix is
 a single fused attention over that plane: for every policy at prelude and coda layers, and in the core
 for policies whose planes are each last written by their own loop (full, deepest, k-deepest, share) under
 aligned reads. :class:`StaticBlockPass` is the pass of a compiled step: the same reads over the whole
-preallocated tensors with masks computed on the device, so that every tensor has one shape at every call.
+preallocated tensors with masks computed on the device, so that every tensor has one shape at every call;
+:class:`PrefillPass` is a compiled run's prefill, the prompts causally into the empty cache.
 """
 
 from __future__ import annotations
@@ -577,3 +578,28 @@ class StaticBlockPass:
             self.cache.write(self.cache.static_writes(self.positions), self.new)
         elif self.store == "buffer":
             self.buffer.write_all(self.new, 0 if self.offset is None else self.offset)
+
+
+class PrefillPass:
+    """The prefill of a compiled run: B right-padded prompts (B, n) into an empty cache without a ring or sinks.
+
+    Every call attends causally within the prompts (an empty cache has no prefix: SDPA's causal kernel), and
+    :meth:`store_block` writes every site's keys/values at positions [0, n) of every row, as one slice per store.
+    A row's columns past its own prompt hold padding until its later tokens overwrite them, and no read reaches
+    them before: every read is masked by the row lengths. Nothing depends on n but tensor sizes, so a trace with
+    a dynamic n serves prompts of every length.
+    """
+
+    def __init__(self, cache: PlaneCache, n: int) -> None:
+        if cache.ring_size or cache.sink_size:
+            raise ValueError(f"a PrefillPass writes no ring or sinks; cache policy {cache.policy.name} has them")
+        self.cache, self.n = cache, n
+        self.new: dict[Site, tuple[Tensor, Tensor]] = {}
+
+    def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        self.new[site] = (keys, values)
+        return attend(queries, keys, values, causal=True)
+
+    def store_block(self) -> None:
+        """Write the prompts' keys/values into the cache (call after the model pass)."""
+        self.cache.write(self.cache.span_writes(0, self.n), self.new)

@@ -115,7 +115,7 @@ class Rotary(nn.Module):
     def _swapped(self, x: Tensor) -> Tensor:
         """(b, a) for each adjacent pair (a, b) of the last dimension: a gather for a decoding step's few tokens (a
         third faster there), a flip of pairs for a longer block (twice as fast there)."""
-        if x.numel() > 1024 or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or x.numel() > 1024:
             return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
         index = self._swaps.get(x.device)
         if index is None:
