@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import capacity_bucket, last_logits, pad_prompts
+from looped_kv.decoding.core import capacity_bucket, check_empty, last_logits, pad_prompts
 from looped_kv.decoding.passes import Passes
 from looped_kv.runtime.cache import BlockBuffer, PlaneCache, PrefillPass, StaticBlockPass
 from looped_kv.runtime.model import LoopedLM, check_finite
@@ -147,8 +147,7 @@ class CompiledPasses(Passes):
         under a policy with a ring or sinks."""
         if self.cache.ring_size or self.cache.sink_size:
             return super().prefill(prompts)
-        if self.cache.max_length:
-            raise ValueError(f"prefill needs an empty cache, got rows of lengths {self.cache.host_lengths}")
+        check_empty(self.cache)
         ids, _ = pad_prompts(prompts)
         torch._dynamo.maybe_mark_dynamic(ids, 1)
         for planes in (*self.cache.edge, *self.cache.core):

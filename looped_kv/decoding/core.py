@@ -243,6 +243,12 @@ def run_block(model: LoopedLM, tokens: Tensor, router: BlockPass, num_loops: int
                  return_state=True, max_position=router.last_position, check=False)
 
 
+def check_empty(cache: PlaneCache) -> None:
+    """A prefill's cache must hold no tokens yet: a one-line ValueError otherwise."""
+    if cache.max_length:
+        raise ValueError(f"prefill needs an empty cache, got rows of lengths {cache.host_lengths}")
+
+
 def prefill(model: LoopedLM, cache: PlaneCache, prompt: Tensor, num_loops: int,
             lengths: Tensor | None = None, record: dict | None = None) -> Tensor:
     """Process prompts (B, n) into an empty cache; returns their logits (B, n, V).
@@ -250,8 +256,7 @@ def prefill(model: LoopedLM, cache: PlaneCache, prompt: Tensor, num_loops: int,
     With ``lengths`` (B,), row b's prompt is its first lengths[b] tokens (right padding is never stored); with
     ``record``, every attention call's keys/values are kept in it too.
     """
-    if cache.max_length:
-        raise ValueError(f"prefill needs an empty cache, got rows of lengths {cache.host_lengths}")
+    check_empty(cache)
     n = prompt.shape[1]
     router = BlockPass(cache, range(0, n), counts=lengths, record=record)
     logits, _ = run_block(model, prompt, router, num_loops)
