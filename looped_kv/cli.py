@@ -696,6 +696,10 @@ def _check_train(args: argparse.Namespace) -> None:
         raise ValueError(f"--start-depth must be in [1, {data.CHAIN_DEPTH}], got {args.start_depth}")
     if not 1 <= args.chains <= 4:
         raise ValueError(f"--chains must be in [1, 4], got {args.chains}")
+    if not 0 <= args.deep_share <= 1:  # NaN fails too
+        raise ValueError(f"--deep-share must be in [0, 1], got {args.deep_share}")
+    if not 0 <= args.decay_from < args.steps:
+        raise ValueError(f"--decay-from must be in [0, --steps), got {args.decay_from} (--steps {args.steps})")
     if args.resume and not (args.out / "checkpoint.pt").exists():
         raise ValueError(f"--resume needs {args.out / 'checkpoint.pt'}, which does not exist")
 
@@ -734,6 +738,13 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--curriculum-every", type=int, default=100)
     p.add_argument("--chains", type=int, default=1, help="most chains per program (one query each)")
     p.add_argument("--interleave", action="store_true", help="interleave a program's chains")
+    p.add_argument("--chain-layout", choices=train.CHAIN_LAYOUTS, default="single",
+                   help="single: one chain per program; multi: several contiguous chains, each queried once, with "
+                        "a dense query line (the decoding workload)")
+    p.add_argument("--decay-from", type=int, default=0, help="step at which the cosine learning-rate decay starts; "
+                                                             "it ends at --steps")
+    p.add_argument("--deep-share", type=float, default=0.0,
+                   help=f"share of steps that run {train.DEEP_LOOPS} loops instead of a drawn count")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="autocast dtype of the products")
     p.add_argument("--eager", action="store_true", help="do not compile the loop")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -802,8 +813,11 @@ def cmd_scout(args: argparse.Namespace) -> int:
     out = scout.RUNS / args.recipe
     if out.exists():
         raise ValueError(f"{out} exists: a scouting run is one sitting; move it away to run {args.recipe} again")
+    if args.recipe in scout.STARTS:
+        scout.start(args.recipe)
     words = scout.train_words(args.recipe, args.minutes)
-    scout.run(args.recipe, train_options(words), command=_train_command(words))
+    given = tuple(name for name in train.RESUMABLE if f"--{name.replace('_', '-')}" in words)
+    scout.run(args.recipe, train_options(words), command=_train_command(words), given=given)
     return 0
 
 

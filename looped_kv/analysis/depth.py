@@ -130,22 +130,22 @@ class ChainBatch:
     ids: Tensor  # (n, length), right-padded
     real: Tensor  # (n, length) bool
     rows: Tensor  # (queries,) program of each answer
-    positions: Tensor  # (queries,) position whose next token is the answer (the '?')
+    positions: Tensor  # (queries,) position whose next token is the answer (the cue's last token)
     answers: Tensor  # (queries,) answer token ids
     depths: Tensor  # (queries,) bindings between the queried variable and its digit
 
 
 def encode_chains(tokenizer, programs: Sequence[ChainProgram]) -> ChainBatch:
-    """Tokenize programs and locate each query's answer (the token after its '?')."""
+    """Tokenize programs and locate each query's answer (the token after its cue, ``x?`` or ``x``)."""
     tok = tokenizer
     rows, where, depths = [], [], []
     for i, program in enumerate(programs):
         prefix = tok(program.prompt)["input_ids"]
         ids = list(prefix)
         for q in program.queries:
-            ids += tok(f"{q.variable}?")["input_ids"]
+            ids += tok(program.cue(q))["input_ids"]
             where.append((i, len(ids) - 1))
-            ids += tok(f"{q.value};")["input_ids"]
+            ids += tok(program.answer(q))["input_ids"]
             depths.append(q.depth)
         rows.append(ids)
     full = [tok(p.text)["input_ids"] for p in programs]

@@ -9,11 +9,15 @@ solve, and above chance (:func:`earns_long_run`).
 
     looped-kv scout one-chain          # run one recipe
     looped-kv scout --list             # the recipes and the runs recorded so far
+
+A recipe in :data:`STARTS` does not start over: it continues a checkpoint (a copy of it, in RUNS/NAME) with its
+options given again, for :data:`SITTING_STEPS` steps with the learning rate decaying over them.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,6 +61,24 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "chars": ("one-chain, one token per byte instead of BPE",
               ["--chains", "1", "--mix", "0", "0", "1", "--vocab", "257"]),
 }
+
+
+#: The checkpoint each continuing recipe starts from (the shipped model's run at its step 7,800).
+LONG_RUN = Path("checkpoints/tiny-long")
+#: Steps of a continuing recipe's sitting: a fixed count, so recipes compare at equal updates whatever the load.
+SITTING_STEPS = 1000
+#: What every continuing recipe changes: the multichain programs (the decoding workload), a cosine decay over the
+#: sitting, and 5% of the steps at 64 loops.
+_CONTINUE = ["--chain-layout", "multi", "--deep-share", "0.05"]
+RECIPES.update({
+    "multi": ("continue the shipped run on multichain programs (several chains, each queried once, dense answers) "
+              "in the shipped mix, 5% of steps at 64 loops, the learning rate decaying over the sitting", _CONTINUE),
+    "multi-advance": ("multi, with the curriculum raised by 4 at 50% accuracy (instead of by 2 at 60%)",
+                      [*_CONTINUE, "--advance-at", "0.5", "--depth-step", "4"]),
+    "multi-chains-only": ("multi on chain programs alone (no word problems or code)",
+                          [*_CONTINUE, "--mix", "0", "0", "1"]),
+})
+STARTS = {name: LONG_RUN for name in ("multi", "multi-advance", "multi-chains-only")}
 
 
 def earns_long_run(record: dict, margin: float = 0.05) -> bool:
@@ -103,11 +125,21 @@ def show() -> None:
 
 
 def train_words(recipe: str, minutes: float) -> list[str]:
-    """The ``looped_kv.tiny.train`` options of one sitting of ``recipe``: its options, in RUNS/NAME, one thread."""
-    return [*RECIPES[recipe][1], "--out", str(RUNS / recipe), "--minutes", str(minutes), "--threads", "1"]
+    """The ``looped_kv.tiny.train`` options of one sitting of ``recipe``: its options, in RUNS/NAME, one thread (a
+    continuing recipe: ``--resume`` for SITTING_STEPS steps past its checkpoint, decaying over them)."""
+    words = [*RECIPES[recipe][1], "--out", str(RUNS / recipe), "--minutes", str(minutes), "--threads", "1"]
+    if recipe in STARTS:
+        step = int(json.loads((STARTS[recipe] / "training_log.json").read_text())[-1]["step"])
+        words += ["--resume", "--steps", str(step + SITTING_STEPS), "--decay-from", str(step)]
+    return words
 
 
-def run(recipe: str, settings: train.Options, command: str) -> None:
+def start(recipe: str) -> None:
+    """Copy a continuing recipe's checkpoint into RUNS/NAME (which must not exist)."""
+    shutil.copytree(STARTS[recipe], RUNS / recipe)
+
+
+def run(recipe: str, settings: train.Options, command: str, given: tuple[str, ...] = ()) -> None:
     """Train one sitting of ``recipe`` with ``settings`` (:func:`train_words`, parsed; ``command`` the training
     command line) and record its settings and log in RECORDS/NAME.json."""
     what, options = RECIPES[recipe]
@@ -115,7 +147,7 @@ def run(recipe: str, settings: train.Options, command: str) -> None:
     started = datetime.now(timezone.utc).isoformat(timespec="minutes")
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    train.run(settings, command=command)
+    train.run(settings, given=given, command=command)
     log = json.loads((out / "training_log.json").read_text())
     final = [e for e in log if "held_out" in e][-1]
     RECORDS.mkdir(exist_ok=True)

@@ -58,9 +58,17 @@ COMMAND = "looped-kv train"
 EOS = "<|endoftext|>"
 #: Options a resumed run may change: the thread count, the sitting's length, the run's length and the data mix
 #: with the depth it starts from (a staged mix). Each change is logged with the step it took effect.
-RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth")
-#: What a checkpoint older than an option ran with: before --mix-from-depth the mix applied from the start.
-BEFORE_OPTION = {"mix_from_depth": 1}
+RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth", "chain_layout", "decay_from", "deep_share",
+             "advance_at", "depth_step")
+#: What a checkpoint older than an option ran with: before --mix-from-depth the mix applied from the start; before
+#: --chain-layout every program was one chain; before --decay-from the cosine ran from step 0; before --deep-share
+#: no step was drawn at DEEP_LOOPS.
+BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "decay_from": 0, "deep_share": 0.0}
+#: The chain programs' layouts (``--chain-layout``): one chain per program (``data.chain_programs``), or several
+#: contiguous chains with a dense query line (``data.multichain_programs``).
+CHAIN_LAYOUTS = ("single", "multi")
+#: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
+DEEP_LOOPS = 64
 EVAL_LOOPS = (1, 4, 8, 16, 32)
 #: The shipped model's default loop count R at inference (Huginn-0125's), whatever the training mean.
 INFERENCE_LOOPS = 32
@@ -99,6 +107,9 @@ class Options:
     curriculum_every: int
     chains: int
     interleave: bool
+    chain_layout: str  # single or multi
+    decay_from: int
+    deep_share: float
     precision: str  # bf16 or fp32
     eager: bool
     threads: int
@@ -139,8 +150,12 @@ def init_weights(model: LoopedLM, config: LoopedConfig) -> None:
             torch.nn.init.zeros_(p)
 
 
-def sample_loops(mean: int, backprop: int, generator: torch.Generator) -> tuple[int, int]:
-    """Huginn's Poisson-lognormal recurrence count: (loops without grad, loops with grad)."""
+def sample_loops(mean: int, backprop: int, generator: torch.Generator, deep_share: float = 0.0) -> tuple[int, int]:
+    """Huginn's Poisson-lognormal recurrence count: (loops without grad, loops with grad); with probability
+    ``deep_share`` the step runs :data:`DEEP_LOOPS` instead (no draw is made when it is 0, so runs without it
+    keep their random stream)."""
+    if deep_share > 0 and float(torch.rand(1, generator=generator)) < deep_share:
+        return DEEP_LOOPS - backprop, backprop
     t = max(mean - backprop, 0)
     sigma = 0.5
     mu = math.log(t + backprop) - sigma**2 / 2
@@ -243,7 +258,7 @@ def chain_rows(tokenizer: PreTrainedTokenizerFast, rows: int, seq: int, step: in
     the curriculum alone, so a resumed run sees the data an uninterrupted one would.
     """
     eos = tokenizer.eos_token_id
-    programs = iter(data.chain_programs(8 * rows, "train", seed=step, max_depth=max_depth, **shape))
+    programs = iter(programs_of(shape, 8 * rows, "train", seed=step, max_depth=max_depth))
     ids = torch.full((rows, seq + 1), eos)
     scored = torch.zeros(rows, seq + 1, dtype=torch.bool)
     answer = torch.zeros(rows, seq + 1, dtype=torch.bool)
@@ -280,7 +295,7 @@ class Curriculum:
     def check(self, loops: Loops, step: int, autocast) -> float:
         """Accuracy at ``--curriculum-loops`` on development queries in the top half of the cap (programs drawn
         at the cap); raise the cap if it reaches ``--advance-at``."""
-        programs = data.chain_programs(128, "dev", seed=self.depth, max_depth=self.depth, **shape(self.args))
+        programs = programs_of(shape(self.args), 128, "dev", seed=self.depth, max_depth=self.depth)
         dev = encode_chains(self.tokenizer, programs)
         keep = dev.depths > self.depth // 2
         hits = quick_hits(loops, dev, (self.args.curriculum_loops,), autocast)[self.args.curriculum_loops]
@@ -298,8 +313,26 @@ class Curriculum:
 
 
 def shape(args: Options) -> dict:
-    """The chain programs' shape options (``data.chain_programs``)."""
-    return {"max_chains": args.chains, "interleave": args.interleave}
+    """The chain programs' shape options: the layout, and ``data.chain_programs``'s for the single layout."""
+    if args.chain_layout == "multi":
+        return {"layout": "multi"}
+    return {"layout": "single", "max_chains": args.chains, "interleave": args.interleave}
+
+
+def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int = data.CHAIN_DEPTH) -> list:
+    """``n`` chain programs of a split in the layout ``shape`` names (:func:`shape`)."""
+    options = {key: value for key, value in shape.items() if key != "layout"}
+    if shape["layout"] == "multi":
+        return data.multichain_programs(n, split, seed=seed, max_depth=max_depth, **options)
+    return data.chain_programs(n, split, seed=seed, max_depth=max_depth, **options)
+
+
+def learning_rate(args: Options, step: int) -> float:
+    """Linear warm-up, then a cosine from ``--lr`` down to a tenth of it between ``--decay-from`` and ``--steps``:
+    a resumed run that sets ``--decay-from`` to its first step decays over its own length."""
+    span = max(args.steps - args.decay_from, 1)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(max(step - args.decay_from, 0) / span, 1.0)))
+    return args.lr * min(step / args.warmup, 0.1 + 0.9 * cosine)
 
 
 def batch_mix(args: Options, depth: int) -> tuple[dict[str, float], dict[str, int]]:
@@ -404,7 +437,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
     streams = [torch.tensor(tokenizer(t)["input_ids"]) for t in (problems_train, code_train)]
     dev_windows = {name: text_rows([torch.tensor(tokenizer(t)["input_ids"])], 8, 256, torch.Generator().manual_seed(1))
                    for name, t in zip(("problems", "code"), corpus("dev", 400), strict=True)}
-    dev_chains = encode_chains(tokenizer, data.chain_programs(args.eval_programs, "dev", **shape(args)))
+    dev_chains = encode_chains(tokenizer, programs_of(shape(args), args.eval_programs, "dev"))
 
     model = build(args, len(tokenizer))
     config = model.config
@@ -444,7 +477,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
                mininterval=1 if sys.stderr.isatty() else 60)
     step, sitting = start_step - 1, time.perf_counter()
     for step in bar:
-        lr = args.lr * min(step / args.warmup, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        lr = learning_rate(args, step)
         for group in opt.param_groups:
             group["lr"] = lr
         mix, counts = batch_mix(args, curriculum.depth)
@@ -462,7 +495,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
             weights.append(scored[:, 1:] * (mix["chains"] / max(int(scored[:, 1:].sum()), 1)))
         batch, weight = torch.cat(parts), torch.cat(weights)
         mean = mean_recurrence(args, curriculum.depth)
-        no_grad, with_grad = sample_loops(mean, args.backprop, generator)
+        no_grad, with_grad = sample_loops(mean, args.backprop, generator, args.deep_share)
         state = random_state(config, (args.batch, args.seq), generator)
         with autocast:
             losses = token_losses(loops, batch, no_grad, with_grad, state)

@@ -25,6 +25,7 @@ digit and every variable is asked.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import string
 import sysconfig
@@ -124,14 +125,26 @@ class ChainQuery:
 
 @dataclass(frozen=True)
 class ChainProgram:
-    """A program of variable bindings and its queries: ``text`` is what the model reads and writes."""
+    """A program of variable bindings and its queries: ``text`` is what the model reads and writes.
+
+    ``dense``: the query line writes each query as its variable and its digit (``x7y3``: half the continuation's
+    tokens are answers) instead of ``x?7;``."""
 
     program: str
     queries: tuple[ChainQuery, ...]
+    dense: bool = False
+
+    def cue(self, query: ChainQuery) -> str:
+        """The text before a query's answer: the position that predicts the answer is its last token."""
+        return query.variable if self.dense else f"{query.variable}?"
+
+    def answer(self, query: ChainQuery) -> str:
+        """A query's answer digit, with the separator that follows it."""
+        return query.value if self.dense else f"{query.value};"
 
     @property
     def answers(self) -> str:
-        return "".join(f"{q.variable}?{q.value};" for q in self.queries)
+        return "".join(self.cue(q) + self.answer(q) for q in self.queries)
 
     @property
     def text(self) -> str:
@@ -186,6 +199,50 @@ def _chain_program(rng: random.Random, max_depth: int, max_chains: int, interlea
         lines = [f"{variable}={binding};" for chain in chains for variable, binding, _ in chain]
     queries = tuple(ChainQuery(chains[c][-1][0], str(chains[c][-1][2]), len(chains[c])) for c in dict.fromkeys(order))
     return ChainProgram("".join(lines), queries)
+
+
+#: Most variables a multichain program binds: its bindings (6 tokens each), query line and end-of-text fit the
+#: training rows of 257 tokens.
+MULTICHAIN_BINDINGS = 36
+
+
+def _multichain_program(rng: random.Random, max_depth: int) -> ChainProgram:
+    """One program of several contiguous value-changing chains, each queried once at its last variable.
+
+    Chain lengths (the queries' depths) are drawn log-uniformly in 1..max_depth, P(d) proportional to
+    ln((d + 1) / d), until the next one would exceed :data:`MULTICHAIN_BINDINGS`: the many shallow chains make the
+    continuation dense in answers, and every depth up to max_depth still occurs (at max_depth 32, about 4% of the
+    queries are 25-32 deep). Chains share no variable and one query per chain asks its last variable, so no answer
+    informs another (knowing two variables of one chain would).
+    """
+    names = iter(rng.sample(CHAIN_NAMES, len(CHAIN_NAMES)))
+    budget, lines, queries = MULTICHAIN_BINDINGS, [], []
+    while True:
+        depth = min(max_depth, int(math.exp(rng.random() * math.log(max_depth + 1))))
+        if depth > budget:
+            break
+        budget -= depth
+        value = rng.randrange(10)
+        variable = next(names)
+        lines.append(f"{variable}={value};")
+        for _ in range(depth - 1):
+            step = rng.randint(1, 9)
+            value = (value + step) % 10
+            previous, variable = variable, next(names)
+            lines.append(f"{variable}={previous}+{step};")
+        queries.append(ChainQuery(variable, str(value), depth))
+    return ChainProgram("".join(lines), tuple(queries), dense=True)
+
+
+def multichain_programs(n: int, split: str = "train", seed: int = 0,
+                        max_depth: int = CHAIN_DEPTH) -> list[ChainProgram]:
+    """``n`` multichain programs of a split (:func:`_multichain_program`): the decoding workload dense in answers
+    that need depth, each answer a digit (chance :data:`CHAIN_CHANCE`) after its variable (``x7y3``)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not 1 <= max_depth <= CHAIN_DEPTH:
+        raise ValueError(f"max_depth must be in [1, {CHAIN_DEPTH}], got {max_depth}")
+    return [_multichain_program(random.Random(f"multichain/{split}/{seed}/{i}"), max_depth) for i in range(n)]
 
 
 def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH,
