@@ -367,8 +367,8 @@ paper_labels = {name: ripeness(*pair).label for name, pair in printed.items()}
 like = [name for name, label in paper_labels.items() if label == fk.ripeness.label]
 book.md(
     f"On {who} the deep keys are {fk.ripeness.label} and the deep values "
-    f"{fv.ripeness.label}: their bf16 distances are {fk.ripeness.ratio:.2f} and "
-    f"{fv.ripeness.ratio:.2f} times the floor (the bound is "
+    f"{fv.ripeness.label}: their bf16 distances are {fk.ripeness.ratio_text} and "
+    f"{fv.ripeness.ratio_text} times the floor (the bound is "
     f"{fk.ripeness.tolerance:.2f}). The paper's keys are "
     + " and ".join(f"{deep / floor:.2f} times the floor on {name} "
                    f"({paper_labels[name]})" for name, (deep, floor) in printed.items())

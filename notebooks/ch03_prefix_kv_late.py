@@ -391,7 +391,6 @@ book.md(f"Over all {profile.decoded} decoded positions, {above['deep']:.0%} of t
 PAPER_EQ6 = papers.RIPE_SEC_3_2_EQ_6  # RIPE Section 3.2, fp32, first decoded position
 eq6_fit = identified.fit if identified.identified else fit  # identified where it is
 check = eq6_check(model32, grid.reference, eq6_fit, grid)
-deep_sizes = grid.rows.loc[grid.rows.deep == 1, "size"]
 del model32, grid  # the float32 copy and the reference's planes
 free_memory(model.device)
 measured_resolved = vd.above_floor(check.measured, FLOOR, "the deepest-plane arm's KLs")
@@ -404,15 +403,16 @@ verdicts["plane R matters in the deep loops"] = vd.verdict(
         check.shallow_only, FLOOR, "the shallow plane-R arm's KLs")))
 if identified.identified:  # the deep region's line of the identified regression
     deep_line = (identified.fit.a + identified.fit.b, identified.fit.g)
+    line_sizes = identified.overlap  # the sizes it was fitted on
     line_note = "the identified regression's deep line, $e^{a+b} S^g$"
 elif steep:  # else the deep rows above the floor alone
-    deep_line = (steep.intercept, steep.slope)
+    deep_line, line_sizes = (steep.intercept, steep.slope), steep.sizes
     line_note = "the line of the deep rows above the floor ($e^b$ is not identified)"
 else:
-    deep_line, line_note = None, "no resolved line"
+    deep_line, line_sizes, line_note = None, None, "no resolved line"
 if deep_line:
     verdicts["Eq. (6) predicts the deepest plane"] = claims.eq6_verdict(
-        check, *deep_line, FLOOR)
+        check, *deep_line, FLOOR, line_sizes)
 eq6 = pd.DataFrame({
     f"{model.source} (this run)": {
         "from the ripening curve": check.from_curve,
@@ -427,7 +427,7 @@ book.table(eq6.map(lambda kl: None if pd.isna(kl) else f"{kl:.2g}"))
 hug6 = PAPER_EQ6["Huginn-0125"]
 paper_factor = hug6["from the ripening curve"] / hug6["deepest-plane arm, median"]
 paper_factor = max(paper_factor, 1 / paper_factor)
-extrapolated = check.S_curve < deep_sizes.min()
+extrapolated = bool(line_sizes) and not line_sizes[0] <= check.S_curve <= line_sizes[1]
 book.md(
     f"From the ripening curve Eq. (6) predicts {check.from_curve:.2g} at the first "
     f"decoded position, and from the measured perturbation size {check.from_size:.2g}. "
@@ -441,9 +441,9 @@ book.md(
        "it, as for Raven in the paper. Its prediction "
        + ("lies at or below the floor as well." if check.from_curve <= FLOOR else
           f"is {check.from_curve / FLOOR:.2g} times the floor."))
-    + (f" The curve's $S$ = {check.S_curve:.2g} lies below every deep arm's size "
-       f"({deep_sizes.min():.2g} to {deep_sizes.max():.2g}), so Eq. (6) extrapolates "
-       "the regression beyond its data." if extrapolated else "")
+    + (f" The curve's $S$ = {check.S_curve:.2g} lies outside the sizes the line was "
+       f"fitted on ({line_sizes[0]:.2g} to {line_sizes[1]:.2g}), so this prediction "
+       "extrapolates the regression beyond its data." if extrapolated else "")
     + f"\n\n{verdicts['plane R matters in the deep loops'].sentence()}\n\n"
     + (f"Per text, from its measured size and {line_note}: "
        f"{verdicts['Eq. (6) predicts the deepest plane'].sentence()}" if deep_line else

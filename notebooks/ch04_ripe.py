@@ -519,8 +519,8 @@ ouro_note = ("\n\nThis model is an Ouro checkpoint, so the deepest-plane verdict
              if cfg.family == "ouro" else "")
 book.md(
     f"On these texts the deep keys are {labels['k']} and the deep values "
-    f"{labels['v']} (bf16 distances {ripeness['k'].ratio:.2f} and "
-    f"{ripeness['v'].ratio:.2f} times the floor, the bound "
+    f"{labels['v']} (bf16 distances {ripeness['k'].ratio_text} and "
+    f"{ripeness['v'].ratio_text} times the floor, the bound "
     f"{ripeness['k'].tolerance:.2f}), so Remark 1 predicts that the deepest plane "
     + ("costs no more than a precision change" if ripe else
        "exceeds a precision change")

@@ -163,6 +163,20 @@ def test_factorial_cells_and_interaction_verdict():
     assert v.label == INCONCLUSIVE and "G of the carried cells" in v.reason
 
 
+def test_interaction_verdict_refuses_carried_cells_capped_by_the_token_budget():
+    """Chapter 6 decoded 24 tokens against w = 25: a carried cell verified about once, so its G was the budget and
+    E_cKV read "no effect" for want of room; the verdict must say the budget, not carry, set G."""
+    cells = bench.factorial_configs(SMALL_WAVE)
+    rng = np.random.default_rng(3)
+    n, w, budget = 40, 25, 24
+    capped = pd.concat([frame(cell, (np.full(n, budget - 0.5) if cell[0] else 3.0 + sum(cell)) + rng.normal(0, 0.2, n),
+                              "A", w, verifications=1 if cell[0] else 6) for cell in cells])
+    v = bench.interaction_verdict(capped)
+    assert v.label == INCONCLUSIVE and "token budget" in v.reason
+    roomy = capped.assign(verifications=bench.MIN_VERIFICATIONS)
+    assert "token budget" not in bench.interaction_verdict(roomy).reason
+
+
 def test_check_options_name_the_option_and_the_value():
     good = dict(prompts=32, max_new_tokens=128, draft_loops=4, gamma=4, methods=list(settings.METHODS),
                 workloads=["problems"])

@@ -140,13 +140,26 @@ def test_eq6_per_text_within_a_factor_of_two():
         return Eq6Check(from_curve=1.0, from_size=1.0, S_curve=0.02, S_measured=sizes, measured=measured,
                         shallow_only=None)
 
-    assert claims.eq6_verdict(check(predicted * rng.uniform(1.1, 1.4, 36)), -3.0, 2.5, 1e-12).label == AGREES
-    assert claims.eq6_verdict(check(predicted * 120), -3.0, 2.5, 1e-12).label == DISAGREES  # chapter 3's miss
-    floored = claims.eq6_verdict(check(np.full(36, 1e-13)), -3.0, 2.5, 1e-12)
+    fitted = (0.005, 0.1)  # the sizes the line was fitted on: the texts' sizes lie within them
+    assert claims.eq6_verdict(check(predicted * rng.uniform(1.1, 1.4, 36)), -3.0, 2.5, 1e-12, fitted).label == AGREES
+    assert claims.eq6_verdict(check(predicted * 120), -3.0, 2.5, 1e-12, fitted).label == DISAGREES
+    floored = claims.eq6_verdict(check(np.full(36, 1e-13)), -3.0, 2.5, 1e-12, fitted)
     assert floored.label == INCONCLUSIVE and "float floor" in floored.reason
     assert claims.EQ6.minimum == papers.RIPE_SEC_3_2_EQ_6_FACTOR
     with pytest.raises(ValueError, match="finite"):
-        claims.eq6_verdict(check(predicted), float("nan"), 2.5, 1e-12)
+        claims.eq6_verdict(check(predicted), float("nan"), 2.5, 1e-12, fitted)
+    with pytest.raises(ValueError, match="fitted_sizes"):
+        claims.eq6_verdict(check(predicted), -3.0, 2.5, 1e-12, (0.1, 0.01))
+
+
+def test_eq6_does_not_extrapolate_the_line_beyond_its_sizes():
+    """Chapter 3's "disagrees, 238x" applied a line fitted at sizes 0.38-2.8 (planes 1 and 4) to texts at sizes
+    near 1e-3: the verdict must refuse to extrapolate."""
+    sizes = np.random.default_rng(4).uniform(5e-4, 2e-3, 36)
+    far = Eq6Check(from_curve=1.0, from_size=1.0, S_curve=1e-3, S_measured=sizes,
+                   measured=np.exp(-3.0) * sizes**2.5 * 238, shallow_only=None)
+    v = claims.eq6_verdict(far, -3.0, 2.5, 1e-12, (0.38, 2.8))
+    assert v.label == INCONCLUSIVE and "extrapolate" in v.reason
 
 
 def test_mature_v_over_aligned_is_das_table_6s_comparison():

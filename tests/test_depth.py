@@ -13,6 +13,7 @@ from looped_kv.analysis.depth import (
     DEPTH_BUCKETS,
     answer_accuracy,
     answer_hits,
+    answer_loss_by_program,
     depth_bucket,
     depth_stops_paying,
     encode_chains,
@@ -54,6 +55,22 @@ def test_loss_by_text_is_each_texts_mean_loss(tiny):
         loss_by_text(tiny, ids, [0], real)
     with pytest.raises(ValueError, match="two real tokens"):
         loss_by_text(tiny, ids, [1], torch.zeros_like(real))
+
+
+def test_chain_loss_is_taken_on_answers_alone(tiny):
+    """Chapter 1 averaged the chain loss over every token of a program, random names and digits included (9-10 nats,
+    worse than a uniform guess over 1,024 tokens); what depth buys on chains is the answers' loss."""
+    programs = data.chain_programs(5, split="eval")
+    hits = answer_hits(tiny, encode_chains(tiny.tokenizer, programs), [1, 4])
+    table = answer_loss_by_program(hits)
+    assert table.shape == (5, 2) and list(table.columns) == [1, 4]
+    for i, program in enumerate(programs):
+        alone = encode_chains(tiny.tokenizer, [program])
+        logits = tiny(alone.ids, num_loops=4)[alone.rows, alone.positions].float()
+        assert table.loc[i, 4] == pytest.approx(F.cross_entropy(logits, alone.answers).item(), rel=1e-4)
+    assert table.to_numpy().max() < np.log(tiny.config.vocab_size)  # answers, not the random program
+    with pytest.raises(ValueError, match="answer_hits"):
+        answer_loss_by_program(hits.drop(columns="nll"))
 
 
 def test_answer_hits_and_accuracy(tiny):

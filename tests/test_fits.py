@@ -16,6 +16,7 @@ import pytest
 from looped_kv import papers
 from looped_kv.analysis.fits import (
     EXCEEDS,
+    FLOOR_NOT_RESOLVED,
     INDISTINGUISHABLE,
     NOT_RIPE,
     RIPE,
@@ -86,6 +87,22 @@ def test_fit_geometric_default_range_follows_num_loops():
     assert fit_geometric(np.arange(1, 4), 0.2 * 0.7 ** np.arange(1, 4), num_loops=4).loop_range == (1, 3)
     with pytest.raises(ValueError, match="num_loops must be >= 3"):
         fit_loop_range(2)
+
+
+def test_a_floor_the_bf16_curve_does_not_show_is_not_resolved():
+    """Chapter 4 printed bf16 distances 89,190 times "the floor": on its 12 texts the bf16 curve lay at or below the
+    fp32 law everywhere, the fit ran off towards a floor of ~1e-7, and the ratio measured nothing."""
+    geometric = 0.3 * RHO_HUGINN**LOOPS
+    below = geometric * np.exp(-np.linspace(0, 0.3, LOOPS.size))  # under c rho^r at every loop: no floor to see
+    fit = fit_floor(LOOPS, below, RHO_HUGINN, 0.3)
+    assert not fit.resolved and fit.delta_inf < fit.bound == pytest.approx(geometric.min() * np.sqrt(1.001**2 - 1))
+    deep = float(below[-7:].mean())
+    r = ripeness(deep, fit.bound, resolved=False)  # over the floor's upper bound: the ratio is a lower bound
+    assert r.label == NOT_RIPE and r.lower_bound and r.ratio == pytest.approx(deep / fit.bound) and r.ratio < 1e3
+    assert r.ratio_text.startswith("at least")
+    assert ripeness(1.2 * fit.bound, fit.bound, resolved=False).label == FLOOR_NOT_RESOLVED
+    seen = fit_floor(LOOPS, floor_model(LOOPS, RHO_HUGINN, 0.3, HUGINN["Delta_inf (bf16)"][0]), RHO_HUGINN, 0.3)
+    assert seen.resolved
 
 
 def test_fit_floor_recovers_delta_inf_from_bf16_like_data():

@@ -47,6 +47,8 @@ from looped_kv.analysis.throughput import FixedMemoryComparison, ThroughputCell
 from looped_kv.analysis.verdicts import (
     BOOK_MINIMUM,
     INCONCLUSIVE,
+    MIN_ABOVE_FLOOR,
+    Check,
     Claim,
     Verdict,
     above_floor,
@@ -268,16 +270,29 @@ def text_b_verdict(identification: Identification) -> Verdict:
     return verdict(DEEP_B, b.to_numpy(), null=0.0, units="texts")
 
 
-def eq6_verdict(check: Eq6Check, intercept: float, slope: float, floor: float) -> Verdict:
+def eq6_verdict(check: Eq6Check, intercept: float, slope: float, floor: float,
+                fitted_sizes: tuple[float, float]) -> Verdict:
     """:data:`EQ6` per text: the measured deepest-plane KL against e^intercept S^slope at the text's measured
     perturbation size S over the deep loops, where (intercept, slope) is the deep region's fitted line (a + b and g
-    of the regression, or the deep rows' own line). The measured KLs must lie above the float floor (else Eq. (6)
-    cannot be checked against them, as for Raven in the paper); a KL at the floor enters at it."""
+    of the regression, or the deep rows' own line) and ``fitted_sizes`` the least and most perturbation size of the
+    rows it was fitted on. The measured KLs must lie above the float floor (else Eq. (6) cannot be checked against
+    them, as for Raven in the paper; a KL at the floor enters at it), and at least half the texts' S must lie
+    within the fitted sizes: a line fitted at sizes near 1 says nothing of sizes near 1e-3 (Eq. (4) is a
+    small-perturbation law, and a regression holds where it was fitted)."""
     if not all(math.isfinite(v) for v in (intercept, slope)):
         raise ValueError(f"intercept and slope must be finite, got {(intercept, slope)}")
-    predicted = np.exp(intercept) * np.asarray(check.S_measured, dtype=float) ** slope
+    low, high = fitted_sizes
+    if not 0 < low <= high < math.inf:
+        raise ValueError(f"fitted_sizes must be (least, most) sizes with 0 < least <= most, got {fitted_sizes}")
+    sizes = np.asarray(check.S_measured, dtype=float)
+    predicted = np.exp(intercept) * sizes**slope
     measured = np.asarray(check.measured, dtype=float)
-    checks = discrimination(above_floor(measured, floor, "the deepest-plane arm's KLs"))
+    inside = float(((sizes >= low) & (sizes <= high)).mean())
+    checks = discrimination(
+        above_floor(measured, floor, "the deepest-plane arm's KLs"),
+        Check("the texts' sizes lie where the line was fitted", inside >= MIN_ABOVE_FLOOR,
+              f"only {inside:.0%} of the texts' deep-loop sizes S ({sizes.min():.2g} to {sizes.max():.2g}) lie within "
+              f"the sizes the line was fitted on ({low:.2g} to {high:.2g}): Eq. (6) would extrapolate it"))
     return verdict(EQ6, np.maximum(measured, floor), predicted, discrimination=checks, units="texts")
 
 

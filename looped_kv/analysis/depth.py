@@ -181,6 +181,18 @@ def answer_hits(model: LoopedLM, batch: ChainBatch, loops: Sequence[int]) -> pd.
     return pd.concat(frames, ignore_index=True)
 
 
+def answer_loss_by_program(hits: pd.DataFrame) -> pd.DataFrame:
+    """Mean answer loss (nats) of each chain program after each R (rows programs, columns R) from
+    :func:`answer_hits`: for chains, the paired per-text table that :func:`loss_by_text` gives for text. A chain's
+    names and digits are random, so their loss stays near ln 10 or more at any depth; training scores the answers
+    alone, and what depth buys on chains is measured on them."""
+    missing = {"loops", "program", "nll"} - set(hits.columns)
+    if missing:
+        raise ValueError(f"hits must be answer_hits' table; it lacks {sorted(missing)}")
+    table = hits.pivot_table(index="program", columns="loops", values="nll", aggfunc="mean")
+    return table.rename_axis(index="text", columns="loops")
+
+
 @torch.no_grad()
 def answer_accuracy(model: LoopedLM, batch: ChainBatch, loops: Sequence[int]) -> pd.DataFrame:
     """Teacher-forced answer accuracy and answer loss after R loops: one row per R, overall and by depth bucket."""

@@ -54,6 +54,10 @@ EXCEEDS = "exceeds a precision change"
 INDISTINGUISHABLE = "indistinguishable from a precision change"
 RIPE = "ripe to bf16"
 NOT_RIPE = "not ripe"
+FLOOR_NOT_RESOLVED = "floor not resolved"
+#: The least relative change a floor must make to one fitted bf16 distance of Eq. (5) to be seen in the curve: a
+#: fitted floor that changes none of them by 0.1% sits where the least-squares fit ran off towards zero.
+FLOOR_VISIBLE = 1e-3
 
 
 def _check_level(level: float) -> None:
@@ -178,10 +182,17 @@ def floor_model(loops: ArrayLike, rho: float, c: float, delta_inf: float) -> np.
 
 @dataclass(frozen=True)
 class FloorFit:
-    """The bf16 rounding floor Delta_inf of Eq. (5) with rho and c fixed."""
+    """The bf16 rounding floor Delta_inf of Eq. (5) with rho and c fixed. ``resolved``: the floor raises at least
+    one fitted distance sqrt((c rho^r)^2 + Delta_inf^2) of the loop range above c rho^r by :data:`FLOOR_VISIBLE`
+    (else the bf16 curve shows no floor, the fit ran off towards zero, and Delta_inf is no measurement)."""
 
     delta_inf: float
     max_abs_log_residual: float
+    bound: float = 0.0  # the largest floor the loop range could not show: an upper bound on an unresolved floor
+
+    @property
+    def resolved(self) -> bool:
+        return self.delta_inf >= self.bound
 
 
 def fit_floor(loops: ArrayLike, delta_bf16: ArrayLike, rho: float, c: float, num_loops: int = 32,
@@ -198,8 +209,9 @@ def fit_floor(loops: ArrayLike, delta_bf16: ArrayLike, rho: float, c: float, num
         return np.log(dist) - np.log(np.hypot(geometric, np.exp(log_floor[0])))
 
     result = least_squares(residual, x0=[np.log(dist.min())], method="lm")
+    bound = float(geometric.min()) * math.sqrt((1 + FLOOR_VISIBLE) ** 2 - 1)
     return FloorFit(delta_inf=float(np.exp(result.x[0])),
-                    max_abs_log_residual=float(np.max(np.abs(residual(result.x)))))
+                    max_abs_log_residual=float(np.max(np.abs(residual(result.x)))), bound=bound)
 
 
 def fit_loop_range(num_loops: int = 32) -> tuple[int, int]:
@@ -235,17 +247,26 @@ class Ripeness:
 
     ratio: float  # deep-loop bf16 distance / Delta_inf
     tolerance: float
-    label: str  # "ripe to bf16" or "not ripe"
+    label: str  # "ripe to bf16", "not ripe" or "floor not resolved"
+    lower_bound: bool = False  # the floor was not resolved: ratio is over its upper bound, so at least this
+
+    @property
+    def ratio_text(self) -> str:
+        """The ratio as a sentence reads it: "1.91", or "at least 22" over an unresolved floor."""
+        return f"at least {self.ratio:.2g}" if self.lower_bound else f"{self.ratio:.2f}"
 
     @property
     def ripe(self) -> bool:
         return self.label == RIPE
 
 
-def ripeness(deep_delta_bf16: float, delta_inf: float, tolerance: float = math.sqrt(2)) -> Ripeness:
+def ripeness(deep_delta_bf16: float, delta_inf: float, tolerance: float = math.sqrt(2),
+             resolved: bool = True) -> Ripeness:
     """Label the deep loops "ripe to bf16" when deep-loop Delta <= tolerance x Delta_inf (RIPE Remark 1).
 
-    The default sqrt(2) means c rho^r <= Delta_inf under Eq. (5); see the module docstring.
+    The default sqrt(2) means c rho^r <= Delta_inf under Eq. (5); see the module docstring. A floor that is not
+    ``resolved`` enters as its upper bound (:class:`FloorFit`), so the ratio is a lower bound: above the tolerance
+    it is "not ripe" all the same, below it "floor not resolved".
     """
     if not (math.isfinite(deep_delta_bf16) and deep_delta_bf16 >= 0):
         raise ValueError(f"deep_delta_bf16 must be >= 0, got {deep_delta_bf16}")
@@ -254,7 +275,8 @@ def ripeness(deep_delta_bf16: float, delta_inf: float, tolerance: float = math.s
     if not (math.isfinite(tolerance) and tolerance >= 1):
         raise ValueError(f"tolerance must be >= 1 (a factor of the floor), got {tolerance}")
     ratio = deep_delta_bf16 / delta_inf
-    return Ripeness(ratio=ratio, tolerance=tolerance, label=RIPE if ratio <= tolerance else NOT_RIPE)
+    label = (RIPE if resolved else FLOOR_NOT_RESOLVED) if ratio <= tolerance else NOT_RIPE
+    return Ripeness(ratio=ratio, tolerance=tolerance, label=label, lower_bound=not resolved)
 
 
 # -- sensitivity (Sec. 3.1, Eq. 4 and 6) -----------------------------------------------------------
@@ -262,12 +284,13 @@ def ripeness(deep_delta_bf16: float, delta_inf: float, tolerance: float = math.s
 
 @dataclass(frozen=True)
 class RegionSlope:
-    """log KL = intercept + slope log ||delta|| within one region."""
+    """log KL = intercept + slope log ||delta|| within one region, fitted on rows of sizes ``sizes`` (least, most)."""
 
     intercept: float
     slope: float
     ci: tuple[float, float]
     n: int
+    sizes: tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -298,6 +321,10 @@ class SensitivityFit:
     def frac_at_floor(self) -> float:
         total = self.n_rows + (self.n_at_floor if self.floor_rows_dropped else 0)
         return self.n_at_floor / total
+
+
+def _size_range(sizes: pd.Series) -> tuple[float, float]:
+    return float(sizes.min()), float(sizes.max())
 
 
 def _sensitivity_frame(rows: object, need_text: bool) -> pd.DataFrame:
@@ -359,7 +386,8 @@ def sensitivity_regression(rows: object, floor: float | None = None, drop_floor:
         ci_b, ci_g = tuple(ci[1]), tuple(ci[2])
         ci_slopes = {name: tuple(fit.conf_int(alpha=1 - level)[1]) for name, fit in fits.items()}
     slopes = {name: RegionSlope(intercept=float(fit.params[0]), slope=float(fit.params[1]),
-                                ci=tuple(float(v) for v in ci_slopes[name]), n=int(regions[name].sum()))
+                                ci=tuple(float(v) for v in ci_slopes[name]), n=int(regions[name].sum()),
+                                sizes=_size_range(frame["size"][regions[name]]))
               for name, fit in fits.items()}
     a, b, g = (float(v) for v in pooled.params)
     return SensitivityFit(a=a, b=b, g=g, ci_b=tuple(float(v) for v in ci_b), ci_g=tuple(float(v) for v in ci_g),

@@ -325,7 +325,7 @@ def ripening_summary(fp32: RipeningCurves, bf16: RipeningCurves,
         deep_bf16 = deep_loop_delta(loops, bf16.delta[X], R)
         out[X] = RipeningFit(kind=X, geometric=geo, floor=floor, deep_bf16=deep_bf16,
                              deep_fp32=deep_loop_delta(loops, fp32.delta[X], R),
-                             ripeness=ripeness(deep_bf16, floor.delta_inf))
+                             ripeness=ripeness(deep_bf16, max(floor.delta_inf, floor.bound), resolved=floor.resolved))
     return out
 
 
@@ -541,7 +541,7 @@ def resolved_slope(rows: pd.DataFrame, region: str, floor: float, level: float =
         cov_type="cluster", cov_kwds={"groups": pd.factorize(chosen["text"])[0]})
     low, high = fit.conf_int(alpha=1 - level)[1]
     return RegionSlope(intercept=float(fit.params[0]), slope=float(fit.params[1]), ci=(float(low), float(high)),
-                       n=len(chosen))
+                       n=len(chosen), sizes=(float(chosen["size"].min()), float(chosen["size"].max())))
 
 
 def _check_level_open(level: float) -> None:

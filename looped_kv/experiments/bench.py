@@ -408,6 +408,10 @@ def factorial_configs(wave: dict | None = None) -> dict[tuple[int, int, int], di
             for carry in (0, 1) for deep_k in (0, 1) for deep_v in (0, 1)}
 
 
+#: Fewest verifications per prompt (median) of the carried cells behind an E_cKV verdict.
+MIN_VERIFICATIONS = 3
+
+
 def interaction_by_prompt(runs: pd.DataFrame) -> np.ndarray:
     """Per-prompt E_cKV (DAS Eq. 11) from the G of the eight cells of :func:`factorial_configs`' acceptance runs,
     on the prompts with a verification in every cell."""
@@ -424,15 +428,21 @@ def interaction_verdict(runs: pd.DataFrame) -> Verdict:
     """:data:`INTERACTION` on the per-prompt E_cKV, against no interaction.
 
     Discrimination: the verdict's unit rule; the carried cells' G below the ceiling w (when every carried cell
-    commits all w proposals, carry's K/V interaction is zero by saturation, whatever the reads do); and
-    G that is not the same in every cell.
+    commits all w proposals, carry's K/V interaction is zero by saturation, whatever the reads do); G that is not
+    the same in every cell; and carried cells that verify at least :data:`MIN_VERIFICATIONS` times per prompt (a
+    token budget near w lets a carried cell verify once, and its G is then the budget, not what carry commits).
     """
     e = interaction_by_prompt(runs)
     carried = runs[runs["method"].map(lambda cell: cell[0] == 1)]
     w = int(carried["ceiling"].iloc[0])
     per_prompt = carried.groupby("prompt")["G"].mean().dropna()
+    verifications = float(carried["verifications"].median())
     checks = discrimination(below_ceiling(per_prompt, w, "G of the carried cells"),
-                            varies(runs["G"].dropna(), "G of the eight cells"))
+                            varies(runs["G"].dropna(), "G of the eight cells"),
+                            Check("carried cells verify more than the budget allows once",
+                                  verifications >= MIN_VERIFICATIONS,
+                                  f"the carried cells verify {verifications:g} times per prompt (median; need "
+                                  f"{MIN_VERIFICATIONS}): the token budget, not carry, caps their G"))
     return verdict(INTERACTION, e, null=0.0, discrimination=checks)
 
 
