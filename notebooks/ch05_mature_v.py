@@ -133,7 +133,7 @@ book.md(
 # against values is the one above, on more prompts.
 
 # %%
-planes = sorted({2**i for i in range(R.bit_length()) if 2**i <= R} | {R})
+planes = list(measure.read_depth_grid(R))
 grid_prompts = workloads.prompt_ids(model, profile, "problems", P.grid_prompts, "dev")
 pairs = [(kappa, nu) for kappa in planes for nu in planes]
 grid = measure.agreement_by_prompt(model, grid_prompts, P.grid_tokens, [2], pairs)

@@ -26,6 +26,7 @@ from looped_kv.analysis.measure import (
     draft_agreement_rows,
     kl,
     policy_logits,
+    read_depth_grid,
     row_tau,
 )
 from looped_kv.analysis.planes import in_dtype
@@ -493,3 +494,12 @@ def test_kl_by_prompt_and_kl_ratio_verdict():
         kl_ratio_verdict(verdicts.Claim("x", "y", minimum=1, minimum_source="test"), reference, reference, ("a", "b"))
     with pytest.raises(ValueError, match="paired per prompt"):
         kl_ratio_verdict(claim, reference, reference[:3], ("a", "b"))
+
+
+def test_the_read_depth_grid_is_das_figure_4s():
+    """Chapter 5's grid read the prefix at depth 1, below the draft's 2 loops and outside DAS Figure 4's 2..R, and its
+    spans came from that row."""
+    assert read_depth_grid(32) == (2, 4, 8, 16, 32) and read_depth_grid(4) == (2, 4)
+    assert read_depth_grid(12) == (2, 4, 8, 12)
+    with pytest.raises(ValueError, match="num_loops must be >= 3"):
+        read_depth_grid(2)

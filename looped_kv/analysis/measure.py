@@ -125,6 +125,15 @@ class DraftAgreement(Observer):
 
 
 @torch.no_grad()
+def read_depth_grid(num_loops: int) -> tuple[int, ...]:
+    """The prefix read depths of DAS Figure 4's grid for a draft at r = 2: powers of two from 2 to R, and R, so the
+    corners (2, 2), (2, R), (R, 2), (R, R) are aligned, Deep V, Deep K and Deep K/V (the paper's grid has no depth
+    below the draft's)."""
+    if num_loops < 3:
+        raise ValueError(f"num_loops must be >= 3 (a draft at 2 loops below R), got {num_loops}")
+    return tuple(sorted({2**i for i in range(1, num_loops.bit_length()) if 2**i <= num_loops} | {num_loops}))
+
+
 def agreement_by_prompt(model: LoopedLM, prompts: Sequence[Tensor], max_new_tokens: int,
                         draft_loops: Sequence[int], reads: Iterable[str | tuple[int, int]], *,
                         policy: CachePolicy | None = None, stop_at_eos: bool = True,
