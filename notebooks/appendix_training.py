@@ -168,7 +168,7 @@ book.table(accuracy.T.assign(queries=pd.Series(held["queries"])), digits=2)
 gates = config["gates"]
 print(COMMAND)
 table = pd.DataFrame([{"gate": g.name, "rule": g.rule,
-                       "measured": gates["figures"][g.figure],
+                       "measured": g.measured(gates["figures"]),
                        "passes": gates["passed"][g.name]} for g in GATES])
 book.table(table.set_index("gate"), digits=3)
 
@@ -176,7 +176,7 @@ book.table(table.set_index("gate"), digits=3)
 failed = table.loc[~table["passes"]]
 book.md("The shipped model passes every gate." if failed.empty else
         "The shipped model fails " + "; ".join(
-            f"*{row.gate}* (measured {row.measured:.3f}, rule {row.rule})"
+            f"*{row.gate}* (measured {row.measured}, rule {row.rule})"
             for row in failed.itertuples())
         + ". Each chapter's discrimination checks say where this keeps a verdict "
           "inconclusive.")

@@ -156,6 +156,17 @@ def encode_chains(tokenizer, programs: Sequence[ChainProgram]) -> ChainBatch:
     return ChainBatch(ids, real, r, p, ids[r, p + 1], torch.tensor(depths))
 
 
+def decoded_hits(program: ChainProgram, continuation: str) -> list[bool]:
+    """Which of a program's queries a decoded continuation answers: query i is right when the continuation writes
+    its cue and answer (``x7`` or ``x?7;``) where the program's own query line has them."""
+    hits, at = [], 0
+    for query in program.queries:
+        piece = program.cue(query) + program.answer(query)
+        hits.append(continuation[at:at + len(piece)] == piece)
+        at += len(piece)
+    return hits
+
+
 def depth_bucket(depth: int) -> str:
     """The :data:`DEPTH_BUCKETS` name of a binding depth."""
     for name, (lo, hi) in DEPTH_BUCKETS.items():

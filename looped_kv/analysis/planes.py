@@ -310,6 +310,13 @@ class RipeningFit:
     ripeness: Ripeness  # Remark 1: deep-loop bf16 Delta against the floor
 
 
+def ripening_rates(fp32: RipeningCurves, loop_range: tuple[int, int] | None = None) -> dict[str, GeometricFit]:
+    """RIPE's rho for keys and values: c rho^r fitted to the fp32 distances of plane r to plane R (Sec. 3.2, Table 7;
+    default :func:`fit_loop_range`). The one definition of the book's rho: chapter 2's Table 7 column and the tiny
+    model's "slow ripening" gate both take it from here."""
+    return {X: fit_geometric(fp32.loops, fp32.delta[X], fp32.num_loops, loop_range) for X in ("k", "v")}
+
+
 def ripening_summary(fp32: RipeningCurves, bf16: RipeningCurves,
                      loop_range: tuple[int, int] | None = None) -> dict[str, RipeningFit]:
     """Table 7 fits for keys and values: geometric fit to fp32 (default :func:`fit_loop_range`), the bf16 floor of
@@ -319,8 +326,7 @@ def ripening_summary(fp32: RipeningCurves, bf16: RipeningCurves,
         raise ValueError(f"fp32 and bf16 curves must have the same R, got {R} and {bf16.num_loops}")
     loops = fp32.loops
     out = {}
-    for X in ("k", "v"):
-        geo = fit_geometric(loops, fp32.delta[X], R, loop_range)
+    for X, geo in ripening_rates(fp32, loop_range).items():
         floor = fit_floor(loops, bf16.delta[X], geo.rho, geo.c, R, loop_range)
         deep_bf16 = deep_loop_delta(loops, bf16.delta[X], R)
         out[X] = RipeningFit(kind=X, geometric=geo, floor=floor, deep_bf16=deep_bf16,
