@@ -244,7 +244,7 @@ def renamed(program: data.ChainProgram, names: dict[str, str]) -> data.ChainProg
     """The same program with its variables renamed (``names``: old to new)."""
     table = str.maketrans(names)
     queries = tuple(data.ChainQuery(q.variable.translate(table), q.value, q.depth) for q in program.queries)
-    return data.ChainProgram(program.program.translate(table), queries)
+    return data.ChainProgram(program.program.translate(table), queries, program.dense)
 
 
 def chain_rows(tokenizer: PreTrainedTokenizerFast, rows: int, seq: int, step: int, max_depth: int,

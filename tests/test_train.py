@@ -1,0 +1,91 @@
+"""The tiny model's training data and schedule (looped_kv.tiny.train) for the multichain continuation (issue 39)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from looped_kv.cli import train_options
+from looped_kv.runtime.loading import TINY_DIR
+from looped_kv.tiny import train
+from looped_kv.workloads import data
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast.from_pretrained(str(TINY_DIR))
+
+
+def _values(program: data.ChainProgram) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for binding in program.program.rstrip(";").split(";"):
+        name, expr = binding.split("=")
+        values[name] = int(expr) if expr.isdigit() else (values[expr.split("+")[0]] + int(expr.split("+")[1])) % 10
+    return values
+
+
+def test_multichain_programs_ask_each_chain_once_with_dense_answers():
+    programs = data.multichain_programs(200, "dev")
+    depths = [q.depth for p in programs for q in p.queries]
+    assert min(depths) == 1 and max(depths) == data.CHAIN_DEPTH
+    for p in programs:
+        values = _values(p)
+        names = [b.split("=")[0] for b in p.program.rstrip(";").split(";")]
+        assert len(names) == len(set(names)) <= data.MULTICHAIN_BINDINGS and p.dense
+        assert sum(q.depth for q in p.queries) == len(names)  # the chains cover the program, one query each
+        assert all(values[q.variable] == int(q.value) for q in p.queries)
+        assert p.text == f"{p.program}\n" + "".join(q.variable + q.value for q in p.queries) + "\n"
+    assert all(q.depth <= 6 for p in data.multichain_programs(50, "train", max_depth=6) for q in p.queries)
+    with pytest.raises(ValueError, match="max_depth must be in"):
+        data.multichain_programs(1, max_depth=0)
+
+
+def test_multichain_training_rows_score_the_dense_query_lines(tokenizer):
+    """The scouting run's first attempt trained on "x?7;" query lines (renaming dropped the layout) while its
+    evaluation asked "x7": every row must keep the layout it was drawn in."""
+    ids, scored, answer = train.chain_rows(tokenizer, 3, 256, 5, 12, {"layout": "multi"})
+    for i in range(3):
+        lines = tokenizer.decode(ids[i][scored[i]]).split(tokenizer.eos_token)
+        assert lines[-1] == "" and all("?" not in line and ";" not in line for line in lines[:-1])
+        digits = tokenizer.decode(ids[i][answer[i]])
+        assert digits.isdigit() and len(digits) == sum(len(line.strip()) // 2 for line in lines[:-1])
+
+
+def test_the_learning_rate_decays_over_the_runs_real_length():
+    args = train_options(["--out", "runs/x", "--steps", "9000", "--decay-from", "7800"])
+    assert train.learning_rate(args, 7800) == pytest.approx(args.lr)
+    assert train.learning_rate(args, 8400) == pytest.approx(args.lr * (0.1 + 0.9 * 0.5))
+    assert train.learning_rate(args, 9000) == pytest.approx(0.1 * args.lr)
+    from_start = replace(args, decay_from=0)
+    assert train.learning_rate(from_start, 250) == pytest.approx(args.lr * 250 / args.warmup)
+    halfway = 0.1 + 0.9 * 0.5 * (1 + math.cos(0.5 * math.pi))
+    assert train.learning_rate(from_start, 4500) == pytest.approx(args.lr * halfway)
+    with pytest.raises(ValueError, match="--decay-from must be in"):
+        train_options(["--out", "runs/x", "--steps", "100", "--decay-from", "100"])
+
+
+def test_deep_draws_run_64_loops_and_leave_other_runs_random_stream_alone():
+    g = torch.Generator().manual_seed(0)
+    draws = [train.sample_loops(16, 4, g, deep_share=0.25) for _ in range(2000)]
+    share = sum(d == (train.DEEP_LOOPS - 4, 4) for d in draws) / len(draws)
+    assert 0.2 < share < 0.3
+    a, b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert [train.sample_loops(16, 4, a) for _ in range(50)] == [train.sample_loops(16, 4, b, 0.0) for _ in range(50)]
+    with pytest.raises(ValueError, match="--deep-share must be in"):
+        train_options(["--out", "runs/x", "--deep-share", "nan"])
+
+
+def test_the_long_runs_checkpoint_resumes_with_the_continuation_options():
+    """checkpoints/tiny-long predates the options: its recorded arguments with BEFORE_OPTION make whole settings, and
+    the continuation options are ones a resumed run may change."""
+    checkpoint = Path(__file__).parent.parent / "checkpoints/tiny-long/checkpoint.pt"
+    recorded = torch.load(checkpoint, weights_only=False)["args"]
+    assert not {"chain_layout", "decay_from", "deep_share"} & set(recorded)
+    settings = train.Options(**{**train.BEFORE_OPTION, **recorded, "out": Path("r"), "resume": True, "export": None})
+    assert (settings.chain_layout, settings.decay_from, settings.deep_share) == ("single", 0, 0.0)
+    assert {"chain_layout", "decay_from", "deep_share", "advance_at", "depth_step"} <= set(train.RESUMABLE)
