@@ -56,10 +56,11 @@ if TYPE_CHECKING:  # transformers is imported where a tokenizer is made: the loo
 #: The command that runs :func:`run` (:mod:`looped_kv.cli`'s ``train``), as a module; a finished run records it.
 COMMAND = "looped-kv train"
 EOS = "<|endoftext|>"
-#: Options a resumed run may change: the thread count, the sitting's length, the run's length and the data mix
-#: with the depth it starts from (a staged mix). Each change is logged with the step it took effect.
+#: Options a resumed run may change: the thread count, the sitting's length, the run's length, the data mix with the
+#: depth it starts from (a staged mix), the chain layout, the schedule's decay, the deep draws and the curriculum
+#: (a ``--start-depth`` other than the recorded one restarts it there). Each change is logged with its step.
 RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth", "chain_layout", "decay_from", "deep_share",
-             "advance_at", "depth_step")
+             "advance_at", "depth_step", "start_depth")
 #: What a checkpoint older than an option ran with: before --mix-from-depth the mix applied from the start; before
 #: --chain-layout every program was one chain; before --decay-from the cosine ran from step 0; before --deep-share
 #: no step was drawn at DEEP_LOOPS.
@@ -457,6 +458,9 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
         opt.load_state_dict(checkpoint["optimizer"])
         generator.set_state(checkpoint["generator"])
         curriculum.load(checkpoint["curriculum"])
+        if "start_depth" in changes:  # changed: the curriculum starts over from it (a new layout's first stage)
+            curriculum.depth = args.start_depth
+            curriculum.raised.append((checkpoint["step"], args.start_depth))
         log, start_step, elapsed_before = checkpoint["log"], checkpoint["step"] + 1, checkpoint["elapsed_s"]
         if changes:
             log.append({"step": checkpoint["step"], "changed": {key: list(value) for key, value in changes.items()}})
