@@ -27,6 +27,7 @@ from looped_kv.analysis.verdicts import (
     discrimination,
     distinct,
     enough_units,
+    interval_label,
     interval_table,
     model_check,
     tally,
@@ -310,3 +311,51 @@ def test_tables_and_tally_summarise_a_chapter():
         "Of 5 claims on the model, 1 agrees with the paper, 1 disagrees, 1 finds no effect of the size that counts, "
         "1 compares identical arms and 1 is inconclusive; 1 of these because the measurement cannot discriminate on "
         "this model (blocked).")
+
+
+# -- more uncertainty never gives a stronger label (issue 40, item 7) ----------------------------------------------
+
+BAND = Claim("A beats B", "Paper Table 1", minimum=0.05, minimum_source="the issue's smallest effect")
+
+
+def test_disagrees_needs_the_whole_interval_beyond_the_smallest_effect():
+    """Issue 40's pair: the narrower interval read "no effect of that size", the wider one "disagrees"."""
+    assert interval_label(BAND, -0.047, -0.011)[0] == NO_EFFECT
+    label, reason = interval_label(BAND, -0.054, -0.010)
+    assert label == INCONCLUSIVE and "reaches into the no-effect band" in reason
+    assert interval_label(BAND, -0.08, -0.05)[0] == DISAGREES
+    ratio = Claim("faster", "DAS Table 1", scale="log-ratio", minimum=1.1, minimum_source="z")
+    assert interval_label(ratio, 0.85, 0.95)[0] == INCONCLUSIVE  # below 1, but not wholly below 1 / 1.1
+    assert interval_label(ratio, 0.80, 0.90)[0] == DISAGREES
+
+
+def test_an_interval_against_the_claim_that_reaches_into_the_band_is_inconclusive():
+    a, b = paired(-0.1, noise=0.1)
+    v = verdict(GREATER, a, b)
+    assert v.high < 0 and v.low < -GREATER.minimum < v.high
+    assert v.label == INCONCLUSIVE and "against the paper's direction" in v.reason
+    assert verdict(LESS, b, a).label == INCONCLUSIVE
+    assert verdict(GREATER, *paired(-0.5)).label == DISAGREES
+
+
+@pytest.mark.parametrize("claim", [GREATER, LESS, NONE,
+                                   Claim("x", "y", scale="log-ratio", minimum=1.1, minimum_source="z"),
+                                   Claim("x", "y", expects="less", scale="ratio of means", minimum=2,
+                                         minimum_source="z")], ids=lambda c: f"{c.expects}-{c.scale}")
+def test_a_wider_interval_never_gets_a_stronger_label(claim):
+    """Widening an interval about its centre keeps its label or makes it inconclusive: label strength is monotone
+    non-increasing in width (an interval that contains another is never more decisive)."""
+    rng = np.random.default_rng(40)
+    m = claim.band
+    centre = rng.uniform(-3 * m, 3 * m, 4000)
+    half = rng.uniform(0, 2 * m, 4000)
+    wider = half * rng.uniform(1, 4, 4000)
+    to_scale = np.exp if claim.ratio else (lambda x: x)
+    seen = set()
+    for c, h, w in zip(centre, half, wider, strict=True):
+        narrow = interval_label(claim, to_scale(c - h), to_scale(c + h))[0]
+        wide = interval_label(claim, to_scale(c - w), to_scale(c + w))[0]
+        assert wide in (narrow, INCONCLUSIVE), (c - h, c + h, narrow, c - w, c + w, wide)
+        seen.add(narrow)
+    assert seen >= {AGREES, DISAGREES, INCONCLUSIVE}  # the draws reach every label the claim can give
+

@@ -16,22 +16,30 @@ rule, in this order, to every comparison of the book, timing included:
 4. **The interval**: a BCa (bias-corrected and accelerated) bootstrap interval over units, resampling pairs
    (Efron 1987), seeded, so a verdict is the same on every run. Percentile intervals are too narrow at the
    sample sizes of this book; BCa corrects their bias and skew to second order.
-5. **The label**, from the interval of the effect in the paper's direction and the smallest effect m:
+5. **The label** (:func:`interval_label`), from the interval of the effect in the paper's direction and the
+   smallest effect m:
 
-   * ``agrees``: the interval lies beyond m in the paper's direction;
+   * ``agrees``: the whole interval lies beyond m in the paper's direction;
+   * ``disagrees``: the whole interval lies beyond m against it (beyond -m; on a ratio scale below 1/m);
    * ``no effect of that size``: the interval lies inside the no-effect band (-m, m);
-   * ``disagrees``: the interval lies wholly on the other side of no difference (and reaches beyond the band);
-   * ``inconclusive``: anything else (an interval that crosses no difference or an edge of the band).
+   * ``inconclusive``: anything else: an interval that contains no difference, or crosses an edge of the band on
+     either side. An interval wholly against the paper's direction that reaches into the band is inconclusive, not
+     ``disagrees``: with m = 0.05, -0.029 [-0.047, -0.011] is no effect of that size and -0.032 [-0.054, -0.010]
+     is inconclusive.
 
-   For a claim of no effect (``expects="none"``), ``agrees`` is an interval inside the band and ``disagrees``
-   one beyond it on either side.
+   "Agrees" and "disagrees" are held to the same standard, so more uncertainty never gives a stronger label: an
+   interval that contains another has the other's label or ``inconclusive``. For a claim of no effect
+   (``expects="none"``), ``agrees`` is an interval inside the band and ``disagrees`` one wholly beyond it on
+   either side, the same standard.
 6. **Ceilings** (:func:`below_ceiling`): an effect established beyond the band is not voided because an arm
    is near its ceiling; the reason notes the ceiling. An interval inside the band (no effect, or a claim of no
    effect that agrees) next to an arm near its ceiling, or with less room to the ceiling than m, cannot tell
    "no effect" from saturation, and is ``inconclusive``.
 
 On a ratio scale m is a factor > 1: the band is (1/m, m). Every verdict states its n, its smallest effect and
-its interval method. :func:`model_check` is the same rule for a model's prediction against held-out cells.
+its interval method. :func:`model_check` is the rule for a model's prediction against held-out cells; its
+"interval" is the range of the cells, not an uncertainty interval, since the claim is about every cell: one cell
+measured beyond the band is a counterexample (it ``disagrees``), whatever the others show.
 """
 
 from __future__ import annotations
@@ -362,13 +370,24 @@ def _label(claim: Claim, low: float, high: float) -> tuple[str, str]:
     low, high = (low, high) if claim.expects == "greater" else (-high, -low)
     if low >= m:
         return AGREES, "the interval lies beyond the smallest effect in the paper's direction"
+    if high <= -m:
+        return DISAGREES, "the interval lies beyond the smallest effect against the paper's direction"
     if inside:
         return NO_EFFECT, "the interval lies inside the no-effect band"
     if high < 0:
-        return DISAGREES, "the interval lies on the other side of no difference"
+        return INCONCLUSIVE, "the interval lies against the paper's direction but reaches into the no-effect band"
     if low > 0:
         return INCONCLUSIVE, "the interval lies on the paper's side but reaches below the smallest effect"
     return INCONCLUSIVE, "the interval contains no difference"
+
+
+def interval_label(claim: Claim, low: float, high: float) -> tuple[str, str]:
+    """The label, and why, that the rule's step 5 gives an interval [low, high] on the claim's reporting scale (a
+    ratio on ratio scales), before the ceiling checks."""
+    if claim.ratio:
+        with np.errstate(divide="ignore"):
+            low, high = float(np.log(low)), float(np.log(high))
+    return _label(claim, low, high)
 
 
 def _with_ceilings(claim: Claim, label: str, reason: str, checks: Discrimination) -> tuple[str, str]:
