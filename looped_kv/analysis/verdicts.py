@@ -40,6 +40,12 @@ On a ratio scale m is a factor > 1: the band is (1/m, m). Every verdict states i
 its interval method. :func:`model_check` is the rule for a model's prediction against held-out cells; its
 "interval" is the range of the cells, not an uncertainty interval, since the claim is about every cell: one cell
 measured beyond the band is a counterexample (it ``disagrees``), whatever the others show.
+
+A verdict reads as one short line (:attr:`Verdict.short`), "agrees: +0.42 [0.27, 0.56], n = 48": the label, the
+estimate and its interval, and n. A difference is signed; a ratio is written "1.19x [1.15, 1.23]". The three numbers
+share one number of decimals, the precision of the interval (:func:`precision`). :func:`claim_summary` states each
+claim, its source and its smallest effect once, then one short line per workload; the tables
+(:func:`verdict_table`, :func:`interval_table`) put the verdict in their first column.
 """
 
 from __future__ import annotations
@@ -187,6 +193,31 @@ class Verdict:
         """The experiment could not discriminate (too few units, a failed check or a ceiling)."""
         return self.label == INCONCLUSIVE and self.reason.startswith(("too few units", "cannot discriminate"))
 
+    @property
+    def estimate_text(self) -> str:
+        """The estimate and its interval to their precision (:func:`precision`): a signed difference, "+0.42 [0.27,
+        0.56]", or a ratio, "1.19x [1.15, 1.23]"."""
+        if math.isnan(self.estimate):
+            return "undefined"
+        decimals = precision(self.low, self.high)
+        estimate, low, high = _numbers((self.estimate, self.low, self.high), decimals)
+        if self.claim.ratio:
+            return f"{estimate}x [{low}, {high}]"
+        sign = "+" if float(estimate.replace(",", "")) > 0 else ""
+        return f"{sign}{estimate} [{low}, {high}]"
+
+    @property
+    def short(self) -> str:
+        """The verdict in one short line: "agrees: +0.42 [0.27, 0.56], n = 48" (the claim is said elsewhere)."""
+        return f"{self.label}: {self.estimate_text}, n = {self.n}"
+
+    @property
+    def interval_kind(self) -> str:
+        """What the interval is, without n: "95% BCa bootstrap intervals over prompts"."""
+        if self.method == BCA:
+            return f"{self.level:.0%} {BCA} intervals over {self.units}"
+        return f"{self.method} over {self.units}"
+
     def interval(self, digits: int = 3) -> str:
         if math.isnan(self.estimate):
             return "undefined"
@@ -216,10 +247,42 @@ class Verdict:
                 f"({self.how}); {self.reason}.")
 
     def row(self) -> dict[str, object]:
-        """A table row: the claim, its source, the estimate and interval, n, the smallest effect, the label and why."""
-        return {"claim": self.claim.statement, "source": self.claim.source, "estimate": self.estimate,
-                "low": self.low, "high": self.high, "n": self.n, "smallest effect": self.claim.minimum_text,
-                "verdict": self.label, "why": self.reason}
+        """A table row, the verdict first: the label, the estimate and interval, n, the smallest effect, the claim, its
+        source and why."""
+        return {"verdict": self.label, "estimate": self.estimate, "low": self.low, "high": self.high, "n": self.n,
+                "smallest effect": self.claim.minimum_text, "claim": self.claim.statement, "source": self.claim.source,
+                "why": self.reason}
+
+
+#: Most decimals written in fixed point; an interval that needs more is written in significant digits (1.2e-07).
+MAX_DECIMALS = 4
+
+
+def precision(low: float, high: float) -> int | None:
+    """Decimals that write an interval [low, high] to its precision: its half-width to two significant digits when
+    they begin with 1 or 2, else to one (half-widths 0.145 and 0.04: 2 decimals; 0.018: 3), at least 0. None for an
+    interval of no width or an unbounded one."""
+    half = (high - low) / 2
+    if not (math.isfinite(half) and half > 0):
+        return None
+    decimals = -math.floor(math.log10(half))
+    return max(0, decimals + 1 if half * 10.0 ** decimals < 3 else decimals)
+
+
+def _numbers(values: tuple[float, ...], decimals: int | None) -> list[str]:
+    """``values`` to ``decimals`` decimals with thousands separators; past :data:`MAX_DECIMALS`, to the significant
+    digits that keep that precision; with no precision (None), to 3 significant digits. Never "-0"."""
+    finite = [abs(x) for x in values if math.isfinite(x) and x != 0]
+    if decimals is None:
+        spec = ".3g"
+    elif decimals <= MAX_DECIMALS:
+        spec = f",.{decimals}f"
+    else:
+        largest = math.floor(math.log10(max(finite))) if finite else 0
+        spec = f"#.{max(1, decimals + largest + 1)}g"
+    texts = [format(x, spec) if math.isfinite(x) else f"{x}" for x in values]
+    return [t.removeprefix("-") if math.isfinite(x) and float(t.replace(",", "")) == 0 else t
+            for t, x in zip(texts, values, strict=True)]
 
 
 # -- inputs and statistics -------------------------------------------------------------------------------------
@@ -527,18 +590,35 @@ def distinct(verdicts: Mapping[str, Verdict]) -> tuple[dict[str, Verdict], dict[
 
 
 def verdict_table(verdicts: dict[str, Verdict] | list[Verdict]) -> pd.DataFrame:
-    """Verdicts as a table, one row each (index: the given names, or the claims)."""
+    """Verdicts as a table, one row each (index: the given names, or the claims), the verdict column first."""
     items = verdicts.items() if isinstance(verdicts, dict) else ((v.claim.statement, v) for v in verdicts)
     rows = {name: v.row() for name, v in items}
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def interval_table(verdicts: dict[str, Verdict]) -> pd.DataFrame:
-    """A chapter's verdicts for reading: source, the estimate with its interval, n, the smallest effect, the label
-    and why."""
-    table = verdict_table(verdicts)[["source", "n", "smallest effect", "verdict", "why"]]
-    table.insert(1, "estimate [interval]", [f"{v.measure} {v.interval()}" for v in verdicts.values()])
+    """A chapter's verdicts for reading: the label, the estimate with its interval to its precision
+    (:attr:`Verdict.estimate_text`), n, the smallest effect, the source and why."""
+    table = verdict_table(verdicts)[["verdict", "n", "smallest effect", "source", "why"]]
+    table.insert(1, "estimate [interval]", [v.estimate_text for v in verdicts.values()])
     return table
+
+
+def claim_summary(verdicts: Mapping[str, Verdict]) -> str:
+    """A chapter's verdicts as MyST Markdown, grouped by claim in order of first appearance: each claim once in bold
+    with its source, its smallest effect and what its intervals are, then one line per verdict, its name (the
+    workload) and :attr:`Verdict.short`, with the reason where the experiment could not discriminate."""
+    groups: dict[Claim, list[tuple[str, Verdict]]] = {}
+    for name, v in verdicts.items():
+        groups.setdefault(v.claim, []).append((name, v))
+    blocks = []
+    for claim, items in groups.items():
+        intervals = "; ".join(dict.fromkeys(v.interval_kind for _, v in items))
+        header = (f"**{claim.statement}** ({claim.source}; smallest effect that counts: {claim.minimum_text}, "
+                  f"{claim.minimum_source}; {intervals})")
+        lines = [f"- {name}: {v.short}" + (f" ({v.reason})" if v.blocked else "") for name, v in items]
+        blocks.append("\n".join([header, "", *lines]))
+    return "\n\n".join(blocks)
 
 
 def _count(count: int, singular: str, plural: str) -> str:
