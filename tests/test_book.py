@@ -46,6 +46,18 @@ def test_book_builds(html):
     assert all(p.exists() for p in pages(html)), [p.name for p in pages(html) if not p.exists()]
 
 
+def test_the_intro_gives_the_ways_in():
+    """The intro gives the README's install command and three routes (a laptop CPU with the tiny model, a local GPU,
+    Colab), one item each."""
+    intro = (ROOT / "book" / "intro.md").read_text()
+    build = next(line for line in (ROOT / "README.md").read_text().splitlines()
+                 if line.endswith(" && jupyter-book build . -W"))
+    assert build.removesuffix(" && jupyter-book build . -W") in intro.splitlines()
+    routes = re.findall(r"^- \*\*(.+?):\*\* (.+)$", intro, re.MULTILINE)
+    assert [name for name, _ in routes] == ["A laptop CPU, with the tiny model", "A local GPU", "Colab"]
+    assert "jupyter-book build . -W" in routes[0][1] and "LOOPED_KV_MODEL=" in intro and "launch button" in routes[2][1]
+
+
 def _browser():
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     driver_path = shutil.which("chromedriver")
