@@ -187,8 +187,8 @@ book.md(
 # With $b = 2 H_\text{kv} d_h \times$ (bytes per element) for one layer's key and value
 # of one token, a sequence of $L$ tokens needs
 #
-# $$ M_\text{full}(L) = b L (n_\text{pre} + n_\text{coda} + R\, n_\text{core}), \qquad
-#    M_\text{deep}(L) = b L (n_\text{pre} + n_\text{coda} + n_\text{core}). $$
+# $$ \begin{gathered} M_\text{full}(L) = b L (n_\text{pre} + n_\text{coda} + R\, n_\text{core}), \\
+#    M_\text{deep}(L) = b L (n_\text{pre} + n_\text{coda} + n_\text{core}). \end{gathered} $$
 #
 # The package computes both from a config. It also allocates caches that hold exactly
 # that many bytes: the full cache keeps every plane and the deepest-plane cache keeps

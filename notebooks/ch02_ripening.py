@@ -44,7 +44,7 @@
 # counts for it (the papers print none for these claims, so the book's own,
 # `verdicts.BOOK_MINIMUM`, which each verdict states). *Agrees* when a paired interval
 # over texts lies beyond that effect in the paper's direction, *disagrees* when it lies
-# on the other side of no difference, *no effect of that size* when it lies inside the
+# beyond that effect against it, *no effect of that size* when it lies inside the
 # band of effects smaller than that, and *inconclusive* otherwise, or when the
 # measurement cannot tell outcomes apart on this model (too few texts, distances at the
 # float floor, cosines at their ceiling).

@@ -21,9 +21,9 @@
 # the depth of what it reads are coupled. The DAS paper decouples them. A draft at loop
 # $r$ reads prefix keys at depth $\kappa$ and values at depth $\nu$ (DAS Eq. 2-3):
 #
-# $$ [\Pi_C, \Pi_U] = \operatorname{softmax}\big(Q^{\text{cur}}
-#    [K_C^{\kappa}; K_U^{\text{cur}}]^\top / \sqrt{d_h} + M\big), \qquad
-#    O = \Pi_C V_C^{\nu} + \Pi_U V_U^{\text{cur}}. $$
+# $$ \begin{gathered} [\Pi_C, \Pi_U] = \operatorname{softmax}\big(Q^{\text{cur}}
+#    [K_C^{\kappa}; K_U^{\text{cur}}]^\top / \sqrt{d_h} + M\big), \\
+#    O = \Pi_C V_C^{\nu} + \Pi_U V_U^{\text{cur}}. \end{gathered} $$
 #
 # There are four read policies (Eq. 4): *aligned* $(r, r)$, *deep V* or Mature-V $(r,
 # R)$, *deep K* $(R, r)$ and *deep K/V* $(R, R)$. Mature-Spec is sequential

@@ -1,5 +1,6 @@
 """The book builds with warnings as errors from the committed, executed notebooks, and every page reads right in a
-real browser (headless Chromium): math typeset, images loaded, tables legible, no tracebacks, Colab links."""
+real browser (headless Chromium): math typeset, images loaded, tables legible, no tracebacks, Colab links, and every
+table, figure and display equation within the page's content column at a 1280 px window."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import yaml
 
 ROOT = Path(__file__).parent.parent
 OUT = ROOT / "_build" / "test-book"  # the HTML and the screenshots stay here as test artifacts
+WINDOW = (1280, 1800)  # the browser window the pages are read in, in CSS pixels
 REPOSITORY = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].removeprefix("https://github.com/")
 
 
@@ -44,6 +46,18 @@ def test_book_builds(html):
     assert all(p.exists() for p in pages(html)), [p.name for p in pages(html) if not p.exists()]
 
 
+def test_the_intro_gives_the_ways_in():
+    """The intro gives the README's install command and three routes (a laptop CPU with the tiny model, a local GPU,
+    Colab), one item each."""
+    intro = (ROOT / "book" / "intro.md").read_text()
+    build = next(line for line in (ROOT / "README.md").read_text().splitlines()
+                 if line.endswith(" && jupyter-book build . -W"))
+    assert build.removesuffix(" && jupyter-book build . -W") in intro.splitlines()
+    routes = re.findall(r"^- \*\*(.+?):\*\* (.+)$", intro, re.MULTILINE)
+    assert [name for name, _ in routes] == ["A laptop CPU, with the tiny model", "A local GPU", "Colab"]
+    assert "jupyter-book build . -W" in routes[0][1] and "LOOPED_KV_MODEL=" in intro and "launch button" in routes[2][1]
+
+
 def _browser():
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     driver_path = shutil.which("chromedriver")
@@ -57,7 +71,7 @@ def _browser():
     options.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1280,1800", "--allow-file-access-from-files"):
+                 f"--window-size={WINDOW[0]},{WINDOW[1]}", "--allow-file-access-from-files"):
         options.add_argument(flag)
     service = webdriver.ChromeService(executable_path=driver_path)
     return webdriver.Chrome(options=options, service=service)
@@ -94,18 +108,23 @@ ready.then(() => {
 RUN_TOGETHER = re.compile(r"\d\.\d+\.\d|\d,\d{3}\.\d+\.\d|(?<![\w.])nan(?![\w.])", re.IGNORECASE)
 
 
-def test_every_page_reads_right_in_a_browser(html, browser):
+def _open(browser, page: Path) -> None:
+    """Load ``page`` and wait for the new document, not the previous one's teardown."""
     from selenium.webdriver.support.ui import WebDriverWait
 
+    browser.set_script_timeout(60)
+    browser.get(page.as_uri())
+    WebDriverWait(browser, 30).until(
+        lambda d: d.execute_script("return document.readyState === 'complete' && !!document.body "
+                                   "&& document.location.href") == page.as_uri())
+
+
+def test_every_page_reads_right_in_a_browser(html, browser):
     shots = OUT / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
-    browser.set_script_timeout(60)
     problems = []
     for page in pages(html):
-        browser.get(page.as_uri())
-        WebDriverWait(browser, 30).until(  # the new document, loaded, not the previous one's teardown
-            lambda d, page=page: d.execute_script("return document.readyState === 'complete' && !!document.body "
-                                       "&& document.location.href") == page.as_uri())
+        _open(browser, page)
         state = browser.execute_async_script(PAGE_STATE)
         browser.save_screenshot(str(shots / f"{page.stem}.png"))
         name = page.relative_to(html).as_posix()
@@ -128,6 +147,57 @@ def test_every_page_reads_right_in_a_browser(html, browser):
             expected = f"colab.research.google.com/github/{REPOSITORY}/blob/main/notebooks/{page.stem}.ipynb"
             if not any(expected in link for link in state["colab"]):
                 problems.append(f"{name}: no Colab launch link to {expected} (found {state['colab']})")
+    assert not problems, "\n".join(problems)
+
+
+# After MathJax has typeset the page: the content column's width (the article's content box), and what is wider:
+# tables (their box or their scrolled content), figures (images, SVG, canvases, as rendered), and display equations
+# (a MathJax container whose content is wider than its box is clipped or scrolls).
+PAGE_WIDTHS = """
+const done = arguments[arguments.length - 1];
+const ready = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
+ready.then(() => {
+  const article = document.querySelector('main article') || document.body;
+  const style = getComputedStyle(article);
+  const column = article.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  const label = e => [...(e.innerText || e.getAttribute('src') || e.getAttribute('aria-label') || e.tagName)
+    .trim().replace(/\\s+/g, ' ')].slice(0, 60).join('');  // whole characters: math text is outside the BMP
+  const wide = (e, width) => width > column + 1 ? [[label(e), Math.round(width)]] : [];
+  done({
+    window: window.innerWidth,
+    column: Math.round(column),
+    tables: [...article.querySelectorAll('table')]
+      .flatMap(t => wide(t, Math.max(t.getBoundingClientRect().width, t.scrollWidth))),
+    figures: [...article.querySelectorAll('img, svg, canvas')].filter(f => !f.closest('mjx-container'))
+      .flatMap(f => wide(f, f.getBoundingClientRect().width)),
+    equations: [...article.querySelectorAll('mjx-container[display="true"]')]
+      .filter(m => m.scrollWidth > m.clientWidth + 1 || m.getBoundingClientRect().width > column + 1)
+      .map(m => [label(m), m.scrollWidth, m.clientWidth]),
+  });
+}).catch(e => done({error: String(e)}));
+"""
+
+
+def test_every_page_fits_its_content_column(html, browser):
+    """At a 1280 px window no table, figure or display equation on any page is wider than the page's content column:
+    a table whose cells do not wrap hides its last columns (the verdict, once) off-screen, and a clipped equation
+    loses its end."""
+    problems = []
+    for page in pages(html):
+        _open(browser, page)
+        state = browser.execute_async_script(PAGE_WIDTHS)
+        name = page.relative_to(html).as_posix()
+        if "error" in state:
+            problems.append(f"{name}: {state['error']}")
+            continue
+        assert state["window"] == WINDOW[0], state["window"]
+        column = state["column"]
+        problems += [f"{name}: a table {width} px wide in a {column} px column: {text!r}"
+                     for text, width in state["tables"]]
+        problems += [f"{name}: a figure {width} px wide in a {column} px column: {text!r}"
+                     for text, width in state["figures"]]
+        problems += [f"{name}: a display equation {needs} px wide in its {box} px box: {text!r}"
+                     for text, needs, box in state["equations"]]
     assert not problems, "\n".join(problems)
 
 

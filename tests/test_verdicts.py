@@ -20,15 +20,19 @@ from looped_kv.analysis.verdicts import (
     MIN_UNITS,
     NO_EFFECT,
     Claim,
+    Verdict,
     above_floor,
     bca_interval,
     below_ceiling,
+    claim_summary,
     combined,
     discrimination,
     distinct,
     enough_units,
+    interval_label,
     interval_table,
     model_check,
+    precision,
     tally,
     varies,
     verdict,
@@ -303,10 +307,122 @@ def test_tables_and_tally_summarise_a_chapter():
              "small": verdict(GREATER, *paired(0.01, noise=0.01)), "same": verdict(GREATER, b, b),
              "blocked": verdict(GREATER, a[:3], b[:3])}
     table = interval_table(found)
-    assert list(table.columns) == ["source", "estimate [interval]", "n", "smallest effect", "verdict", "why"]
-    assert table.loc["clear", "estimate [interval]"] == "difference " + found["clear"].interval()
+    assert list(table.columns) == ["verdict", "estimate [interval]", "n", "smallest effect", "source", "why"]
+    assert table.loc["clear", "estimate [interval]"] == found["clear"].estimate_text
     assert list(verdict_table(found)["verdict"]) == [AGREES, DISAGREES, NO_EFFECT, IDENTICAL, INCONCLUSIVE]
     assert tally(found, "the model", "the paper") == (
         "Of 5 claims on the model, 1 agrees with the paper, 1 disagrees, 1 finds no effect of the size that counts, "
         "1 compares identical arms and 1 is inconclusive; 1 of these because the measurement cannot discriminate on "
         "this model (blocked).")
+
+
+# -- more uncertainty never gives a stronger label (issue 40, item 7) ----------------------------------------------
+
+BAND = Claim("A beats B", "Paper Table 1", minimum=0.05, minimum_source="the issue's smallest effect")
+
+
+def test_disagrees_needs_the_whole_interval_beyond_the_smallest_effect():
+    """Issue 40's pair: the narrower interval read "no effect of that size", the wider one "disagrees"."""
+    assert interval_label(BAND, -0.047, -0.011)[0] == NO_EFFECT
+    label, reason = interval_label(BAND, -0.054, -0.010)
+    assert label == INCONCLUSIVE and "reaches into the no-effect band" in reason
+    assert interval_label(BAND, -0.08, -0.05)[0] == DISAGREES
+    ratio = Claim("faster", "DAS Table 1", scale="log-ratio", minimum=1.1, minimum_source="z")
+    assert interval_label(ratio, 0.85, 0.95)[0] == INCONCLUSIVE  # below 1, but not wholly below 1 / 1.1
+    assert interval_label(ratio, 0.80, 0.90)[0] == DISAGREES
+
+
+def test_an_interval_against_the_claim_that_reaches_into_the_band_is_inconclusive():
+    a, b = paired(-0.1, noise=0.1)
+    v = verdict(GREATER, a, b)
+    assert v.high < 0 and v.low < -GREATER.minimum < v.high
+    assert v.label == INCONCLUSIVE and "against the paper's direction" in v.reason
+    assert verdict(LESS, b, a).label == INCONCLUSIVE
+    assert verdict(GREATER, *paired(-0.5)).label == DISAGREES
+
+
+@pytest.mark.parametrize("claim", [GREATER, LESS, NONE,
+                                   Claim("x", "y", scale="log-ratio", minimum=1.1, minimum_source="z"),
+                                   Claim("x", "y", expects="less", scale="ratio of means", minimum=2,
+                                         minimum_source="z")], ids=lambda c: f"{c.expects}-{c.scale}")
+def test_a_wider_interval_never_gets_a_stronger_label(claim):
+    """Widening an interval about its centre keeps its label or makes it inconclusive: label strength is monotone
+    non-increasing in width (an interval that contains another is never more decisive)."""
+    rng = np.random.default_rng(40)
+    m = claim.band
+    centre = rng.uniform(-3 * m, 3 * m, 4000)
+    half = rng.uniform(0, 2 * m, 4000)
+    wider = half * rng.uniform(1, 4, 4000)
+    to_scale = np.exp if claim.ratio else (lambda x: x)
+    seen = set()
+    for c, h, w in zip(centre, half, wider, strict=True):
+        narrow = interval_label(claim, to_scale(c - h), to_scale(c + h))[0]
+        wide = interval_label(claim, to_scale(c - w), to_scale(c + w))[0]
+        assert wide in (narrow, INCONCLUSIVE), (c - h, c + h, narrow, c - w, c + w, wide)
+        seen.add(narrow)
+    assert seen >= {AGREES, DISAGREES, INCONCLUSIVE}  # the draws reach every label the claim can give
+
+
+# -- verdicts a reader can see (issue 40, item 4) ------------------------------------------------------------------
+
+
+def test_precision_follows_the_interval():
+    assert precision(0.27, 0.56) == 2  # half-width 0.145: two significant digits
+    assert precision(-0.047, -0.011) == 3  # 0.018
+    assert precision(1.15, 1.23) == 2  # 0.04: one significant digit
+    assert precision(250.0, 320.0) == 0  # 35: never below 0 decimals
+    assert precision(0.9998, 1.0010) == 4
+    assert precision(1.0, 1.0) is None and precision(0.0, np.inf) is None
+
+
+@pytest.mark.parametrize(("estimate", "low", "high", "scale", "text"), [
+    (0.4213, 0.2712, 0.5623, "difference", "+0.42 [0.27, 0.56]"),
+    (-0.0321, -0.054, -0.0101, "difference", "-0.032 [-0.054, -0.010]"),
+    (1234.5, 1100.0, 1390.0, "difference", "+1,234 [1,100, 1,390]"),
+    (1.2e-7, 5e-8, 2e-7, "difference", "+1.2e-07 [5.0e-08, 2.0e-07]"),  # past MAX_DECIMALS: significant digits
+    (1.1912, 1.1534, 1.2302, "log-ratio", "1.19x [1.15, 1.23]"),
+    (1.00005, 1.000012, 1.000092, "log-ratio", "1.00005x [1.00001, 1.00009]"),  # near 1, precision kept
+    (0.11, 0.0, 0.2, "ratio of means", "0.11x [0.00, 0.20]"),
+    (-0.0004, -0.05, 0.04, "difference", "0.00 [-0.05, 0.04]"),  # no "-0.00", no "+0.00"
+])
+def test_numbers_are_written_to_their_precision(estimate, low, high, scale, text):
+    claim = Claim("x", "y", scale=scale, minimum=1.1 if scale != "difference" else 0.1, minimum_source="z")
+    v = Verdict(claim, estimate, low, high, 40, AGREES, "")
+    assert v.estimate_text == text and v.short == f"agrees: {text}, n = 40"
+
+
+def test_a_verdict_reads_as_one_short_line():
+    v = verdict(GREATER, *paired(0.42, n=48, noise=0.5))
+    decimals = precision(v.low, v.high)
+    assert v.short == f"agrees: +{v.estimate:.{decimals}f} [{v.low:.{decimals}f}, {v.high:.{decimals}f}], n = 48"
+    reversed_ = verdict(LESS, *paired(0.42, n=48, noise=0.5))
+    assert reversed_.short.startswith("disagrees: +")
+    below = verdict(GREATER, *paired(-0.5))
+    assert below.short.startswith("disagrees: -") and ", n = 40" in below.short
+    rng = np.random.default_rng(1)
+    b = rng.uniform(1, 2, 50)
+    ratio = verdict(Claim("faster", "DAS Table 1", scale="log-ratio", minimum=1.1, minimum_source="z"),
+                    b * 1.19 * np.exp(rng.normal(0, 0.05, 50)), b)
+    d = precision(ratio.low, ratio.high)
+    assert ratio.short == f"agrees: {ratio.estimate:.{d}f}x [{ratio.low:.{d}f}, {ratio.high:.{d}f}], n = 50"
+    same = verdict(GREATER, np.zeros(40), null=0.0)
+    assert same.short == "identical: 0 [0, 0], n = 40"  # no "+0", no "-0"
+
+
+def test_a_claim_is_said_once_with_one_line_per_workload():
+    found = {"problems": verdict(GREATER, *paired(0.5)), "code": verdict(GREATER, *paired(0.5, seed=1)),
+             "chains": verdict(GREATER, *paired(0.5, n=4)), "other claim": verdict(LESS, *paired(0.5))}
+    text = claim_summary(found)
+    assert text.count(GREATER.statement) == 1 and text.count(GREATER.minimum_source) == 1
+    assert text.count("Paper Table 1") == 2  # once per claim, not per workload
+    assert f"- problems: {found['problems'].short}\n" in text
+    assert f"- chains: {found['chains'].short} (too few units (4 prompts" in text
+    assert "- code: " in text and f"- other claim: {found['other claim'].short}" in text
+    assert text.startswith("**A beats B** (Paper Table 1; smallest effect that counts: 0.1, the test's smallest "
+                           "effect; 95% BCa bootstrap intervals over prompts)\n\n- problems: ")
+
+
+def test_verdict_tables_put_the_verdict_first():
+    found = {"clear": verdict(GREATER, *paired(0.5))}
+    assert verdict_table(found).columns[0] == "verdict"
+    assert interval_table(found).columns[0] == "verdict"

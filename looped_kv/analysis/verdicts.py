@@ -16,22 +16,36 @@ rule, in this order, to every comparison of the book, timing included:
 4. **The interval**: a BCa (bias-corrected and accelerated) bootstrap interval over units, resampling pairs
    (Efron 1987), seeded, so a verdict is the same on every run. Percentile intervals are too narrow at the
    sample sizes of this book; BCa corrects their bias and skew to second order.
-5. **The label**, from the interval of the effect in the paper's direction and the smallest effect m:
+5. **The label** (:func:`interval_label`), from the interval of the effect in the paper's direction and the
+   smallest effect m:
 
-   * ``agrees``: the interval lies beyond m in the paper's direction;
+   * ``agrees``: the whole interval lies beyond m in the paper's direction;
+   * ``disagrees``: the whole interval lies beyond m against it (beyond -m; on a ratio scale below 1/m);
    * ``no effect of that size``: the interval lies inside the no-effect band (-m, m);
-   * ``disagrees``: the interval lies wholly on the other side of no difference (and reaches beyond the band);
-   * ``inconclusive``: anything else (an interval that crosses no difference or an edge of the band).
+   * ``inconclusive``: anything else: an interval that contains no difference, or crosses an edge of the band on
+     either side. An interval wholly against the paper's direction that reaches into the band is inconclusive, not
+     ``disagrees``: with m = 0.05, -0.029 [-0.047, -0.011] is no effect of that size and -0.032 [-0.054, -0.010]
+     is inconclusive.
 
-   For a claim of no effect (``expects="none"``), ``agrees`` is an interval inside the band and ``disagrees``
-   one beyond it on either side.
+   "Agrees" and "disagrees" are held to the same standard, so more uncertainty never gives a stronger label: an
+   interval that contains another has the other's label or ``inconclusive``. For a claim of no effect
+   (``expects="none"``), ``agrees`` is an interval inside the band and ``disagrees`` one wholly beyond it on
+   either side, the same standard.
 6. **Ceilings** (:func:`below_ceiling`): an effect established beyond the band is not voided because an arm
    is near its ceiling; the reason notes the ceiling. An interval inside the band (no effect, or a claim of no
    effect that agrees) next to an arm near its ceiling, or with less room to the ceiling than m, cannot tell
    "no effect" from saturation, and is ``inconclusive``.
 
 On a ratio scale m is a factor > 1: the band is (1/m, m). Every verdict states its n, its smallest effect and
-its interval method. :func:`model_check` is the same rule for a model's prediction against held-out cells.
+its interval method. :func:`model_check` is the rule for a model's prediction against held-out cells; its
+"interval" is the range of the cells, not an uncertainty interval, since the claim is about every cell: one cell
+measured beyond the band is a counterexample (it ``disagrees``), whatever the others show.
+
+A verdict reads as one short line (:attr:`Verdict.short`), "agrees: +0.42 [0.27, 0.56], n = 48": the label, the
+estimate and its interval, and n. A difference is signed; a ratio is written "1.19x [1.15, 1.23]". The three numbers
+share one number of decimals, the precision of the interval (:func:`precision`). :func:`claim_summary` states each
+claim, its source and its smallest effect once, then one short line per workload; the tables
+(:func:`verdict_table`, :func:`interval_table`) put the verdict in their first column.
 """
 
 from __future__ import annotations
@@ -179,6 +193,31 @@ class Verdict:
         """The experiment could not discriminate (too few units, a failed check or a ceiling)."""
         return self.label == INCONCLUSIVE and self.reason.startswith(("too few units", "cannot discriminate"))
 
+    @property
+    def estimate_text(self) -> str:
+        """The estimate and its interval to their precision (:func:`precision`): a signed difference, "+0.42 [0.27,
+        0.56]", or a ratio, "1.19x [1.15, 1.23]"."""
+        if math.isnan(self.estimate):
+            return "undefined"
+        decimals = precision(self.low, self.high)
+        estimate, low, high = _numbers((self.estimate, self.low, self.high), decimals)
+        if self.claim.ratio:
+            return f"{estimate}x [{low}, {high}]"
+        sign = "+" if float(estimate.replace(",", "")) > 0 else ""
+        return f"{sign}{estimate} [{low}, {high}]"
+
+    @property
+    def short(self) -> str:
+        """The verdict in one short line: "agrees: +0.42 [0.27, 0.56], n = 48" (the claim is said elsewhere)."""
+        return f"{self.label}: {self.estimate_text}, n = {self.n}"
+
+    @property
+    def interval_kind(self) -> str:
+        """What the interval is, without n: "95% BCa bootstrap intervals over prompts"."""
+        if self.method == BCA:
+            return f"{self.level:.0%} {BCA} intervals over {self.units}"
+        return f"{self.method} over {self.units}"
+
     def interval(self, digits: int = 3) -> str:
         if math.isnan(self.estimate):
             return "undefined"
@@ -208,10 +247,42 @@ class Verdict:
                 f"({self.how}); {self.reason}.")
 
     def row(self) -> dict[str, object]:
-        """A table row: the claim, its source, the estimate and interval, n, the smallest effect, the label and why."""
-        return {"claim": self.claim.statement, "source": self.claim.source, "estimate": self.estimate,
-                "low": self.low, "high": self.high, "n": self.n, "smallest effect": self.claim.minimum_text,
-                "verdict": self.label, "why": self.reason}
+        """A table row, the verdict first: the label, the estimate and interval, n, the smallest effect, the claim, its
+        source and why."""
+        return {"verdict": self.label, "estimate": self.estimate, "low": self.low, "high": self.high, "n": self.n,
+                "smallest effect": self.claim.minimum_text, "claim": self.claim.statement, "source": self.claim.source,
+                "why": self.reason}
+
+
+#: Most decimals written in fixed point; an interval that needs more is written in significant digits (1.2e-07).
+MAX_DECIMALS = 4
+
+
+def precision(low: float, high: float) -> int | None:
+    """Decimals that write an interval [low, high] to its precision: its half-width to two significant digits when
+    they begin with 1 or 2, else to one (half-widths 0.145 and 0.04: 2 decimals; 0.018: 3), at least 0. None for an
+    interval of no width or an unbounded one."""
+    half = (high - low) / 2
+    if not (math.isfinite(half) and half > 0):
+        return None
+    decimals = -math.floor(math.log10(half))
+    return max(0, decimals + 1 if half * 10.0 ** decimals < 3 else decimals)
+
+
+def _numbers(values: tuple[float, ...], decimals: int | None) -> list[str]:
+    """``values`` to ``decimals`` decimals with thousands separators; past :data:`MAX_DECIMALS`, to the significant
+    digits that keep that precision; with no precision (None), to 3 significant digits. Never "-0"."""
+    finite = [abs(x) for x in values if math.isfinite(x) and x != 0]
+    if decimals is None:
+        spec = ".3g"
+    elif decimals <= MAX_DECIMALS:
+        spec = f",.{decimals}f"
+    else:
+        largest = math.floor(math.log10(max(finite))) if finite else 0
+        spec = f"#.{max(1, decimals + largest + 1)}g"
+    texts = [format(x, spec) if math.isfinite(x) else f"{x}" for x in values]
+    return [t.removeprefix("-") if math.isfinite(x) and float(t.replace(",", "")) == 0 else t
+            for t, x in zip(texts, values, strict=True)]
 
 
 # -- inputs and statistics -------------------------------------------------------------------------------------
@@ -362,13 +433,24 @@ def _label(claim: Claim, low: float, high: float) -> tuple[str, str]:
     low, high = (low, high) if claim.expects == "greater" else (-high, -low)
     if low >= m:
         return AGREES, "the interval lies beyond the smallest effect in the paper's direction"
+    if high <= -m:
+        return DISAGREES, "the interval lies beyond the smallest effect against the paper's direction"
     if inside:
         return NO_EFFECT, "the interval lies inside the no-effect band"
     if high < 0:
-        return DISAGREES, "the interval lies on the other side of no difference"
+        return INCONCLUSIVE, "the interval lies against the paper's direction but reaches into the no-effect band"
     if low > 0:
         return INCONCLUSIVE, "the interval lies on the paper's side but reaches below the smallest effect"
     return INCONCLUSIVE, "the interval contains no difference"
+
+
+def interval_label(claim: Claim, low: float, high: float) -> tuple[str, str]:
+    """The label, and why, that the rule's step 5 gives an interval [low, high] on the claim's reporting scale (a
+    ratio on ratio scales), before the ceiling checks."""
+    if claim.ratio:
+        with np.errstate(divide="ignore"):
+            low, high = float(np.log(low)), float(np.log(high))
+    return _label(claim, low, high)
 
 
 def _with_ceilings(claim: Claim, label: str, reason: str, checks: Discrimination) -> tuple[str, str]:
@@ -508,18 +590,35 @@ def distinct(verdicts: Mapping[str, Verdict]) -> tuple[dict[str, Verdict], dict[
 
 
 def verdict_table(verdicts: dict[str, Verdict] | list[Verdict]) -> pd.DataFrame:
-    """Verdicts as a table, one row each (index: the given names, or the claims)."""
+    """Verdicts as a table, one row each (index: the given names, or the claims), the verdict column first."""
     items = verdicts.items() if isinstance(verdicts, dict) else ((v.claim.statement, v) for v in verdicts)
     rows = {name: v.row() for name, v in items}
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def interval_table(verdicts: dict[str, Verdict]) -> pd.DataFrame:
-    """A chapter's verdicts for reading: source, the estimate with its interval, n, the smallest effect, the label
-    and why."""
-    table = verdict_table(verdicts)[["source", "n", "smallest effect", "verdict", "why"]]
-    table.insert(1, "estimate [interval]", [f"{v.measure} {v.interval()}" for v in verdicts.values()])
+    """A chapter's verdicts for reading: the label, the estimate with its interval to its precision
+    (:attr:`Verdict.estimate_text`), n, the smallest effect, the source and why."""
+    table = verdict_table(verdicts)[["verdict", "n", "smallest effect", "source", "why"]]
+    table.insert(1, "estimate [interval]", [v.estimate_text for v in verdicts.values()])
     return table
+
+
+def claim_summary(verdicts: Mapping[str, Verdict]) -> str:
+    """A chapter's verdicts as MyST Markdown, grouped by claim in order of first appearance: each claim once in bold
+    with its source, its smallest effect and what its intervals are, then one line per verdict, its name (the
+    workload) and :attr:`Verdict.short`, with the reason where the experiment could not discriminate."""
+    groups: dict[Claim, list[tuple[str, Verdict]]] = {}
+    for name, v in verdicts.items():
+        groups.setdefault(v.claim, []).append((name, v))
+    blocks = []
+    for claim, items in groups.items():
+        intervals = "; ".join(dict.fromkeys(v.interval_kind for _, v in items))
+        header = (f"**{claim.statement}** ({claim.source}; smallest effect that counts: {claim.minimum_text}, "
+                  f"{claim.minimum_source}; {intervals})")
+        lines = [f"- {name}: {v.short}" + (f" ({v.reason})" if v.blocked else "") for name, v in items]
+        blocks.append("\n".join([header, "", *lines]))
+    return "\n\n".join(blocks)
 
 
 def _count(count: int, singular: str, plural: str) -> str:
