@@ -188,8 +188,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = _load(args)
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
-    bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops, args.gamma,
-                 progress=not args.quiet, repeats=args.repeats, modes=args.modes)
+    measured = bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops,
+                            args.gamma, progress=not args.quiet, repeats=args.repeats, modes=args.modes)
+    if args.record is not None:
+        bench.write_record(args.record, measured, args.model, " ".join(["looped-kv", "bench", *args.words]))
+        print(f"recorded in {args.record}")
     return 0
 
 
@@ -223,6 +226,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES,
                    help="eager passes, compiled steps (compile=True), or both side by side (default: both)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--record", type=Path, help="also save the runs with the command, commit, machine, date and the "
+                                               f"weights' digest, which the chapters read (the shipped model's: "
+                                               f"{bench.RECORD.relative_to(bench.RECORD.parents[2])})")
     p.set_defaults(func=cmd_bench)
 
 

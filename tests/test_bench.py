@@ -188,3 +188,38 @@ def test_check_options_name_the_option_and_the_value():
             bench.check_options(**{**good, **change})
     with pytest.raises(ValueError, match=r"--draft-loops must be in \[1, 31\]"):
         bench.check_model(32, 32)
+
+
+def test_the_decode_phase_speed_up_leaves_the_shared_prefill_out():
+    """A decoder twice as fast after a prefill that takes half of greedy decoding's time: 1.33x end to end, 2x in
+    the decode phase (as LoopSpec and the papers report)."""
+    runs = pd.DataFrame({"greedy_time_s": [2.0] * 4, "prefill_time_s": [1.0] * 4, "time_s": [1.5] * 4,
+                         "greedy_tokens": [11] * 4, "new_tokens": [11] * 4})
+    assert bench.decode_phase_speedup(runs, n_boot=100).estimate == pytest.approx(2.0)
+    assert bench.mean_speedup(runs["greedy_time_s"], runs["time_s"], n_boot=100).estimate == pytest.approx(4 / 3)
+    one_token = runs.assign(new_tokens=1)
+    with pytest.raises(ValueError, match="no prompt has a decode phase"):
+        bench.decode_phase_speedup(one_token, n_boot=100)
+
+
+def test_a_recorded_bench_names_its_weights_and_is_refused_for_others(tmp_path):
+    runs = pd.DataFrame({"prompt": [0, 1], "method": ["ar", ("carry", 1)], "time_s": [1.0, np.nan]})
+    measured = {"environment": {"cpu": "test CPU", "threads": 1, "torch": "2"}, "runs": {"problems": runs}}
+    path = tmp_path / "bench.json"
+    bench.write_record(path, measured, "tiny", "looped-kv bench --record bench.json")
+    header, read = bench.read_record(path, "tiny")
+    assert header["command"] == "looped-kv bench --record bench.json" and header["environment"]["cpu"] == "test CPU"
+    assert header["weights_sha256"] == bench.weights_sha256("tiny") and {"commit", "date"} <= set(header)
+    assert read["problems"]["time_s"].isna().tolist() == [False, True] and read["problems"]["method"][0] == bench.label("ar")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"not the shipped weights")
+    with pytest.raises(ValueError, match="measured on other weights"):
+        bench.read_record(path, other)
+
+
+@pytest.mark.skipif(not bench.RECORD.exists(), reason="no recorded bench yet (looped-kv bench --record)")
+def test_the_recorded_bench_is_the_shipped_models():
+    """The chapters' speed verdicts read book/data's bench: it must have been measured on the shipped weights."""
+    header, runs = bench.read_record()
+    assert header["weights_sha256"] == bench.weights_sha256("tiny") and runs

@@ -33,8 +33,13 @@ refuses it).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import hashlib
+import json
+import subprocess
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -59,6 +64,8 @@ from looped_kv.decoding.das_wave import check_wave, proposal_width
 from looped_kv.decoding.generate import drafter, generate
 from looped_kv.decoding.settings import WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
 from looped_kv.experiments.speed import frozen_heap
+from looped_kv.protocol.freeze import sha256
+from looped_kv.runtime.loading import resolve_source
 from looped_kv.runtime.measurement import measurement_mode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
@@ -272,17 +279,33 @@ def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot
     return pd.DataFrame(out).set_index("method")
 
 
+def decode_phase_speedup(runs: pd.DataFrame, n_boot: int = 2000):
+    """DAS Eq. (8) on the decode phase alone, as LoopSpec and the papers report speed-ups: each run's time less the
+    paired prefill's (the prompt's pass and the first token, which every decoder shares) and its tokens less that
+    first one, over paired greedy decoding's; with its 95% paired bootstrap interval, over the prompts that have a
+    decode phase (both runs emitted more than one token and outlasted their prefill)."""
+    decode, greedy = runs["time_s"] - runs["prefill_time_s"], runs["greedy_time_s"] - runs["prefill_time_s"]
+    kept = runs[(decode > 0) & (greedy > 0) & (runs["new_tokens"] > 1) & (runs["greedy_tokens"] > 1)]
+    if kept.empty:
+        raise ValueError("no prompt has a decode phase: every run emitted one token or ended within its prefill")
+    return mean_speedup(kept["greedy_time_s"] - kept["prefill_time_s"], kept["time_s"] - kept["prefill_time_s"],
+                        kept["greedy_tokens"] - 1, kept["new_tokens"] - 1, n_boot=n_boot)
+
+
 def side_by_side(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
-    """One row per method: tokens/s and the speed-up over paired greedy decoding (95% interval) eager and compiled,
-    the compiled run over eager greedy decoding, and tau or A (from the eager runs)."""
+    """One row per method: tokens/s, the speed-up over paired greedy decoding end to end and in the decode phase
+    (:func:`decode_phase_speedup`; 95% intervals) eager and compiled, the compiled run over eager greedy decoding,
+    and tau or A (from the eager runs)."""
     rows = []
     for key, group in runs.groupby("method", sort=False):
         row: dict = {"method": label(key)}
         for mode, part in group.groupby("mode", sort=False):
             speed = mean_speedup(part["greedy_time_s"], part["time_s"], part["greedy_tokens"], part["new_tokens"],
                                  n_boot=n_boot)
+            decode = decode_phase_speedup(part, n_boot)
             row |= {f"{mode} tokens/s": part["tokens_per_s"].mean(),
-                    f"{mode} speed-up": f"{speed.estimate:.2f} [{speed.low:.2f}, {speed.high:.2f}]"}
+                    f"{mode} speed-up": f"{speed.estimate:.2f} [{speed.low:.2f}, {speed.high:.2f}]",
+                    f"{mode} decode phase": f"{decode.estimate:.2f} [{decode.low:.2f}, {decode.high:.2f}]"}
             if mode == "compiled" and part["eager_greedy_time_s"].notna().all():
                 over = mean_speedup(part["eager_greedy_time_s"], part["time_s"], part["eager_greedy_tokens"],
                                     part["new_tokens"], n_boot=n_boot)
@@ -473,12 +496,13 @@ def check_model(model_loops: int, draft_loops: int) -> None:
 
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
            draft_loops: int = SelfSpec.draft_loops, gamma: int = SelfSpec.gamma, progress: bool = True,
-           n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES) -> None:
+           n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES) -> dict[str, object]:
     """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts
     (each decoded alone, stopping at end-of-text, in ``repeats`` interleaved rounds), eager and compiled side by side
     (``modes``), tau or A as a fraction of its ceiling, the best compiled speculative method against compiled greedy
     decoding, and the verdicts on "Mature-Spec beats self-speculation", measured with cuDNN attention off
-    (:func:`looped_kv.runtime.measurement.measurement_mode`). Every prompt is checked before decoding."""
+    (:func:`looped_kv.runtime.measurement.measurement_mode`). Every prompt is checked before decoding. Returns what
+    :func:`write_record` keeps: the measurement's environment and each workload's timing runs."""
     check_options(prompts, max_new_tokens, draft_loops, gamma, methods, workloads, repeats)
     check_model(model.config.mean_recurrence, draft_loops)
     configs = {name: config for name, config in method_configs(draft_loops, gamma).items() if name in methods}
@@ -501,9 +525,11 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
               f"self-spec and mature-spec: d = {draft_loops}, gamma = {gamma}; pld: up to {gamma} drafts of "
               f"{PromptLookup.ngram}-grams; das-wave: {', '.join(f'{name} {wave[name]}' for name in WAVE_KEYS)}; "
               f"modes: {', '.join(modes)}")
+        measured: dict[str, object] = {"environment": dict(record), "runs": {}}
         for workload, ids in encoded.items():
             runs = run_paired(model, ids, configs, max_new_tokens, progress=progress, repeats=repeats,
                               modes=modes)
+            measured["runs"][workload] = runs
             print(f"\n{workload}: {len(ids)} evaluation prompts, each decoded alone, up to {max_new_tokens} new "
                   f"tokens (stopping at end-of-text), {repeats} interleaved rounds per mode; speed-up: DAS Eq. (8) "
                   f"over paired greedy decoding of the same mode, 95% paired bootstrap interval")
@@ -527,3 +553,46 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
                     print(f"  Mature-Spec beats self-speculation, {name}: {v}")
             else:
                 print("  Mature-Spec beats self-speculation: needs --methods self-spec mature-spec")
+    return measured
+
+
+# -- the recorded bench (book/data): what the chapters' speed verdicts read ------------------------------------------
+
+#: The shipped tiny model's recorded bench, read by chapters 5 and 6 (``looped-kv bench --record``).
+RECORD = Path(__file__).resolve().parent.parent.parent / "book" / "data" / "bench-tiny.json"
+
+
+def weights_sha256(source: str | Path) -> str:
+    """One digest of a checkpoint's weights: SHA-256 over each weight file's name and SHA-256, in name order."""
+    folder = resolve_source(source)
+    files = sorted(f for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
+    if not files:
+        raise ValueError(f"source {str(source)!r}: {folder} holds no weight file (.safetensors, .bin, .pt)")
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{f.name} {sha256(f)}\n".encode())
+    return digest.hexdigest()
+
+
+def write_record(path: Path, measured: Mapping[str, object], source: str | Path, command: str) -> None:
+    """Save a bench (:func:`report`'s return) with what makes it a record: the command that printed it, the commit,
+    the machine (CPU model, threads, torch), the date and the weights' digest (:func:`weights_sha256`)."""
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    runs = {w: json.loads(r.assign(method=r["method"].map(label)).to_json(orient="records"))
+            for w, r in measured["runs"].items()}
+    path.write_text(json.dumps({
+        "command": command, "commit": commit, "environment": measured["environment"],
+        "date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "weights_sha256": weights_sha256(source),
+        "runs": runs}, indent=1) + "\n")
+
+
+def read_record(path: Path = RECORD, source: str | Path = "tiny") -> tuple[dict, dict[str, pd.DataFrame]]:
+    """A recorded bench (:func:`write_record`): its header and each workload's runs. A record measured on other
+    weights than ``source``'s is refused: its speed-ups say nothing of this model."""
+    record = json.loads(Path(path).read_text())
+    if record["weights_sha256"] != weights_sha256(source):
+        raise ValueError(f"{path} was measured on other weights than {str(source)!r}'s (weights_sha256 "
+                         f"{record['weights_sha256'][:12]}..., the model's {weights_sha256(source)[:12]}...): re-run "
+                         f"`{record['command']}`")
+    return {k: v for k, v in record.items() if k != "runs"}, {w: pd.DataFrame(r) for w, r in record["runs"].items()}

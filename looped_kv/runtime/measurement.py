@@ -13,8 +13,10 @@ device name before any work, and :func:`environment` records the versions a meas
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,10 +58,21 @@ def check_device(name: str, parameter: str = "--device") -> str:
     return name
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what the platform module says)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict[str, Any]:
-    """Versions a measurement ran under: torch, CUDA and cuDNN (None when absent) and the device names."""
+    """Versions a measurement ran under: torch, CUDA and cuDNN (None when absent), the CPU and the device names."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    record: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn}
+    record: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn,
+                              "cpu": cpu_model()}
     if torch.cuda.is_available():
         record["cuda devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return record
