@@ -459,7 +459,8 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     table = batches.read_table(path)
     groups = pd.Series([name.split("/")[0] for name in table["files"]]).value_counts()
     counts = ", ".join(f"{n} {group}" for group, n in groups.items())
-    print(f"froze batch {table['batch']}: {len(table['files'])} files ({counts}) -> {path}")
+    print(f"froze batch {table['batch']}: {len(table['files'])} files ({counts}) -> {path}, sha256 "
+          f"{batches.sha256(path)} (publish it before the run; runs record it)")
     return 0
 
 
