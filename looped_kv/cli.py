@@ -869,8 +869,10 @@ def cmd_scout(args: argparse.Namespace) -> int:
     out = scout.RUNS / args.recipe
     if out.exists():
         raise ValueError(f"{out} exists: a scouting run is one sitting; move it away to run {args.recipe} again")
-    outputs.probe(out, "scout", folder=True)  # the run's folder and its record, before the copy and the training
-    outputs.probe(scout.RECORDS / f"{args.recipe}.json", "scout")
+    # the run's folder and its record, before the copy and the training
+    outputs.probe(out, "the run folder", folder=True, remedy=f"run scout where {scout.RUNS} can be written")
+    outputs.probe(scout.RECORDS / f"{args.recipe}.json", "the scouting record", remedy="the package folder must be "
+                  "writable (an editable install)")
     if args.recipe in scout.STARTS:
         scout.start(args.recipe)
     words = scout.train_words(args.recipe, args.minutes)

@@ -13,21 +13,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def probe(path: Path, flag: str, folder: bool = False) -> None:
+def probe(path: Path, flag: str, folder: bool = False, remedy: str | None = None) -> None:
     """ValueError naming ``flag`` unless this process can write the file ``path`` (with ``folder``: files in the
-    folder ``path``): a file is created and removed in its nearest existing folder."""
+    folder ``path``): a file is created and removed in its nearest existing folder. ``remedy`` ends the error
+    (default: choose another ``flag``)."""
+    remedy = remedy or f"choose another {flag}"
     path = Path(path)
     where = path if folder else path.parent
     while not where.exists() and where != where.parent:
         where = where.parent
     if not where.is_dir():
-        raise ValueError(f"{flag} {path}: {where} is not a folder; choose another {flag}")
+        raise ValueError(f"{flag} {path}: {where} is not a folder; {remedy}")
     try:
         with tempfile.TemporaryFile(dir=where):
             pass
     except OSError as error:
-        raise ValueError(f"{flag} {path}: cannot write there ({error.strerror or error}: {where}); choose another "
-                         f"{flag}") from None
+        raise ValueError(f"{flag} {path}: cannot write there ({error.strerror or error}: {where}); {remedy}") from None
 
 
 def check_file(path: str | Path, flag: str, force: bool = False) -> Path:

@@ -11,8 +11,8 @@ Nothing a user made is overwritten; every output probed before any work
   6. ``gates`` records only into a model the trainer made.
 Non-finite values caught at their source
   7. config.json fields no model can have: norm_eps / rms_norm_eps <= 0 or NaN, rope_theta <= 0, total_ut_steps <= 0,
-     Ouro layer_types shorter than the layer count, embed_scale <= 0, a negative state std, an exit threshold
-     outside [0, 1];
+     Ouro layer_types shorter than the layer count, a negative width, embed_scale <= 0, a negative state std, an
+     exit threshold outside [0, 1];
   8. logits that are not finite stop decoding with one line naming the model and the pass;
   9. float options refuse inf and NaN (plan --gpu-memory, train --minutes, scout --minutes).
 One line per error
@@ -20,8 +20,9 @@ One line per error
   11. an error no check foresaw is one line (the traceback with --debug);
   12. gates on a folder without a tokenizer; 13. a checkpoint with an integer norm tensor.
 Verify checks what no honest run writes
-  14. a KL below 0; 15. a zeroed package hash in frozen.json; 16. a prediction's range rewritten in the archived
-      spec with frozen.json's spec hash updated (frozen.json is not the table the run checked);
+  14. a KL below 0, or a file no run writes, listed in the manifest; 15. a zeroed package hash in frozen.json;
+  16. a prediction's range rewritten in the archived spec with frozen.json's spec hash updated (frozen.json is not
+      the table the run checked);
   17. a table frozen again keeps the first freeze's hash (``earlier``);
   18. the ledger refuses two archives of one frozen spec, with different records or the same.
 """
@@ -128,7 +129,7 @@ def test_plan_check_out_is_probed_before_the_model_is_built(tmp_path, no_work, c
 def test_scout_probes_its_folder_before_the_copy_and_the_training(tmp_path, no_work, monkeypatch, capsys):
     (tmp_path / "file.txt").write_text("x")
     monkeypatch.setattr(scout, "RUNS", tmp_path / "file.txt" / "runs")
-    refused(["scout", "multi", "--minutes", "1"], "is not a folder", capsys)
+    refused(["scout", "multi", "--minutes", "1"], "is not a folder; run scout where", capsys)
 
 
 def test_gates_record_only_into_a_model_the_trainer_made(tmp_path, capsys):
@@ -172,7 +173,8 @@ def test_a_config_no_model_can_have_is_refused_naming_the_field(raw, message):
     ({"rope_theta": -1.0}, "config 'rope_theta' must be a finite number > 0, got -1.0"),
     ({"layer_types": ["full_attention"]}, "layer_types must list one type per layer (num_hidden_layers 2)"),
     ({"early_exit_threshold": 1.5}, "config 'early_exit_threshold' must be a finite number in [0, 1], got 1.5"),
-], ids=["eps 0", "eps nan", "loops 0", "loops < 0", "rope_theta < 0", "layer_types short", "threshold"])
+    ({"hidden_size": -64}, "hidden_size and num_attention_heads must be >= 1, got -64 and 4"),
+], ids=["eps 0", "eps nan", "loops 0", "loops < 0", "rope_theta < 0", "layer_types short", "threshold", "width < 0"])
 def test_an_ouro_config_no_model_can_have_is_refused_naming_the_field(changes, message):
     with pytest.raises(ValueError) as error:
         LoopedConfig.from_hf_dict(ouro_config(**changes))
@@ -276,9 +278,10 @@ def rewritten_prediction(copy: Path) -> None:
 
 @pytest.mark.parametrize("edit, problem", [
     (negative_kl, "records/positions.jsonl line 1 kl = -0.5 is not a KL: a finite number >= 0"),
+    (lambda copy: (copy / "notes.txt").write_text("x"), "the archive holds files no run writes: notes.txt"),
     (zeroed_package_hash, "frozen.json's package hashes match no file table the run checked"),
     (rewritten_prediction, "the pre-registration changed after the run"),
-], ids=["negative KL", "zeroed package hash", "prediction rewritten"])
+], ids=["negative KL", "file no run writes", "zeroed package hash", "prediction rewritten"])
 def test_verify_fails_what_no_honest_run_writes(archive, tmp_path, edit, problem):
     problems = batches.verify(forged(archive, tmp_path, edit))
     assert any(problem in p for p in problems), problems

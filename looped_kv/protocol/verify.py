@@ -6,7 +6,7 @@ wrote the archive: anyone can edit a file and write a matching manifest. So veri
 means, from the frozen spec and the archive itself:
 
 * every file is listed and matches its checksum, and is a regular file inside the archive (no symbolic links, no
-  ``../`` names); every file a run writes is there;
+  ``../`` names); every file a run writes is there, and no other;
 * the archived spec and prompts are the frozen ones, and the spec validates;
 * ``frozen.json`` is the table the run checked: its SHA-256 and its first freeze's (the chain of tables frozen
   again, :mod:`~looped_kv.protocol.freeze`) are the ones ``run.json`` records, and its package hashes give the
@@ -41,6 +41,7 @@ from looped_kv.protocol.archive import (
     SIGNATURE,
     analyse,
     archive_entries,
+    archive_names,
     has_link,
     manifest_hmac,
     order_records,
@@ -291,6 +292,9 @@ def verify(archive: str | Path, key: bytes | None = None) -> list[str]:
     if problems:
         return problems
     problems = [f"missing file {name}" for name in RUN_OUTPUTS if not (root / name).is_file()]
+    extra = sorted(set(archive_entries(root)[0]) - set(archive_names(table, signed=True)))
+    if extra:
+        problems.append(f"the archive holds files no run writes: {', '.join(extra[:SHOWN])}")
     if problems:
         return problems
     try:

@@ -194,6 +194,9 @@ class LoopedConfig:
         if missing:
             raise ValueError(f"Ouro config.json has no {', '.join(map(repr, missing))}")
         n_embd, n_heads = _integer(raw, "hidden_size"), _integer(raw, "num_attention_heads")
+        if n_embd < 1 or n_heads < 1:
+            raise ValueError(f"Ouro config.json hidden_size and num_attention_heads must be >= 1, got {n_embd} and "
+                             f"{n_heads}")
         head_dim = _integer(raw, "head_dim") if raw.get("head_dim") is not None else n_embd // n_heads
         if head_dim * n_heads != n_embd:
             raise ValueError(f"Ouro config.json head_dim must be hidden_size / num_attention_heads = "
