@@ -18,11 +18,27 @@ and the tiny model's training.
     looped-kv gates
     looped-kv scout --list
 
-Errors are one line on stderr (looped-kv <command>: error: ...) and exit status 2 (3 when a self-test fails).
-python -m looped_kv.cli is the same command.
+Errors are one line on stderr (looped-kv <command>: error: ...) and exit status 2 (3 when a self-test fails);
+looped-kv --debug COMMAND ... shows an error's traceback. Ctrl-C at any moment, while the modules load too, prints
+one line and exits 130. python -m looped_kv.cli is the same command.
 """
 
 from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    """Ctrl-C while the command's modules load (seconds): one line and exit 130, not a traceback."""
+    print("looped-kv: interrupted", file=sys.stderr)
+    sys.exit(128 + signal.SIGINT)
+
+
+# Installed before the imports below (torch, pandas), restored after them (only the main thread handles signals).
+_LOADING = threading.current_thread() is threading.main_thread()
+_PREVIOUS_SIGINT = signal.signal(signal.SIGINT, _interrupted_while_loading) if _LOADING else None
 
 import argparse
 import dataclasses
@@ -30,15 +46,13 @@ import json
 import math
 import os
 import re
-import signal
-import sys
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import pandas as pd
 import torch
 
-from looped_kv import profiles, workloads
+from looped_kv import outputs, profiles, workloads
 from looped_kv.analysis import plan
 from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
@@ -55,6 +69,9 @@ from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
 from looped_kv.tiny import gates, scout, train
 from looped_kv.workloads import data
+
+if _LOADING:
+    signal.signal(signal.SIGINT, signal.default_int_handler if _PREVIOUS_SIGINT is None else _PREVIOUS_SIGINT)
 
 PROG = "looped-kv"
 Settings = TypeVar("Settings")
@@ -89,6 +106,15 @@ def _options(cls: type[Settings], args: argparse.Namespace, **changes: object) -
     """The dataclass ``cls`` of a module's settings from the parsed options of the same names (and ``changes``)."""
     names = {field.name for field in dataclasses.fields(cls)}
     return cls(**{**{k: v for k, v in vars(args).items() if k in names}, **changes})
+
+
+def _check_finite(args: argparse.Namespace) -> None:
+    """ValueError naming the first float option that is not finite (argparse's float takes inf, nan and 1e999)."""
+    for dest, value in vars(args).items():
+        bad = [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, float) and
+               not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"--{dest.replace('_', '-')} must be a finite number, got {bad[0]}")
 
 
 def _all_at_least_one(**flags: list[int]) -> None:
@@ -439,7 +465,8 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     table = batches.read_table(path)
     groups = pd.Series([name.split("/")[0] for name in table["files"]]).value_counts()
     counts = ", ".join(f"{n} {group}" for group, n in groups.items())
-    print(f"froze batch {table['batch']}: {len(table['files'])} files ({counts}) -> {path}")
+    print(f"froze batch {table['batch']}: {len(table['files'])} files ({counts}) -> {path}, sha256 "
+          f"{batches.sha256(path)} (publish it before the run; runs record it)")
     return 0
 
 
@@ -607,12 +634,7 @@ def _check_gpu_check(args: argparse.Namespace) -> LoopedConfig:
         raise ValueError(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens} exceeds the context "
                          f"of --config {args.config} (block_size {config.block_size})")
     if args.out is not None:
-        out = Path(args.out)
-        if out.is_dir():
-            raise ValueError(f"--out {args.out!r} is a folder; give a file name")
-        folder = out.parent if str(out.parent) else Path(".")
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise ValueError(f"--out {args.out!r}: folder {str(folder)!r} does not exist or is not writable")
+        outputs.check_file(args.out, "--out", args.force)
     return config
 
 
@@ -636,7 +658,8 @@ def _add_gpu_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-loops", type=int, nargs="+", default=[1, 2, 4, 8],
                    help="d values to time, each in [1, R - 1] (default: 1 2 4 8)")
     p.add_argument("--repeats", type=int, default=5, help="timed forwards per d, the median kept (default: 5)")
-    p.add_argument("--out", default=None, help="write the figures as JSON to this file")
+    p.add_argument("--out", default=None, help="write the figures as JSON to this file (a new file)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.set_defaults(func=cmd_gpu_check)
 
 
@@ -655,6 +678,8 @@ def cmd_plan_check(args: argparse.Namespace) -> int:
     unknown = [c for c in args.chapters if c not in plan_check.RUNS]
     if unknown:
         raise ValueError(f"--chapters must be among {tuple(plan_check.RUNS)}, got {unknown}")
+    if args.out is not None:
+        outputs.check_file(args.out, "--out", args.force)
     config = configs[args.model]() if args.model in configs else LoopedConfig.from_file(path)
     plan_check.run(args.model, config, profile=args.profile, device=args.device, chapters=args.chapters,
                    out=args.out)
@@ -671,7 +696,8 @@ def _add_plan_check(sub: argparse._SubParsersAction) -> None:
                                                    "GPU found)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--chapters", nargs="+", default=list(plan_check.RUNS), help="chapters to run (default: all)")
-    p.add_argument("--out", type=Path, default=None, help="write the record as JSON here")
+    p.add_argument("--out", type=Path, default=None, help="write the record as JSON here (a new file)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.set_defaults(func=cmd_plan_check)
 
 
@@ -715,6 +741,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="run folder: checkpoint, log, and the model at the end")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt with its arguments")
     p.add_argument("--export", type=Path, help="also write the finished model to this folder")
+    p.add_argument("--force", action="store_true", help="write into an --out or --export folder this command did "
+                                                        "not make (a new run over an old one's files)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=60_000)
     p.add_argument("--minutes", type=float, default=0, help="end this sitting after this much wall time (0: never)")
@@ -765,6 +793,7 @@ def train_options(words: list[str]) -> train.Options:
     p = Parser(prog=train.COMMAND)
     _train_arguments(p)
     args = p.parse_args(words)
+    _check_finite(args)
     _check_train(args)
     return _options(train.Options, args)
 
@@ -774,8 +803,29 @@ def _train_command(words: list[str]) -> str:
     return " ".join([train.COMMAND, *words])
 
 
+def _exported_model(folder: Path) -> bool:
+    """Whether ``folder`` holds a model that ``looped-kv train`` exported: config.json with its training record."""
+    try:
+        return isinstance(json.loads((folder / "config.json").read_text()).get("training"), dict)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_train_outputs(args: argparse.Namespace) -> None:
+    """--out and --export probed before any work; a folder the command did not make is refused (outputs)."""
+    if args.resume:  # the run's own folder, which holds its checkpoint.pt (_check_train)
+        outputs.probe(args.out / "checkpoint.pt", "--out")
+    else:
+        outputs.check_folder(args.out, "--out", lambda folder: False, "a new run starts in a new or empty folder; "
+                             "--resume continues a run from its checkpoint.pt", args.force)
+    if args.export is not None:
+        outputs.check_folder(args.export, "--export", _exported_model, "an export replaces only a model that "
+                             "looped-kv train exported: config.json with its training record", args.force)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     _check_train(args)
+    _check_train_outputs(args)
     words = args.words
     given = [name for name in train.RESUMABLE if f"--{name.replace('_', '-')}" in words]
     train.run(_options(train.Options, args), given=given, command=_train_command(words))
@@ -794,8 +844,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_gates(args: argparse.Namespace) -> int:
-    if not (Path(args.model) / "config.json").is_file():
+    config = Path(args.model) / "config.json"
+    if not config.is_file():
         raise ValueError(f"--model {args.model!r}: not a checkpoint folder (it has no config.json)")
+    if not args.no_record:
+        if not _exported_model(Path(args.model)):
+            raise ValueError(f"--model {args.model!r}: its config.json has no training record (looped-kv train did "
+                             f"not write it); gates records only into a model the trainer made: pass --no-record")
+        outputs.probe(config, "--model")
     gates.run(args.model, record=not args.no_record)
     return 0
 
@@ -819,6 +875,10 @@ def cmd_scout(args: argparse.Namespace) -> int:
     out = scout.RUNS / args.recipe
     if out.exists():
         raise ValueError(f"{out} exists: a scouting run is one sitting; move it away to run {args.recipe} again")
+    # the run's folder and its record, before the copy and the training
+    outputs.probe(out, "the run folder", folder=True, remedy=f"run scout where {scout.RUNS} can be written")
+    outputs.probe(scout.RECORDS / f"{args.recipe}.json", "the scouting record", remedy="the package folder must be "
+                  "writable (an editable install)")
     if args.recipe in scout.STARTS:
         scout.start(args.recipe)
     words = scout.train_words(args.recipe, args.minutes)
@@ -839,6 +899,7 @@ def _add_scout(sub: argparse._SubParsersAction) -> None:
 
 def parser() -> Parser:
     ap = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--debug", action="store_true", help="show an error's traceback (give it before the command)")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser,
                             metavar="{generate,bench,batched,memory,plan,batch,speed,gpu-check,plan-check,train,gates,"
                                     "scout}")
@@ -849,9 +910,18 @@ def parser() -> Parser:
     return ap
 
 
+def _one_line(error: BaseException) -> str:
+    """An error's message as one line (its first); the type's name when it has none."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run a command line (default: sys.argv); errors go by the command's name, e.g. ``looped-kv train``."""
+    """Run a command line (default: sys.argv); errors go by the command's name, e.g. ``looped-kv train``, one line
+    each (with a leading ``--debug``: raised, with their traceback)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = argv[:1] == ["--debug"]
+    argv = argv[1:] if debug else argv
     name = PROG
     try:
         ap = parser()
@@ -859,6 +929,7 @@ def main(argv: list[str] | None = None) -> int:
             name = ap.commands[argv[0]].prog
         args = ap.parse_args(argv)
         args.words = argv[1:]  # the command's own words as given (train --resume: which options were given again)
+        _check_finite(args)
         if getattr(args, "device", None) is not None:  # before any work: cuda on a CPU-only torch, "foo", ...
             check_device(args.device)
         if getattr(args, "threads", None) is not None and args.command != "batch":
@@ -869,11 +940,21 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error while Python flushes
         return 128 + signal.SIGPIPE
     except (ValueError, OSError, SelfTestFailure) as error:  # OSError: missing files, unreachable hub, full disk
-        print(f"{name}: error: {error}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"{name}: error: {_one_line(error)}", file=sys.stderr)
         return 3 if isinstance(error, SelfTestFailure) else 2
     except KeyboardInterrupt as error:  # Ctrl-C: one line (a batch run says where its unfinished archive is)
-        print(f"{name}: {str(error) or 'interrupted'}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"{name}: {_one_line(error) if str(error) else 'interrupted'}", file=sys.stderr)
         return 128 + signal.SIGINT
+    except Exception as error:  # anything else: a bug or an input no check foresaw; still one line
+        if debug:
+            raise
+        print(f"{name}: error: {type(error).__name__}: {_one_line(error)} (run {PROG} --debug {' '.join(argv[:1])} "
+              f"... for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

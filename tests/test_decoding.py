@@ -298,7 +298,7 @@ def _no_decoding(*args, **kwargs):
     (["--num-loops", "4", "--draft-loops", "4"], r"--draft-loops must be in \[1, 3\] \(fewer than --num-loops 4\)"),
     (["--draft-loops", "0"], "--draft-loops must be >= 1, got 0"),
     (["--budget-mb", "-1"], "--budget-mb must be > 0"),
-    (["--budget-mb", "inf"], "--budget-mb must be > 0"),
+    (["--budget-mb", "inf"], "--budget-mb must be a finite number, got inf"),
     (["--batch-sizes", "0", "2"], "--batch-sizes must all be >= 1"),
     (["--memory-batch-sizes", "0", "1", "2"], "--memory-batch-sizes must all be >= 1"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),

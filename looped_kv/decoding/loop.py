@@ -149,6 +149,14 @@ class Drafter:
         return {}
 
 
+def check_logits(model: LoopedLM, logits: Tensor, what: str) -> None:
+    """ValueError naming the model and the pass when ``logits`` hold NaN or an infinity (a broken checkpoint: no
+    token follows from them). One reduction to two numbers, min and max, which carry any NaN."""
+    if not bool(torch.isfinite(torch.stack(torch.aminmax(logits))).all()):
+        raise ValueError(f"model {getattr(model, 'source', type(model).__name__)!r}: the {what} gave NaN or infinite "
+                         f"logits; no token follows from them (check the checkpoint's weights and config)")
+
+
 @torch.no_grad()
 def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy: CachePolicy,
            drafter: Drafter | None = None, eos: int | None = None, compile: bool = False, shrink: bool | None = None,
@@ -175,6 +183,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     else:
         passes = Passes(model, cache, buffer, into_cache=greedy)
     logits = passes.prefill(prompts)
+    check_logits(model, logits, "prefill")
     pending = logits.argmax(-1, keepdim=True)
     observer.prefilled(DecodeView(model, cache, pending, rows.batch, rows.live), logits)
     rows.emit(list(pending))
@@ -193,6 +202,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
         observer.proposing(view)
         proposal = drafter.propose(passes, pending)
         logits = passes.verify(drafter.tokens_to_verify(pending, proposal))
+        check_logits(model, logits, f"verification pass at position {cache.max_length}")
         outcome = drafter.accept(pending, proposal, logits.argmax(-1))
         observer.verified(view, logits, outcome)
         del logits  # not held through the next verification's drafts

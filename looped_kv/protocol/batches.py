@@ -73,7 +73,7 @@ from looped_kv.protocol.archive import (
 )
 from looped_kv.protocol.compare import Comparison, compare
 from looped_kv.protocol.decide import decide, outcome, summarize
-from looped_kv.protocol.freeze import check_runnable, check_table, freeze, read_table, table_changes
+from looped_kv.protocol.freeze import check_runnable, check_table, freeze, read_table, sha256, table_changes
 from looped_kv.protocol.run import Interrupted, run_arms, run_batch
 from looped_kv.protocol.spec import EXAMPLES_DIR, BatchSpec, example_names, load_spec, resolve_spec, units
 from looped_kv.protocol.verify import ledger, ledger_rows, verify
@@ -81,4 +81,4 @@ from looped_kv.protocol.verify import ledger, ledger_rows, verify
 __all__ = ["EXAMPLES_DIR", "MANIFEST", "SIGNATURE", "BatchSpec", "Comparison", "Interrupted", "check_runnable",
            "check_table", "compare", "decide", "example_names", "freeze", "ledger", "ledger_rows", "load_spec",
            "order_records", "outcome", "read_jsonl", "read_key", "read_table", "resolve_spec", "run_arms", "run_batch",
-           "summarize", "table_changes", "units", "verify", "write_jsonl", "write_manifest"]
+           "sha256", "summarize", "table_changes", "units", "verify", "write_jsonl", "write_manifest"]

@@ -1,6 +1,10 @@
 """The frozen file table of a batch (RIPE Appendix A: a frozen file table, SHA-256): the checksums of the spec, its
 prompt files, the package's own source files and the local model files, written by :func:`freeze` before a run.
 :func:`check_table` refuses a run once any of them has changed.
+
+The table's own SHA-256 is the pre-registration's fingerprint. A table frozen again over an earlier one (``force``)
+lists the earlier tables' hashes (``earlier``, the first freeze first), so the first freeze's hash stays in every
+later table; a run records both the table's hash and the first freeze's (:func:`first_freeze`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from looped_kv.runtime.loading import TINY_DIR, hub_unreachable, load_tokenizer
 PACKAGE_DIR = Path(__file__).parents[1]
 TABLE_FORMAT = "looped-kv file table 1"
 MODEL_PATTERNS = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt")
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -129,9 +135,16 @@ def freeze(spec: str | Path, out: str | Path | None = None, *, force: bool = Fal
     target = Path(out) if out is not None else Path(f"{parsed.path.stem}.frozen.json")
     if target.exists() and not force:
         raise ValueError(f"{target} exists; re-freezing changes the pre-registration, pass force to overwrite")
+    earlier = []
+    if target.exists():  # frozen again: the chain of earlier tables goes on (a file that is no table starts none)
+        try:
+            earlier = [*read_table(target).get("earlier", []), sha256(target)]
+        except (OSError, ValueError):
+            earlier = []
     table = {"format": TABLE_FORMAT, "spec": str(parsed.path), "spec_file": parsed.path.name,
              "batch": parsed.batch, "model": parsed.model, "revision": parsed.revision,
-             "frozen_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": file_table(parsed)}
+             "frozen_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": file_table(parsed),
+             **({"earlier": earlier} if earlier else {})}
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(table, indent=1) + "\n")
     return target
@@ -148,6 +161,18 @@ def read_table(path: str | Path) -> dict[str, Any]:
     if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
         raise ValueError(f"{path} is not a looped-kv file table (written by `looped-kv batch freeze`)")
     return table
+
+
+def first_freeze(table: dict[str, Any], digest: str) -> Any:
+    """The hash of a table's first freeze: the first of its ``earlier`` tables, else its own ``digest``."""
+    earlier = table.get("earlier")
+    return earlier[0] if isinstance(earlier, list) and earlier else digest
+
+
+def package_digest(files: dict[str, str]) -> str:
+    """One SHA-256 over a file table's package entries ("<sha256>  <key>" lines, sorted by key): the code's hash."""
+    lines = "".join(f"{digest}  {key}\n" for key, digest in sorted(files.items()) if key.startswith("package/"))
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def table_changes(frozen: dict[str, str], current: dict[str, str]) -> list[str]:

@@ -37,7 +37,7 @@ from looped_kv.protocol.archive import (
     sign_manifest,
     write_archive,
 )
-from looped_kv.protocol.freeze import check_table, model_folder
+from looped_kv.protocol.freeze import check_table, first_freeze, model_folder, package_digest, package_files, sha256
 from looped_kv.protocol.reproducibility import bitwise_rerun
 from looped_kv.protocol.selftest import require_selftests
 from looped_kv.protocol.spec import REFERENCE, BatchSpec, Unit, units
@@ -58,7 +58,11 @@ def _encode(model: LoopedLM, text: str) -> torch.Tensor:
 
 
 def _kl_records(unit: Unit, arm: str, reference: torch.Tensor, logits: torch.Tensor) -> list[dict]:
-    divergence = kl(reference, logits).tolist()
+    divergence = kl(reference, logits)
+    if not bool(torch.isfinite(divergence).all()):
+        raise ValueError(f"prompt {unit.index}, arm {arm}: the KL is NaN or infinite (the model's logits are not "
+                         f"finite); no record is written")
+    divergence = divergence.tolist()
     flips = (reference.argmax(-1) != logits.argmax(-1)).tolist()
     return [{"prompt": unit.index, "arm": arm, "position": t, "kl": d, "flip": f}
             for t, (d, f) in enumerate(zip(divergence, flips, strict=True))]
@@ -172,6 +176,9 @@ def run_batch(table_path: str | Path, out: str | Path, *, progress: bool = True,
     out, table_path = Path(out), Path(table_path)
     check_out(out)
     spec, table = check_table(table_path)
+    digest = sha256(table_path)  # the table checked, and the code that runs: the run record names both
+    frozen = {"sha256": digest, "first": first_freeze(table, digest),
+              "package_sha256": package_digest({key: sha256(path) for key, path in package_files().items()})}
     if threads is not None and threads != spec.threads:
         raise ValueError(f"--threads {threads} contradicts the frozen spec's threads: {spec.threads} (the count "
                          f"changes the records' bytes); allowed: {spec.threads}, or leave --threads out")
@@ -196,7 +203,7 @@ def run_batch(table_path: str | Path, out: str | Path, *, progress: bool = True,
         merged = tuple([r for part, _ in gathered for r in part[i]] for i in range(3))
         run = {"package": looped_kv.__version__, "command": sys.argv, "started": started,
                "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world_size": ctx.world_size,
-               "backend": ctx.backend, "threads": mode["threads"], "measurement": mode,
+               "backend": ctx.backend, "threads": mode["threads"], "measurement": mode, "frozen": frozen,
                "nodes": [n for _, n in gathered], "pid": os.getpid()}
         decisions = write_archive(partial, spec, table_path, merged, run)
         if key is not None:
@@ -208,9 +215,12 @@ def run_batch(table_path: str | Path, out: str | Path, *, progress: bool = True,
             raise
         raise Interrupted(f"interrupted; the unfinished archive is left at {partial} (marked: the next batch run "
                           f"with out {out} replaces it)") from None
-    except Exception:
+    except Exception as error:
         if partial is not None and partial.is_dir():
             discard_partial(partial)
+            if partial.is_dir():  # files written: say where they are
+                raise ValueError(f"{str(error).strip() or type(error).__name__}; the unfinished archive is left at "
+                                 f"{partial} (marked: the next batch run with out {out} replaces it)") from error
         raise
     finally:
         distributed.finish(ctx)

@@ -6,18 +6,23 @@ wrote the archive: anyone can edit a file and write a matching manifest. So veri
 means, from the frozen spec and the archive itself:
 
 * every file is listed and matches its checksum, and is a regular file inside the archive (no symbolic links, no
-  ``../`` names); every file a run writes is there;
+  ``../`` names); every file a run writes is there, and no other;
 * the archived spec and prompts are the frozen ones, and the spec validates;
+* ``frozen.json`` is the table the run checked: its SHA-256 and its first freeze's (the chain of tables frozen
+  again, :mod:`~looped_kv.protocol.freeze`) are the ones ``run.json`` records, and its package hashes give the
+  package digest of the code that ran;
 * ``run.json`` records the package's self-tests as passed on every node, and shards that cover the frozen prompts;
 * the records cover exactly the frozen prompts and arms (one record per prompt and arm, each replayed arm's
   positions once), with exactly the fields and types the spec's arms write, in the archive's order;
 * what follows from the records does: ``summary.json``, ``decisions.json`` (labels and predictions), and each
-  decoder record's verifications and A from its accepted drafts.
+  decoder record's verifications and A from its accepted drafts; no record holds what no run writes (a KL below 0).
 
 What it cannot prove: that a measured value (a KL, a flip, a perturbation size, a decoder's tokens) is what the
-model gives. An archive rewritten consistently with other measurements verifies. Running the frozen spec again and
-:func:`~looped_kv.protocol.compare.compare` finds that; a signed manifest (``key``: an HMAC-SHA256 of the manifest
-under a key of the user's, written by ``batch run --key-file``) shows that whoever wrote the archive held the key.
+model gives, or that the run record is the run's. An archive rewritten consistently (other measurements, or a spec
+rewritten with its table and run.json's hashes to match) verifies. Running the frozen spec again and
+:func:`~looped_kv.protocol.compare.compare` finds the first; comparing ``run.json``'s first-freeze hash with the
+one published at freeze time finds the second; a signed manifest (``key``: an HMAC-SHA256 of the manifest under a
+key of the user's, written by ``batch run --key-file``) shows that whoever wrote the archive held the key.
 """
 
 from __future__ import annotations
@@ -36,17 +41,20 @@ from looped_kv.protocol.archive import (
     SIGNATURE,
     analyse,
     archive_entries,
+    archive_names,
     has_link,
     manifest_hmac,
     order_records,
     read_jsonl,
     unsafe_name,
 )
-from looped_kv.protocol.freeze import package_files, read_table, sha256, table_changes
+from looped_kv.protocol.freeze import first_freeze, package_digest, package_files, read_table, sha256, table_changes
 from looped_kv.protocol.selftest import CHECKS
 from looped_kv.protocol.spec import REFERENCE, BatchSpec, load_spec, units
 
 SHOWN = 5  # problems listed per file, then a count of the rest
+RECORD_FILES = ("records/positions.jsonl", "records/prompts.jsonl")
+PROG_COMPARE = "looped-kv batch compare"
 
 Check = tuple[Callable[[Any], bool], str]
 COUNT: Check = (lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0, "an integer >= 0")
@@ -55,9 +63,12 @@ NUMBER: Check = (lambda x: isinstance(x, int | float) and not isinstance(x, bool
 OPTIONAL_NUMBER: Check = (lambda x: x is None or NUMBER[0](x), "a finite number or null")
 FLAG: Check = (lambda x: isinstance(x, bool), "true or false")
 TEXT: Check = (lambda x: isinstance(x, str), "a string")
+KL_ROUNDING = 1e-12  # how far below 0 float64 rounding takes a KL of two nearly equal distributions (replay.kl)
+KL: Check = (lambda x: NUMBER[0](x) and x >= -KL_ROUNDING, f"a KL: a finite number >= 0 (-{KL_ROUNDING:g} for "
+                                                          f"rounding)")
 COUNTS: Check = (lambda x: isinstance(x, list) and all(COUNT[0](v) for v in x), "a list of integers >= 0")
 #: The fields each kind of record holds, as the run writes them.
-POSITION_FIELDS = {"prompt": COUNT, "arm": TEXT, "position": COUNT, "kl": NUMBER, "flip": FLAG}
+POSITION_FIELDS = {"prompt": COUNT, "arm": TEXT, "position": COUNT, "kl": KL, "flip": FLAG}
 PROMPT_FIELDS = {
     "substitution": {"size": NUMBER},
     "replay": {},
@@ -147,6 +158,25 @@ def run_problems(spec: BatchSpec, run: Any) -> list[str]:
         problems.append(f"run.json's nodes ran {shards} prompts; the frozen spec has {count}")
     if run.get("threads") != spec.threads:
         problems.append(f"run.json records threads {run.get('threads')!r}; the frozen spec's threads: {spec.threads}")
+    return problems
+
+
+def frozen_problems(root: Path, table: dict[str, Any], run: Any) -> list[str]:
+    """frozen.json is the table the run checked: its hash and first freeze as run.json records them, and its
+    package hashes the digest of the code that ran."""
+    record = run.get("frozen") if isinstance(run, dict) else None
+    if not isinstance(record, dict):
+        return ["run.json does not record the frozen table it ran (frozen: sha256, first, package_sha256)"]
+    digest, problems = sha256(root / "frozen.json"), []
+    if record.get("sha256") != digest:
+        problems.append(f"frozen.json has sha256 {digest}; run.json records the run's table as "
+                        f"{str(record.get('sha256'))[:64]}: the pre-registration changed after the run")
+    if record.get("first") != first_freeze(table, digest):
+        problems.append(f"frozen.json's first freeze is {first_freeze(table, digest)}; run.json records "
+                        f"{str(record.get('first'))[:64]}")
+    if record.get("package_sha256") != package_digest(table["files"]):
+        problems.append("frozen.json's package hashes match no file table the run checked (their digest is not "
+                        "run.json's package_sha256, the code that ran)")
     return problems
 
 
@@ -262,6 +292,9 @@ def verify(archive: str | Path, key: bytes | None = None) -> list[str]:
     if problems:
         return problems
     problems = [f"missing file {name}" for name in RUN_OUTPUTS if not (root / name).is_file()]
+    extra = sorted(set(archive_entries(root)[0]) - set(archive_names(table, signed=True)))
+    if extra:
+        problems.append(f"the archive holds files no run writes: {', '.join(extra[:SHOWN])}")
     if problems:
         return problems
     try:
@@ -271,7 +304,8 @@ def verify(archive: str | Path, key: bytes | None = None) -> list[str]:
                                                           "timings.jsonl")}
     except (OSError, ValueError) as error:
         return [f"the archive does not read back: {error}"]
-    problems = run_problems(spec, documents["run.json"]) or record_problems(spec, records)
+    run = documents["run.json"]
+    problems = frozen_problems(root, table, run) or run_problems(spec, run) or record_problems(spec, records)
     if not problems:
         summary, decisions = analyse(spec, root)
         stored = documents["summary.json"]
@@ -291,7 +325,9 @@ def verify(archive: str | Path, key: bytes | None = None) -> list[str]:
 
 def ledger_rows(archives: Sequence[str | Path], key: bytes | None = None) -> list[dict[str, str]]:
     """Every prediction of the (verified) archives: batch, prediction, outcome (RIPE Appendix B, Table 6). An archive
-    given twice (under any spelling of its path, or as a copy: the same manifest) is refused: it would count twice."""
+    given twice (under any spelling of its path, or as a copy: the same manifest) is refused: it would count twice;
+    so are two archives of one frozen spec (the same spec files, or the same first freeze), whose records differ (an
+    edited copy, or a run again after seeing the first) or not (a replication: a pre-registered batch counts once)."""
     folders: dict[Path, str | Path] = {}
     manifests: dict[str, str | Path] = {}
     for archive in archives:
@@ -306,15 +342,31 @@ def ledger_rows(archives: Sequence[str | Path], key: bytes | None = None) -> lis
                              f"counts each archive once")
         if digest is not None:
             manifests[digest] = archive
-    rows = []
+    rows, specs = [], {}
     for archive in archives:
         problems = verify(archive, key)
         if problems:
             raise ValueError(f"archive {archive} does not verify ({'; '.join(problems)})")
+        _count_once(archive, specs)
         decisions = json.loads((Path(archive) / "decisions.json").read_text())
         rows += [{"Batch": decisions["batch"], "Prediction": p["prediction"],
                   "Outcome": f"{p['outcome']} ({p['observed']})"} for p in decisions["predictions"]]
     return rows
+
+
+def _count_once(archive: str | Path, seen: dict[Any, str | Path]) -> None:
+    """Refuse a (verified) archive of a frozen spec that an archive in ``seen`` already ran; then add it."""
+    root = Path(archive)
+    table = read_table(root / "frozen.json")
+    spec_files = tuple(sorted((k, v) for k, v in table["files"].items() if k.startswith("spec/")))
+    keys = (("spec", spec_files), ("first", json.loads((root / "run.json").read_text())["frozen"]["first"]))
+    other = next((seen[k] for k in keys if k in seen), None)
+    if other is not None:
+        same = all(sha256(root / name) == sha256(Path(other) / name) for name in RECORD_FILES)
+        raise ValueError(f"archives {other} and {archive} ran one frozen spec (batch {table.get('batch')}) with "
+                         f"{'the same' if same else 'different'} records; the ledger counts a pre-registered batch "
+                         f"once: give one of them ({PROG_COMPARE} tells how they differ)")
+    seen.update(dict.fromkeys(keys, archive))
 
 
 def ledger(archives: Sequence[str | Path], key: bytes | None = None) -> str:

@@ -21,7 +21,8 @@ One dataclass covers the public families (the four checkpoints of the DAS paper)
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +33,11 @@ NormLayout = Literal["sandwich", "pre-norm", "reordered", "peri-norm"]
 #: The ``auto_map`` an Ouro checkpoint's config.json carries (its remote-code files on the hub).
 OURO_AUTO_MAP = {"AutoConfig": "configuration_ouro.OuroConfig", "AutoModel": "modeling_ouro.OuroModel",
                  "AutoModelForCausalLM": "modeling_ouro.OuroForCausalLM"}
+#: The allowed values of each float field (a finite number, and this test), checked when a config is made.
+FLOAT_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "norm_eps": (lambda x: x > 0, "> 0"), "rope_base": (lambda x: x > 0, "> 0"),
+    "embed_scale": (lambda x: x > 0, "> 0"), "state_std": (lambda x: x >= 0, ">= 0"),
+    "exit_threshold": (lambda x: 0 <= x <= 1, "in [0, 1]")}
 
 
 @dataclass(frozen=True)
@@ -63,12 +69,22 @@ class LoopedConfig:
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
-        for name in ("vocab_size", "n_embd", "n_heads", "n_kv_heads", "n_core", "intermediate_size", "block_size"):
+        for name in ("vocab_size", "n_embd", "n_heads", "n_kv_heads", "n_core", "intermediate_size", "block_size",
+                     "mean_recurrence"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("n_prelude", "n_coda"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name, (ok, allowed) in FLOAT_RANGES.items():
+            value = getattr(self, name)
+            if value is None and name == "exit_threshold":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value)
+                                                                                     and ok(value)):
+                raise ValueError(f"{name} must be a finite number {allowed}, got {value!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"rope_scaling must be null or an object, got {self.rope_scaling!r}")
         if self.n_embd % self.n_heads:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
@@ -139,26 +155,28 @@ class LoopedConfig:
         family = raw.get("looped_kv_family") or detect_family(raw, tensor_names)
         n_heads = _integer(raw, "n_heads", "num_attention_heads")
         init_values = raw.get("init_values", {})
+        if not isinstance(init_values, dict):
+            raise ValueError(f"config 'init_values' must be an object, got {init_values!r}")
         return cls(
             family=family,
             vocab_size=_integer(raw, "padded_vocab_size", "vocab_size"),
             n_embd=_integer(raw, "n_embd"),
             n_heads=n_heads,
-            n_kv_heads=int(raw.get("num_key_value_heads", n_heads)),
+            n_kv_heads=_integer(raw, "num_key_value_heads") if "num_key_value_heads" in raw else n_heads,
             n_prelude=_integer(raw, "n_layers_in_prelude"),
             n_core=_integer(raw, "n_layers_in_recurrent_block"),
             n_coda=_integer(raw, "n_layers_in_coda"),
             intermediate_size=_integer(raw, "intermediate_size"),
             block_size=_integer(raw, "block_size", "max_position_embeddings"),
-            norm_eps=float(raw.get("norm_eps", 1e-6)),
+            norm_eps=_number(raw, "norm_eps", 1e-6, "norm_eps"),
             qk_bias=bool(raw.get("qk_bias", False)),
-            rope_base=float(raw.get("rope_theta", raw.get("rope_base", 10000.0))),
+            rope_base=_number(raw, "rope_theta" if "rope_theta" in raw else "rope_base", 10000.0, "rope_base"),
             rope_scaling=raw.get("rope_scaling"),
-            embed_scale=float(init_values.get("embed_scale", 1.0)),
-            state_std=float(init_values.get("std", 0.02)),
+            embed_scale=_number(init_values, "embed_scale", 1.0, "embed_scale"),
+            state_std=_number(init_values, "std", 0.02, "state_std"),
             tie_embeddings=bool(raw.get("tie_embeddings", raw.get("tie_word_embeddings", True))),
             mean_recurrence=_integer(raw, "mean_recurrence"),
-            mean_backprop_depth=int(raw.get("mean_backprop_depth", 8)),
+            mean_backprop_depth=_integer(raw, "mean_backprop_depth") if "mean_backprop_depth" in raw else 8,
             raw=raw,
         )
 
@@ -176,11 +194,18 @@ class LoopedConfig:
         if missing:
             raise ValueError(f"Ouro config.json has no {', '.join(map(repr, missing))}")
         n_embd, n_heads = _integer(raw, "hidden_size"), _integer(raw, "num_attention_heads")
+        if n_embd < 1 or n_heads < 1:
+            raise ValueError(f"Ouro config.json hidden_size and num_attention_heads must be >= 1, got {n_embd} and "
+                             f"{n_heads}")
         head_dim = _integer(raw, "head_dim") if raw.get("head_dim") is not None else n_embd // n_heads
         if head_dim * n_heads != n_embd:
             raise ValueError(f"Ouro config.json head_dim must be hidden_size / num_attention_heads = "
                              f"{n_embd} / {n_heads}, got {head_dim}")
-        sliding = [i for i, kind in enumerate(raw.get("layer_types") or []) if kind != "full_attention"]
+        layer_types = raw.get("layer_types") or []
+        if not isinstance(layer_types, list) or (layer_types and len(layer_types) != raw["num_hidden_layers"]):
+            raise ValueError(f"Ouro config.json layer_types must list one type per layer (num_hidden_layers "
+                             f"{raw['num_hidden_layers']}), got {layer_types!r}")
+        sliding = [i for i, kind in enumerate(layer_types) if kind != "full_attention"]
         if raw.get("use_sliding_window") or sliding:
             raise ValueError(f"Ouro config.json: sliding-window attention is not supported (use_sliding_window "
                              f"{raw.get('use_sliding_window')}, layers {sliding} not 'full_attention')")
@@ -190,15 +215,20 @@ class LoopedConfig:
             raise ValueError(f"Ouro config.json hidden_act must be 'silu', got {raw['hidden_act']!r}")
         threshold = raw.get("early_exit_threshold", 1.0)  # OuroConfig's defaults: 1.0 and 4 loops
         loops = _integer(raw, "total_ut_steps") if "total_ut_steps" in raw else 4
+        if loops < 1:
+            raise ValueError(f"Ouro config.json total_ut_steps (the loop count) must be >= 1, got {loops}")
+        if threshold is not None:
+            threshold = _number(raw, "early_exit_threshold", 1.0, "exit_threshold")
         return cls(
             family="ouro", vocab_size=_integer(raw, "vocab_size"), n_embd=n_embd, n_heads=n_heads,
             n_kv_heads=_integer(raw, "num_key_value_heads") if raw.get("num_key_value_heads") else n_heads,
             n_prelude=0, n_core=_integer(raw, "num_hidden_layers"), n_coda=0,
             intermediate_size=_integer(raw, "intermediate_size"), block_size=_integer(raw, "max_position_embeddings"),
-            norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_base=float(raw.get("rope_theta", 10000.0)),
+            norm_eps=_number(raw, "rms_norm_eps", 1e-6, "norm_eps"),
+            rope_base=_number(raw, "rope_theta", 10000.0, "rope_base"),
             state_std=0.0, tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             mean_recurrence=loops, mean_backprop_depth=loops,
-            exit_threshold=None if threshold is None else float(threshold), raw=raw,
+            exit_threshold=threshold, raw=raw,
         )
 
     @classmethod
@@ -267,6 +297,16 @@ def _integer(raw: dict[str, Any], *keys: str) -> int:
     if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
         raise ValueError(f"config {key!r} must be an integer, got {value!r}")
     return int(value)
+
+
+def _number(raw: dict[str, Any], key: str, default: float, field: str) -> float:
+    """``raw[key]`` (else ``default``) as a float within the allowed values of ``field`` (:data:`FLOAT_RANGES`);
+    a ValueError naming the key otherwise."""
+    value = raw.get(key, default)
+    ok, allowed = FLOAT_RANGES[field]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and ok(value)):
+        raise ValueError(f"config {key!r} must be a finite number {allowed}, got {value!r}")
+    return float(value)
 
 
 def detect_family(raw: dict[str, Any], tensor_names: Iterable[str] = ()) -> Family:

@@ -194,7 +194,7 @@ def _expected_shapes(model: LoopedLM) -> dict[str, tuple[int, ...]]:
 
 
 def check_state(model: LoopedLM, state: dict[str, torch.Tensor]) -> None:
-    """Every tensor the config implies is present with its shape; nothing unknown is left over."""
+    """Every tensor the config implies is present with its shape and a float dtype; nothing unknown is left over."""
     expected = _expected_shapes(model)
     tied_head = "lm_head.weight" if model.config.tie_embeddings else None
     for key, shape in expected.items():
@@ -206,6 +206,9 @@ def check_state(model: LoopedLM, state: dict[str, torch.Tensor]) -> None:
         if tuple(state[key].shape) != shape:
             raise ValueError(f"tensor {key!r} has shape {tuple(state[key].shape)} in the checkpoint but the "
                              f"config implies {shape}")
+        if not state[key].is_floating_point():
+            raise ValueError(f"tensor {key!r} has dtype {str(state[key].dtype).removeprefix('torch.')} in the "
+                             f"checkpoint; a model's weights are floating-point")
     unknown = sorted(key for key in state if key not in expected and key not in _IGNORED_KEYS and key != tied_head)
     if unknown:
         raise ValueError(f"checkpoint has tensors the {model.config.family!r} config does not describe: {unknown[:5]} "

@@ -211,6 +211,9 @@ def run(folder: str | Path = TINY_DIR, record: bool = True) -> None:
     write them into its config.json."""
     torch.set_num_threads(1)
     model = load(folder, dtype=torch.float32)
+    if model.tokenizer is None:
+        raise ValueError(f"model {str(folder)!r} has no tokenizer (tokenizer.json or tokenizer_config.json); the "
+                         f"gates' prompts are text")
     start = time.perf_counter()
     figures = measure(model)
     rows = verdicts(figures)
