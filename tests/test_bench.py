@@ -210,7 +210,8 @@ def test_a_recorded_bench_names_its_weights_and_is_refused_for_others(tmp_path):
     header, read = bench.read_record(path, "tiny")
     assert header["command"] == "looped-kv bench --record bench.json" and header["environment"]["cpu"] == "test CPU"
     assert header["weights_sha256"] == bench.weights_sha256("tiny") and {"commit", "date"} <= set(header)
-    assert read["problems"]["time_s"].isna().tolist() == [False, True] and read["problems"]["method"][0] == bench.label("ar")
+    assert read["problems"]["time_s"].isna().tolist() == [False, True]
+    assert read["problems"]["method"][0] == bench.label("ar")
     other = tmp_path / "other"
     other.mkdir()
     (other / "model.safetensors").write_bytes(b"not the shipped weights")
