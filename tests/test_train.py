@@ -76,7 +76,7 @@ def test_deep_draws_run_64_loops_and_leave_other_runs_random_stream_alone():
     assert 0.2 < share < 0.3
     a, b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
     assert [train.sample_loops(16, 4, a) for _ in range(50)] == [train.sample_loops(16, 4, b, 0.0) for _ in range(50)]
-    with pytest.raises(ValueError, match="--deep-share must be in"):
+    with pytest.raises(ValueError, match="--deep-share must be"):
         train_options(["--out", "runs/x", "--deep-share", "nan"])
 
 
