@@ -1,16 +1,16 @@
-"""Does a looped model use its depth? Loss, answer accuracy and state change by loop count.
+"""Does a looped model use its depth? Loss and answer accuracy by loop count.
 
 These are the measurements behind the tiny model's gates and the book's training page:
 
 * :func:`loss_by_loops`: mean next-token loss of teacher-forced texts after R loops, and
   :func:`loss_by_text` the same per text (paired measurements for a verdict); :func:`depth_stops_paying`:
   the loop count from which no deeper count lowers the mean loss by a gain that counts;
-* :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.workloads.data.chain_programs`),
-  how often the argmax after ``x?`` is x's value, and its loss, by R and by the binding depth;
-  :func:`answer_hits` gives the same per query;
-* :func:`state_changes` and :func:`fit_state_rho`: the median per-position relative change of the
-  recurrent state, ||s(r) - s(r-1)|| / ||s(r)||, and the geometric rate at which it shrinks
-  (the convergence that RIPE Table 7 summarizes as rho for the planes).
+* :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.workloads.data.chain_programs` and
+  ``multichain_programs``), how often the argmax after a query's cue (``x?`` or ``x``) is x's value, and its loss,
+  by R and by the binding depth; :func:`answer_hits` gives the same per query, :func:`answer_loss_by_program` per
+  program, and :func:`decoded_hits` scores a decoded continuation.
+
+The book's rate of ripening, rho, is RIPE's alone (:func:`looped_kv.analysis.planes.ripening_rates`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from looped_kv.decoding.core import row_chunks
-from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads.data import ChainProgram
 
@@ -213,45 +212,3 @@ def answer_accuracy(model: LoopedLM, batch: ChainBatch, loops: Sequence[int]) ->
     for name in DEPTH_BUCKETS:
         table[f"depth {name}"] = by_bucket[name] if name in by_bucket else float("nan")
     return table
-
-
-@torch.no_grad()
-def state_changes(model: LoopedLM, ids: Tensor, num_loops: int, real: Tensor | None = None) -> np.ndarray:
-    """Median over positions of ||s(r) - s(r-1)|| / ||s(r)|| for r = 1..num_loops (index r - 1).
-
-    ``real`` (B, n) marks the positions to include (default: all).
-    """
-    if num_loops < 2:
-        raise ValueError(f"num_loops must be >= 2, got {num_loops}")
-    ids = ids.to(model.device)
-    positions = torch.arange(ids.shape[1], device=model.device)
-    router = CausalRouter()
-    embedded = model.embed(ids, positions, router)
-    state = model.initial_state(positions, ids.shape[0], tokens=ids)
-    keep = torch.ones_like(ids, dtype=torch.bool) if real is None else real.to(model.device)
-    medians = []
-    core = model.core_weights()
-    for r in range(1, num_loops + 1):
-        new = model.loop(state, embedded, positions, router, r, core)
-        change = (new - state).norm(dim=-1) / new.norm(dim=-1).clamp_min(1e-30)
-        medians.append(float(change[keep].double().median()))
-        state = new
-    return np.array(medians)
-
-
-@dataclass(frozen=True)
-class StateRho:
-    rho: float
-    c: float
-    loop_range: tuple[int, int]
-
-
-def fit_state_rho(changes: np.ndarray, loop_range: tuple[int, int] = (4, 16)) -> StateRho:
-    """Fit change_r = c rho^r over ``loop_range`` (inclusive) by least squares on the logs."""
-    lo, hi = loop_range
-    if not 1 <= lo < hi <= len(changes):
-        raise ValueError(f"loop_range must satisfy 1 <= start < end <= {len(changes)}, got {loop_range}")
-    r = np.arange(lo, hi + 1)
-    y = np.log(np.clip(changes[lo - 1:hi], 1e-300, None))
-    slope, intercept = np.polyfit(r, y, 1)
-    return StateRho(float(np.exp(slope)), float(np.exp(intercept)), (lo, hi))
