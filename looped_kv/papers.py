@@ -28,12 +28,15 @@ Conventions.
   context (a summary such as RIPE Table 1 or the abstract points there); the other places are noted in
   the comments. Two different quantities may share a printed value (RIPE's 2.24x is both Eq. (8)'s
   full-cache speed-up at eta = 1 and the fixed-memory total); each is held where it belongs.
-* Tables of results that the project uses are held whole (RIPE Table 1, a summary, only where it prints
-  something new). Of the running text and the figure captions, only the numbers the package, the tests
-  or the chapters use are held; the other tables (RIPE Tables 5 and 6, DAS Tables 2, 7, 8 and 10-14) are
-  not transcribed. Architectures (RIPE Sec. 2, DAS Table 3) and protocol settings (DAS Tables 4 and 5)
-  are configurations, not results: architectures live in ``looped_kv.runtime.config`` and the DAS-Wave
-  schedule in ``looped_kv.decoding.settings``.
+* Tables of results are held whole; a column that repeats another table is held there (RIPE Table 1's
+  results, DAS Table 7's Deep K/V columns, DAS Table 13's points). Of the running text and the figure
+  captions, the numbers the package, the tests or the chapters use are held, and the sections issue 40
+  asked for (RIPE Secs. 5.4 and 5.5) whole; DAS Tables 2, 11 and 12 are not transcribed. RIPE Table 6's
+  cells are held as printed with their numbers as fields (:class:`Prediction`), so each number is typed
+  once. Architectures (RIPE Sec. 2, DAS Table 3) and the DAS-Wave schedule (DAS Table 5) are
+  configurations, not results: they live in ``looped_kv.runtime.config`` and ``looped_kv.decoding.settings``.
+* Tiny model. The comment of a table or section added for issue 40 ends with whether the book's tiny model
+  can measure it, and on what machine.
 
 ``tests/test_papers.py`` fails if one of the distinctive values below is typed as a literal anywhere
 else in the package, the tests or the chapters, and checks constants against the papers' text.
@@ -41,6 +44,7 @@ else in the package, the tests or the chapters, and checks constants against the
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +72,28 @@ RIPE_TABLE_1: dict[str, Any] = {
     "KV memory, largest error (GB)": 0.005,  # "<= 0.005 GB (print precision); exact"
     "ripening, max |log err|, bf16": {HUGINN: 0.27, RAVEN_LLAMA: 0.19},  # "bf16 0.27 / 0.19"
     "acceptance, held-out error": 0.06,  # "within 6%"
+}
+
+#: RIPE Table 1, the other columns, by model in the printed order: form, "Fitted on", "Checked against" and "Check"
+#: (held out, in sample, partly held out, or theory), as printed. The numbers in these cells name data ("batch-6
+#: cells", "loops 8-31"); the Result column's numbers are :data:`RIPE_TABLE_1` and the sections it cites: peak memory
+#: :data:`RIPE_SEC_3_5_MEMORY`, sensitivity :data:`RIPE_SEC_3_1_SENSITIVITY`, ripening :data:`RIPE_TABLE_7`,
+#: deepest-plane error :data:`RIPE_SEC_3_2_EQ_6`, speed-up :data:`RIPE_SEC_3_4_SPEEDUP`.
+#: Tiny model: every row but peak memory can be refitted on it on a CPU (KV memory exactly, from the caches' bytes;
+#: sensitivity and ripening in chapters 2-3, Eq. (6) and acceptance in chapter 4, Eq. (8) with CPU timings); a CPU
+#: process's peak memory is not comparable with WaveFront's GPU emulator.
+RIPE_TABLE_1_COLUMNS = ("form", "fitted on", "checked against", "check")
+RIPE_TABLE_1_MODELS: dict[str, tuple[str, str, str, str]] = {
+    "KV memory": ("Eq. (3), (10)", "architecture only", "26 WaveFront cells; window extras (b. 8)", "held out"),
+    "Peak memory": ("cache + o0 + o1 B", "batch-6 cells", "batch-8 cells, other node, B ≤ 256", "held out"),
+    "Sensitivity": ("log KL = a + b[deep] + g log ∥δ∥", "region arms (pre-registered)", "second-order theory, g = 2",
+                    "theory"),
+    "Ripening": ("∆r = cρr ; bf16 adds ∆∞", "fp32 curve, loops 8–31", "fp32 curve; bf16 curve with one more parameter",
+                 "in sample"),
+    "Deepest-plane error": ("Eq. (6)", "sensitivity + ripening", "deepest-plane cache arm (fp32), not in the fit",
+                            "partly held out"),
+    "Acceptance": ("τ = (1 − αγ+1 )/(1 − α)", "batch-3 simulation", "batch-8 real decoder", "held out"),
+    "Speed-up": ("Eq. (8)", "one factor η, 24 timings", "the same timings, both caches", "in sample"),
 }
 
 # -- Section 3.1: sensitivity, Table 3 ---------------------------------------------------------------
@@ -264,17 +290,6 @@ RIPE_TABLE_2: dict[str, tuple[int, float, int, float]] = {
     "RIPE, W = 256": (843, 0.295, 127, 0.302),
 }
 
-#: RIPE Table 6 (the prediction ledger): the pre-registered thresholds that the book takes as the smallest effects
-#: of their claims. Printed: batch 8 "tokens per verification 3.0–3.6 (full), + ≥ 0.5 (shared)"; batch 6
-#: "shared ≥ 1.5×"; batch 9 "Raven: deep KV matters, deep coefficient ≥ 3 (bf16)"; batch 4 "reference asymmetry
-#: changes the ratio by > 10%". The block dependence threshold of batch 8 is :data:`RIPE_SEC_5_2`'s.
-RIPE_TABLE_6_THRESHOLDS: dict[str, float] = {
-    "tau gain of the deepest plane": 0.5,
-    "fixed-memory gain of one shared slot": 1.5,
-    "deep coefficient b": 3,
-    "reference asymmetry": 0.10,
-}
-
 #: RIPE Table 4 (Huginn-0125, batch 8, bf16 full-cache reference), by cache: tail positions (KL above
 #: the tail threshold), largest KL, top-1 flips, and extra MB over the deepest-plane cache at L = 1024
 #: (Eq. (10); "—" for the fp32 full cache). Sec. 5.1 repeats the tail counts 9 and 1 and the largest KLs.
@@ -315,12 +330,15 @@ RIPE_SEC_5_1: dict[str, Any] = {
 
 #: RIPE Sec. 5.2 (Huginn-0125, batch 8): the block dependence ratio of batched against sequential
 #: deepest-plane decoding over the same for the full cache [95% interval], its pre-registered threshold
-#: and label, and the batched trajectories equal to the sequential ones (equal, of).
+#: and label, and the batched trajectories equal to the sequential ones (equal, of); and batch 5's reproduction
+#: of WaveFront's Huginn speed-ups with its released code, without sharing and with one shared slot (at Table 8's
+#: acceptances 0.878 and 0.965).
 RIPE_SEC_5_2: dict[str, Any] = {
     "block dependence ratio": (1.37, 1.20, 1.62),
     "block dependence threshold": 2,
     "block dependence label": "indistinguishable from numerics",
     "batched trajectories equal": (28, 32),
+    "WaveFront speed-up, batch 5": {"unshared": 2.64, "one slot": 4.14},
 }
 
 #: RIPE Sec. 5.3 (fixed-memory throughput; batch 6 is in :data:`RIPE_SEC_3_5_FIXED_MEMORY`): batch 8's best
@@ -333,8 +351,191 @@ RIPE_SEC_5_3: dict[str, Any] = {
     "peak at B = 38 (GB)": 99.4,
 }
 
-#: RIPE Figure 4a caption: positions per model on the same 72 prompts.
+#: RIPE Figure 4a caption: positions per model on the same 72 prompts. Figure 4c (KL along the GSM8K problem that
+#: holds 5 of Huginn's 9 tail positions, :data:`RIPE_SEC_5_1`) prints no number of its own: Sec. 5.1 reads its peaks
+#: per window off :data:`RIPE_TABLE_4` ("W = 16 already cuts the peak to 0.97 and W = 64 to 0.13").
+#: Tiny model: Figure 4c can be measured on it on a CPU (teacher-forced replay of one generated text through W = 0,
+#: 16, 64, per-position KL against the full cache; ``looped_kv.analysis.ripe`` records it), on the text that holds
+#: most of its tail positions.
 RIPE_FIGURE_4: dict[str, Any] = {"positions": {HUGINN: 7130, RAVEN_LLAMA: 7647}, "prompts": 72}
+
+#: RIPE Sec. 5.4, per-head position filtering (batch 8, a per-head policy frozen from batch 1): unseen AlpacaEval
+#: texts, the budget (fraction of the prefix kept), filtering's KL over deepest-plane storage's, the ratio that says
+#: the two costs add, the per-head policy's cost over top-k's for every head [95% interval], the loops at which
+#: positions were selected, and the cost of selecting at the later loop as a fraction of the earlier.
+#: Tiny model: measurable on it on a CPU (2 heads, one core layer): freeze each head's positions from a shallow loop's
+#: attention on some texts, keep 10% of the prefix on unseen ones, and compare the first-decoded-position KL with
+#: the deepest plane's and with top-k; with two heads the per-head comparison has two values, not an interval.
+RIPE_SEC_5_4: dict[str, Any] = {
+    "texts": 64,
+    "budget": 0.10,
+    "KL over deepest-plane storage": 72,
+    "costs add, ratio": 0.88,
+    "per-head over top-k": (1.88, 1.65, 2.20),
+    "selection loops": (2, 4),
+    "later selection, cost fraction": 0.33,
+}
+
+#: RIPE Sec. 5.5, reproducibility on GH200: batch 4's same-process bf16 rerun of the full-cache reference (fraction
+#: of positions bitwise equal, mean KL, and that KL as a fraction of the bf16-to-fp32 floor, printed "about two
+#: thirds"), the cuDNN version batch 6b traced it to, the fraction bitwise equal with cuDNN attention disabled;
+#: WaveFront's decoder against its autoregressive baseline (identical texts, of problems; the same with cuDNN
+#: disabled or not), and the full cache's batched against sequential decoders in bf16 (equal trajectories, of).
+#: Tiny model: the cuDNN finding cannot be measured on a CPU, which has no cuDNN attention; on a CUDA GPU it can
+#: (``torch.backends.cuda.enable_cudnn_sdp`` on and off, bf16 reruns compared bitwise). The computation-shape finding
+#: can be measured on a CPU: the tiny model's full-cache batched and sequential decoders in bf16.
+RIPE_SEC_5_5: dict[str, Any] = {
+    "rerun bitwise equal": 0.30,
+    "rerun mean KL": 1.6e-4,
+    "rerun KL over the bf16-to-fp32 floor": (2, 3),
+    "cuDNN version": "9.24",
+    "bitwise equal, cuDNN off": 1.0,
+    "WaveFront identical texts": (31, 40),
+    "batched vs sequential equal, bf16": (20, 32),
+}
+
+
+# -- Appendices A and B: the batches (Table 5) and the prediction ledger (Table 6) -----------------------
+
+
+class _Printed(string.Formatter):
+    """Fills a printed cell: ``{i}`` prints a value as typed, ``{i:%}`` a fraction as percent digits (0.2 as 20)."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec == "%":
+            return f"{100 * value:g}"
+        return format(value, format_spec) if format_spec else str(value)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One row of RIPE Table 6: a batch's pre-registered prediction and its outcome.
+
+    ``prediction`` and ``outcome`` are the printed cells with their numbers as fields, filled from ``bounds`` (the
+    pre-registered numbers) and ``measured`` (the outcome's, taken from the section that reports them where one does).
+    """
+
+    batch: str
+    prediction: str
+    bounds: tuple[Any, ...]
+    outcome: str
+    measured: tuple[Any, ...] = ()
+
+    @property
+    def printed(self) -> tuple[str, str]:
+        """The prediction and outcome cells as printed."""
+        return _Printed().format(self.prediction, *self.bounds), _Printed().format(self.outcome, *self.measured)
+
+    @property
+    def held(self) -> bool | None:
+        """True if the printed outcome says "held", False if "failed", None where it is mixed."""
+        return True if self.outcome.startswith("held") else False if self.outcome.startswith("failed") else None
+
+
+_TAU_SIM = ripe_table_9("tau sim.")
+_ACCEPTANCE_D4 = RIPE_SEC_3_3_ACCEPTANCE["tau measured, 24 problems"]
+
+#: RIPE Table 6, all 35 pre-registered predictions and their outcomes, in the printed order. An outcome's numbers
+#: come from the section that reports them, except the ones printed only here (batch 1's 0.91, batch 4's 0.5-5%,
+#: batch 6's 8/8 with chance 13% and 32, batch 8's 0.94, batch 9's 0.98).
+#: Tiny model: a prediction's band applies to the tiny model's own measurement wherever that quantity exists on it
+#: (tau and its gain, the deep coefficient b in fp32 and bf16, first-position agreement, tail positions under a
+#: window, per-head filtering); the GPU rows (WaveFront, cuDNN, GH200 memory, batched throughput) cannot be measured
+#: on a CPU.
+RIPE_TABLE_6: tuple[Prediction, ...] = (
+    Prediction("1", "coverage rises with r", (), "held"),
+    Prediction("1", "head-median coverage at r = {0} in {1}–{2}", (4, 0.6, 0.85), "GSM8K above ({0}), AlpacaEval held",
+               (0.91,)),
+    Prediction("1", "shallow top-k above the static set by a margin", (),
+               "direction held; magnitude too small (“trivial” on GSM8K)"),
+    Prediction("2", "deep KV matters at matched size", (), "held (e{0} bf16, e{1} fp32)",
+               (RIPE_SEC_3_1_SENSITIVITY[HUGINN]["b, bf16"], RIPE_SEC_3_1_SENSITIVITY[HUGINN]["b"][0])),
+    Prediction("2", "compress-s4 first-position agreement ≥ {0}", (0.95,), "held ({0:.3f})",
+               (RIPE_TABLE_3["deepest plane"][1],)),
+    Prediction("3", "deepest-plane cache indistinguishable from a precision change", (),
+               "failed (“exceeds”, via the tail)"),
+    Prediction("3", "deepest-plane cache raises acceptance", (), "held ({0}→{1} at d = {2})",
+               (_TAU_SIM["full"][4], _TAU_SIM["deepest"][4], 4)),
+    Prediction("4", "reference asymmetry changes the ratio by > {0:%}%", (0.10,), "failed ({0:%}–{1:%}%)",
+               (0.005, 0.05)),
+    Prediction("4", "confirmatory set “intermediate”", (), "failed (“exceeds”, one prompt)"),
+    Prediction("4", "bf16 reruns bitwise identical", (), "failed ({0:%}% of positions)",
+               (RIPE_SEC_5_5["rerun bitwise equal"],)),
+    Prediction("5", "speed-up {0}–{1}× unshared, {2}–{3}× shared", (2, 3, 3.5, 5), "held ({0}×, {1}×)",
+               tuple(RIPE_SEC_5_2["WaveFront speed-up, batch 5"].values())),
+    Prediction("5", "WaveFront token-lossless (match ≥ {0})", (0.99,), "failed ({0}/{1} texts identical)",
+               RIPE_SEC_5_5["WaveFront identical texts"]),
+    Prediction("6", "bf16 rerun noise is real", (), "held"),
+    Prediction("6", "deterministic mode removes it", (), "failed"),
+    Prediction("6", "WaveFront still not lossless in deterministic mode", (),
+               "failed by rule ({0}/{1}; chance ≈{2:%}%)", (8, 8, 0.13)),
+    Prediction("6", "speed-up falls with batch size", (), "held"),
+    Prediction("6", "shared ≥ {0}× best lossless at {1} GB", (1.5, RIPE_SEC_3_5_MEMORY["budget (GB)"]), "held ({0}×)",
+               (RIPE_SEC_3_5_FACTORS["total"],)),
+    Prediction("6", "unshared runs out of memory between batch {0} and {1}", (24, 32), "failed ({0} fits)", (32,)),
+    Prediction("6b", "source is cuDNN attention", (), "held"),
+    Prediction("7", "reruns reproducible with cuDNN off", (), "held"),
+    Prediction("7", "ratios rise to {0}–{1} with cuDNN off", (2.5, 4), "failed (unchanged)"),
+    Prediction("7", "WaveFront {0}/{1} with cuDNN off", (40, 40), "failed ({0}/{1}, {0}/{1})",
+               RIPE_SEC_5_5["WaveFront identical texts"]),
+    Prediction("8", "batched deepest-plane verification \u0338= sequential (ratio {0}–{1})", (3, 30),
+               "failed ({0}, numerics)", (RIPE_SEC_5_2["block dependence ratio"][0],)),
+    Prediction("8", "batched verification closer to the full cache", (), "failed ({0})", (0.94,)),
+    Prediction("8", "tokens per verification {0}–{1} (full), + ≥ {2} (shared)", (3.0, 3.6, 0.5), "held ({0}, {1})",
+               (_ACCEPTANCE_D4["full"], _ACCEPTANCE_D4["deepest"])),
+    Prediction("8", "speed-up {0}–{1}× (full), {2}–{3}× (shared)", (1.5, 2.3, 2.0, 3.0), "held ({0}, {1})",
+               tuple(RIPE_SEC_3_4_SPEEDUP["measured"].values())),
+    Prediction("8", "window {0} removes most tail positions", (RIPE_TABLE_4_SETUP["windows"][1],), "held ({0:%}%)",
+               (RIPE_SEC_5_1["tail reduction W = 64"],)),
+    Prediction("8", "two planes remove {0:%}–{1:%}%", (0.2, 0.5), "failed (none)"),
+    Prediction("8", "per-head ≈ all top-k", (), "failed ({0}× worse)", (RIPE_SEC_5_4["per-head over top-k"][0],)),
+    Prediction("8", "filtering costs > {0}× sharing; costs add", (3,), "held ({0}, {1})",
+               (RIPE_SEC_5_4["KL over deepest-plane storage"], RIPE_SEC_5_4["costs add, ratio"])),
+    Prediction("8", "unshared OOM at batch {0}", (38,), "failed (fits)"),
+    Prediction("8", "shared/lossless ratio {0}–{1}", (2.4, 2.8), "failed ({0})",
+               (RIPE_SEC_5_3["batch 8, sharing gain"],)),
+    Prediction("9", "Raven: deep KV matters, deep coefficient ≥ {0} (bf16)", (3,), "held ({0})",
+               (RIPE_SEC_3_1_SENSITIVITY[RAVEN_LLAMA]["b, bf16"],)),
+    Prediction("9", "Raven: deepest-plane first-position agreement ≥ {0}", (0.95,), "held ({0})", (0.98,)),
+    Prediction("9", "Raven: deepest plane “exceeds”, more than on Huginn", (), "failed (indistinguishable, no tail)"),
+)
+
+
+def ripe_table_6(batch: str, prediction: str) -> Prediction:
+    """The row of :data:`RIPE_TABLE_6` of ``batch`` whose prediction template starts with ``prediction``."""
+    rows = [row for row in RIPE_TABLE_6 if row.batch == batch and row.prediction.startswith(prediction)]
+    if len(rows) != 1:
+        raise ValueError(f"{len(rows)} rows of RIPE Table 6 in batch {batch!r} start with {prediction!r}")
+    return rows[0]
+
+
+#: RIPE Table 6: the pre-registered thresholds that the book takes as the smallest effects of their claims, read off
+#: the ledger's rows: batch 8's "+ ≥ 0.5 (shared)", batch 6's "shared ≥ 1.5×", batch 9's "deep coefficient ≥ 3 (bf16)"
+#: and batch 4's "> 10%". The block dependence threshold of batch 8 is :data:`RIPE_SEC_5_2`'s.
+RIPE_TABLE_6_THRESHOLDS: dict[str, float] = {
+    "tau gain of the deepest plane": ripe_table_6("8", "tokens per verification").bounds[2],
+    "fixed-memory gain of one shared slot": ripe_table_6("6", "shared ≥").bounds[0],
+    "deep coefficient b": ripe_table_6("9", "Raven: deep KV matters").bounds[0],
+    "reference asymmetry": ripe_table_6("4", "reference asymmetry").bounds[0],
+}
+
+#: RIPE Table 5: the nine pre-registered batches (one GH200 each) by batch, as (question, pre-registered label), as
+#: printed. Batch 6's label repeats :data:`RIPE_TABLE_6_THRESHOLDS`' 1.5x.
+#: Tiny model: nothing to measure; the table says which batch backs which section, and the chapters run the questions
+#: of batches 2-4, 8 and 9 on the tiny model (batches 1, 5-7 need attention statistics at scale, WaveFront or a GPU).
+RIPE_TABLE_5: dict[str, tuple[str, str]] = {
+    "1": ("cross-depth attention affinity", "GSM8K trivial; AlpacaEval intermediate"),
+    "2": ("which loops’ prefix KV matter (Huginn)", "deep KV matters"),
+    "3": ("deepest plane in generation; acceptance", "exceeds precision change"),
+    "4": ("reference asymmetry; confirmation; tail", "asymmetry negligible; exceeds"),
+    "5": ("WaveFront baseline", "speed-ups in band"),
+    "6, 6b": ("reproducibility; fixed-memory frontier",
+              f"cuDNN is the source; shared ≥ {RIPE_TABLE_6_THRESHOLDS['fixed-memory gain of one shared slot']}×"),
+    "7": ("batches 3–5 with cuDNN off", "reproducible; unchanged"),
+    "8": ("batched verification; windows; per-head filtering; frontier",
+          "as numerics; window removes most; per-head worse"),
+    "9": ("Raven-Llama: region test; deepest plane vs. fp32", "deep KV matters; indistinguishable"),
+}
 
 
 # == DAS =================================================================================================
@@ -348,8 +549,20 @@ DAS_SEC_3_1_COSINE: dict[str, dict[str, float]] = {
 }
 
 #: DAS Table 3: the evaluated checkpoints' (prelude, shared core, coda) layers and recurrences R.
+#: Tiny model: an architecture, not a measurement; the tiny model cannot stand in for a checkpoint. Every row is a
+#: preset of ``looped_kv.runtime.config`` (Raven-TinyLlama's is :func:`~looped_kv.runtime.config.raven_tinyllama`,
+#: whose KV bytes follow from RIPE Eq. (3)); a GPU run loads the checkpoint itself.
 DAS_TABLE_3: dict[str, tuple[int, int, int, int]] = {
     HUGINN: (2, 4, 2, 32), RAVEN_LLAMA: (4, 6, 4, 32), RAVEN_OLMO: (4, 6, 4, 32), RAVEN_TINYLLAMA: (4, 8, 4, 32),
+}
+
+#: DAS Table 4 (Appendix A.1): generation cap (new tokens) and prompt convention by task, as printed.
+#: Tiny model: the real tasks' conventions (``looped_kv.workloads.formats`` formats GSM8K and MBPP this way for the
+#: checkpoints); the tiny model decodes generated workloads with caps of their own, so only their ratio to the
+#: answers' length carries over.
+DAS_TABLE_4: dict[str, tuple[int, str]] = {
+    "GSM8K": (512, "Eight-shot chain of thought"), "MATH-500": (1024, "Four-shot worked solutions"),
+    "HumanEval": (512, "Code completion"), "MBPP": (512, "Code completion"),
 }
 
 #: DAS Table 1: end-to-end decoding, by model, method and task: (mean throughput speed-up over paired
@@ -435,6 +648,48 @@ DAS_TABLE_6: dict[str, dict[str, tuple[float, float, float, float]]] = {
     },
 }
 
+#: DAS Table 7 (Appendix C.2): sequential Mature-Spec with Deep V prefix reads on the Raven checkpoints, by model and
+#: task: (mean speed-up, 95% low, high, accepted length A). The table's Deep K/V columns repeat the Mature-Spec rows
+#: of :data:`DAS_TABLE_1` (A) and :data:`DAS_TABLE_13` (speed-up [95% CI]), held there.
+#: Tiny model: measurable on a CPU (sequential self-speculation with Deep V and with Deep K/V reads, paired with AR);
+#: CPU timings give speed-ups of their own, the comparison of the two policies is what carries over.
+DAS_TABLE_7_COLUMNS = ("speed-up", "low", "high", "A")
+DAS_TABLE_7: dict[str, dict[str, tuple[float, float, float, float]]] = {
+    RAVEN_LLAMA: {"GSM8K": (3.39, 3.25, 3.51, 12.6), "MATH-500": (3.54, 3.36, 3.70, 13.4),
+                  "HumanEval": (3.34, 3.12, 3.53, 12.0), "MBPP": (3.72, 3.62, 3.81, 13.3)},
+    RAVEN_OLMO: {"GSM8K": (3.50, 3.36, 3.64, 13.0), "MATH-500": (3.55, 3.40, 3.69, 13.1),
+                 "HumanEval": (3.11, 2.87, 3.34, 10.9), "MBPP": (3.77, 3.67, 3.87, 13.4)},
+    RAVEN_TINYLLAMA: {"GSM8K": (3.66, 3.51, 3.79, 13.1), "MATH-500": (3.68, 3.55, 3.80, 13.1),
+                      "HumanEval": (3.47, 3.24, 3.70, 11.6), "MBPP": (3.94, 3.85, 4.02, 13.3)},
+}
+
+#: DAS Table 8 (Appendix C.3): fixed-setting component speed-ups (mean, 95% low, high) by model, (procedure, prefix
+#: policy) and task (GSM8K, MATH-500), measured in their own paired timing sessions; the points are Table 2's
+#: speed-ups (Sec. 4.3 quotes some). Sequential rows draft at depth 4; parallel + carry with Deep K/V is DAS-Wave.
+#: Tiny model: measurable on a CPU (chapter 6's carry/K/V factorial decodes these seven configurations), with CPU
+#: timings.
+DAS_TABLE_8_TASKS = ("GSM8K", "MATH-500")
+DAS_TABLE_8: dict[str, dict[tuple[str, str], tuple[tuple[float, float, float], tuple[float, float, float]]]] = {
+    HUGINN: {
+        ("Sequential", "Aligned"): ((1.54, 1.46, 1.63), (1.85, 1.69, 2.03)),
+        ("Sequential", "Deep K/V"): ((2.26, 2.16, 2.36), (2.42, 2.28, 2.56)),
+        ("Parallel, no carry", "Aligned"): ((0.65, 0.62, 0.68), (1.16, 0.93, 1.45)),
+        ("Parallel, no carry", "Deep K/V"): ((0.93, 0.89, 0.97), (1.06, 0.98, 1.15)),
+        ("Parallel + carry", "Aligned"): ((0.71, 0.68, 0.75), (1.20, 1.00, 1.45)),
+        ("Parallel + carry", "Deep V"): ((1.07, 1.02, 1.14), (1.66, 1.43, 1.94)),
+        ("Parallel + carry", "Deep K/V"): ((4.11, 3.90, 4.32), (4.63, 4.33, 4.94)),
+    },
+    RAVEN_LLAMA: {
+        ("Sequential", "Aligned"): ((3.12, 2.96, 3.28), (3.18, 3.00, 3.35)),
+        ("Sequential", "Deep K/V"): ((3.50, 3.38, 3.63), (3.67, 3.52, 3.81)),
+        ("Parallel, no carry", "Aligned"): ((2.13, 1.94, 2.34), (2.97, 2.57, 3.39)),
+        ("Parallel, no carry", "Deep K/V"): ((2.64, 2.44, 2.87), (3.34, 2.93, 3.75)),
+        ("Parallel + carry", "Aligned"): ((2.66, 2.42, 2.92), (3.16, 2.79, 3.55)),
+        ("Parallel + carry", "Deep V"): ((3.52, 3.26, 3.78), (4.52, 4.16, 4.88)),
+        ("Parallel + carry", "Deep K/V"): ((5.40, 5.14, 5.66), (5.99, 5.70, 6.29)),
+    },
+}
+
 #: DAS Table 9 (Appendix C.4): committed generation progress G by model and task, one value per cell of
 #: :data:`DAS_TABLE_9_CELLS` (carry, deep K, deep V), in the table's row order. The table's task headers
 #: are "GSM" and "MATH".
@@ -462,4 +717,68 @@ DAS_TABLE_9: dict[str, dict[str, tuple[float, ...]]] = {
 #: DAS Sec. C.4: the three-way interaction E_cKV (Eq. 11) in tokens, by (model, task).
 DAS_SEC_C_4_ECKV: dict[tuple[str, str], float] = {
     (HUGINN, "GSM8K"): 2.85, (RAVEN_LLAMA, "GSM8K"): 1.20, (HUGINN, "MATH-500"): 2.76, (RAVEN_LLAMA, "MATH-500"): 0.83,
+}
+
+#: DAS Table 10 (Appendix C.5): carried controls retuned independently on GSM8K, by model and prefix policy: verifier
+#: capacity gamma, refinement rounds J, recurrent updates per round k, speed-up and accepted length A.
+#: Tiny model: measurable in principle (a grid over gamma, J and k of carried Aligned and Deep V decoding, timed
+#: against AR); each cell is a timed decoding run, so a CPU chapter can afford a small grid only.
+DAS_TABLE_10_COLUMNS = ("gamma", "J", "k", "speed-up", "A")
+DAS_TABLE_10: dict[str, dict[str, tuple[int, int, int, float, float]]] = {
+    HUGINN: {"Aligned": (8, 4, 2, 1.49, 1.29), "Deep V": (32, 6, 2, 1.84, 2.28)},
+    RAVEN_LLAMA: {"Aligned": (16, 12, 1, 2.94, 5.40), "Deep V": (16, 12, 2, 3.70, 8.64)},
+}
+
+#: DAS Table 13 (Appendix E.1): 95% intervals (low, high) of the mean speed-ups of :data:`DAS_TABLE_1`, which holds the
+#: points, by model and method, one interval per task of :data:`DAS_TABLE_1_TASKS`. Token Recycling's come from a
+#: moving-block bootstrap over its request stream, the others from a paired prompt bootstrap.
+#: Tiny model: its own intervals come from ``looped_kv.analysis.fits.mean_speedup`` on CPU timings; the intervals
+#: themselves do not carry over.
+DAS_TABLE_13: dict[str, dict[str, tuple[tuple[float, float], ...]]] = {
+    HUGINN: {
+        "Lookahead": ((1.76, 1.90), (1.71, 1.98), (1.35, 1.68), (1.31, 1.51)),
+        "PLD": ((1.45, 1.66), (1.66, 2.24), (1.29, 1.99), (1.18, 1.55)),
+        "Token Recycling": ((2.72, 2.92), (2.69, 2.88), (2.43, 3.08), (2.39, 2.76)),
+        "SAM-Decoding": ((1.51, 1.77), (1.95, 3.20), (1.43, 2.79), (1.30, 1.72)),
+        "Self-speculative": ((1.63, 1.76), (1.73, 1.91), (1.53, 1.76), (1.71, 1.88)),
+        "Mature-Spec": ((2.16, 2.36), (2.27, 2.55), (2.17, 2.52), (2.18, 2.43)),
+        "DAS-Wave": ((3.91, 4.33), (4.33, 4.96), (3.62, 4.40), (3.88, 4.51)),
+    },
+    RAVEN_LLAMA: {
+        "Lookahead": ((1.63, 1.74), (1.46, 1.68), (1.24, 1.58), (1.37, 1.54)),
+        "PLD": ((1.29, 1.40), (1.62, 2.73), (1.34, 1.97), (1.75, 2.49)),
+        "Token Recycling": ((2.52, 2.67), (2.39, 2.60), (2.20, 2.66), (2.43, 2.57)),
+        "SAM-Decoding": ((1.47, 1.58), (1.73, 3.08), (1.41, 2.10), (1.99, 2.96)),
+        "Self-speculative": ((2.96, 3.28), (3.01, 3.37), (2.84, 3.29), (3.41, 3.64)),
+        "Mature-Spec": ((3.37, 3.62), (3.55, 3.83), (3.22, 3.64), (3.74, 3.92)),
+        "DAS-Wave": ((5.09, 5.62), (5.70, 6.31), (4.74, 5.68), (6.07, 6.49)),
+    },
+    RAVEN_OLMO: {
+        "Lookahead": ((1.79, 1.94), (1.58, 1.84), (1.17, 1.52), (1.67, 2.03)),
+        "PLD": ((1.36, 1.52), (1.70, 2.79), (1.25, 2.02), (1.77, 2.49)),
+        "Token Recycling": ((2.70, 2.92), (2.66, 2.92), (2.11, 2.65), (2.90, 3.42)),
+        "SAM-Decoding": ((1.55, 1.75), (1.52, 1.99), (1.41, 3.19), (1.61, 2.32)),
+        "Self-speculative": ((3.19, 3.43), (3.13, 3.46), (2.54, 3.10), (3.46, 3.72)),
+        "Mature-Spec": ((3.53, 3.73), (3.60, 3.86), (3.02, 3.48), (3.82, 3.97)),
+        "DAS-Wave": ((5.34, 5.74), (5.61, 6.31), (4.25, 5.40), (6.03, 6.64)),
+    },
+    RAVEN_TINYLLAMA: {
+        "Lookahead": ((1.86, 1.99), (1.41, 1.55), (1.37, 1.68), (1.53, 1.71)),
+        "PLD": ((1.71, 2.27), (1.36, 1.59), (1.97, 3.37), (1.92, 2.46)),
+        "Token Recycling": ((2.71, 2.86), (2.36, 2.54), (2.13, 2.66), (2.45, 2.63)),
+        "SAM-Decoding": ((1.70, 2.13), (1.49, 2.08), (2.08, 3.60), (2.12, 2.82)),
+        "Self-speculative": ((3.30, 3.58), (3.25, 3.58), (2.98, 3.53), (3.58, 3.84)),
+        "Mature-Spec": ((3.67, 3.90), (3.64, 3.90), (3.39, 3.86), (3.95, 4.12)),
+        "DAS-Wave": ((6.08, 6.60), (6.13, 6.65), (5.49, 6.52), (6.70, 7.20)),
+    },
+}
+
+#: DAS Table 14 (Appendix E.2, Huginn, GSM8K): sequential proposal cost by method: draft depth d, accepted length A,
+#: cumulative CUDA-event draft time per request (ms, prefill and verification excluded) and per token (ms).
+#: Tiny model: measurable on a CPU with wall-clock timers instead of CUDA events (draft time of self-speculation at
+#: d = 8 and Mature-Spec at d = 4); on a CPU a pass's cost grows with the tokens it carries, unlike RIPE Eq. (8)'s.
+DAS_TABLE_14_COLUMNS = ("draft d", "A", "draft ms/request", "ms/token")
+DAS_TABLE_14: dict[str, tuple[int, float, int, float]] = {
+    "Self-speculative": (8, 5.2, 4070, 50.7),
+    "Mature-Spec": (4, 5.1, 2293, 36.1),
 }

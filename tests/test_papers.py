@@ -27,28 +27,36 @@ from looped_kv.analysis.planes import TABLE3_POLICIES, table3_policies
 ROOT = Path(__file__).resolve().parent.parent
 PAPERS_MODULE = ROOT / "looped_kv" / "papers.py"
 
-#: Printed values that ``looped_kv/papers.py`` holds exactly once and nothing else may type.
+#: Printed values that ``looped_kv/papers.py`` holds exactly once and nothing else may type. A value that another
+#: quantity of the papers shares leaves the list (DAS Tables 8 and 13 print 1.07, 2.28, 2.52, ... as well as RIPE;
+#: RIPE Sec. 5.5's rerun KL is Table 7's 1.6e-4).
 DISTINCTIVE = (
     2788, 28.7,  # RIPE Sec. 2
-    2.52, 14.2, 15.8, 1.68, 1.97, 13.7, 2.06, 2.71,  # RIPE Sec. 3.1
+    14.2, 15.8, 13.7, 2.06,  # RIPE Sec. 3.1
     0.845, 0.935, 0.995,  # RIPE Table 3
     3.6e-6, 1.7e-6, 3.2e-6, 2.4e-9, 1.8e-8, 4.7e-9, 2.7e-8,  # RIPE Sec. 3.2, Eq. (6)
-    0.0072, 0.0115, 0.0116, 0.0192, 0.0162, 0.0048, 0.0101, 0.0047, 0.0098, 1.6e-4, 3.7e-4,  # RIPE Table 7
-    0.026, 3.34, 4.47, 3.61, 4.53,  # RIPE Sec. 3.3
+    0.0072, 0.0115, 0.0116, 0.0192, 0.0162, 0.0048, 0.0101, 0.0047, 0.0098, 3.7e-4,  # RIPE Table 7
+    0.026, 4.47, 3.61, 4.53,  # RIPE Sec. 3.3
     0.637, 0.805, 0.932, 0.928, 0.984, 2280, 1676, 1281, 1619, 1276, 1139,  # RIPE Table 9
-    2.46, 4.84, 2.44, 4.34, 3.41, 4.85, 0.62, 0.76, 0.42, 0.66,
-    1.07, 0.054, 2.58, 2.08, 1.98,  # RIPE Sec. 3.4
-    7.2, 0.0015, 2.25, 302, 218, 365, 487, 1.67,  # RIPE Sec. 3.5
+    4.84, 4.34, 4.85, 0.76, 0.42, 0.66,
+    0.054, 2.58,  # RIPE Sec. 3.4
+    0.0015, 2.25, 302, 218, 365, 487,  # RIPE Sec. 3.5
     449, 689, 612, 656,  # RIPE Table 8
     2855, 843, 0.295, 0.302, 0.119, 0.128,  # RIPE Table 2
     5.05, 5.03, 5.24, 670, 168,  # RIPE Table 4
-    2.28, 21.2, 6.4e-5, 8.2e-5, 0.74, 0.89,  # RIPE Sec. 5.1
-    1.37, 253, 572, 99.4, 7130, 7647,  # RIPE Secs. 5.2, 5.3 and Figure 4
+    21.2, 6.4e-5, 8.2e-5, 0.74,  # RIPE Sec. 5.1
+    253, 572, 99.4, 7130, 7647,  # RIPE Secs. 5.2, 5.3 and Figure 4
     0.57, 0.84, 0.96,  # DAS Sec. 3.1
-    4.12, 15.6, 4.64, 6.96,  # DAS Table 1
+    15.6, 4.64, 6.96,  # DAS Table 1
     0.4722, 0.8399, 0.6693, 0.6362, 0.9127, 0.4683, 0.6005,  # DAS Table 6
-    16.60, 18.30, 17.97, 19.88, 2.38, 3.14, 2.11, 3.99,  # DAS Table 9
-    2.85, 2.76, 0.83,  # DAS Sec. C.4
+    16.60, 18.30, 17.97, 19.88, 2.38, 3.14, 3.99,  # DAS Table 9
+    2.85, 0.83,  # DAS Sec. C.4
+    4.14, 0.91, 0.94,  # RIPE Sec. 5.2 (batch 5) and Table 6
+    3.54, 3.66, 3.94, 10.9, 11.6,  # DAS Table 7
+    0.65, 2.97, 4.11, 4.63, 5.99, 6.29,  # DAS Table 8
+    2.94, 8.64,  # DAS Table 10
+    3.91, 4.96, 5.09, 6.49, 6.64,  # DAS Table 13
+    4070, 2293, 50.7, 36.1,  # DAS Table 14
 )
 
 
@@ -379,3 +387,210 @@ def test_das_sections(das):
     assert f"from {pct(hug['Aligned'][0])}" in das and f"to {pct(hug['Deep V'][0])}" in das
     assert f"gives {pct(hug['Deep K'][0])}" in das
     assert f"from {pct(rav['Aligned'][0])}" in das and f"to {pct(rav['Deep V'][0])}" in das
+
+
+# -- issue 40: the tables and sections added ----------------------------------------------------------
+
+
+def _in_order(text: str, cells) -> bool:
+    """Whether ``cells`` occur in ``text`` one after another (columns of a table the extraction interleaves)."""
+    at = 0
+    for cell in cells:
+        at = text.find(cell, at)
+        if at < 0:
+            return False
+        at += len(cell)
+    return True
+
+
+def test_ripe_table_1(ripe):
+    """Every column of Table 1 in the printed order; the results rebuilt from the sections that hold them; the
+    held-out checks are the memory and acceptance models, as the conclusion says."""
+    table = _after(ripe, "Table 1. Post hoc models", "where F (p)")
+    assert _in_order(table, papers.RIPE_TABLE_1_MODELS)
+    for column in zip(*papers.RIPE_TABLE_1_MODELS.values(), strict=True):
+        assert _in_order(table, column), column
+    hug, rav = papers.RIPE_SEC_3_1_SENSITIVITY[papers.HUGINN], papers.RIPE_SEC_3_1_SENSITIVITY[papers.RAVEN_LLAMA]
+    t7 = {m: papers.RIPE_TABLE_7[m]["max |log residual|, fp32"] for m in (papers.HUGINN, papers.RAVEN_LLAMA)}
+    bf16 = papers.RIPE_TABLE_1["ripening, max |log err|, bf16"]
+    eq6, sp = papers.RIPE_SEC_3_2_EQ_6[papers.HUGINN], papers.RIPE_SEC_3_4_SPEEDUP
+    results = [f"≤ {100 * papers.RIPE_SEC_3_5_MEMORY['held-out error']:.2f}%",
+               f"g = {hug['g'][0]:.2f} / {rav['g'][0]} (fp32)",
+               f"max | log err| fp32 {t7[papers.HUGINN]} / {t7[papers.RAVEN_LLAMA]}, bf16 {bf16[papers.HUGINN]} / "
+               f"{bf16[papers.RAVEN_LLAMA]}",
+               f"{eq6['from the ripening curve'] * 1e6:.1f} × 10−6 vs. {eq6['deepest-plane arm, median'] * 1e6:.1f} × "
+               f"10−6 (factor {papers.RIPE_SEC_3_2_EQ_6_FACTOR})",
+               "{}/{} vs. {}/{}".format(*sp["model, fitted eta"].values(), *sp["measured"].values())]
+    assert _in_order(table, results)
+    held_out = {model for model, cells in papers.RIPE_TABLE_1_MODELS.items() if cells[-1] == "held out"}
+    assert held_out == {"KV memory", "Peak memory", "Acceptance"}
+    assert "the memory and accep-\n\ntance models predict held-out measurements" in ripe
+
+
+def test_ripe_table_5(ripe):
+    table = _after(ripe, "Table 5. Pre-registered batches", "P REDICTION LEDGER")
+    questions, labels = zip(*papers.RIPE_TABLE_5.values(), strict=True)
+    assert "\n\n".join([" ".join(papers.RIPE_TABLE_5), " ".join(questions), " ".join(labels)]) in table
+    assert len(papers.RIPE_TABLE_5) == 9 and "Nine pre-registered GPU batches back these results" in ripe
+
+
+def test_ripe_table_6(ripe):
+    """The ledger's three columns as printed (the extraction puts batch 1's rows apart from the others)."""
+    ledger = _after(ripe, "Table 6. Pre-registered predictions and outcomes", "F ITTED PARAMETERS")
+    rows = papers.RIPE_TABLE_6
+    first = [r for r in rows if r.batch == "1"]
+    rest = rows[len(first):]
+    predictions = [r.printed[0] for r in rows]
+    assert " ".join(r.batch for r in first) + "\n\n" + " ".join(predictions[:len(first)]) in ledger
+    assert " ".join(r.batch for r in rest) + "\n\n" + " ".join(predictions[len(first):]) in ledger
+    assert " ".join(r.printed[1] for r in rows) in ledger
+    assert len(rows) == 35 and {r.batch for r in rows} == {b for key in papers.RIPE_TABLE_5 for b in key.split(", ")}
+    assert papers.ripe_table_6("8", "window").printed == ("window 64 removes most tail positions", "held (89%)")
+    with pytest.raises(ValueError, match="0 rows"):
+        papers.ripe_table_6("8", "coverage")
+
+
+def test_ripe_table_6_outcomes_follow_from_the_printed_measurements():
+    """Where a prediction has a band and the outcome a measured value, the band decides the printed outcome."""
+
+    def within(value, low, high):
+        return low <= value <= high
+
+    def row(batch, start):
+        r = papers.ripe_table_6(batch, start)
+        return r.bounds, r.measured, r.held
+
+    rules = {
+        ("2", "compress-s4"): lambda b, m: m[0] >= b[0],
+        ("3", "deepest-plane cache raises"): lambda b, m: m[1] > m[0],
+        ("4", "reference asymmetry"): lambda b, m: max(m) > b[0],
+        ("4", "bf16 reruns"): lambda b, m: m[0] == 1,
+        ("5", "speed-up"): lambda b, m: within(m[0], b[0], b[1]) and within(m[1], b[2], b[3]),
+        ("5", "WaveFront token-lossless"): lambda b, m: m[0] / m[1] >= b[0],
+        ("6", "shared ≥"): lambda b, m: m[0] >= b[0],
+        ("6", "unshared runs out"): lambda b, m: not m[0] <= papers.RIPE_SEC_3_5_MEMORY["B_max"]["full"],
+        ("7", "WaveFront"): lambda b, m: m[0] / m[1] >= b[0] / b[1],
+        ("8", "batched deepest-plane"): lambda b, m: within(m[0], b[0], b[1]),
+        ("8", "tokens per verification"): lambda b, m: within(m[0], b[0], b[1]) and m[1] - m[0] >= b[2],
+        ("8", "speed-up"): lambda b, m: within(m[0], b[0], b[1]) and within(m[1], b[2], b[3]),
+        ("8", "window"): lambda b, m: m[0] > 0.5,
+        ("8", "per-head"): lambda b, m: within(1, *papers.RIPE_SEC_5_4["per-head over top-k"][1:]),
+        ("8", "filtering costs"): lambda b, m: m[0] > b[0],
+        ("8", "shared/lossless"): lambda b, m: within(m[0], b[0], b[1]),
+        ("9", "Raven: deep KV"): lambda b, m: m[0] >= b[0],
+        ("9", "Raven: deepest-plane first"): lambda b, m: m[0] >= b[0],
+    }
+    for (batch, start), rule in rules.items():
+        bounds, measured, held = row(batch, start)
+        assert rule(bounds, measured) is held, (batch, start)
+    # batch 8, two planes: Table 4's tail counts (9 with two planes, 9 without) remove none, outside 20-50%
+    table4 = papers.RIPE_TABLE_4
+    removed = 1 - table4["two planes (s8)"][0] / table4["deepest plane (W = 0)"][0]
+    assert removed == 0 and papers.ripe_table_6("8", "two planes").held is False
+    # batch 1: 0.91 lies above the 0.6-0.85 band (GSM8K), "AlpacaEval held": a mixed outcome
+    (_, _, high), (gsm8k,), held = row("1", "head-median")
+    assert gsm8k > high and held is None
+    # Table 5's labels and Sec. 5.1/5.2's agree with the ledger
+    assert papers.RIPE_TABLE_5["8"][1].startswith("as numerics") and "numerics" in papers.RIPE_SEC_5_2[
+        "block dependence label"]
+
+
+def test_ripe_sections_5_2_5_4_5_5_and_figure_4c(ripe):
+    text = re.sub(r"\s+", " ", ripe)
+    alphas = sorted({r.alpha for r in papers.RIPE_TABLE_8 if r.alpha is not None})
+    wave = papers.RIPE_SEC_5_2["WaveFront speed-up, batch 5"]
+    assert (f"speed-up {wave['unshared']}× at acceptance {alphas[0]} without sharing and {wave['one slot']}× at "
+            f"{alphas[1]} with one shared slot") in text
+    s54 = papers.RIPE_SEC_5_4
+    per_head, (early, late) = s54["per-head over top-k"], s54["selection loops"]
+    assert (f"tested it on {s54['texts']} unseen AlpacaEval texts at a budget of {s54['budget']:.0%} of the prefix: "
+            f"filtering costs {s54['KL over deepest-plane storage']} times more KL than deepest-plane storage, the two "
+            f"costs add (ratio {s54['costs add, ratio']}), and the per-head policy is {per_head[0]}× worse than top-k "
+            f"for every head [{per_head[1]}, {per_head[2]:.2f}]. Selecting at loop {late} instead of {early} cuts the "
+            f"cost to {s54['later selection, cost fraction']} of its value") in text
+    s55 = papers.RIPE_SEC_5_5
+    assert (f"matched bitwise at only {s55['rerun bitwise equal']:.0%} of positions, with mean KL "
+            f"{s55['rerun mean KL'] * 1e4:.1f} × 10−4 , about two thirds of the bf16-to-fp32 floor") in text
+    assert s55["rerun KL over the bf16-to-fp32 floor"] == (2, 3)
+    assert f"(cuDNN {s55['cuDNN version']})" in text
+    assert f"reruns are bitwise identical ({s55['bitwise equal, cuDNN off']:.0%} of positions" in text
+    assert "identical texts on {}/{} problems".format(*s55["WaveFront identical texts"]) in text
+    assert "agree on only {} of {} trajectories in bf16".format(*s55["batched vs sequential equal, bf16"]) in text
+    table4 = papers.RIPE_TABLE_4
+    assert (f"On the problem of Figure 4c, W = 16 already cuts the peak to {table4['RIPE, W = 16'][1]} and W = 64 to "
+            f"{table4['RIPE, W = 64'][1]}") in text
+    alpha4 = papers.ripe_table_9("alpha")
+    assert f"accept α4 = {alpha4['deepest'][4]:.2f} instead of {alpha4['full'][4]:.2f}" in text
+
+
+DAS_TABLE_3_NAMES = {papers.HUGINN: "Huginn-0125", papers.RAVEN_LLAMA: "Raven-Llama-3.2",
+                     papers.RAVEN_OLMO: "Raven-OLMo-2", papers.RAVEN_TINYLLAMA: "Raven-TinyLlama"}
+
+
+def test_das_tables_3_and_4(das):
+    table3 = _after(das, "Table 3: Evaluated recurrent-depth models.", "The main evaluation")
+    rows = papers.DAS_TABLE_3.items()
+    assert " ".join(f"{DAS_TABLE_3_NAMES[m]} {' '.join(map(str, row))}" for m, row in rows) in table3
+    table4 = _after(das, "Table 4: Prompt conventions and generation caps.", "All main latency")
+    assert " ".join(f"{task} {cap} {convention}" for task, (cap, convention) in papers.DAS_TABLE_4.items()) in table4
+    assert tuple(papers.DAS_TABLE_4) == papers.DAS_TABLE_1_TASKS
+
+
+def _ci(point: float, interval) -> str:
+    return f"{point:.2f}× [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def test_das_table_7(das):
+    """Deep V as held; the Deep K/V columns rebuilt from Table 13's intervals and Table 1's points and A."""
+    table = _after(das, "Table 7: Sequential mature-prefix policies", "C.3 Fixed-setting")
+    names = {papers.RAVEN_LLAMA: "Raven-Llama", papers.RAVEN_OLMO: "Raven-OLMo",
+             papers.RAVEN_TINYLLAMA: "Raven-TinyLlama"}
+    printed = []
+    for model, rows in papers.DAS_TABLE_7.items():
+        cells = []
+        for i, (task, (s, low, high, a)) in enumerate(rows.items()):
+            kv_s, kv_a = papers.DAS_TABLE_1[model]["Mature-Spec"][task]
+            kv_ci = papers.DAS_TABLE_13[model]["Mature-Spec"][i]
+            cells.append(f"{task} {_ci(s, (low, high))} {a:.1f} {_ci(kv_s, kv_ci)} {kv_a:.1f}")
+        printed.append(f"{names[model]} " + " ".join(cells))
+    assert " ".join(printed) in table
+    assert all(tuple(rows) == papers.DAS_TABLE_1_TASKS for rows in papers.DAS_TABLE_7.values())
+
+
+def test_das_table_8(das):
+    table = _after(das, "Table 8: Fixed-setting component speedups", "C.4 Complete")
+    names = {papers.HUGINN: "Huginn", papers.RAVEN_LLAMA: "Raven-Llama"}
+    printed = " ".join(f"{names[model]} " + " ".join(
+        f"{procedure} {prefix} " + " ".join(f"{_ci(s, (low, high))}" for s, low, high in cells)
+        for (procedure, prefix), cells in rows.items()) for model, rows in papers.DAS_TABLE_8.items())
+    assert printed in table
+    # Sec. 4.3 quotes the GSM8K points (Table 2's speed-ups); the extraction prints inline math twice
+    hug, rav = (papers.DAS_TABLE_8[m] for m in (papers.HUGINN, papers.RAVEN_LLAMA))
+    x = lambda row, i=0: f"{row[i][0]:.2f}×{row[i][0]:.2f}×"  # noqa: E731
+    assert f"speedup from {x(hug['Sequential', 'Aligned'])} to {x(hug['Sequential', 'Deep K/V'])}" in das
+    assert (f"runs at {x(hug['Parallel, no carry', 'Aligned'])}; Deep K/V without carry reaches "
+            f"{x(hug['Parallel, no carry', 'Deep K/V'])}, and carry with aligned reads reaches "
+            f"{x(hug['Parallel + carry', 'Aligned'])}, while their combination reaches "
+            f"{x(hug['Parallel + carry', 'Deep K/V'])}") in das
+    assert (f"reach {x(rav['Parallel, no carry', 'Deep K/V'])} and {x(rav['Parallel + carry', 'Aligned'])}, compared "
+            f"with {x(rav['Parallel + carry', 'Deep K/V'])}") in das
+    assert (f"give {x(hug['Parallel + carry', 'Aligned'])}, {x(hug['Parallel + carry', 'Deep V'])}, and "
+            f"{x(hug['Parallel + carry', 'Deep K/V'])} speedup") in das
+
+
+def test_das_tables_10_13_and_14(das):
+    table10 = _after(das, "Table 10: Independently retuned carried controls", "Appendix D")
+    printed = " ".join(f"{DAS_NAMES[model]} " + " ".join(
+        f"{policy} {g} {j} {k} {s:.2f}× {a:.2f}" for policy, (g, j, k, s, a) in rows.items())
+        for model, rows in papers.DAS_TABLE_10.items())
+    assert printed in table10
+    table13 = _after(das, "Table 13: Main-result uncertainty", "E.2 Sequential")
+    printed = " ".join(f"{DAS_NAMES[model]} " + " ".join(
+        f"{method} " + " ".join(_ci(papers.DAS_TABLE_1[model][method][task][0], ci)
+                                for task, ci in zip(papers.DAS_TABLE_1_TASKS, intervals, strict=True))
+        for method, intervals in rows.items()) for model, rows in papers.DAS_TABLE_13.items())
+    assert printed in table13
+    assert {m: tuple(r) for m, r in papers.DAS_TABLE_13.items()} == {m: tuple(r) for m, r in papers.DAS_TABLE_1.items()}
+    table14 = _after(das, "Table 14: Huginn/GSM8K sequential proposal-cost", "Draft d A")
+    assert "cumulative CUDA-event time spent on proposal construction per request" in table14
+    assert " ".join(f"{method} {' '.join(map(str, row))}" for method, row in papers.DAS_TABLE_14.items()) in das

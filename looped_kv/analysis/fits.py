@@ -32,7 +32,13 @@ ratio of RIPE Table 4 / Sec. 5.1, 0.11 [0.00, 0.20], from the per-prompt counts 
 (9 tail positions in 4 of 48 prompts, 5 in one, and W = 64 keeping one of those 5). Fits to the papers'
 measurements themselves (the rho, c and Delta_inf of Table 7, the coefficients of Sec. 3.1, the
 3.6e-6 of Eq. 6) need per-loop and per-text records that are not published; they are checked on
-synthetic data with known parameters instead.
+synthetic data with known parameters instead. The bf16 coefficients of Sec. 3.1 (e6.7, e3.8) lie below the
+fp32 intervals and above Table 6's pre-registered 3. DAS: every Table 1 point lies in its Table 13 interval;
+Table 7's Deep K/V (Table 1's Mature-Spec) beats Deep V in speed-up and A in all 12 rows; Table 8 has every
+ordering Sec. 4.3 states, with a carry x Deep K/V interaction of 4.1-4.2x on Huginn and 1.6-1.7x on Raven-Llama
+(S_both S_none / (S_carry S_KV)); where the component and main sessions time the same decoder (DAS-Wave,
+Mature-Spec, Raven's depth-4 self-speculation), each point lies in the other session's interval; Table 10's
+retuned controls beat the fixed-budget ones and stay below DAS-Wave.
 """
 
 from __future__ import annotations
