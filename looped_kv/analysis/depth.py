@@ -232,7 +232,7 @@ def state_changes(model: LoopedLM, ids: Tensor, num_loops: int, real: Tensor | N
     medians = []
     core = model.core_weights()
     for r in range(1, num_loops + 1):
-        new = model.loop(state, embedded, positions, router, r, core)
+        new = model.loop(state, embedded, positions, router, r, core, tokens=ids)
         change = (new - state).norm(dim=-1) / new.norm(dim=-1).clamp_min(1e-30)
         medians.append(float(change[keep].double().median()))
         state = new
