@@ -292,3 +292,25 @@ def test_the_analyses_that_run_loops_by_hand_give_parcae_its_token_ids(parcae):
     greedy = looped_kv.generate(model, list(ref["input_ids"][:, :6]), max_new_tokens=5, stop_at_eos=False)
     forced = force(model, list(greedy.tokens), [6, 6], make_policy("full", R), depths=(2, R), reads={"a": ALIGNED})
     assert (forced.hits[(R, "a")] == 4).all()
+
+
+@pytest.mark.parametrize("name, layers, width, params", [
+    ("parcae-140m", 2, 768, 140e6), ("parcae-370m", 4, 1024, 370e6), ("parcae-770m", 6, 1280, 770e6),
+    ("parcae-1.3b", 8, 1536, 1.3e9)])
+def test_presets_are_the_published_configs(name, layers, width, params):
+    """Each preset is the fixture's format at its published dimensions (the fixture's config with them reads back as
+    the preset), has the parameter count its name says (within 15%), and its full cache at R = 8 holds
+    b (2 + 8) n_layers bytes per token (Eq. 3)."""
+    from looped_kv.analysis.plan import parameter_count
+    from looped_kv.runtime.config import PRESETS
+
+    preset = PRESETS[name]()
+    raw = json.loads((FOLDER / "config.json").read_text()) | {
+        "n_embd": width, "num_attention_heads": width // 128, "num_key_value_heads": width // 128,
+        "intermediate_size": 4 * width, "recurrent_embedding_dimension": width,
+        "recurrent_intermediation_embedding_dimension": 4 * width, "n_layers_in_prelude": layers,
+        "n_layers_in_recurrent_block": layers, "n_layers_in_coda": layers, "vocab_size": 32768,
+        "padded_vocab_size": 32768, "block_size": 2048}
+    assert LoopedConfig.from_hf_dict(raw) == preset
+    assert abs(parameter_count(preset) / params - 1) < 0.15
+    assert m_full(preset, 1) == 2 * width * 2 * (2 + 8) * layers

@@ -462,6 +462,42 @@ def ouro_2_6b() -> LoopedConfig:
     return _ouro(48)
 
 
+def _parcae(width: int, layers: int) -> LoopedConfig:
+    return LoopedConfig(
+        family="parcae", vocab_size=32768, n_embd=width, n_heads=width // 128, n_kv_heads=width // 128,
+        n_prelude=layers, n_core=layers, n_coda=layers, intermediate_size=4 * width, block_size=2048, norm_eps=1e-5,
+        rope_base=50000.0, state_std=math.sqrt(2 / (5 * width)), mean_recurrence=8, mean_backprop_depth=4,
+    )
+
+
+def parcae_140m() -> LoopedConfig:
+    """SandyResearch's parcae-140m (Prairie et al., arXiv 2604.12946): 2/2/2 layers of width 768, 6 heads of 128
+    (as many KV heads), MLP 3072, vocabulary 32768, 2048 positions, norm eps 1e-5, rope base 50000, mean recurrence 8,
+    backprop depth 4, tied embeddings: ``parcae_lm/configs/parcae/parcae-small-140m.py`` of ``sandyresearch/parcae``
+    (commit dee8363), which the hub config.json repeats (fixtures/README.md, section parcae-tiny)."""
+    return _parcae(768, 2)
+
+
+def parcae_370m() -> LoopedConfig:
+    """parcae-370m: 4/4/4 layers of width 1024, 8 heads of 128, MLP 4096 (``parcae-medium-370m.py``; else as
+    :func:`parcae_140m`)."""
+    return _parcae(1024, 4)
+
+
+def parcae_770m() -> LoopedConfig:
+    """parcae-770m: 6/6/6 layers of width 1280, 10 heads of 128, MLP 5120 (``parcae-large-770m.py``; else as
+    :func:`parcae_140m`)."""
+    return _parcae(1280, 6)
+
+
+def parcae_1_3b() -> LoopedConfig:
+    """parcae-1.3b: 8/8/8 layers of width 1536, 12 heads of 128, MLP 6144 (``parcae-xlarge-1_3b.py``; else as
+    :func:`parcae_140m`)."""
+    return _parcae(1536, 8)
+
+
 #: The published architectures by name (``looped-kv memory --model``, ``plan``, the GPU checks).
 PRESETS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo,
-           "raven-tinyllama": raven_tinyllama, "ouro-1.4b": ouro_1_4b, "ouro-2.6b": ouro_2_6b}
+           "raven-tinyllama": raven_tinyllama, "ouro-1.4b": ouro_1_4b, "ouro-2.6b": ouro_2_6b,
+           "parcae-140m": parcae_140m, "parcae-370m": parcae_370m, "parcae-770m": parcae_770m,
+           "parcae-1.3b": parcae_1_3b}
