@@ -301,7 +301,7 @@ def model_name(config: LoopedConfig, source: str = "") -> str:
         return "tiny"
     shape = lambda c: (c.family, c.n_embd, c.n_heads, c.n_kv_heads, c.n_prelude, c.n_core, c.n_coda)  # noqa: E731
     for name, preset in PRESETS.items():
-        if shape(preset()) == shape(config):
+        if shape(preset()) == shape(config) and name in BY_CARD:  # (Parcae's presets have no profiles yet)
             return name
     if config.family == "ouro":
         return "ouro-1.4b" if config.n_core <= 24 else "ouro-2.6b"

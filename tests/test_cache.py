@@ -27,7 +27,7 @@ from looped_kv.runtime.config import raven_olmo
 from looped_kv.runtime.memory import layer_token_bytes
 from looped_kv.runtime.policy import make_prefix_reads
 
-FAMILIES = ["huginn", "raven", "raven-olmo", "ouro"]
+FAMILIES = ["huginn", "raven", "raven-olmo", "ouro", "parcae"]
 
 
 def per_token_kb(config, cache):

@@ -98,7 +98,8 @@ def test_checkpoint_of_no_family_is_refused(tmp_path):
                        {f"transformer.prelude.0.norm_{i}.weight": torch.ones(64) for i in (3, 4)})
     with pytest.raises(ValueError, match=r"tensors the 'raven-olmo' config does not describe: "
                                          r"\['transformer.prelude.0.norm_3.weight', 'transformer.prelude.0.norm_4"
-                                         r".weight'\] \(families: \('huginn', 'raven', 'raven-olmo', 'ouro'\)\)"):
+                                         r".weight'\] \(families: \('huginn', 'raven', 'raven-olmo', 'ouro', "
+                                         r"'parcae'\)\)"):
         load(folder)
 
 

@@ -91,9 +91,9 @@ def draft_readouts(model: LoopedLM, cache: PlaneCache, pending: Tensor, depths: 
         embedded = model.embed(pending, positions, router)
         state = model.initial_state(positions, pending.shape[0], last=router.last_position, tokens=pending)
         for r in range(1, max(depths) + 1):
-            state = model.loop(state, embedded, positions, router, r, core)
+            state = model.loop(state, embedded, positions, router, r, core, tokens=pending)
             if r in depths:
-                out[(r, spec)] = model.readout(state, positions, router)[:, -1].argmax(-1)
+                out[(r, spec)] = model.readout(state, positions, router, tokens=pending)[:, -1].argmax(-1)
     return out
 
 

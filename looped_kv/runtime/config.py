@@ -16,6 +16,11 @@ One dataclass covers the public families (the four checkpoints of the DAS paper)
   token embedding; every loop ends with the final norm, whose output is the next loop's input and
   what the head reads; blocks with a norm before and after each sublayer (four per block);
   rotate-half rotary; an exit gate per loop (:mod:`looped_kv.runtime.exit_gate`).
+* Parcae (``family="parcae"``, SandyResearch's parcae-140m ... -1.3b; config.json with ``_class_name:
+  "ParcaeConfig"`` and no ``model_type``): plain pre-norm blocks with a ReLU^2 MLP, ``ln_prelude`` after the
+  prelude, the diagonal injection s <- s exp(-dt A) + dt (e B^T) at every loop with no norm inside the loop, ``C``
+  after the last loop, adjacent-pair rotary followed by a parameter-free QK norm per head, and gated value
+  embeddings in every second layer.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Family = Literal["huginn", "raven", "raven-olmo", "ouro"]
-FAMILIES: tuple[str, ...] = ("huginn", "raven", "raven-olmo", "ouro")
+Family = Literal["huginn", "raven", "raven-olmo", "ouro", "parcae"]
+FAMILIES: tuple[str, ...] = ("huginn", "raven", "raven-olmo", "ouro", "parcae")
 NormLayout = Literal["sandwich", "pre-norm", "reordered", "peri-norm"]
 #: The ``auto_map`` an Ouro checkpoint's config.json carries (its remote-code files on the hub).
 OURO_AUTO_MAP = {"AutoConfig": "configuration_ouro.OuroConfig", "AutoModel": "modeling_ouro.OuroModel",
@@ -38,6 +43,18 @@ FLOAT_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "norm_eps": (lambda x: x > 0, "> 0"), "rope_base": (lambda x: x > 0, "> 0"),
     "embed_scale": (lambda x: x > 0, "> 0"), "state_std": (lambda x: x >= 0, ">= 0"),
     "exit_threshold": (lambda x: 0 <= x <= 1, "in [0, 1]")}
+#: What this runtime runs of a Parcae config.json: each field and its allowed values (the first is assumed when the
+#: field is absent). Every public Parcae checkpoint has these (fixtures/README.md, section parcae-tiny); anything else
+#: changes the forward (another block, injection, MLP or norm; an embedding or logit scale other than 1; a soft cap).
+PARCAE_FORMAT: dict[str, tuple[Any, ...]] = {
+    "_class_name": ("ParcaeConfig",), "model_class_name": ("Parcae",), "injection_type": ("diagonal",),
+    "block_class_name": ("TransformerPreNormBlock",), "norm_class_name": ("RMSNorm",), "mlp_class_name": ("BaseMLP",),
+    "nonlin_name": ("ReLU2",), "qk_norm": (True,), "qk_bias": (False,), "bias": (False,), "clip_qkv": (None,),
+    "logit_softcap": (None,), "prelude_norm": (True,), "state_init": ("like-init",),
+    "init_strategy": ("scaled-zero",), "mup_model_scaling_factor": (1,), "recurrent_num_attention_heads": (None,),
+}
+#: The width of the channels of a block's normed input that Parcae's value-embedding gate reads.
+PARCAE_GATE_CHANNELS = 32
 
 
 @dataclass(frozen=True)
@@ -89,6 +106,9 @@ class LoopedConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.family == "parcae" and self.n_embd < PARCAE_GATE_CHANNELS:
+            raise ValueError(f"a Parcae model's value-embedding gate reads {PARCAE_GATE_CHANNELS} channels: n_embd "
+                             f"must be >= {PARCAE_GATE_CHANNELS}, got {self.n_embd}")
         if self.family == "ouro" and (self.n_prelude or self.n_coda):
             raise ValueError(f"an Ouro model has no prelude or coda (the whole stack is the core): n_prelude and "
                              f"n_coda must be 0, got {self.n_prelude} and {self.n_coda}")
@@ -106,14 +126,51 @@ class LoopedConfig:
         ``"pre-norm"`` (Raven-Llama): ``x = x + attn(n1(x)); x = x + mlp(n2(x))``;
         ``"reordered"`` (Raven-OLMo, OLMo-2's norms on the sublayer outputs): ``x = x + n1(attn(x));
         x = x + n2(mlp(x))``; ``"peri-norm"`` (Ouro, a norm before and after each sublayer):
-        ``x = x + n2(attn(n1(x))); x = x + n4(mlp(n3(x)))``.
+        ``x = x + n2(attn(n1(x))); x = x + n4(mlp(n3(x)))``. Parcae's blocks are pre-norm.
         """
-        return {"huginn": "sandwich", "raven": "pre-norm", "raven-olmo": "reordered", "ouro": "peri-norm"}[self.family]
+        return {"huginn": "sandwich", "raven": "pre-norm", "raven-olmo": "reordered", "ouro": "peri-norm",
+                "parcae": "pre-norm"}[self.family]
 
     @property
     def qk_norm(self) -> bool:
         """Raven-OLMo: RMSNorm over the whole query and key projections, before the heads split and rotary."""
         return self.family == "raven-olmo"
+
+    @property
+    def qk_head_norm(self) -> bool:
+        """Parcae: a parameter-free RMS norm over head_dim of every query and key head, after the rotary."""
+        return self.family == "parcae"
+
+    @property
+    def diagonal_injection(self) -> bool:
+        """Parcae: each loop starts with s <- s exp(-dt A) + dt (e B^T) (no adapter), ``C`` maps s(R) to the coda, and
+        the prelude ends with ``ln_prelude``."""
+        return self.family == "parcae"
+
+    @property
+    def gated_mlp(self) -> bool:
+        """A SiLU-gated MLP (every family but Parcae, whose MLP is proj(0.5 relu(fc(x))^2))."""
+        return self.family != "parcae"
+
+    @property
+    def value_embeds(self) -> tuple[int, ...]:
+        """Parcae's value-embedding tables: layers e = 0..n_layers-1 (prelude, core, coda, each layer once) with
+        e = n_layers - 1 (mod 2), the last layer and every second one before it."""
+        if self.family != "parcae":
+            return ()
+        return tuple(e for e in range(self.n_layers) if e % 2 == (self.n_layers - 1) % 2)
+
+    def value_gate(self, stage: str, layer: int) -> bool:
+        """Whether a Parcae block has a value-embedding gate: its layer id (prelude i: i; core l: n_prelude + l;
+        coda i: n_prelude + n_core R + i, R the mean recurrence) is n_core mean_backprop_depth - 1 (mod 2)."""
+        if self.family != "parcae":
+            return False
+        first = {"prelude": 0, "core": self.n_prelude, "coda": self.n_prelude + self.n_core * self.mean_recurrence}
+        return (first[stage] + layer) % 2 == (self.n_core * self.mean_backprop_depth - 1) % 2
+
+    def value_embed_index(self, stage: str, layer: int) -> int:
+        """The layer's index e among prelude, core and coda counted once (its value-embedding table's key)."""
+        return {"prelude": 0, "core": self.n_prelude, "coda": self.n_prelude + self.n_core}[stage] + layer
 
     @property
     def norm_after_recurrence(self) -> bool:
@@ -150,6 +207,8 @@ class LoopedConfig:
         """
         if raw.get("model_type") == "ouro":
             return cls.from_ouro_dict(raw)
+        if "_class_name" in raw and "model_type" not in raw:
+            return cls.from_parcae_dict(raw)
         if raw.get("model_type") not in (None, "huginn_raven"):
             raise ValueError(f"config.json model_type must be 'huginn_raven' or 'ouro', got {raw.get('model_type')!r}")
         family = raw.get("looped_kv_family") or detect_family(raw, tensor_names)
@@ -229,6 +288,43 @@ class LoopedConfig:
             state_std=0.0, tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             mean_recurrence=loops, mean_backprop_depth=loops,
             exit_threshold=threshold, raw=raw,
+        )
+
+    @classmethod
+    def from_parcae_dict(cls, raw: dict[str, Any]) -> LoopedConfig:
+        """Read a Parcae checkpoint's ``config.json`` (``_class_name: "ParcaeConfig"``, no ``model_type``).
+
+        Anything outside :data:`PARCAE_FORMAT` is refused in one line naming the field and its allowed values (a
+        ``GPTConfig`` is a plain transformer), and so is a core of another width than the model's
+        (``recurrent_embedding_dimension``, ``recurrent_intermediation_embedding_dimension``), grouped-query heads,
+        and rotary other than ``rope_settings`` {use_rope true, rope_condense_ratio 1}. The initial state is
+        ``like-init``'s: a normal truncated at 3 std, std sqrt(2 / (5 n_embd)), the embedding scale being 1.
+        """
+        for key, allowed in PARCAE_FORMAT.items():
+            value = raw.get(key, allowed[0])
+            if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
+                raise ValueError(f"Parcae config.json {key} must be {' or '.join(map(repr, allowed))}, got {value!r}")
+        n_embd, inner = _integer(raw, "n_embd"), _integer(raw, "intermediate_size")
+        for key, value in (("recurrent_embedding_dimension", n_embd), ("recurrent_intermediation_embedding_dimension",
+                                                                       inner)):
+            if raw.get(key, value) != value:
+                raise ValueError(f"Parcae config.json {key} must equal {value} (the model's width), got {raw[key]!r}")
+        n_heads = _integer(raw, "num_attention_heads")
+        if raw.get("num_key_value_heads", n_heads) != n_heads:
+            raise ValueError(f"Parcae config.json num_key_value_heads must equal num_attention_heads ({n_heads}), "
+                             f"got {raw['num_key_value_heads']!r}")
+        rope = raw.get("rope_settings") or {}
+        if rope.get("use_rope", True) is not True or rope.get("rope_condense_ratio", 1) != 1:
+            raise ValueError(f"Parcae config.json rope_settings must have use_rope true and rope_condense_ratio 1, "
+                             f"got {rope!r}")
+        return cls(
+            family="parcae", vocab_size=_integer(raw, "padded_vocab_size"), n_embd=n_embd, n_heads=n_heads,
+            n_kv_heads=n_heads, n_prelude=_integer(raw, "n_layers_in_prelude"),
+            n_core=_integer(raw, "n_layers_in_recurrent_block"), n_coda=_integer(raw, "n_layers_in_coda"),
+            intermediate_size=inner, block_size=_integer(raw, "block_size"), norm_eps=float(raw.get("norm_eps", 1e-5)),
+            rope_base=float(rope.get("rope_base", 50000)), state_std=math.sqrt(2 / (5 * n_embd)),
+            tie_embeddings=bool(raw.get("tie_embeddings", True)), mean_recurrence=_integer(raw, "mean_recurrence"),
+            mean_backprop_depth=_integer(raw, "mean_backprop_depth"), raw=raw,
         )
 
     @classmethod
@@ -405,6 +501,42 @@ def ouro_2_6b() -> LoopedConfig:
     return _ouro(48)
 
 
+def _parcae(width: int, layers: int) -> LoopedConfig:
+    return LoopedConfig(
+        family="parcae", vocab_size=32768, n_embd=width, n_heads=width // 128, n_kv_heads=width // 128,
+        n_prelude=layers, n_core=layers, n_coda=layers, intermediate_size=4 * width, block_size=2048, norm_eps=1e-5,
+        rope_base=50000.0, state_std=math.sqrt(2 / (5 * width)), mean_recurrence=8, mean_backprop_depth=4,
+    )
+
+
+def parcae_140m() -> LoopedConfig:
+    """SandyResearch's parcae-140m (Prairie et al., arXiv 2604.12946): 2/2/2 layers of width 768, 6 heads of 128
+    (as many KV heads), MLP 3072, vocabulary 32768, 2048 positions, norm eps 1e-5, rope base 50000, mean recurrence 8,
+    backprop depth 4, tied embeddings: ``parcae_lm/configs/parcae/parcae-small-140m.py`` of ``sandyresearch/parcae``
+    (commit dee8363), which the hub config.json repeats (fixtures/README.md, section parcae-tiny)."""
+    return _parcae(768, 2)
+
+
+def parcae_370m() -> LoopedConfig:
+    """parcae-370m: 4/4/4 layers of width 1024, 8 heads of 128, MLP 4096 (``parcae-medium-370m.py``; else as
+    :func:`parcae_140m`)."""
+    return _parcae(1024, 4)
+
+
+def parcae_770m() -> LoopedConfig:
+    """parcae-770m: 6/6/6 layers of width 1280, 10 heads of 128, MLP 5120 (``parcae-large-770m.py``; else as
+    :func:`parcae_140m`)."""
+    return _parcae(1280, 6)
+
+
+def parcae_1_3b() -> LoopedConfig:
+    """parcae-1.3b: 8/8/8 layers of width 1536, 12 heads of 128, MLP 6144 (``parcae-xlarge-1_3b.py``; else as
+    :func:`parcae_140m`)."""
+    return _parcae(1536, 8)
+
+
 #: The published architectures by name (``looped-kv memory --model``, ``plan``, the GPU checks).
 PRESETS = {"huginn-0125": huginn_0125, "raven-llama": raven_llama, "raven-olmo": raven_olmo,
-           "raven-tinyllama": raven_tinyllama, "ouro-1.4b": ouro_1_4b, "ouro-2.6b": ouro_2_6b}
+           "raven-tinyllama": raven_tinyllama, "ouro-1.4b": ouro_1_4b, "ouro-2.6b": ouro_2_6b,
+           "parcae-140m": parcae_140m, "parcae-370m": parcae_370m, "parcae-770m": parcae_770m,
+           "parcae-1.3b": parcae_1_3b}

@@ -3,7 +3,9 @@
 Huginn-0125 and the Raven retrofits store the runtime's own tensor names (``transformer.prelude.0.attn.Wqkv``,
 ...). Ouro stores Hugging Face Llama-style names (``model.layers.0.self_attn.q_proj``, ...): :func:`ouro_layout`
 maps each runtime tensor to the Ouro tensors it is made of, for loading (:func:`from_ouro_tensors`) and saving
-(:func:`to_ouro_tensors`).
+(:func:`to_ouro_tensors`). Parcae stores the runtime's names but for separate query, key, value and output
+projections (``attn.c_q``, ``attn.c_k``, ``attn.c_v``, ``attn.c_proj``: :func:`parcae_layout`), in a
+``pytorch_model.bin`` (``torch.save`` of the state dict) that is read with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from looped_kv.runtime.model import LoopedLM, Rotary
 
 TINY_DIR = Path(__file__).parents[1] / "tiny"
 _IGNORED_KEYS = ("freqs_cis",)
+#: Parcae's weight files, in the order its loader (``parcae_lm.from_pretrained``) tries them; read only when a folder
+#: has no safetensors.
+PARCAE_WEIGHTS = ("pytorch_model.bin", "model.pt")
 # Names accepted for ``load(dtype=...)``: the torch float dtypes and their usual short forms. (book.DTYPES holds the
 # long names; it imports this module, so it cannot be imported from here.)
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -95,11 +100,23 @@ def _download(repo_id: str) -> Path:
 
     patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
     try:
-        return Path(snapshot_download(repo_id=repo_id, allow_patterns=patterns))
+        folder = Path(snapshot_download(repo_id=repo_id, allow_patterns=patterns))
+        if not any(folder.glob("*.safetensors")) and "_class_name" in _read_json(folder / "config.json"):  # Parcae
+            folder = Path(snapshot_download(repo_id=repo_id, allow_patterns=[*patterns, PARCAE_WEIGHTS[0]]))
+        return folder
     except RepositoryNotFoundError:
         raise FileNotFoundError(f"{where}, and the hub has no repository {repo_id!r} (or it is private)") from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
         raise FileNotFoundError(f"{where}, and the hub could not be reached ({type(error).__name__})") from None
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from ``path``; an empty one when it is absent or not an object (the loader then says why)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def _config_path(folder: Path) -> Path:
@@ -126,12 +143,15 @@ def load_state(folder: Path) -> dict[str, torch.Tensor]:
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors") if p.name != "reference.safetensors")
     if not files:
+        files = [name for name in PARCAE_WEIGHTS if (folder / name).is_file()][:1]
+    if not files:
         raise FileNotFoundError(f"{folder} is not a checkpoint folder: it has no model.safetensors (nor shards listed "
-                                f"by model.safetensors.index.json)")
+                                f"by model.safetensors.index.json, nor Parcae's {' or '.join(PARCAE_WEIGHTS)})")
     state: dict[str, torch.Tensor] = {}
     for name in files:
+        tensors = _read_parcae_weights(folder / name) if name in PARCAE_WEIGHTS else None
         try:
-            tensors = load_file(folder / name)
+            tensors = load_file(folder / name) if tensors is None else tensors
         except (SafetensorError, OSError) as error:
             raise ValueError(f"{folder / name} is not a readable safetensors file ({error})") from None
         for key, tensor in tensors.items():
@@ -140,6 +160,42 @@ def load_state(folder: Path) -> dict[str, torch.Tensor]:
                                  f"weights must be finite")
         state.update(tensors)
     return state
+
+
+def _read_parcae_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A Parcae ``pytorch_model.bin`` (a ``torch.save``d state dict) through ``torch.load(weights_only=True)``, which
+    unpickles tensors and containers only, never arbitrary objects; a file it refuses is a one-line ValueError."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # unpickling errors come in many types: one line naming the file
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"{path} is not a readable state dict for torch.load(weights_only=True) ({message})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path} must hold a state dict of tensors, got {type(state).__name__}")
+    return state
+
+
+def parcae_layout(config: LoopedConfig) -> dict[str, list[tuple[str, int]]]:
+    """Each runtime attention projection of a Parcae model and the Parcae tensors it is made of (name, rows): c_q,
+    c_k and c_v stacked into ``Wqkv``, c_proj as ``proj``. Every other tensor has the runtime's name."""
+    H, H_kv, D = config.n_heads, config.n_kv_heads, config.head_dim
+    layout = {}
+    for stage, count in (("prelude", config.n_prelude), ("core_block", config.n_core), ("coda", config.n_coda)):
+        for i in range(count):
+            attn = f"transformer.{stage}.{i}.attn"
+            layout[f"{attn}.Wqkv.weight"] = [(f"{attn}.c_q.weight", H * D), (f"{attn}.c_k.weight", H_kv * D),
+                                             (f"{attn}.c_v.weight", H_kv * D)]
+            layout[f"{attn}.proj.weight"] = [(f"{attn}.c_proj.weight", config.n_embd)]
+    return layout
+
+
+def from_parcae_tensors(config: LoopedConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Parcae checkpoint's tensors (checked by :func:`check_state`) under the runtime's names."""
+    layout = parcae_layout(config)
+    parts = {name for pieces in layout.values() for name, _ in pieces}
+    out = {key: value for key, value in state.items() if key not in parts}
+    out.update({ours: torch.cat([state[name] for name, _ in pieces]) for ours, pieces in layout.items()})
+    return out
 
 
 #: Ouro's four norms per layer and the runtime's names for them (:class:`~looped_kv.runtime.model.Block`, peri-norm).
@@ -188,6 +244,10 @@ def to_ouro_tensors(config: LoopedConfig, state: dict[str, torch.Tensor]) -> dic
 def _expected_shapes(model: LoopedLM) -> dict[str, tuple[int, ...]]:
     """The checkpoint's tensor names and shapes the config implies (for Ouro, its own names)."""
     ours = {key: tuple(t.shape) for key, t in model.state_dict().items()}
+    if model.config.family == "parcae":
+        layout = parcae_layout(model.config)
+        return {key: shape for key, shape in ours.items() if key not in layout} | {
+            name: (rows, *ours[key][1:]) for key, parts in layout.items() for name, rows in parts}
     if model.config.family != "ouro":
         return ours
     return {name: (rows, *ours[key][1:]) for key, parts in ouro_layout(model.config).items() for name, rows in parts}
@@ -241,7 +301,7 @@ def model_config(model: str, name: str = "model") -> LoopedConfig:
 
 def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
          device: str | torch.device | None = None) -> LoopedLM:
-    """Load a looped model in the public checkpoint format (config.json + safetensors).
+    """Load a looped model in the public checkpoint format (config.json + safetensors; Parcae: + pytorch_model.bin).
 
     ``source`` is ``"tiny"`` (the model shipped in the package), a local folder, or a hub id
     such as ``"tomg-group-umd/huginn-0125"``. The returned model is in eval mode and carries
@@ -262,13 +322,15 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
         raise ValueError(f"{folder}: {error}") from None
     if config.family == "ouro":
         state = from_ouro_tensors(config, state)
+    elif config.family == "parcae":
+        state = from_parcae_tensors(config, state)
     model.load_state_dict({key: value for key, value in state.items() if key not in _IGNORED_KEYS}, strict=False,
                           assign=True)
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
     model.rotary = Rotary(config)
     model = model.to(device=device, dtype=dtype).eval()
-    model.tokenizer = load_tokenizer(folder)
+    model.tokenizer = load_tokenizer(folder, parcae=config.family == "parcae")
     model.source = str(source)
     return model
 
@@ -280,6 +342,9 @@ def save(model: LoopedLM, folder: str | Path) -> Path:
     under its own tensor names; a tied head stored once) and the tokenizer, if the model carries one. A folder
     that already holds a config.json or model.safetensors is refused: nothing is overwritten.
     """
+    if model.config.family == "parcae":
+        raise ValueError("save writes the Huginn, Raven and Ouro formats; a Parcae model is loaded from its own "
+                         "checkpoint (config.json with _class_name ParcaeConfig, pytorch_model.bin) and not written")
     folder = Path(folder).expanduser()
     taken = [name for name in ("config.json", "model.safetensors") if (folder / name).exists()]
     if taken:
@@ -301,19 +366,36 @@ def save(model: LoopedLM, folder: str | Path) -> Path:
     return folder
 
 
-def load_tokenizer(folder: Path):
+#: The special tokens of Parcae's tokenizer (``scripts/tok_train.py`` of ``sandyresearch/parcae`` trains them into
+#: the vocabulary) and the role each plays in its code (``parcae_lm/tokenizer.py``: bos_id, eos_id, pad_id).
+PARCAE_SPECIAL_TOKENS = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
+
+
+def load_tokenizer(folder: Path, *, parcae: bool = False):
     """The folder's tokenizer through ``transformers``, or None when it has none; a ValueError naming the folder
-    when its tokenizer files cannot be read."""
+    when its tokenizer files cannot be read.
+
+    Parcae's hub repositories ship a ``tokenizer.json`` that its code reads with ``add_bos_token=False`` and
+    ``add_eos_token=False`` (so does this one: the file's own post-processor decides); a ``tokenizer.json`` alone
+    names no special-token roles, so with ``parcae`` each role the files leave unset is given the token that Parcae's
+    tokenizer training names for it (:data:`PARCAE_SPECIAL_TOKENS`), when that token is in the vocabulary.
+    """
     try:
         if (folder / "tokenizer.json").exists():
             from transformers import PreTrainedTokenizerFast
 
-            return PreTrainedTokenizerFast.from_pretrained(str(folder))
-        if (folder / "tokenizer_config.json").exists():
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
+        elif (folder / "tokenizer_config.json").exists():
             from transformers import AutoTokenizer
 
-            return AutoTokenizer.from_pretrained(str(folder))
+            tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        else:
+            return None
     except Exception as error:  # tokenizers and transformers raise many kinds: one line naming the folder instead
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(f"the tokenizer in {folder} cannot be read ({message})") from None
-    return None
+    if parcae:
+        vocabulary = tokenizer.get_vocab()
+        tokenizer.add_special_tokens({role: token for role, token in PARCAE_SPECIAL_TOKENS.items()
+                                      if getattr(tokenizer, role) is None and token in vocabulary})
+    return tokenizer

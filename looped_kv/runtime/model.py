@@ -1,10 +1,13 @@
-"""One looped-model implementation for Huginn-0125, the Raven retrofits (Llama, TinyLlama, OLMo-2) and Ouro.
+"""One looped-model implementation for Huginn-0125, the Raven retrofits (Llama, TinyLlama, OLMo-2), Ouro and Parcae.
 
 The pieces the papers talk about are methods: :meth:`LoopedLM.embed` (embedding and
 prelude P), :meth:`LoopedLM.loop` (one loop of the core B, writing plane r),
 :meth:`LoopedLM.readout` (coda C and head), and :meth:`LoopedLM.initial_state`. An Ouro
 model is the same pieces with an empty prelude and coda: its loop is the whole stack followed
-by the final norm, it starts from the token embedding, and its head reads the normed state.
+by the final norm, it starts from the token embedding, and its head reads the normed state. A
+Parcae model's loop starts with its diagonal injection instead of an adapter, and its readout
+maps the state with ``C`` before the coda; its value embeddings read the token ids, which its
+loop and readout are therefore given (``tokens``).
 Numerics follow the public reference code: RMSNorm and the Huginn rotary step run in
 float32 whatever the model dtype, so that float64 runs agree with the reference outputs
 to float64 rounding.
@@ -22,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from looped_kv.runtime.attention import CausalRouter, Router, Site, Stage
-from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.config import PARCAE_GATE_CHANNELS, LoopedConfig
 
 
 class Float16Overflow(ValueError):
@@ -66,12 +69,17 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding: adjacent pairs (Huginn), or rotate-half (Raven), with Llama-3 scaling when the
-    config has it (Raven-Llama; Raven-OLMo has none)."""
+    """Rotary position embedding: adjacent pairs (Huginn, Parcae), or rotate-half (Raven), with Llama-3 scaling when
+    the config has it (Raven-Llama; Raven-OLMo has none).
+
+    Adjacent pairs rotate the queries and keys rounded to float32 with the float32 table cast to the model's dtype
+    (as the model casts its buffers): Parcae's reference, whose ``freqs_cis`` buffer is cast with the model, so that
+    a float64 run multiplies in float64 and a bfloat16 run uses bfloat16-rounded cos/sin.
+    """
 
     def __init__(self, config: LoopedConfig) -> None:
         super().__init__()
-        self.interleaved = config.family == "huginn"
+        self.interleaved = config.family in ("huginn", "parcae")
         dim = config.head_dim
         inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
         if config.rope_scaling and config.rope_scaling.get("rope_type", config.rope_scaling.get("type")) == "llama3":
@@ -142,15 +150,21 @@ class AttentionWeights(NamedTuple):
     qk_bias: Tensor | None
     q_norm: Tensor | None
     k_norm: Tensor | None
+    ve_gate: Tensor | None = None  # Parcae's value-embedding gate, transposed (a view)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LoopedConfig) -> None:
+    """Self-attention; ``value_gate`` (Parcae) adds the gated value embedding of the tokens to the values."""
+
+    def __init__(self, config: LoopedConfig, value_gate: bool = False) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.chunks = [config.n_embd, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim]
         self.Wqkv = nn.Linear(config.n_embd, sum(self.chunks), bias=False)
         self.has_qk_bias, self.has_qk_norm, self.eps = config.qk_bias, config.qk_norm, config.norm_eps
+        self.has_head_norm, self.has_value_gate = config.qk_head_norm, value_gate
+        if value_gate:
+            self.ve_gate = nn.Linear(PARCAE_GATE_CHANNELS, self.n_kv_heads, bias=False)
         if config.qk_bias:
             self.qk_bias = nn.Parameter(torch.zeros(2, 1, self.n_heads, self.head_dim))
         if config.qk_norm:  # over all heads at once (n_heads x head_dim wide), not per head
@@ -160,12 +174,17 @@ class Attention(nn.Module):
 
     def weights(self) -> AttentionWeights:
         return AttentionWeights(self.Wqkv.weight.t(), self.proj.weight.t(), self.qk_bias if self.has_qk_bias else None,
-                                *((self.q_norm.weight, self.k_norm.weight) if self.has_qk_norm else (None, None)))
+                                *((self.q_norm.weight, self.k_norm.weight) if self.has_qk_norm else (None, None)),
+                                self.ve_gate.weight.t() if self.has_value_gate else None)
 
     def run(self, x: Tensor, w: AttentionWeights, rotary: Rotary, positions: Tensor, router: Router,
-            site: Site) -> Tensor:
+            site: Site, ve: Tensor | None = None) -> Tensor:
         """The attention sublayer on the B x n tokens ``x`` (B n, d) at ``positions`` (B, n) or (n,), with the block's
-        weights ``w``; ``router`` says what it reads."""
+        weights ``w``; ``router`` says what it reads.
+
+        ``ve`` (Parcae): the tokens' value embedding (B n, H_kv D), added to the values before the rotary with the
+        gate 2 sigmoid(x[:, :32] W_gate^T), one per key-value head. Parcae then normalises every query and key head
+        (an RMS norm without weight, eps the machine epsilon) after the rotary."""
         B, n = (x.shape[0] // positions.shape[0], positions.shape[0]) if positions.dim() == 1 else positions.shape
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = torch.mm(x, w.qkv)  # F.linear's own product, without its wrapper
@@ -176,9 +195,15 @@ class Attention(nn.Module):
             values = values.view(B, n, H_kv, D)
         else:  # queries and keys rotated together, heads side by side: the same arithmetic in fewer calls
             qk, values = qkv.view(B, n, H + 2 * H_kv, D).split_with_sizes([H + H_kv, H_kv], dim=2)
+            if ve is not None:
+                gate = 2 * torch.sigmoid(torch.mm(x[:, :PARCAE_GATE_CHANNELS], w.ve_gate))
+                values = values + gate.view(B, n, H_kv, 1) * ve.view(B, n, H_kv, D)
             if self.has_qk_bias:
                 qk = qk + w.qk_bias.view(H + H_kv, D)
-            queries, keys = rotary.rotate(qk, positions).split_with_sizes([H, H_kv], dim=2)
+            qk = rotary.rotate(qk, positions)
+            if self.has_head_norm:
+                qk = F.rms_norm(qk, (D,))
+            queries, keys = qk.split_with_sizes([H, H_kv], dim=2)
         y = router.attend(site, queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2))
         return torch.mm(y.transpose(1, 2).reshape(B * n, -1), w.proj)
 
@@ -200,6 +225,24 @@ class GatedMLP(nn.Module):
         return torch.mm(F.silu(gate) * up, w[1])
 
 
+class ReLU2MLP(nn.Module):
+    """Parcae's MLP: proj(relu2(fc(x))) with relu2(z) = 0.5 max(z, 0)^2 (the factor 0.5 is part of it), no gate."""
+
+    def __init__(self, config: LoopedConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def weights(self) -> tuple[Tensor, Tensor]:
+        """fc^T and proj^T (views), multiplied as ``x @ W^T``."""
+        return self.fc.weight.t(), self.proj.weight.t()
+
+    @staticmethod
+    def run(x: Tensor, w: tuple[Tensor, Tensor]) -> Tensor:
+        """The MLP on the tokens ``x`` (tokens, d)."""
+        return torch.mm(F.relu(torch.mm(x, w[0])).pow(2).mul(0.5), w[1])
+
+
 class BlockWeights(NamedTuple):
     """A block's parameters, read once per forward pass: a core block serves all R loops of it with one read."""
 
@@ -209,8 +252,8 @@ class BlockWeights(NamedTuple):
 
 
 class Block(nn.Module):
-    """Sandwich block (Huginn), pre-norm block (Raven), OLMo-2's reordered block (Raven-OLMo) or a norm before and
-    after each sublayer (Ouro): ``config.norm_layout``.
+    """Sandwich block (Huginn), pre-norm block (Raven, Parcae), OLMo-2's reordered block (Raven-OLMo) or a norm before
+    and after each sublayer (Ouro): ``config.norm_layout``; the MLP is SiLU-gated, or Parcae's ReLU^2.
 
     Its sublayers compute with :class:`BlockWeights` on the tokens as rows (``torch.mm`` with the transposed
     weights, which is what ``F.linear`` calls, and :func:`rms_norm`), not through module calls: the same arithmetic,
@@ -222,9 +265,12 @@ class Block(nn.Module):
         super().__init__()
         self.stage, self.layer, self.layout, self.eps = stage, layer, config.norm_layout, config.norm_eps
         self.norm_1 = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = Attention(config)
+        self.attn = Attention(config, config.value_gate(stage, layer))
         self.norm_2 = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = GatedMLP(config)
+        self.mlp = GatedMLP(config) if config.gated_mlp else ReLU2MLP(config)
+        index = config.value_embed_index(stage, layer)
+        #: Parcae: the key of the value-embedding table this block adds (where it has both the table and a gate)
+        self.value_embed = str(index) if self.attn.has_value_gate and index in config.value_embeds else None
         if self.layout in ("sandwich", "peri-norm"):
             self.norm_3 = RMSNorm(config.n_embd, config.norm_eps)
             self.norm_4 = RMSNorm(config.n_embd, config.norm_eps)
@@ -235,18 +281,21 @@ class Block(nn.Module):
         return BlockWeights(tuple(norm.weight for norm in norms), self.attn.weights(), self.mlp.weights())
 
     def forward(self, x: Tensor, rotary: Rotary, positions: Tensor, router: Router, loop: int = 0,
-                weights: BlockWeights | None = None) -> Tensor:
-        """The block on ``x`` (B, n, d); ``weights`` (default: read now) are :meth:`weights`."""
+                weights: BlockWeights | None = None, ve: Tensor | None = None) -> Tensor:
+        """The block on ``x`` (B, n, d); ``weights`` (default: read now) are :meth:`weights`; ``ve`` as in
+        :meth:`run`."""
         w = self.weights() if weights is None else weights
-        return self.run(x.flatten(0, 1), w, rotary, positions, router, loop).view(x.shape)
+        return self.run(x.flatten(0, 1), w, rotary, positions, router, loop, ve).view(x.shape)
 
-    def run(self, x: Tensor, w: BlockWeights, rotary: Rotary, positions: Tensor, router: Router, loop: int) -> Tensor:
+    def run(self, x: Tensor, w: BlockWeights, rotary: Rotary, positions: Tensor, router: Router, loop: int,
+            ve: Tensor | None = None) -> Tensor:
         """:meth:`forward` on the B x n tokens as rows, ``x`` (B n, d), with its weights read and without a module
-        call: the model's own passes call this (2-d products, as ``F.linear`` computes them, in one call each)."""
-        site, eps, norms = Site(self.stage, self.layer, loop), self.eps, w.norms
+        call: the model's own passes call this (2-d products, as ``F.linear`` computes them, in one call each).
+        ``ve`` (Parcae, a block with :attr:`value_embed`): the tokens' rows of its value-embedding table."""
+        site, eps, norms, mlp = Site(self.stage, self.layer, loop), self.eps, w.norms, self.mlp.run
 
         def attention(h: Tensor) -> Tensor:
-            return self.attn.run(h, w.attn, rotary, positions, router, site)
+            return self.attn.run(h, w.attn, rotary, positions, router, site, ve)
 
         if self.layout == "sandwich":
             x = rms_norm(x + attention(rms_norm(x, norms[0], eps)), norms[1], eps)
@@ -258,16 +307,35 @@ class Block(nn.Module):
             x = x + rms_norm(attention(rms_norm(x, norms[0], eps)), norms[1], eps)
             return x + rms_norm(GatedMLP.run(rms_norm(x, norms[2], eps), w.mlp), norms[3], eps)
         x = x + attention(rms_norm(x, norms[0], eps))
-        return x + GatedMLP.run(rms_norm(x, norms[1], eps), w.mlp)
+        return x + mlp(rms_norm(x, norms[1], eps), w.mlp)
+
+
+class DiagonalInjection(nn.Module):
+    """Parcae's input injection, per state channel: s <- s exp(-dt A) + dt (e B^T) with dt = softplus(``dt_bias``),
+    A = exp(``A_log``) and ``B`` stored as (state, n_embd), computed in the model's dtype."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.A_log = nn.Parameter(torch.zeros(dim))
+        self.dt_bias = nn.Parameter(torch.zeros(dim))
+        self.B = nn.Parameter(torch.eye(dim))
+
+    def weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(decay, dt, B^T): the decay exp(-dt A), the step dt and B transposed (a view)."""
+        dt = F.softplus(self.dt_bias)
+        return torch.exp(-dt * torch.exp(self.A_log)), dt, self.B.t()
 
 
 class CoreWeights(NamedTuple):
-    """The core's parameters for :meth:`LoopedLM.loop`: its blocks', the adapter's (None for Ouro) and the final
-    norm's (Ouro's loop ends with it)."""
+    """The core's parameters for :meth:`LoopedLM.loop`: its blocks', the adapter's (None for Ouro and Parcae), the
+    final norm's (Ouro's loop ends with it), Parcae's injection (:meth:`DiagonalInjection.weights`) and its core
+    blocks' value-embedding tables (None where a block has none)."""
 
     blocks: tuple[BlockWeights, ...]
     adapter: Tensor | None  # transposed (a view), multiplied as x @ W^T
     norm: Tensor
+    injection: tuple[Tensor, Tensor, Tensor] | None = None
+    value_embeds: tuple[Tensor | None, ...] = ()
 
 
 class LoopedLM(nn.Module):
@@ -276,6 +344,10 @@ class LoopedLM(nn.Module):
     Ouro (``config.looped_stack``): P and C are empty and s(0) = e, the token embedding; loop r is
     s(r) = norm(B(s(r-1))), with no input injection, and the head reads s(R) directly. Its exit gate
     (``transformer.exit_gate``) is read by :mod:`looped_kv.runtime.exit_gate`.
+
+    Parcae (``config.diagonal_injection``): e = ln_prelude(P(x)); loop r is s(r) = B(s(r-1) exp(-dt A) + dt e B^T),
+    with no norm; the readout is head(ln_f(C(W_C s(R)))), W_C being ``transformer.C``. The blocks with a gate add a
+    value embedding of the tokens (``value_embeds``), in every loop of the core.
     """
 
     def __init__(self, config: LoopedConfig) -> None:
@@ -283,7 +355,10 @@ class LoopedLM(nn.Module):
         self.config = config
         modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd),
                        prelude=nn.ModuleList(Block(config, "prelude", i) for i in range(config.n_prelude)))
-        if not config.looped_stack:  # Ouro has no input injection
+        if config.diagonal_injection:
+            modules.update(ln_prelude=RMSNorm(config.n_embd, config.norm_eps), adapter=DiagonalInjection(config.n_embd),
+                           C=nn.Linear(config.n_embd, config.n_embd, bias=False))
+        elif not config.looped_stack:  # Ouro has no input injection
             modules["adapter"] = nn.Linear(2 * config.n_embd, config.n_embd, bias=False)
         modules.update(core_block=nn.ModuleList(Block(config, "core", i) for i in range(config.n_core)),
                        coda=nn.ModuleList(Block(config, "coda", i) for i in range(config.n_coda)),
@@ -291,6 +366,10 @@ class LoopedLM(nn.Module):
         if config.exit_gate:
             modules["exit_gate"] = nn.Linear(config.n_embd, 1)
         self.transformer = nn.ModuleDict(modules)
+        if config.value_embeds:
+            kv_width = config.n_kv_heads * config.head_dim
+            self.value_embeds = nn.ModuleDict({str(e): nn.Embedding(config.vocab_size, kv_width)
+                                               for e in config.value_embeds})
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
@@ -309,33 +388,62 @@ class LoopedLM(nn.Module):
 
     # -- the pieces ------------------------------------------------------------------------------
     def embed(self, input_ids: Tensor, positions: Tensor, router: Router) -> Tensor:
-        """Embedding (times ``embed_scale``) and the prelude: e = P(x)."""
-        x = self.transformer.wte(input_ids)
+        """Embedding (times ``embed_scale``) and the prelude: e = P(x) (Parcae: then ``ln_prelude``)."""
+        t = self.transformer
+        x = t.wte(input_ids)
         if self.config.embed_scale != 1:
             x = x * self.config.embed_scale
         rotary, rows = self.rotary, x.flatten(0, 1)
-        for block in self.transformer.prelude:
-            rows = block.run(rows, block.weights(), rotary, positions, router, 0)
+        for block, ve in zip(t.prelude, self._value_rows(t.prelude, input_ids), strict=True):
+            rows = block.run(rows, block.weights(), rotary, positions, router, 0, ve)
+        if self.config.diagonal_injection:
+            rows = rms_norm(rows, t.ln_prelude.weight, self.config.norm_eps)
         return rows.view(x.shape)
 
+    def _value_rows(self, blocks: nn.ModuleList, tokens: Tensor | None,
+                    tables: tuple[Tensor | None, ...] | None = None) -> list[Tensor | None]:
+        """Per block, the rows (B n, H_kv D) of its value-embedding table at ``tokens`` (B, n), or None (Parcae; every
+        other family has none). ``tables`` are the blocks' tables if already read."""
+        tables = self.value_tables(blocks) if tables is None else tables
+        if not any(table is not None for table in tables):
+            return [None] * len(blocks)
+        if tokens is None:
+            raise ValueError("this Parcae model's value embeddings read the token ids: pass tokens (B, n)")
+        return [None if table is None else F.embedding(tokens.flatten(), table) for table in tables]
+
+    def value_tables(self, blocks: nn.ModuleList) -> tuple[Tensor | None, ...]:
+        """The value-embedding table of each of ``blocks`` (Parcae), None where it has none."""
+        return tuple(None if block.value_embed is None else self.value_embeds[block.value_embed].weight
+                     for block in blocks)
+
     def loop(self, state: Tensor, embedded: Tensor, positions: Tensor, router: Router, r: int,
-             weights: CoreWeights | None = None) -> Tensor:
-        """Loop r of the core: s(r) = B(adapter([s(r-1), e])), or Ouro's s(r) = ln_f(B(s(r-1))); its attention calls
-        write plane r. ``weights`` (default: read now) are :meth:`core_weights`, read once for many loops."""
-        return self.loops(state, embedded, positions, router, range(r, r + 1), weights)
+             weights: CoreWeights | None = None, *, tokens: Tensor | None = None) -> Tensor:
+        """Loop r of the core: s(r) = B(adapter([s(r-1), e])), Ouro's s(r) = ln_f(B(s(r-1))) or Parcae's
+        s(r) = B(s(r-1) exp(-dt A) + dt e B^T); its attention calls write plane r. ``weights`` (default: read now)
+        are :meth:`core_weights`, read once for many loops; ``tokens`` (B, n), the ids, are read by Parcae's value
+        embeddings only."""
+        return self.loops(state, embedded, positions, router, range(r, r + 1), weights, tokens=tokens)
 
     def loops(self, state: Tensor, embedded: Tensor, positions: Tensor, router: Router, loops: range,
-              weights: CoreWeights | None = None, finite: list[Tensor] | None = None) -> Tensor:
+              weights: CoreWeights | None = None, finite: list[Tensor] | None = None, *,
+              tokens: Tensor | None = None) -> Tensor:
         """:meth:`loop` for r in ``loops``, one after the other; ``finite`` (if given) collects, per loop, whether the
         state stayed finite (0-d bool tensors: no device sync)."""
         blocks, rotary, config = self.transformer.core_block, self.rotary, self.config
         w = self.core_weights() if weights is None else weights
-        pairs = tuple(zip(blocks, w.blocks, strict=True))
+        values = self._value_rows(blocks, tokens, w.value_embeds) if w.value_embeds else [None] * len(blocks)
+        triples = tuple(zip(blocks, w.blocks, values, strict=True))
         rows, embedded_rows = state.flatten(0, 1), embedded.flatten(0, 1)  # the B x n tokens as rows
+        if w.injection is not None:  # the same injected input dt (e B^T) at every loop
+            decay, dt, B_t = w.injection
+            injected = dt * torch.mm(embedded_rows, B_t)
         for r in loops:
-            x = rows if config.looped_stack else torch.mm(torch.cat([rows, embedded_rows], dim=-1), w.adapter)
-            for block, block_weights in pairs:
-                x = block.run(x, block_weights, rotary, positions, router, r)
+            if w.injection is not None:
+                x = rows * decay + injected
+            else:
+                x = rows if config.looped_stack else torch.mm(torch.cat([rows, embedded_rows], dim=-1), w.adapter)
+            for block, block_weights, ve in triples:
+                x = block.run(x, block_weights, rotary, positions, router, r, ve)
             rows = rms_norm(x, w.norm, config.norm_eps) if config.looped_stack else x
             if finite is not None:
                 finite.append(torch.isfinite(rows).all())
@@ -343,18 +451,23 @@ class LoopedLM(nn.Module):
 
     def core_weights(self) -> CoreWeights:
         """The core's parameters (:class:`CoreWeights`), read once per forward pass for all its loops."""
-        t = self.transformer
-        return CoreWeights(tuple(block.weights() for block in t.core_block),
-                           None if self.config.looped_stack else t.adapter.weight.t(), t.ln_f.weight)
+        t, config = self.transformer, self.config
+        blocks = tuple(block.weights() for block in t.core_block)
+        if config.diagonal_injection:
+            return CoreWeights(blocks, None, t.ln_f.weight, t.adapter.weights(), self.value_tables(t.core_block))
+        return CoreWeights(blocks, None if config.looped_stack else t.adapter.weight.t(), t.ln_f.weight)
 
-    def readout(self, state: Tensor, positions: Tensor, router: Router) -> Tensor:
-        """Coda and head: logits z = C(s(R)) (Ouro: the head on the normed state, z = head(s(R)))."""
+    def readout(self, state: Tensor, positions: Tensor, router: Router, *, tokens: Tensor | None = None) -> Tensor:
+        """Coda and head: logits z = C(s(R)) (Ouro: the head on the normed state, z = head(s(R)); Parcae: the coda
+        after ``transformer.C``, its value embeddings reading ``tokens`` (B, n))."""
         if self.config.looped_stack:
             return self._logits(self.lm_head(state), positions)
         t, eps, rotary, rows = self.transformer, self.config.norm_eps, self.rotary, state.flatten(0, 1)
         x = rms_norm(rows, t.ln_f.weight, eps) if self.config.norm_after_recurrence else rows
-        for block in t.coda:
-            x = block.run(x, block.weights(), rotary, positions, router, 0)
+        if self.config.diagonal_injection:
+            x = torch.mm(x, t.C.weight.t())
+        for block, ve in zip(t.coda, self._value_rows(t.coda, tokens), strict=True):
+            x = block.run(x, block.weights(), rotary, positions, router, 0, ve)
         logits = F.linear(rms_norm(x, t.ln_f.weight, eps), self.lm_head.weight)
         return self._logits(logits.view(*state.shape[:2], -1), positions)
 
@@ -372,9 +485,10 @@ class LoopedLM(nn.Module):
                       tokens: Tensor | None = None) -> Tensor:
         """The checkpoint's initial state s(0) of the tokens at ``positions``.
 
-        Huginn and Raven: a random draw from ``state_seed`` and each absolute position: a truncated normal
+        Huginn, Raven and Parcae: a random draw from ``state_seed`` and each absolute position: a truncated normal
         (std ``state_std``, cut at 3 std, times ``embed_scale``) as in the reference, but deterministic per
-        position, so that every decoder computing position t sees the state that sequential decoding sees.
+        position, so that every decoder computing position t sees the state that sequential decoding sees
+        (Parcae's reference, ``state_init`` like-init, draws it afresh from the global RNG on every call).
         One gather from a table of positions (built in chunks as positions grow); ``last`` (the largest
         position, if known on the host) spares a device sync; ``tokens`` is not read.
         Ouro: the embedding of ``tokens`` (B, n), which must be given.
@@ -453,13 +567,13 @@ class LoopedLM(nn.Module):
         state = self.resolve_state(initial_state, positions, B, last, embedded)
         stayed_finite = [] if state.dtype == torch.float16 else None  # float16 only: checked with one device sync
         state = self.loops(state, embedded, positions, router, range(first_loop, first_loop + num_loops),
-                           finite=stayed_finite)
+                           finite=stayed_finite, tokens=input_ids)
         if stayed_finite:  # before the readout, which checks the logits
             flags = torch.stack(stayed_finite).tolist()
             if not all(flags):
                 raise Float16Overflow(f"the state after loop {first_loop + flags.index(False)} (positions "
                                       f"{int(positions.min())}-{int(positions.max())})")
-        logits = self.readout(state, positions, router)
+        logits = self.readout(state, positions, router, tokens=input_ids)
         return (logits, state) if return_state else logits
 
     def resolve_state(self, initial_state: Tensor | str | None, positions: Tensor, batch: int,
