@@ -279,16 +279,14 @@ def test_a_random_parcae_model_runs_with_grouped_query_heads():
     assert model.config.n_kv_heads == 2 and model(ids, num_loops=3).shape == (2, 6, model.config.vocab_size)
 
 
-def test_the_analyses_that_run_loops_by_hand_give_parcae_its_token_ids(parcae):
-    """Teacher forcing's d-loop drafts and the state-change curve call the model's loop and readout themselves: on
-    Parcae they pass the token ids its value embeddings read, and a full-depth draft is the sequence's own token."""
-    from looped_kv.analysis.depth import state_changes
+def test_teacher_forcing_gives_parcae_its_token_ids(parcae):
+    """Teacher forcing's d-loop drafts call the model's loop and readout themselves: on Parcae they pass the token ids
+    its value embeddings read, and a full-depth draft is the sequence's own token."""
     from looped_kv.analysis.teacher_forcing import force
     from looped_kv.runtime.policy import ALIGNED
 
     model, ref = parcae
     R = model.config.mean_recurrence
-    assert state_changes(model, ref["input_ids"], R).shape == (R,)
     greedy = looped_kv.generate(model, list(ref["input_ids"][:, :6]), max_new_tokens=5, stop_at_eos=False)
     forced = force(model, list(greedy.tokens), [6, 6], make_policy("full", R), depths=(2, R), reads={"a": ALIGNED})
     assert (forced.hits[(R, "a")] == 4).all()
