@@ -153,7 +153,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ids = model.tokenizer(text, return_tensors="pt").input_ids.to(model.device)
     flags = {"exact": False if args.inexact else None, "carry": False if args.no_carry else None}
     options = {key: getattr(args, key) for key in ("num_loops", "window", "k", "sinks", "draft_loops", "gamma",
-                                                   "prefix_reads", "ngram", "rounds", "initial_width", "updates")}
+                                                   "prefix_reads", "ngram", "rounds", "initial_width", "updates",
+                                                   "temperature", "top_k", "top_p", "min_p", "seed")}
     out = generate(model, ids, method=args.method, cache=args.cache, max_new_tokens=args.max_new_tokens,
                    progress=args.progress, **options, **flags)
     completion = model.tokenizer.decode(out.new_tokens[0].tolist())
@@ -195,6 +196,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--initial-width", type=int, help=f"W_init (das-wave; default: {DasWave.initial_width})")
     p.add_argument("--updates", type=int, help=f"updates per round, DAS k (das-wave; default: {DasWave.updates})")
     p.add_argument("--no-carry", action="store_true", help="do not carry refined states (das-wave)")
+    p.add_argument("--temperature", type=float, help=f"sampling temperature (default: {Greedy.temperature}, greedy "
+                                                     f"decoding); every method samples exactly")
+    p.add_argument("--top-k", type=int, help="sample from the k most probable tokens")
+    p.add_argument("--top-p", type=float, help="sample from the most probable tokens whose mass reaches p")
+    p.add_argument("--min-p", type=float, help="sample from the tokens with at least min-p times the top probability")
+    p.add_argument("--seed", type=int, help="sampling seed (default: one drawn from torch's global generator)")
     p.add_argument("--json", action="store_true", help="print one JSON object (prompt, completion, stats)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     p.set_defaults(func=cmd_generate)

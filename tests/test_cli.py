@@ -246,6 +246,20 @@ def test_generate_text_in_text_out(model_source, capsys):  # noqa: F811
     assert "RIPE Proposition 1" in capsys.readouterr().err
 
 
+def test_generate_samples_with_a_seed(model_source, capsys):  # noqa: F811
+    """--temperature, --top-k/-p, --min-p and --seed reach every method: one seed, one completion."""
+    words = ["generate", "--model", model_source, "--method", "das-wave", "--gamma", "4", "--rounds", "2",
+             "--max-new-tokens", "8", "--temperature", "1.5", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.01",
+             "--json", "Question: Ava has 3 apples."]
+    completions = []
+    for seed in ("1", "1", "2"):
+        assert main([*words, "--seed", seed]) == 0
+        completions.append(json.loads(capsys.readouterr().out)["completion"])
+    assert completions[0] == completions[1] != completions[2]
+    assert main([*words[:-2], "--top-p", "0", words[-1]]) == 2
+    assert "top_p must be a number in (0, 1] or None, got 0.0" in capsys.readouterr().err
+
+
 def test_bench_prints_speedups_ceilings_and_the_mature_spec_verdicts(model_source, capsys):  # noqa: F811
     assert main(["bench", "--model", model_source, "--workloads", "problems", "--prompts", "2", "--max-new-tokens",
                  "4", "--methods", "ar", "self-spec", "mature-spec", "--quiet", "--modes", "eager"]) == 0

@@ -83,6 +83,18 @@ def test_compiled_passes_emit_the_eager_tokens(backend, model, method, cache):
         assert all(torch.equal(a, b) for a, b in zip(greedy.sequences, traced.sequences, strict=True))
 
 
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_compiled_passes_sample_the_eager_tokens(backend, model, method):
+    """Sampling (every processing option, one seed per row) on the compiled passes draws the eager run's tokens."""
+    ids = prompts(model)
+    options = dict(temperature=0.9, top_k=20, top_p=0.95, min_p=0.01, seed=[3, 8])
+    eager, traced = (run(model, ids, method, compile=c, **options) for c in (False, True))
+    assert all(torch.equal(a, b) for a, b in zip(eager.sequences, traced.sequences, strict=True)), method
+    assert traced.row_accepted == eager.row_accepted
+    greedy = run(model, ids, method)
+    assert any(not torch.equal(a, b) for a, b in zip(greedy.sequences, traced.sequences, strict=True))
+
+
 @pytest.mark.parametrize("method", ["ar", "das-wave"])
 def test_float32_passes_trace_whole_and_emit_the_eager_tokens(backend, model, method):
     """In float32 the eager step calls ops a trace can't hold (the fused norm): the traced step must not."""

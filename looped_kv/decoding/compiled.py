@@ -89,10 +89,11 @@ def _prefill(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int)
 
 
 def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor, previous: Tensor, width: Tensor,
-            lengths: Tensor, num_loops: int, planes: tuple, n: int) -> tuple[Tensor, Tensor]:
+            lengths: Tensor, num_loops: int, planes: tuple, n: int) -> tuple[Tensor, Tensor, Tensor]:
     """One DAS-Wave round over the first ``n`` positions after the anchor (``guesses`` (B, gamma + 1), ``carried``
     (B, gamma, n_embd)): positions < ``previous`` start from the ``carried`` states, the others from their initial
-    states; guesses and states are kept for positions < ``width``, the rest pass through unchanged."""
+    states; guesses and states are kept for positions < ``width``, the rest pass through unchanged. Returns them and
+    the round's logits (B, n, V)."""
     columns = torch.arange(n, device=guesses.device)
     positions = lengths[:, None] + columns
     fresh = model.initial_state(positions, guesses.shape[0], last=cache.capacity - 1, tokens=guesses[:, :n])
@@ -103,7 +104,8 @@ def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor
     active = columns < width
     head = torch.where(active, logits.argmax(-1), guesses[:, 1:n + 1])
     kept = torch.where(active[None, :, None], state, carried[:, :n])
-    return torch.cat([guesses[:, :1], head, guesses[:, n + 1:]], dim=1), torch.cat([kept, carried[:, n:]], dim=1)
+    return (torch.cat([guesses[:, :1], head, guesses[:, n + 1:]], dim=1), torch.cat([kept, carried[:, n:]], dim=1),
+            logits)
 
 
 #: Traces one compiled function may hold: one per capacity bucket, batch size, cache policy, read plan and (DAS-Wave)
@@ -183,8 +185,9 @@ class CompiledPasses(Passes):
         return logits
 
     def refine(self, guesses: Tensor, carried: Tensor | None, previous: int, width: int, num_loops: int, *,
-               reads: PrefixReads, first_loop: int) -> tuple[Tensor, Tensor]:
-        """One DAS-Wave round (:func:`~looped_kv.decoding.das_wave.wave`): (guesses (B, gamma + 1), states).
+               reads: PrefixReads, first_loop: int) -> tuple[Tensor, Tensor, Tensor]:
+        """One DAS-Wave round (:func:`~looped_kv.decoding.das_wave.wave`): (guesses (B, gamma + 1), states, the
+        logits of its first :func:`refined_width` positions).
 
         The round runs the first :func:`refined_width` positions, so rounds of nearby widths share a trace and the
         positions past the bucket, inactive and read by no active one, cost nothing."""

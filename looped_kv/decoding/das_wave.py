@@ -15,7 +15,9 @@ pending token at position L):
    verified planes; the last emitted token becomes the next anchor. Rows commit their own counts.
 
 Because the verifier is the unchanged target, the output equals greedy full-depth decoding
-(DAS Proposition 1) whatever the proposal settings.
+(DAS Proposition 1) whatever the proposal settings. Under sampling the proposals are drawn from the last
+round's readout, the wave's draft distribution q, and the speculative sampling rule keeps the target's
+distribution (:mod:`looped_kv.decoding.sampling`).
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from torch import Tensor
 from looped_kv.decoding.core import accept
 from looped_kv.decoding.loop import Drafter, Outcome, Proposal
 from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.sampling import Sampler
 from looped_kv.decoding.speculative import check_reads, check_speculation
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads
 
 DEEP_KV = PrefixReads("deep", "deep")
+GREEDY = Sampler()
 
 
 def check_wave(gamma: int, rounds: int, initial_width: int, updates: int) -> None:
@@ -53,42 +57,47 @@ def proposal_width(gamma: int, rounds: int, initial_width: int) -> int:
 
 
 def wave(passes: Passes, anchor: Tensor, *, gamma: int, rounds: int, initial_width: int, updates: int, carry: bool,
-         reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
-    """Carried parallel refinement (DAS Eq. 5-6) of B rows; returns the proposals y_1..y_w (B, w).
+         reads: PrefixReads, trace: list[Tensor] | None = None,
+         sampler: Sampler = GREEDY) -> tuple[Tensor, Tensor | None]:
+    """Carried parallel refinement (DAS Eq. 5-6) of B rows; returns the proposals y_1..y_w (B, w) and their
+    distributions q (B, w, V) (None when greedy).
 
     Round j refines the first W_j = min(gamma, W_init + j) positions with k updates, reading the prefix per
     ``reads`` and each other's current keys/values (nothing is stored); position i's readout updates guess
     i + 1. Compiled passes run a bucket of W_j positions (the inactive ones after the active ones, so
     that no active position reads them), and keep only the active positions' guesses and states. With
-    ``trace``, each round's guesses after its readout (B, W_j) are appended to it.
+    ``trace``, each round's guesses after its readout (B, W_j) are appended to it. The rounds refine greedily; under
+    sampling the last round's readout is the draft distribution q, and the proposals are drawn from it.
     """
     guesses = anchor.expand(-1, gamma + 1).clone()  # guesses[:, i] conditions position L + i
     states: Tensor | None = None
-    previous = 0
+    previous, q = 0, None
     for j in range(rounds):
         width = min(gamma, initial_width + j)
         first_loop = 1 + (j * updates if carry else 0)
         if passes.static:
-            guesses, states = passes.refine(guesses, states if carry else None, previous if carry else 0, width,
-                                            updates, reads=reads, first_loop=first_loop)
+            guesses, states, logits = passes.refine(guesses, states if carry else None, previous if carry else 0,
+                                                    width, updates, reads=reads, first_loop=first_loop)
         else:
             fresh = passes.initial_state(guesses[:, :width])
             if carry and states is not None:  # only newly active positions start from the initial state
                 fresh[:, :states.shape[1]] = states
             logits, states = passes.run(guesses[:, :width], updates, reads=reads, state=fresh, first_loop=first_loop)
             guesses[:, 1:width + 1] = logits.argmax(-1)  # shifted readout
-            del logits  # not held through the next round's pass
+        if j == rounds - 1 and not sampler.greedy:
+            guesses[:, 1:width + 1], q = sampler.draft(logits[:, :width], 1)
+        del logits  # not held through the next round's pass
         previous = width
         if trace is not None:
             trace.append(guesses[:, 1:width + 1].clone())
-    return guesses[:, 1:width + 1]
+    return guesses[:, 1:width + 1], q
 
 
 def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, gamma: int, rounds: int, initial_width: int,
            updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
     """:func:`wave` with eager block passes on ``cache`` (each row's anchor x_t pending at position L)."""
     return wave(Passes(model, cache, None, into_cache=False), anchor, gamma=gamma, rounds=rounds,
-                initial_width=initial_width, updates=updates, carry=carry, reads=reads, trace=trace)
+                initial_width=initial_width, updates=updates, carry=carry, reads=reads, trace=trace)[0]
 
 
 class WaveDrafts(Drafter):
@@ -109,8 +118,9 @@ class WaveDrafts(Drafter):
         check_speculation(policy, self.gamma, self.exact)
         check_reads(policy, self.reads)
 
-    def propose(self, passes: Passes, pending: Tensor) -> Proposal:
-        return Proposal(wave(passes, pending, **self.schedule, reads=self.reads))
+    def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
+        tokens, q = wave(passes, pending, **self.schedule, reads=self.reads, sampler=sampler)
+        return Proposal(tokens, q=q)
 
     def tokens_to_verify(self, pending: Tensor, proposal: Proposal) -> Tensor:
         return torch.cat([pending, proposal.tokens[:, :-1]], dim=1)

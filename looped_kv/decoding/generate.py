@@ -11,6 +11,7 @@ from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_chunk
 from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
 from looped_kv.decoding.loop import Drafter, Observer, decode
+from looped_kv.decoding.sampling import Sampler, row_seeds
 from looped_kv.decoding.settings import DasWave, Decoding, MatureSpec, PromptLookup, SelfSpec, method_config
 from looped_kv.decoding.speculative import LoopDrafts
 from looped_kv.runtime.model import LoopedLM
@@ -30,7 +31,8 @@ def drafter(config: Decoding, num_loops: int) -> Drafter | None:
 
 def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Decoding | None = None, *,
              observer: Observer | None = None, **options: object) -> Generation:
-    """Generate greedily with a looped model from one prompt or a batch; every method returns a :class:`Generation`.
+    """Generate with a looped model from one prompt or a batch, greedily or sampled; every method returns a
+    :class:`Generation`.
 
     ``input_ids``: a (B, n) or (n,) integer tensor, or a list of prompts of different lengths. Rows are decoded
     together and each row emits exactly what it would emit alone.
@@ -65,6 +67,12 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     decodes a large batch in row chunks of at most that many rows (one chunk's cache in memory at a time); the rows
     emit the same tokens either way. An option the method does not take is refused; ``observer``
     (:class:`~looped_kv.decoding.loop.Observer`) sees every verification.
+
+    Every method samples with ``temperature`` > 0 (default 0: greedy decoding), ``top_k``, ``top_p`` and ``min_p``,
+    with randomness from ``seed`` (an int s: row i draws with seed s + i; or one per prompt): a row emits the same
+    tokens in any batch, chunk or compiled run as alone with its seed. Speculative methods sample exactly from the
+    verifier's distribution (speculative sampling, Leviathan et al. 2023; Chen et al. 2023), n-gram drafts as point
+    masses and DAS-Wave's drafts from its wave's last readout (:mod:`looped_kv.decoding.sampling`).
     """
     if config is None:
         config = method_config(options.pop("method", None) or "ar", **options)
@@ -76,12 +84,15 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     policy = config.check(model.config.block_size, model.config.mean_recurrence)
     draft = drafter(config, policy.num_loops)
     prompts, budgets = check_prompts(model, input_ids, config.max_new_tokens, 0 if draft is None else draft.lookahead)
+    seeds = [] if config.temperature == 0 else row_seeds(config.seed, len(prompts))
     chunks = row_chunks(len(prompts), config.rows_per_chunk)
     if len(chunks) > 1:
         return Generation.concat([generate(model, prompts[rows], replace(config, max_new_tokens=budgets[rows],
+                                                                         seed=seeds[rows] or None,
                                                                          rows_per_chunk=None), observer=observer)
                                   for rows in chunks])
     eos = eos_id(model, config.eos_token_id, config.stop_at_eos)
+    sampler = Sampler(config.temperature, config.top_k, config.top_p, config.min_p, seeds)
     return decode(model, prompts, budgets, policy=policy, drafter=draft, eos=eos, compile=config.compile,
-                  progress=config.progress, observer=observer)
+                  progress=config.progress, observer=observer, sampler=sampler)
 

@@ -9,6 +9,7 @@ from torch import Tensor
 from looped_kv.decoding.core import accept
 from looped_kv.decoding.loop import Drafter, Outcome, Proposal
 from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.sampling import Sampler
 from looped_kv.decoding.speculative import check_speculation
 from looped_kv.runtime.policy import CachePolicy
 
@@ -25,8 +26,8 @@ def lookup_drafts(context: list[int], gamma: int, ngram: int) -> list[int]:
 
 class NgramDrafts(Drafter):
     """Up to gamma drafts per row copied from its own context; rows whose drafts are shorter verify only what they
-    drafted. Compiled passes verify gamma + 1 tokens (or just the pending ones when no row found a draft), so that
-    the verification keeps one of two shapes."""
+    drafted; under sampling the drafts are point masses (q one-hot). Compiled passes verify gamma + 1 tokens (or
+    just the pending ones when no row found a draft), so that the verification keeps one of two shapes."""
 
     name = "prompt lookup"
 
@@ -46,7 +47,7 @@ class NgramDrafts(Drafter):
     def keep(self, rows: list[int]) -> None:
         self.contexts = [self.contexts[i] for i in rows]
 
-    def propose(self, passes: Passes, pending: Tensor) -> Proposal:
+    def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
         found = [lookup_drafts(c, self.gamma, self.ngram) for c in self.contexts]
         width = max(len(f) for f in found)
         width = self.gamma if passes.static and width else width

@@ -3,13 +3,15 @@
 :func:`decode` runs B prompts of any lengths as one batch (RIPE Algorithm 1's convention: each row's last
 emitted token is pending, the cache holds every processed token):
 
-1. prefill every prompt; each row's greedy next token is pending;
-2. the :class:`Drafter` proposes up to m tokens per row after the pending one (none: greedy decoding;
+1. prefill every prompt; each row's next token (greedy, or sampled) is pending;
+2. the :class:`Drafter` proposes up to m tokens per row after the pending one (none: autoregressive decoding;
    d-loop drafts: self-speculation and Mature-Spec; n-gram lookup; DAS-Wave's carried wave);
 3. one verification pass at full depth (all R loops) over the drafter's tokens to verify, under the cache
-   policy (a single token for greedy decoding);
-4. the drafter accepts, per row, the longest prefix on which its proposals and the verifier agree and names
-   the next pending token; the row commits the planes of what it verified and emits its tokens;
+   policy (a single token for autoregressive decoding); the :class:`~looped_kv.decoding.sampling.Sampler` turns
+   its logits into the verifier's tokens: the argmax (greedy), or the speculative sampling rule (Leviathan et al.
+   2023), which gives each row its accepted drafts and then the token it draws;
+4. the drafter accepts, per row, the longest prefix on which its proposals and the verifier's tokens agree and
+   names the next pending token; the row commits the planes of what it verified and emits its tokens;
 5. a row stops at its budget or after the end-of-text token; stopped rows leave the batch (eager) or stay
    as padding whose results are ignored (compiled: the batch keeps its shape, so no step is traced again).
 
@@ -36,6 +38,7 @@ from torch import Tensor
 from looped_kv.decoding.compiled import CompiledPasses
 from looped_kv.decoding.core import Generation, Rows, capacity_bucket, new_buffer, new_cache
 from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.sampling import Sampler
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy
@@ -43,10 +46,12 @@ from looped_kv.runtime.policy import CachePolicy
 
 @dataclass(frozen=True)
 class Proposal:
-    """A drafter's tokens after each row's pending one (B, m); ``lengths`` (B,) where rows proposed fewer."""
+    """A drafter's tokens after each row's pending one (B, m); ``lengths`` (B,) where rows proposed fewer; ``q``
+    (B, m, V) the distributions the tokens were sampled from (None: point masses, as greedy and n-gram drafts are)."""
 
     tokens: Tensor
     lengths: Tensor | None = None
+    q: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,8 @@ class Drafter:
     def keep(self, rows: list[int]) -> None:
         """Only ``rows`` of the batch remain (the others stopped)."""
 
-    def propose(self, passes: Passes, pending: Tensor) -> Proposal:
+    def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
+        """The tokens to test after each row's ``pending`` one, drawn by ``sampler`` (greedy decoding: none)."""
         return Proposal(pending[:, :0])
 
     def tokens_to_verify(self, pending: Tensor, proposal: Proposal) -> Tensor:
@@ -160,16 +166,18 @@ def check_logits(model: LoopedLM, logits: Tensor, what: str) -> None:
 @torch.no_grad()
 def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy: CachePolicy,
            drafter: Drafter | None = None, eos: int | None = None, compile: bool = False, shrink: bool | None = None,
-           progress: bool = False, observer: Observer | None = None) -> Generation:
+           progress: bool = False, observer: Observer | None = None, sampler: Sampler | None = None) -> Generation:
     """Decode checked ``prompts`` (1-d each) with their ``budgets`` through one batch-first loop.
 
     ``drafter`` (default: none, greedy decoding) proposes the tokens each verification tests; ``compile`` runs
     every pass on compiled steps with static shapes, in a cache of bucketed capacity
     (:func:`~looped_kv.decoding.core.capacity_bucket`); ``shrink`` (default: not ``compile``) drops stopped
-    rows from the batch rather than keeping them as padding.
+    rows from the batch rather than keeping them as padding. ``sampler`` (default: greedy) picks every token: the
+    first one, the drafts, and the verifier's by speculative sampling (:mod:`looped_kv.decoding.sampling`).
     """
     drafter = drafter or Drafter()
     drafter.check(policy)
+    sampler = sampler or Sampler()
     observer = observer or Observer()
     shrink = not compile if shrink is None else shrink
     need = max(len(p) + b for p, b in zip(prompts, budgets, strict=True)) + drafter.lookahead
@@ -182,9 +190,10 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
         passes: Passes = CompiledPasses(model, cache, buffer)
     else:
         passes = Passes(model, cache, buffer, into_cache=greedy)
+    sampler.start(cache)
     logits = passes.prefill(prompts)
     check_logits(model, logits, "prefill")
-    pending = logits.argmax(-1, keepdim=True)
+    pending = sampler.first(logits)
     observer.prefilled(DecodeView(model, cache, pending, rows.batch, rows.live), logits)
     rows.emit(list(pending))
     drafter.start(prompts, pending)
@@ -197,13 +206,15 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
             rows.batch = [rows.batch[i] for i in keep]
             passes.keep_rows(keep)
             drafter.keep(keep)
+            sampler.keep(keep)
             pending = pending[keep]
         view = DecodeView(model, cache, pending, rows.batch, rows.live)
         observer.proposing(view)
-        proposal = drafter.propose(passes, pending)
+        proposal = drafter.propose(passes, pending, sampler)
         logits = passes.verify(drafter.tokens_to_verify(pending, proposal))
         check_logits(model, logits, f"verification pass at position {cache.max_length}")
-        outcome = drafter.accept(pending, proposal, logits.argmax(-1))
+        outcome = drafter.accept(pending, proposal, sampler.targets(logits, proposal.tokens, proposal.q,
+                                                                    proposal.lengths))
         observer.verified(view, logits, outcome)
         del logits  # not held through the next verification's drafts
         if all(view.live):

@@ -14,6 +14,7 @@ tables only.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -47,6 +48,19 @@ def check_int(name: str, value: object, low: int | None = None, optional: bool =
         raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
+def check_real(name: str, value: object, high: float = math.inf, *, above_zero: bool = False,
+               optional: bool = False) -> None:
+    """``value`` is a finite real number (or None where ``optional``) in [0, ``high``] (``above_zero``: (0, ``high``]):
+    else a one-line ValueError naming it and the allowed values."""
+    if value is None and optional:
+        return
+    if (not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value)
+            or not 0 <= value <= high or (above_zero and value == 0)):
+        span = f"{'(' if above_zero else '['}0, {high}]" if high < math.inf else ">= 0"
+        kind = f"a number {'in ' if high < math.inf else ''}{span}" + (" or None" if optional else "")
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+
+
 def check_flag(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
@@ -62,6 +76,12 @@ class Decoding:
     tokenizer's) stop a row after end-of-text. ``compile`` runs every pass on torch.compile'd steps with static
     shapes (:mod:`looped_kv.decoding.compiled`); ``rows_per_chunk`` decodes a batch in row chunks of at
     most that many rows; ``progress`` shows a progress bar.
+
+    Sampling (:mod:`looped_kv.decoding.sampling`): ``temperature`` (0, the default: greedy decoding; top_k, top_p
+    and min_p then change nothing), ``top_k``, ``top_p`` and ``min_p`` (None: off) process every distribution, the
+    drafts' and the verifier's, and speculative methods keep the verifier's distribution exactly (speculative
+    sampling). ``seed``: an int s (row i draws with seed s + i), one int per prompt, or None (an int drawn from
+    torch's global generator); a row emits the same tokens in any batch as alone with its seed.
     """
 
     method: ClassVar[str]
@@ -76,6 +96,11 @@ class Decoding:
     compile: bool = False
     rows_per_chunk: int | None = None
     progress: bool = False
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         budget = self.max_new_tokens
@@ -91,6 +116,14 @@ class Decoding:
             check_flag(name, getattr(self, name))
         for name in self._ints():
             check_int(name, getattr(self, name))
+        check_int("top_k", self.top_k, low=1, optional=True)
+        check_real("temperature", self.temperature)
+        check_real("top_p", self.top_p, 1, above_zero=True, optional=True)
+        check_real("min_p", self.min_p, 1, optional=True)
+        seeds = [self.seed] if _is_int(self.seed) else self.seed
+        if self.seed is not None and not (isinstance(seeds, Sequence) and not isinstance(seeds, str)
+                                          and all(_is_int(s) and 0 <= s < 2**63 for s in seeds)):
+            raise ValueError(f"seed must be None, an int in [0, 2**63) or one such int per prompt, got {self.seed!r}")
 
     @classmethod
     def _ints(cls) -> tuple[str, ...]:

@@ -6,6 +6,8 @@ one R-loop pass under the cache policy; accept the longest prefix on which draft
 agree (greedy) plus the verifier's next token; commit only the verified tokens' planes. Rows
 accept and commit their own counts. With a block-independent cache policy (full, or RIPE with
 W >= gamma; Proposition 1) every row emits exactly the tokens of greedy decoding under that policy.
+Under sampling each draft is drawn from its d-loop distribution q, which the speculative sampling
+rule (:mod:`looped_kv.decoding.sampling`) weighs against the verifier's p.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import Tensor
 from looped_kv.decoding.core import accept
 from looped_kv.decoding.loop import Drafter, Outcome, Proposal
 from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.sampling import Sampler
 from looped_kv.runtime.policy import CachePolicy, PrefixReads
 
 
@@ -64,13 +67,14 @@ class LoopDrafts(Drafter):
         check_speculation(policy, self.gamma, self.exact, self.draft_loops)
         check_reads(policy, self.reads)
 
-    def propose(self, passes: Passes, pending: Tensor) -> Proposal:
-        token, drafts = pending, []
+    def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
+        token, drafts, q = pending, [], []
         for i in range(self.gamma):
             logits, _ = passes.run(token, self.draft_loops, reads=self.reads, offset=i, store="buffer")
-            token = logits[:, -1:].argmax(-1)
+            token, q_i = sampler.draft(logits[:, -1:], 1 + i)
             drafts.append(token)
-        return Proposal(torch.cat(drafts, dim=1))
+            q.append(q_i)
+        return Proposal(torch.cat(drafts, dim=1), q=None if sampler.greedy else torch.cat(q, dim=1))
 
     def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
         accepted = accept(proposal.tokens, targets)

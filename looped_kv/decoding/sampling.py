@@ -1,0 +1,183 @@
+"""Sampling for every decoder: the logits processing, per-row draws and the speculative sampling rule.
+
+Logits are processed as the Huginn reference code and HF transformers do, in this order: divided by the
+``temperature``, then the ``top_k`` most probable tokens kept, then the smallest set of most probable ones whose
+mass reaches ``top_p``, then those with at least ``min_p`` times the largest probability; what is left is renormalised.
+Ties at a cut are kept together. ``temperature=0`` is greedy decoding: every pick is an argmax.
+
+Randomness is counter-based: the uniform a row draws for the token at position t of its sequence, in stream s
+(a draft, an acceptance test, the verifier's token), is SplitMix64 (Steele et al. 2014) of (its seed, t, s), so a
+row draws the same numbers in any batch, chunk or compiled run as alone with its seed. A position's numbers are
+used by the verification that decides it: a draft past a row's first rejection influenced nothing the row emitted,
+so drafting that position again with the same numbers keeps every decision independent of the earlier ones.
+
+Speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2) keeps the target's
+distribution p whatever the drafts' distribution q: a draft x is accepted with probability min(1, p(x) / q(x)); at
+the first rejection the token is drawn from the normalised max(0, p - q); when every draft is accepted the bonus
+token is drawn from p. n-gram drafts are point masses (q one-hot), and p and q are the processed distributions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from looped_kv.runtime.cache import PlaneCache
+
+DRAFT, ACCEPT, TARGET = range(3)  # a position's streams of draws
+_STREAMS = 3
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64  # SplitMix64's increment and multipliers, as signed int64
+_MIX1 = 0xBF58476D1CE4E5B9 - 2**64
+_MIX2 = 0x94D049BB133111EB - 2**64
+
+
+def _shift(x: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 ``x`` (torch's is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(x: Tensor) -> Tensor:
+    """SplitMix64's finaliser on int64 ``x`` (products wrap modulo 2**64)."""
+    x = (x ^ _shift(x, 30)) * _MIX1
+    x = (x ^ _shift(x, 27)) * _MIX2
+    return x ^ _shift(x, 31)
+
+
+def uniforms(keys: Tensor, positions: Tensor, stream: int) -> Tensor:
+    """Uniforms in [0, 1 - 2**-52] (float64, 52 bits) of rows with ``keys`` (B,) (:func:`mix64` of their seeds) at
+    ``positions`` (B, n) in ``stream``."""
+    counters = positions * _STREAMS + (stream + 1)
+    return _shift(mix64(keys[:, None] + counters * _GOLDEN), 12).double() * 2.0**-52
+
+
+def draw(weights: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF draws (...,) from non-negative ``weights`` (..., V) (any positive total) with uniforms ``u`` (...,)
+    in [0, 1 - 2**-52]; a token of weight 0 is never drawn."""
+    cdf = weights.double().cumsum(-1)
+    return (cdf <= (u * cdf[..., -1])[..., None]).sum(-1)
+
+
+def acceptance(p_x: Tensor, q_x: Tensor) -> Tensor:
+    """The probability min(1, p(x) / q(x)) of accepting a draft x (1 where q(x) = 0: a draft q never makes)."""
+    return torch.where(p_x >= q_x, torch.ones_like(p_x), p_x / q_x)
+
+
+def residual(p: Tensor, q: Tensor) -> Tensor:
+    """The distribution a rejection resamples from, max(0, p - q) normalised (p where q covers p)."""
+    rest = (p - q).clamp(min=0)
+    mass = rest.sum(-1, keepdim=True)
+    return torch.where(mass > 0, rest / mass, p)
+
+
+def speculate(p: Tensor, drafts: Tensor, q: Tensor | None, lengths: Tensor | None, u_accept: Tensor,
+              u_draw: Tensor) -> Tensor:
+    """The speculative sampling rule of B rows: the verifier's tokens (B, n), the drafts up to each row's first
+    rejection, then the token drawn there, so that each row's longest prefix of drafts equal to them is what it accepts.
+
+    ``p`` (B, n, V): the target's distributions at the n verified positions; ``drafts`` (B, m), m = n - 1 (a bonus
+    position after them) or n (DAS-Wave, none); ``q`` (B, m, V) their distributions (None: point masses);
+    ``lengths`` (B,) rows with fewer drafts (the rest is padding, never accepted); ``u_accept`` (B, m) and
+    ``u_draw`` (B, n) the rows' uniforms at those positions.
+    """
+    B, n, _ = p.shape
+    m = drafts.shape[1]
+    if m == 0:
+        return draw(p, u_draw)
+    p_x = p[:, :m].gather(-1, drafts[..., None])[..., 0]
+    q_x = torch.ones_like(p_x) if q is None else q.gather(-1, drafts[..., None])[..., 0]
+    kept = u_accept < acceptance(p_x, q_x)
+    offered = torch.full_like(drafts[:, 0], m) if lengths is None else lengths
+    kept &= torch.arange(m, device=p.device) < offered[:, None]
+    first = torch.where(kept.all(1), m, (~kept).int().argmax(1))  # accepted drafts: the first rejection
+    at = first.clamp(max=n - 1)
+    rows = torch.arange(B, device=p.device)
+    column = at.clamp(max=m - 1)
+    q_at = torch.nn.functional.one_hot(drafts[rows, column], p.shape[-1]).to(p.dtype) if q is None else q[rows, column]
+    q_at = q_at * (first < offered)[:, None]  # a rejected draft's q; past the drafts (the bonus), none
+    token = draw(residual(p[rows, at], q_at), u_draw[rows, at])
+    targets = torch.cat([drafts, drafts[:, :n - m]], dim=1)
+    targets[rows, at] = torch.where(first < n, token, targets[rows, at])
+    return targets
+
+
+def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
+    """One seed per row: ``seed`` + i for row i of an int, the given ones, or (None) an int drawn from torch's global
+    generator (``torch.manual_seed`` fixes it)."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()))
+    if isinstance(seed, int):
+        return [(seed + i) % 2**63 for i in range(rows)]
+    if len(seed) != rows:
+        raise ValueError(f"seed must be an int or one int per prompt ({rows}), got {len(seed)} seeds")
+    return list(seed)
+
+
+class Sampler:
+    """How the decode loop and its drafters pick tokens: greedy (``temperature`` 0) or sampled from the processed
+    distributions with each row's ``seeds`` (see the module docstring). Positions are read from the cache of the run
+    (:meth:`start`): a row's pending token is at its committed length."""
+
+    def __init__(self, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                 min_p: float | None = None, seeds: Sequence[int] = ()) -> None:
+        self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
+        self.seeds = list(seeds)
+        self.greedy = temperature == 0
+        self.cache: PlaneCache | None = None
+        self.keys: Tensor | None = None
+
+    def start(self, cache: PlaneCache) -> None:
+        """Bind the run's cache (its rows are the seeds' rows)."""
+        if not self.greedy:
+            if len(self.seeds) != cache.batch:
+                raise ValueError(f"sampling needs one seed per row ({cache.batch}), got {len(self.seeds)}")
+            self.keys = mix64(torch.tensor(self.seeds, dtype=torch.long, device=cache.lengths.device))
+        self.cache = cache
+
+    def keep(self, rows: list[int]) -> None:
+        """Only ``rows`` of the batch remain."""
+        if self.keys is not None:
+            self.keys = self.keys[rows]
+
+    def probabilities(self, logits: Tensor) -> Tensor:
+        """The processed distributions (..., V) of ``logits``: temperature, top-k, top-p, min-p, renormalised."""
+        logits = logits.float() if logits.dtype.itemsize < 4 else logits
+        probs = torch.softmax(logits / self.temperature, -1)
+        if self.top_k is not None and self.top_k < probs.shape[-1]:
+            probs = probs.masked_fill(probs < probs.topk(self.top_k, -1).values[..., -1:], 0)
+        if self.top_p is not None and self.top_p < 1:
+            ranked = probs.sort(-1, descending=True).values
+            before = ranked.cumsum(-1) - ranked  # the mass of the more probable tokens
+            count = (before < self.top_p * ranked.sum(-1, keepdim=True)).sum(-1, keepdim=True)
+            probs = probs.masked_fill(probs < ranked.gather(-1, count - 1), 0)
+        if self.min_p:
+            probs = probs.masked_fill(probs < self.min_p * probs.amax(-1, keepdim=True), 0)
+        return probs / probs.sum(-1, keepdim=True)
+
+    def _uniforms(self, n: int, offset: int, stream: int) -> Tensor:
+        positions = self.cache.lengths[:, None] + offset + torch.arange(n, device=self.cache.lengths.device)
+        return uniforms(self.keys, positions, stream)
+
+    def first(self, logits: Tensor) -> Tensor:
+        """Each row's first new token (B, 1) from the prefill's ``logits`` (B, V) of its prompt's last position."""
+        if self.greedy:
+            return logits.argmax(-1, keepdim=True)
+        return draw(self.probabilities(logits[:, None]), self._uniforms(1, 0, TARGET))
+
+    def draft(self, logits: Tensor, offset: int) -> tuple[Tensor, Tensor | None]:
+        """Drafts (B, n) from ``logits`` (B, n, V) of the positions ``offset``.. after each row's pending token, and
+        their distributions q (None when greedy)."""
+        if self.greedy:
+            return logits.argmax(-1), None
+        q = self.probabilities(logits)
+        return draw(q, self._uniforms(logits.shape[1], offset, DRAFT)), q
+
+    def targets(self, logits: Tensor, drafts: Tensor, q: Tensor | None, lengths: Tensor | None) -> Tensor:
+        """The verifier's tokens (B, n) from its ``logits`` (B, n, V) over the pending token and the ``drafts``:
+        greedy, its argmax; sampled, :func:`speculate` (the drafts each row accepts, then its drawn token)."""
+        if self.greedy:
+            return logits.argmax(-1)
+        n, m = logits.shape[1], drafts.shape[1]
+        return speculate(self.probabilities(logits), drafts, q, lengths, self._uniforms(m, 1, ACCEPT),
+                         self._uniforms(n, 1, TARGET))
