@@ -32,10 +32,14 @@ def probe(path: Path, flag: str, folder: bool = False, remedy: str | None = None
 
 
 def check_file(path: str | Path, flag: str, force: bool = False) -> Path:
-    """A file a command writes: not a folder, not an existing file (unless ``force``), in a writable folder."""
+    """A file a command writes: not a folder, not an existing file (unless ``force``), in an existing writable
+    folder."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a folder; give a file name")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} {path}: the folder {path.parent} does not exist or is not writable; create it or "
+                         f"choose another {flag}")
     if (path.exists() or path.is_symlink()) and not force:
         raise ValueError(f"{flag} {path} exists and is left untouched; choose another {flag}, or pass --force to "
                          f"overwrite it")

@@ -187,8 +187,10 @@ book.md(
 # With $b = 2 H_\text{kv} d_h \times$ (bytes per element) for one layer's key and value
 # of one token, a sequence of $L$ tokens needs
 #
-# $$ \begin{gathered} M_\text{full}(L) = b L (n_\text{pre} + n_\text{coda} + R\, n_\text{core}), \\
-#    M_\text{deep}(L) = b L (n_\text{pre} + n_\text{coda} + n_\text{core}). \end{gathered} $$
+# $$ \begin{gathered}
+#    M_\text{full}(L) = b L (n_\text{pre} + n_\text{coda} + R\, n_\text{core}), \\
+#    M_\text{deep}(L) = b L (n_\text{pre} + n_\text{coda} + n_\text{core}).
+#    \end{gathered} $$
 #
 # The package computes both from a config. It also allocates caches that hold exactly
 # that many bytes: the full cache keeps every plane and the deepest-plane cache keeps
@@ -267,9 +269,9 @@ book.md(
 # answers need one lookup per binding and so are where depth should pay
 # (`looped_kv.workloads.data`). A real checkpoint's profile puts solved GSM8K problems
 # and MBPP tasks in place of the first two (`looped_kv.workloads`). The claim is tested
-# per workload on paired per-text losses (on chains, each program's loss on its answers
-# alone: its names and digits are random): the loss after $R$ loops is lower than after a
-# few, by at least the book's smallest effect in log units, here nats
+# per workload on paired per-text losses (on chains, each program's loss on its
+# answers alone: its names and digits are random): the loss after $R$ loops is lower
+# than after a few, by at least the book's smallest effect in log units, here nats
 # (`verdicts.BOOK_MINIMUM`; the papers print no smallest gain, and the training gates of
 # `looped_kv.tiny.gates` ask theirs of answer tokens alone). The same gain says where
 # depth stops paying: at the smallest loop count from which no deeper count lowers the

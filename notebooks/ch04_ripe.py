@@ -27,9 +27,11 @@
 # **RIPE** (Recent-window Intact, deepest Plane Elsewhere) keeps the deepest plane for
 # old positions and every plane for the $W$ most recent ones (RIPE Eq. 9-10):
 #
-# $$ \begin{gathered} \pi_\text{RIPE}(r, t, j) = \begin{cases} r, & t - j \le W \\ R, & t - j > W
-# \end{cases}, \\
-#    M_\text{RIPE}(L) = M_\text{deep}(L) + b\, n_\text{core} (R - 1) \min(W, L). \end{gathered} $$
+# $$ \begin{gathered}
+#    \pi_\text{RIPE}(r, t, j) = \begin{cases} r, & t - j \le W \\ R, & t - j > W
+#    \end{cases}, \\
+#    M_\text{RIPE}(L) = M_\text{deep}(L) + b\, n_\text{core} (R - 1) \min(W, L).
+#    \end{gathered} $$
 #
 # This chapter draws the policy, prices it against the paper's Table 2, demonstrates
 # Proposition 1 (with $W \ge \gamma$ batched verification is exactly sequential

@@ -119,7 +119,7 @@ def test_gpu_check_keeps_an_existing_file(tmp_path, no_work, capsys):
 def test_plan_check_out_is_probed_before_the_model_is_built(tmp_path, no_work, capsys, where):
     if where == "proc" and not Path("/proc/self").is_dir():
         pytest.skip("no /proc here")
-    out = Path("/proc/looped_kv_qa/plan.json") if where == "proc" else tmp_path / "plan.json"
+    out = Path("/proc/looped_kv_qa.json") if where == "proc" else tmp_path / "plan.json"
     if where == "file":
         out.write_text("mine")
     refused(["plan-check", "--model", "huginn-0125", "--device", "cpu", "--out", str(out)],

@@ -313,6 +313,9 @@ def test_a_tampered_archive_fails_verify(small_archive, tmp_path):
     decisions.write_text(json.dumps(tampered))
     (tmp_path / "b" / "extra.txt").write_text("x")
     assert batches.verify(tmp_path / "b") == ["checksum mismatch: decisions.json", "unlisted file extra.txt"]
+    batches.write_manifest(tmp_path / "b")  # a file no run writes fails verify even when the manifest lists it
+    assert recomputation_problems(tmp_path / "b") == ["the archive holds files no run writes: extra.txt"]
+    (tmp_path / "b" / "extra.txt").unlink()
     batches.write_manifest(tmp_path / "b")
     assert recomputation_problems(tmp_path / "b") == [
         "decisions.json (labels, predictions) does not follow from the records"]

@@ -214,19 +214,21 @@ POLICIES = [("full", {}, True), ("ripe", {"window": 3}, True), ("sinks", {"sinks
             ("first", {"k": 2}, False), ("ripe", {"window": 1}, False)]
 
 
+@pytest.mark.parametrize("fixture", ["ouro-tiny", "parcae-tiny"])
 @pytest.mark.parametrize("cache, params, exact", POLICIES)
-def test_every_decoder_and_cache_on_the_fixture(cache, params, exact):
-    """The shared fixture in float64: under a block-independent cache every decoder emits greedy decoding's tokens
-    (greedy target preservation); under the others each runs, and every greedy run equals the no-cache forward's
-    argmax where the cache is full."""
-    model = load(FIXTURES / "ouro-tiny", dtype=torch.float64)
-    prompts = list(load_file(FIXTURES / "ouro-tiny" / "reference.safetensors")["input_ids"][:, :8])
+def test_every_decoder_and_cache_on_the_fixture(fixture, cache, params, exact):
+    """Ouro's and Parcae's fixtures in float64: under a block-independent cache every decoder emits greedy decoding's
+    tokens (greedy target preservation); under the others each runs, and every greedy run equals the no-cache
+    forward's argmax where the cache is full."""
+    model = load(FIXTURES / fixture, dtype=torch.float64)
+    R = model.config.mean_recurrence
+    prompts = list(load_file(FIXTURES / fixture / "reference.safetensors")["input_ids"][:, :8])
     greedy = looped_kv.generate(model, prompts, max_new_tokens=16, cache=cache, stop_at_eos=False, **params)
     if cache == "full":
         logits = model(greedy.tokens[:, :-1])
         assert torch.equal(logits[:, 7:].argmax(-1), greedy.new_tokens)
     for method, options in DECODERS.items():
-        if method in ("mature-spec", "das-wave") and 4 not in make_policy(cache, 4, **params).kept:
+        if method in ("mature-spec", "das-wave") and R not in make_policy(cache, R, **params).kept:
             continue  # deep K/V reads need plane R for every position
         out = looped_kv.generate(model, prompts, max_new_tokens=16, method=method, cache=cache, exact=exact,
                                  stop_at_eos=False, **params, **options)

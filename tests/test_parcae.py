@@ -224,33 +224,6 @@ def test_special_token_roles_follow_parcaes_tokenizer(tmp_path):
     assert loaded.encode("a looped model")[0] not in (0, 1, 2)  # nothing is prepended
 
 
-DECODERS = {"self-spec": {"draft_loops": 2, "gamma": 3}, "mature-spec": {"draft_loops": 1, "gamma": 3},
-            "pld": {"gamma": 3, "ngram": 2}, "das-wave": {"gamma": 3, "rounds": 3, "initial_width": 2, "updates": 1}}
-POLICIES = [("full", {}, True), ("ripe", {"window": 3}, True), ("sinks", {"sinks": 1, "window": 3}, True),
-            ("deepest", {}, False), ("k-deepest", {"k": 2}, False), ("share", {"k": 2}, False),
-            ("first", {"k": 2}, False), ("ripe", {"window": 1}, False)]
-
-
-@pytest.mark.parametrize("cache, params, exact", POLICIES)
-def test_every_decoder_and_cache_on_the_fixture(cache, params, exact):
-    """The fixture in float64: under a block-independent cache every decoder emits greedy decoding's tokens; under
-    the others each runs; the full cache's greedy tokens are the no-cache forward's argmax."""
-    model = load(FOLDER, dtype=torch.float64)
-    prompts = list(load_file(FOLDER / "reference.safetensors")["input_ids"][:, :8])
-    R = model.config.mean_recurrence
-    greedy = looped_kv.generate(model, prompts, max_new_tokens=16, cache=cache, stop_at_eos=False, **params)
-    if cache == "full":
-        assert torch.equal(model(greedy.tokens[:, :-1])[:, 7:].argmax(-1), greedy.new_tokens)
-    for method, options in DECODERS.items():
-        if method in ("mature-spec", "das-wave") and R not in make_policy(cache, R, **params).kept:
-            continue  # deep K/V reads need plane R for every position
-        out = looped_kv.generate(model, prompts, max_new_tokens=16, method=method, cache=cache, exact=exact,
-                                 stop_at_eos=False, **params, **options)
-        if exact:
-            assert torch.equal(out.tokens, greedy.tokens), (method, cache)
-        assert out.verifications >= 1
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cache_bytes_are_the_memory_equations_at_parcaes_layer_counts(dtype):
     """Eq. (3) and (10) with Parcae's 2/2/2 layers and R = 8: M_full = b L (2 + 2 + 8 x 2), M_deep = b L (2 + 2 + 2),
