@@ -241,8 +241,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                                    " A and G (DAS Eq. 9-10). Per workload it prints the verdicts on 'Mature-Spec beats"
                                    " self-speculation' (acceptance, DAS Table 2; speed, DAS Table 1).")
     _model_options(p)
-    p.add_argument("--workloads", nargs="+", default=list(data.WORKLOADS), choices=data.WORKLOADS,
-                   help="prompt workloads (default: all)")
+    p.add_argument("--workloads", nargs="+", default=list(data.WORKLOADS), choices=data.DECODING_WORKLOADS,
+                   help="prompt workloads (default: the chapters' three; multichain: the workload dense in answers)")
     p.add_argument("--prompts", type=int, default=MIN_UNITS["paired"],
                    help=f"evaluation prompts per workload, >= 2 (default: {MIN_UNITS['paired']}, the fewest an "
                         f"acceptance verdict accepts; a speed verdict needs {MIN_UNITS['timing']})")

@@ -78,3 +78,12 @@ def test_splits_and_seeds_differ_and_repeat():
 def test_bad_options_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         data.chain_programs(2, **kwargs)
+
+
+def test_multichain_prompts_are_the_decoding_workloads_programs():
+    """``looped-kv bench --workloads multichain`` decodes the multichain programs' prompts; the chapters' three
+    workloads are unchanged until a model answers it."""
+    assert (*data.WORKLOADS, "multichain") == data.DECODING_WORKLOADS
+    assert data.prompts("multichain", 3, "dev") == [p.prompt for p in data.multichain_programs(3, "dev")]
+    with pytest.raises(ValueError, match="workload must be one of"):
+        data.prompts("chain", 1)

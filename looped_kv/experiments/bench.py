@@ -481,7 +481,8 @@ def check_options(prompts: int, max_new_tokens: int, draft_loops: int, gamma: in
                         ("--repeats", repeats)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
-    for flag, names, allowed in (("--methods", methods, settings.METHODS), ("--workloads", workloads, data.WORKLOADS)):
+    for flag, names, allowed in (("--methods", methods, settings.METHODS),
+                                 ("--workloads", workloads, data.DECODING_WORKLOADS)):
         bad = [n for n in names if n not in allowed]
         if bad or not names:
             raise ValueError(f"{flag} must name some of {allowed}, got {list(names)}")

@@ -34,6 +34,9 @@ from pathlib import Path
 
 SPLITS = ("train", "dev", "eval")
 WORKLOADS = ("problems", "code", "chains")
+#: What the decoders can be benched on: the chapters' workloads and ``multichain`` (:func:`multichain_programs`), the
+#: workload dense in answers that need depth, which becomes the chapters' decoding workload once a model answers it.
+DECODING_WORKLOADS = (*WORKLOADS, "multichain")
 _SPLIT_SEED = {"train": 0, "dev": 1_000_000, "eval": 2_000_000}
 
 _NAMES = ["Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Kira", "Leo",
@@ -295,13 +298,16 @@ def code_prompts(n: int, split: str = "eval", lines: int = 6) -> list[str]:
 
 
 def prompts(workload: str, n: int, split: str = "eval") -> list[str]:
-    """Prompts of a workload: word-problem questions, code openings, or chain programs to answer."""
-    if workload not in WORKLOADS:
-        raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
+    """Prompts of a workload (:data:`DECODING_WORKLOADS`): word-problem questions, code openings, or chain or
+    multichain programs to answer."""
+    if workload not in DECODING_WORKLOADS:
+        raise ValueError(f"workload must be one of {DECODING_WORKLOADS}, got {workload!r}")
     if workload == "problems":
         return [p.prompt for p in word_problems(n, split)]
     if workload == "chains":
         return [p.prompt for p in chain_programs(n, split)]
+    if workload == "multichain":
+        return [p.prompt for p in multichain_programs(n, split)]
     return code_prompts(n, split)
 
 
