@@ -45,6 +45,20 @@ def test_multichain_programs_ask_each_chain_once_with_dense_answers():
         data.multichain_programs(1, max_depth=0)
 
 
+def test_lookup_drills_ask_every_name_once_in_a_random_order():
+    drills = data.lookup_programs(50, "dev")
+    in_order = 0
+    for p in drills:
+        values = _values(p)
+        names = [b.split("=")[0] for b in p.program.rstrip(";").split(";")]
+        assert sorted(q.variable for q in p.queries) == sorted(names) and len(set(names)) == len(names)
+        assert all(values[q.variable] == int(q.value) and q.depth == 1 for q in p.queries) and p.dense
+        in_order += [q.variable for q in p.queries] == names
+    assert in_order == 0  # no positional shortcut
+    mixed = train.programs_of({"layout": "multi-lookup"}, 4, "dev", max_depth=6)
+    assert all(q.depth == 1 for q in mixed[0].queries) and mixed[1] == data.multichain_programs(4, "dev", 0, 6)[1]
+
+
 def test_multichain_training_rows_score_the_dense_query_lines(tokenizer):
     """The scouting run's first attempt trained on "x?7;" query lines (renaming dropped the layout) while its
     evaluation asked "x7": every row must keep the layout it was drawn in."""
@@ -54,6 +68,15 @@ def test_multichain_training_rows_score_the_dense_query_lines(tokenizer):
         assert lines[-1] == "" and all("?" not in line and ";" not in line for line in lines[:-1])
         digits = tokenizer.decode(ids[i][answer[i]])
         assert digits.isdigit() and len(digits) == sum(len(line.strip()) // 2 for line in lines[:-1])
+
+
+def test_rows_alternate_what_the_layout_alternates(tokenizer):
+    """A program that does not fit a row starts the next one: with drills and multichain programs in turn, and one
+    per row (each takes most of the 52 names), the rows alternate too instead of repeating the drills."""
+    ids, scored, _ = train.chain_rows(tokenizer, 4, 256, 7, 6, {"layout": "multi-lookup"})
+    programs = [tokenizer.decode(ids[i][: int(scored[i].nonzero().max())]).split("\n")[0] for i in range(4)]
+    drills = ["+" not in p for p in programs]
+    assert drills == [True, False, True, False]
 
 
 def test_the_learning_rate_decays_over_the_runs_real_length():

@@ -78,8 +78,11 @@ RECIPES.update({
                       [*_CONTINUE, "--start-depth", "2"]),
     "multi-shallow-chains-only": ("multi-shallow on chain programs alone (no word problems or code)",
                                   [*_CONTINUE, "--start-depth", "2", "--mix", "0", "0", "1"]),
+    "multi-lookup": ("multi-shallow with lookup drills (names bound to digits, asked in a random order) in every "
+                     "other program: multichain programs stayed at chance because the shipped model never looked a "
+                     "name up", ["--chain-layout", "multi-lookup", "--deep-share", "0.05", "--start-depth", "2"]),
 })
-STARTS = {name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only")}
+STARTS = {name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup")}
 
 
 def earns_long_run(record: dict, margin: float = 0.05) -> bool:

@@ -65,9 +65,10 @@ RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth", "chain_layo
 #: --chain-layout every program was one chain; before --decay-from the cosine ran from step 0; before --deep-share
 #: no step was drawn at DEEP_LOOPS.
 BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "decay_from": 0, "deep_share": 0.0}
-#: The chain programs' layouts (``--chain-layout``): one chain per program (``data.chain_programs``), or several
-#: contiguous chains with a dense query line (``data.multichain_programs``).
-CHAIN_LAYOUTS = ("single", "multi")
+#: The chain programs' layouts (``--chain-layout``): one chain per program (``data.chain_programs``); several
+#: contiguous chains with a dense query line (``data.multichain_programs``); or those alternating with lookup drills
+#: (``data.lookup_programs``: names bound to digits, asked in a random order).
+CHAIN_LAYOUTS = ("single", "multi", "multi-lookup")
 #: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
 DEEP_LOOPS = 64
 EVAL_LOOPS = (1, 4, 8, 16, 32)
@@ -255,27 +256,32 @@ def chain_rows(tokenizer: PreTrainedTokenizerFast, rows: int, seq: int, step: in
     No variable name appears in two programs of a row (each program is renamed from the row's unused names), so
     a lookup never has to tell a binding from one of an earlier program. Returns (ids, scored, answer):
     ``scored[:, i]`` marks the query-line tokens (names, answers, separators, the end-of-text), ``answer[:, i]``
-    the answer digits, both as targets of position i - 1. The programs of a step are a function of the step and
-    the curriculum alone, so a resumed run sees the data an uninterrupted one would.
+    the answer digits, both as targets of position i - 1. A program that no longer fits a row starts the next one
+    (one that fits no row is skipped), so the programs a layout alternates alternate in the rows too. The programs
+    of a step are a function of the step and the curriculum alone, so a resumed run sees the data an uninterrupted
+    one would.
     """
     eos = tokenizer.eos_token_id
-    programs = iter(programs_of(shape, 8 * rows, "train", seed=step, max_depth=max_depth))
+    programs = programs_of(shape, 8 * rows, "train", seed=step, max_depth=max_depth)
     ids = torch.full((rows, seq + 1), eos)
     scored = torch.zeros(rows, seq + 1, dtype=torch.bool)
     answer = torch.zeros(rows, seq + 1, dtype=torch.bool)
+    at = 0  # the next program to place
     for i in range(rows):
         row: list[int] = []
         free = list(data.CHAIN_NAMES)
         random.Random(f"names/{step}/{i}").shuffle(free)
-        for program in programs:
-            names = list(dict.fromkeys(c for c in program.program if c in data.CHAIN_NAMES))
+        while at < len(programs):
+            names = list(dict.fromkeys(c for c in programs[at].program if c in data.CHAIN_NAMES))
             if len(names) > len(free):
                 break
-            program = renamed(program, {old: free.pop() for old in names})
+            program = renamed(programs[at], {old: free.pop() for old in names})
             item = encode_chains(tokenizer, [program])
             length = int(item.real.sum()) + 1
             if len(row) + length > seq + 1:
+                at += not row  # longer than a whole row: skipped
                 break
+            at += 1
             start = len(row)
             row += [*item.ids[0, :length - 1].tolist(), eos]
             prompt = len(tokenizer(program.prompt)["input_ids"])
@@ -315,8 +321,8 @@ class Curriculum:
 
 def shape(args: Options) -> dict:
     """The chain programs' shape options: the layout, and ``data.chain_programs``'s for the single layout."""
-    if args.chain_layout == "multi":
-        return {"layout": "multi"}
+    if args.chain_layout in ("multi", "multi-lookup"):
+        return {"layout": args.chain_layout}
     return {"layout": "single", "max_chains": args.chains, "interleave": args.interleave}
 
 
@@ -325,6 +331,9 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
     options = {key: value for key, value in shape.items() if key != "layout"}
     if shape["layout"] == "multi":
         return data.multichain_programs(n, split, seed=seed, max_depth=max_depth, **options)
+    if shape["layout"] == "multi-lookup":  # drills and multichain programs in turn
+        drills, chains = data.lookup_programs(n, split, seed), data.multichain_programs(n, split, seed, max_depth)
+        return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
     return data.chain_programs(n, split, seed=seed, max_depth=max_depth, **options)
 
 
