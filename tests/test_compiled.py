@@ -13,7 +13,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
-from conftest import random_model
+from conftest import FIXTURES, random_model
+from safetensors.torch import load_file
 
 from looped_kv import generate, make_policy
 from looped_kv.decoding import compiled
@@ -25,6 +26,7 @@ from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.speculative import LoopDrafts
 from looped_kv.experiments import bench, speed
 from looped_kv.runtime.cache import PrefillPass
+from looped_kv.runtime.loading import load
 from looped_kv.runtime.policy import make_prefix_reads
 
 R = 2
@@ -229,3 +231,16 @@ def test_prefill_bound_is_greedy_time_over_the_prefill_time():
                          "greedy_time_s": [2.0, 2.0, 3.0, 3.0], "prefill_time_s": [1.0, 1.0, 0.5, 0.5]})
     bound, share = bench.prefill_bound(runs, "compiled")
     assert bound == pytest.approx(4.0) and share == pytest.approx((1 / 2 + 1 / 6) / 2)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_compiled_passes_emit_the_eager_tokens_on_parcae(backend, method):
+    """Parcae's fixture (value embeddings read the token ids, the injection every loop) on the compiled passes:
+    greedy decoding and every speculative method emit the eager tokens, which are greedy decoding's."""
+    parcae = load(FIXTURES / "parcae-tiny", dtype=torch.float64)
+    ids = list(load_file(FIXTURES / "parcae-tiny" / "reference.safetensors")["input_ids"][:, :6])
+    options = {"max_new_tokens": 6, "method": method, "stop_at_eos": False, **METHODS[method]}
+    eager, traced = (generate(parcae, ids, compile=c, **options) for c in (False, True))
+    assert all(torch.equal(a, b) for a, b in zip(eager.sequences, traced.sequences, strict=True)), method
+    greedy = generate(parcae, ids, max_new_tokens=6, stop_at_eos=False)
+    assert all(torch.equal(a, b) for a, b in zip(greedy.sequences, traced.sequences, strict=True)), method
