@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from looped_kv.decoding.core import Generation
     from looped_kv.decoding.generate import generate
+    from looped_kv.decoding.stream import stream
     from looped_kv.runtime.attention import CausalRouter, Site
     from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
     from looped_kv.runtime.config import (
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 #: Each public name and the module that defines it.
 _SOURCES = {
     "looped_kv.decoding.core": ("Generation",), "looped_kv.decoding.generate": ("generate",),
+    "looped_kv.decoding.stream": ("stream",),
     "looped_kv.runtime.attention": ("CausalRouter", "Site"),
     "looped_kv.runtime.cache": ("BlockBuffer", "BlockPass", "PlaneCache"),
     "looped_kv.runtime.config": ("LoopedConfig", "huginn_0125", "ouro_1_4b", "ouro_2_6b", "raven_llama", "raven_olmo",
@@ -47,7 +49,7 @@ __all__ = [
     "BlockBuffer", "BlockPass", "CachePolicy", "CausalRouter", "Generation", "LoopedConfig", "LoopedLM",
     "PlaneCache", "PrefixReads", "Site", "generate", "huginn_0125", "load", "m_deep", "m_full", "m_ripe",
     "make_policy", "make_prefix_reads", "measurement_mode", "memory_table", "ouro_1_4b", "ouro_2_6b", "policy_bytes",
-    "raven_llama", "raven_olmo", "raven_tinyllama", "save",
+    "raven_llama", "raven_olmo", "raven_tinyllama", "save", "stream",
 ]
 __version__ = "0.1.0"
 

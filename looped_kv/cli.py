@@ -57,6 +57,7 @@ from looped_kv.analysis import plan
 from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.loop import Observer
 from looped_kv.decoding.settings import METHODS, DasWave, Greedy, PromptLookup, SelfSpec
 from looped_kv.experiments import bench, gpu_check, plan_check, speed, throughput
 from looped_kv.protocol import batches
@@ -142,6 +143,23 @@ def _at_least_one(**flags: int | None) -> None:
             raise ValueError(f"--{dest.replace('_', '-')} must be >= 1, got {value}")
 
 
+class TextPrinter(Observer):
+    """Prints one prompt's completion as the decode loop commits it (``looped-kv generate``): a commit's text is
+    printed once it decodes to whole characters, so a byte-level token split inside a character waits for the rest."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.ids, self.shown = tokenizer, [], ""
+
+    def emitted(self, tokens: dict[int, torch.Tensor]) -> None:
+        if 0 not in tokens:
+            return
+        self.ids += tokens[0].tolist()
+        text = self.tokenizer.decode(self.ids)
+        if text.startswith(self.shown) and not text.endswith("\ufffd"):
+            print(text[len(self.shown):], end="", flush=True)
+            self.shown = text
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     _at_least_one(num_loops=args.num_loops, max_new_tokens=args.max_new_tokens)
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -155,14 +173,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in ("num_loops", "window", "k", "sinks", "draft_loops", "gamma",
                                                    "prefix_reads", "ngram", "rounds", "initial_width", "updates",
                                                    "temperature", "top_k", "top_p", "min_p", "seed")}
+    printer = None if args.json else TextPrinter(model.tokenizer)
     out = generate(model, ids, method=args.method, cache=args.cache, max_new_tokens=args.max_new_tokens,
-                   progress=args.progress, **options, **flags)
+                   progress=args.progress, observer=printer, **options, **flags)
     completion = model.tokenizer.decode(out.new_tokens[0].tolist())
     stats = {"method": args.method, "cache": out.details.get("policy", args.cache), **out.stats()}
     if args.json:
         print(json.dumps({"prompt": text, "completion": completion, "stats": stats}))
     else:
-        print(completion)
+        print(completion[len(printer.shown):])  # the rest (text held back mid-character) and the line's end
         print("  ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in stats.items()),
               file=sys.stderr)
     return 0

@@ -334,8 +334,10 @@ class Rows:
         """Per row of the batch: whether it still decodes."""
         return [not self.stopped[seq] for seq in self.batch]
 
-    def emit(self, tokens: Sequence[Tensor]) -> None:
-        """Each live row emits its tokens (1-d), cut at its budget and after an end-of-text token."""
+    def emit(self, tokens: Sequence[Tensor]) -> dict[int, Tensor]:
+        """Each live row emits its tokens (1-d), cut at its budget and after an end-of-text token; returns what each
+        row (by its index among the prompts) emitted."""
+        out: dict[int, Tensor] = {}
         for seq, new in zip(self.batch, tokens, strict=True):
             if self.stopped[seq]:
                 continue
@@ -346,10 +348,12 @@ class Rows:
                     new = new[:int(hits[0]) + 1]
                     self.stopped[seq] = "eos"
             self.emitted[seq].append(new)
+            out[seq] = new
             self.count[seq] += len(new)
             self.bar.update(len(new))
             if not self.stopped[seq] and self.count[seq] >= self.budgets[seq]:
                 self.stopped[seq] = "length"
+        return out
 
     def record(self, accepted: Sequence[int], drafted: Sequence[int], retained: Sequence[int]) -> None:
         """One verification's acceptance for every live row."""

@@ -92,6 +92,10 @@ class Observer:
     def verified(self, view: DecodeView, logits: Tensor, outcome: Outcome) -> None:
         """After the verification (before the commit): its ``logits`` (B, n, V) and what the rows accept."""
 
+    def emitted(self, tokens: dict[int, Tensor]) -> None:
+        """After the prefill and after each verification: the tokens each row (by its index among the prompts)
+        emitted, cut at its budget and its end-of-text (what streaming hands over)."""
+
 
 class LogitsRecorder(Observer):
     """Keeps the logits that choose every emitted token: the prefill's last position, then each verification's
@@ -195,7 +199,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     check_logits(model, logits, "prefill")
     pending = sampler.first(logits)
     observer.prefilled(DecodeView(model, cache, pending, rows.batch, rows.live), logits)
-    rows.emit(list(pending))
+    observer.emitted(rows.emit(list(pending)))
     drafter.start(prompts, pending)
     forward_passes = 1
     while True:
@@ -223,7 +227,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
             passes.commit(torch.where(torch.tensor(view.live, device=pending.device), outcome.commit, 0))
         if outcome.accepted is not None:
             rows.record(outcome.accepted.tolist(), outcome.drafted, outcome.retained)
-        rows.emit(outcome.emitted)
+        observer.emitted(rows.emit(outcome.emitted))
         pending = outcome.pending
         forward_passes += drafter.passes_per_verification
     return rows.result(cache, forward_passes, eos, **drafter.options)
