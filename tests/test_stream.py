@@ -30,7 +30,8 @@ def test_the_chunks_join_to_what_generate_emits(tiny, prompts, method, options):
         assert torch.equal(torch.cat([c[row] for c in chunks if row in c]), new), (method, row)
     longest = max(len(t) for c in chunks for t in c.values())
     assert longest == 1 if method == "ar" else longest > 1  # a verification hands over its accepted drafts at once
-    assert len(chunks) == (max(len(n) for n in out.new_rows) if method == "ar" else max(len(a) for a in out.row_accepted) + 1)
+    steps = max(len(n) for n in out.new_rows) if method == "ar" else max(len(a) for a in out.row_accepted) + 1
+    assert len(chunks) == steps  # the prefill's token, then one commit per step or verification
 
 
 def test_errors_reach_the_consumer_and_the_observer_is_streams(tiny, prompts):
