@@ -112,3 +112,15 @@ def test_the_long_runs_checkpoint_resumes_with_the_continuation_options():
     settings = train.Options(**{**train.BEFORE_OPTION, **recorded, "out": Path("r"), "resume": True, "export": None})
     assert (settings.chain_layout, settings.decay_from, settings.deep_share) == ("single", 0, 0.0)
     assert {"chain_layout", "decay_from", "deep_share", "advance_at", "depth_step"} <= set(train.RESUMABLE)
+
+
+def test_a_continuing_scouts_minutes_are_its_own_sittings():
+    """The multichain scouts resumed the shipped run (2 hours in): the training page shows their 30 minutes."""
+    from looped_kv.tiny import scout
+
+    log = [{"step": 7790, "time_s": 7100.0}, {"step": 7800, "time_s": 7168.0}, {"step": 7800, "changed": {"x": [1, 2]}},
+           {"step": 7810, "time_s": 7180.0}]
+    assert scout.sitting_minutes({"log": log, "final": {"time_s": 7168.0 + 1800}}) == 30
+    assert scout.sitting_minutes({"log": log[:2], "final": {"time_s": 600.0}}) == 10  # a run from scratch
+    recorded = {r["recipe"]: scout.sitting_minutes(r) for r in scout.records()}
+    assert all(minutes <= 60 for minutes in recorded.values()), recorded

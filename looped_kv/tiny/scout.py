@@ -101,6 +101,15 @@ def records() -> list[dict]:
     return sorted(runs, key=lambda r: r["started"])
 
 
+def sitting_minutes(run: dict) -> int:
+    """The minutes of a run's own sitting: a continuing recipe's log starts with its checkpoint's history, whose
+    time the sitting's resume (its last ``changed`` entry) ends."""
+    log = run["log"]
+    resumes = [i for i, entry in enumerate(log) if "changed" in entry]
+    before = [entry["time_s"] for entry in log[:resumes[-1]] if "time_s" in entry] if resumes else []
+    return round((run["final"]["time_s"] - (before[-1] if before else 0.0)) / 60)
+
+
 def summary(runs: list[dict], loops: tuple[str, ...] = ("1", "4", "8", "16", "32")) -> pd.DataFrame:
     """One row per (run, R): held-out accuracy by depth bucket at the run's last evaluation, its steps and minutes,
     chance, whether the run had its whole sitting (a record marked ``stopped`` did not) and whether it earns a long
@@ -112,7 +121,7 @@ def summary(runs: list[dict], loops: tuple[str, ...] = ("1", "4", "8", "16", "32
         for R in loops:
             rows[(run["recipe"], int(R))] = {
                 **{b: held[R].get(b) for b in DEPTH_BUCKETS}, "chance": held["chance"], "steps": final["step"],
-                "minutes": round(final["time_s"] / 60), "whole sitting": "stopped" not in run,
+                "minutes": sitting_minutes(run), "whole sitting": "stopped" not in run,
                 "earns a long run": earns_long_run(final)}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["recipe", "R"])
 
