@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -66,7 +65,7 @@ from looped_kv.decoding.settings import WAVE_KEYS, DasWave, PromptLookup, SelfSp
 from looped_kv.experiments.speed import frozen_heap
 from looped_kv.protocol.freeze import sha256
 from looped_kv.runtime.loading import resolve_source
-from looped_kv.runtime.measurement import measurement_mode
+from looped_kv.runtime.measurement import measurement_mode, source_commit
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
 
@@ -578,8 +577,7 @@ def weights_sha256(source: str | Path) -> str:
 def write_record(path: Path, measured: Mapping[str, object], source: str | Path, command: str) -> None:
     """Save a bench (:func:`report`'s return) with what makes it a record: the command that printed it, the commit,
     the machine (CPU model, threads, torch), the date and the weights' digest (:func:`weights_sha256`)."""
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    commit = source_commit()
     runs = {w: json.loads(r.assign(method=r["method"].map(label)).to_json(orient="records"))
             for w, r in measured["runs"].items()}
     path.write_text(json.dumps({

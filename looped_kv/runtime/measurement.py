@@ -14,6 +14,7 @@ device name before any work, and :func:`environment` records the versions a meas
 from __future__ import annotations
 
 import platform
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,6 +67,17 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def source_commit() -> str:
+    """The package's git commit (``git describe --always --dirty``), or "unknown" outside a checkout: what a recorded
+    measurement ran."""
+    try:
+        described = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                                   cwd=Path(__file__).parent).stdout.strip()
+    except OSError:  # no git on this machine
+        described = ""
+    return described or "unknown"
 
 
 def environment() -> dict[str, Any]:

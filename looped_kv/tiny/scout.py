@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
 from looped_kv.analysis.depth import DEPTH_BUCKETS
+from looped_kv.runtime.measurement import source_commit
 from looped_kv.tiny import train
 
 RECORDS = Path(__file__).parent / "scouting"
@@ -158,8 +158,7 @@ def run(recipe: str, settings: train.Options, command: str, given: tuple[str, ..
     what, options = RECIPES[recipe]
     out = settings.out
     started = datetime.now(timezone.utc).isoformat(timespec="minutes")
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    commit = source_commit()
     train.run(settings, given=given, command=command)
     log = json.loads((out / "training_log.json").read_text())
     final = [e for e in log if "held_out" in e][-1]
