@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ from IPython.display import Markdown
 from torch import Tensor
 
 from looped_kv import profiles
+from looped_kv.prose import change, listing, significant  # noqa: F401  (the chapters' prose helpers)
 from looped_kv.runtime.loading import load, model_config
 from looped_kv.runtime.model import LoopedLM
 
@@ -201,7 +203,16 @@ def md(text: str) -> Markdown:
     return Markdown(text)
 
 
-def _column_format(values: pd.Series, digits: int) -> str:
+def _cell(x: object, digits: int) -> str:
+    """A cell of a mixed column: integers with separators, other numbers to ``digits`` significant digits."""
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        return str(x)
+    if float(x).is_integer() and abs(float(x)) < 1e15:
+        return f"{int(x):,}"
+    return significant(float(x), digits)
+
+
+def _column_format(values: pd.Series, digits: int) -> str | Callable[[float], str]:
     finite = values[np.isfinite(values.astype(float))].astype(float)
     if finite.empty:
         return "{}"
@@ -211,6 +222,8 @@ def _column_format(values: pd.Series, digits: int) -> str:
     smallest = finite[finite != 0].abs().min() if (finite != 0).any() else largest
     if largest >= 1e5 or smallest < 10 ** -(digits + 1):
         return f"{{:.{digits - 1}e}}"
+    if largest / smallest > 100:  # one column over several orders of magnitude: each value to its own precision
+        return lambda x: significant(float(x), digits)
     decimals = max(0, digits - 1 - math.floor(math.log10(smallest)))
     return f"{{:,.{min(decimals, digits + 2)}f}}"
 
@@ -229,6 +242,8 @@ def table(frame: pd.DataFrame | pd.Series, digits: int = 3, percent: tuple[str, 
             formats[column] = lambda x: "yes" if x else "no"
         elif pd.api.types.is_numeric_dtype(values):
             formats[column] = _column_format(values, digits)
+        elif pd.api.types.is_object_dtype(values):  # mixed cells (a settings table): each number formatted alone
+            formats[column] = lambda x, digits=digits: _cell(x, digits)
     styler = frame.style.format(formats, na_rep="–").set_table_styles(
         [{"selector": "th, td", "props": "padding: 0.3em 0.8em; text-align: right; white-space: nowrap"},
          {"selector": "th.row_heading", "props": "text-align: left"}])

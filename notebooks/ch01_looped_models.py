@@ -342,15 +342,14 @@ def gain(w: str, a: int, b: int) -> float:
 
 book.md(
     " ".join(
-        f"On {w}, the mean loss falls by {gain(w, 1, R):.3g} nats from one loop to "
-        f"{R} and by {gain(w, SHALLOW, R):.3g} from {SHALLOW} to {R}; from {R} to "
-        f"{deepest_loops} loops it changes by {-gain(w, R, deepest_loops):.2g}."
+        f"On {w}, the mean loss {book.change(-gain(w, 1, R), 3, 'nats')} from one loop "
+        f"to {R} and {book.change(-gain(w, SHALLOW, R), 3)} from {SHALLOW} to {R}; "
+        f"from {R} to {deepest_loops} loops it "
+        f"{book.change(-gain(w, R, deepest_loops), 3)}."
         for w in curve
     )
     + "\n\n"
-    + " ".join(
-        f"On {name.split(':')[0]}, {v.sentence()}" for name, v in loss_verdicts.items()
-    )
+    + V.claim_summary({name.split(":")[0]: v for name, v in loss_verdicts.items()})
 )
 
 # %% tags=["remove-input"]
@@ -463,10 +462,8 @@ book.md(
     + f". After {SHALLOW} loops the model answers {by_depth.loc[SHALLOW, 'all']:.0%} "
       "of "
     f"them, after {R} loops {by_depth.loc[R, 'all']:.0%}. "
-    + " ".join(
-        f"On {name.split(': ')[1]}, {v.sentence()}"
-        for name, v in chain_verdicts.items()
-    )
+    + "\n\n"
+    + V.claim_summary({name.split(": ")[1]: v for name, v in chain_verdicts.items()})
 )
 
 # %% [markdown]
@@ -591,9 +588,8 @@ book.md(
     "The table gives the share of drafted positions where the draft agrees, pooled "
     "over "
     "each workload's rows, beside DAS Table 6's aligned row for the public models. "
-    + " ".join(
-        f"On {name.split(':')[0]}, {v.sentence()}" for name, v in draft_verdicts.items()
-    )
+    + "\n\n"
+    + V.claim_summary({name.split(":")[0]: v for name, v in draft_verdicts.items()})
 )
 
 # %% [markdown]
@@ -685,7 +681,7 @@ book.table(summary.to_frame())
 book.md(
     ""
     if fastest is None
-    else f"Training took {training['minutes']} minutes of wall time over {steps:,} "
+    else f"Training took {training['minutes']:.0f} minutes of wall time over {steps:,} "
     "steps, on cores that other work shared part of the time; its fastest stretch ran "
     f"at {fastest:.2f} s per step, which is {fastest * steps / 60:.0f} minutes for "
     "all of them on idle cores."

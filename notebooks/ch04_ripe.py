@@ -72,6 +72,7 @@ from looped_kv.analysis.ripe import (
     acceptance_by_cache,
     batched_vs_sequential,
     extra_over_deepest,
+    past_end_of_text,
     read_map,
     replay_records,
     scale_windows,
@@ -362,6 +363,8 @@ replays = replay_records(trajectories, target.prompt_lengths, (model16, full), a
                          batch_size=profile.replay_batch)
 records = replays.records
 records["workload"] = np.array(replay_workload)[records["prompt"].to_numpy()]
+records["past end of text"] = past_end_of_text(
+    records, target.sequences, target.prompt_lengths, model.tokenizer.eos_token_id)
 generated = records[records["arm"] == DEEP].groupby("workload").size()
 
 # %% tags=["remove-input"]
@@ -405,6 +408,7 @@ book.table(table4)
 
 # %% tags=["remove-input"]
 tail, peak = summary["tail"].astype(int), summary["max KL"]
+past = records[records["arm"] != FP32].groupby("past end of text").kl.max()
 mid, wide = f"RIPE, W = {windows[1]}", f"RIPE, W = {windows[2]}"
 paper_tail = paper4["tail"].astype(int)
 book.md(
@@ -418,27 +422,50 @@ book.md(
     f"KL {peak[FP32]:.3g}. On Huginn-0125 the paper counted {paper_tail.iloc[0]} tail "
     f"positions for the deepest plane, {paper_tail.iloc[2]} at $W$ = 64, "
     f"{paper_tail.iloc[4]} with sinks, {paper_tail.iloc[5]} with two planes and "
-    f"{paper_tail.iloc[6]} for fp32. The verdicts on the tail follow Figure 4.")
+    f"{paper_tail.iloc[6]} for fp32. The verdicts on the tail follow Figure 4."
+    + ("" if past.index.nunique() < 2 else  # the profile decodes past end-of-text
+       f" {records.loc[records['arm'] == DEEP, 'past end of text'].mean():.0%} of the "
+       "positions follow the trajectory's first end-of-text: this profile decodes on "
+       "for length, where the paper's replays end. Over the bf16 arms the largest KL "
+       f"is {past[False]:.3g} within the text and {past[True]:.3g} past its end."))
 
 # %% [markdown]
 # ## The shape of the error: Figure 4a/b
 #
 # The survival function gives, for every $x$, the fraction of positions whose KL is at
 # least $x$ (all three workloads together). A precision change shifts the whole curve; a
-# tail shows as a curve that crosses the fp32 one and runs far to the right. Positions
-# with KL exactly 0 (identical logits) cannot appear on the logarithmic axis.
+# tail shows as a curve that crosses the fp32 one and runs far to the right. Each panel
+# draws one cache against the deepest plane (dashed) and fp32 (dotted). Positions with
+# KL exactly 0 (identical logits) cannot appear on the logarithmic axis.
 
 # %%
-fig, (left, right) = plt.subplots(1, 2, figsize=book.WIDE, sharey=True)
-for ax, shown in ((left, [DEEP, FP32]), (right, [a for a in arms if a != FP32])):
-    for label in shown:
-        x, s = survival(records.loc[records["arm"] == label, "kl"])
-        ax.step(x, s, where="post", label=label, lw=1.6 if label in (DEEP, FP32) else 1)
-    ax.axvline(TAIL, color="grey", ls=":", lw=1)
-    ax.set(xscale="log", yscale="log", xlabel="KL x (nats)")
-    ax.legend(fontsize=7, loc="lower left")
-left.set(ylabel="fraction of positions with KL ≥ x", title="(a) deepest plane and fp32")
-right.set(title="(b) windows, sinks, two planes")
+curves = {label: survival(records.loc[records["arm"] == label, "kl"]) for label in arms}
+others = [a for a in arms if a not in (DEEP, FP32)]
+rows = -(-(1 + len(others)) // 3)
+fig, axes = plt.subplots(rows, 3, figsize=(book.WIDE[0], 2.4 * rows), sharex=True,
+                         sharey=True, squeeze=False)
+for ax in axes.flat[1 + len(others):]:
+    ax.remove()
+for ax, label in zip(axes.flat, [DEEP, *others], strict=False):
+    for ref, style in ((DEEP, "--"), (FP32, ":")):  # every panel: the two references
+        if ref != label:
+            ax.step(*curves[ref], where="post", color="grey", ls=style, lw=1)
+    ax.step(*curves[label], where="post", color="C3" if label == DEEP else "C0", lw=1.6)
+    ax.axvline(TAIL, color="grey", ls=":", lw=0.8)
+    ax.set(xscale="log", yscale="log")
+    ax.set_title(("(a) " if label == DEEP else "(b) ") + label, fontsize=8)
+    ax.tick_params(labelsize=7)
+for ax in axes[-1]:
+    ax.set_xlabel("KL x (nats)", fontsize=8)
+for ax in axes[:, 0]:
+    ax.set_ylabel("share with KL ≥ x", fontsize=8)
+fig.legend(handles=[plt.matplotlib.lines.Line2D([], [], color="grey", ls="--",
+                                                label=DEEP),
+                    plt.matplotlib.lines.Line2D([], [], color="grey", ls=":",
+                                                label=FP32)],
+           loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8,
+           frameon=False)
+fig.tight_layout()
 plt.show()
 
 # %% tags=["remove-input"]
@@ -526,7 +553,7 @@ book.md(
     f"{ripeness['k'].tolerance:.2f}), so Remark 1 predicts that the deepest plane "
     + ("costs no more than a precision change" if ripe else
        "exceeds a precision change")
-    + f". {fidelity.sentence()}\n\n{tail_verdict.sentence()}\n\n"
+    + ".\n\n" + V.claim_summary({"fidelity": fidelity, "tail": tail_verdict}) + "\n\n"
     f"The paper's label on Huginn-0125 was “{SEC5_1['fidelity label']}”, through "
     f"one bin of generated positions at a ratio of {paper_bin[0]} [{paper_bin[1]}, "
     f"{paper_bin[2]}] (other bins {SEC5_1['other bin ratios'][0]}–"
@@ -604,7 +631,8 @@ else:
            f"{exact_deep / bf16_noise:.2g} times the full cache's "
            f"{profile.reference_dtype} numerics ({bf16_noise:.2g})."))
 book.md(
-    f"{section52['deepest plane vs full cache (bf16)'].sentence()}\n\n"
+    V.claim_summary({"deepest plane": section52["deepest plane vs full cache (bf16)"]})
+    + "\n\n"
     f"The paper measured the deepest plane's ratio at {paper_dep[0]} "
     f"[{paper_dep[1]}, {paper_dep[2]}] on Huginn-0125 and labelled it "
     f"“{SEC5_2['block dependence label']}” against its pre-registered threshold of "
@@ -618,16 +646,16 @@ book.md(
 # ## Algorithm 1's acceptance: RIPE against the deepest plane
 #
 # The paper ran self-speculation with the full cache and with the deepest plane (Section
-# 3.3): drafts that read plane $R$ were accepted more often (α₄ = 0.93 against 0.81 on
-# Huginn-0125, $\tau$ = 4.47 against 3.34 tokens per verification; it had pre-registered
-# a gain of at least half a token, RIPE Table 6). Algorithm 1 keeps those drafts and
-# verifies under $\pi_\text{RIPE}$, whose window reads full depth; Section 4 expects the
-# drafts' higher acceptance to carry over, and Section 7 notes that RIPE with $W > 0$
-# was never run inside the decoder. Each workload's prompts are decoded as one batch per
-# cache, with the paper's $d = \gamma$ = 4 and RIPE at the window that removed Huginn's
-# tail ($W$ = 64, scaled as above, so $W > \gamma$): the full cache with aligned drafts,
-# the deepest plane and RIPE with drafts reading plane $R$. Three claims are tested on
-# the paired per-prompt $\tau$, each with half a token as its smallest effect:
+# 3.3): drafts that read plane $R$ were accepted more often on Huginn-0125, by more than
+# the gain it had pre-registered (RIPE Table 6; its figures are printed below).
+# Algorithm 1 keeps those drafts and verifies under $\pi_\text{RIPE}$, whose window
+# reads full depth; Section 4 expects the drafts' higher acceptance to carry over, and
+# Section 7 notes that RIPE with $W > 0$ was never run inside the decoder. Each
+# workload's prompts are decoded as one batch per cache, with the paper's $d = \gamma$ =
+# 4 and RIPE at the window that removed Huginn's tail ($W$ = 64, scaled as above, so $W
+# > \gamma$): the full cache with aligned drafts, the deepest plane and RIPE with drafts
+# reading plane $R$. Three claims are tested on the paired per-prompt $\tau$, each with
+# half a token as its smallest effect:
 #
 # * the deepest plane accepts more than the full cache (Section 3.3, measured);
 # * Algorithm 1 under RIPE accepts more than the full cache (Section 4's expectation);
@@ -679,8 +707,8 @@ book.table(tau_table)
 paper_tau = papers.RIPE_SEC_3_3_ACCEPTANCE["tau measured, 24 problems"]
 book.md(
     f"The table gives the mean $\\tau$ per workload (ceiling {ceiling}). "
-    + " ".join(f"On {name.split(':')[0]}, {v.sentence()}"
-               for name, v in accept_verdicts.items())
+    + "\n\n"
+    + V.claim_summary({name.split(":")[0]: v for name, v in accept_verdicts.items()})
     + "".join(f" The comparison {name.split(': ')[1]} on {name.split(':')[0]} repeats "
               f"“{same.split(': ')[1]}” number for number and is not counted again."
               for name, same in repeated.items())

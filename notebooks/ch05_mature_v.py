@@ -60,7 +60,12 @@ import torch
 
 from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import claims, measure, perf
-from looped_kv.analysis.verdicts import CEILING_MARGIN, MIN_UNITS, interval_table
+from looped_kv.analysis.verdicts import (
+    CEILING_MARGIN,
+    MIN_UNITS,
+    claim_summary,
+    interval_table,
+)
 from looped_kv.experiments import bench
 from looped_kv.workloads import data
 
@@ -119,9 +124,7 @@ book.md(
     + ", and deep V minus deep K "
     + ", ".join(f"{gain[w]:+.1%} on {w}" for w in data.WORKLOADS)
     + ". The verdicts on each workload:\n\n"
-    + "\n".join(f"- {w}, Mature-V over aligned: {mature_v[w].sentence()}\n"
-                 f"- {w}, deep V over deep K: {channel[w].sentence()}"
-                 for w in data.WORKLOADS))
+    + claim_summary(mature_v) + "\n\n" + claim_summary(channel))
 
 # %% [markdown]
 # ## The read-depth grid (DAS Figure 4)
@@ -260,10 +263,11 @@ book.md(
     f"{TABLE1['Mature-Spec']['GSM8K'][0]:.2f}x for Mature-Spec, each at its own "
     f"selected configuration (DAS Table 1). Here both run at $d = {d}$, "
     f"$\\gamma = {gamma}$, on {P.timing_prompts} timed prompts per workload, "
-    f"{P.timing_repeats} round(s) each (a speed verdict needs "
+    f"{P.timing_repeats} {'round' if P.timing_repeats == 1 else 'rounds'} each "
+    "(a speed verdict needs "
     f"{MIN_UNITS['timing']} prompts in repeated rounds), and the verdicts are:\n\n"
-    + "\n".join(f"- {w}, acceptance: {v['acceptance'].sentence()}\n"
-                f"- {w}, speed: {v['speed'].sentence()}" for w, v in mature.items()))
+    + claim_summary({w: v["acceptance"] for w, v in mature.items()}) + "\n\n"
+    + claim_summary({w: v["speed"] for w, v in mature.items()}))
 
 # %% [markdown]
 # ## The cost model (RIPE Eq. 8, Sec. 3.4)

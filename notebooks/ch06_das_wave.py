@@ -57,7 +57,12 @@ import torch
 
 import looped_kv
 from looped_kv import book, papers, profiles, workloads
-from looped_kv.analysis.verdicts import CEILING_MARGIN, MIN_UNITS, interval_table
+from looped_kv.analysis.verdicts import (
+    CEILING_MARGIN,
+    MIN_UNITS,
+    claim_summary,
+    interval_table,
+)
 from looped_kv.decoding.core import accept, new_cache, prefill
 from looped_kv.decoding.das_wave import DEEP_KV, refine
 from looped_kv.experiments import bench
@@ -102,30 +107,33 @@ def show(token: int) -> str:
     return book.decode(model, torch.tensor([token])).replace("\n", "⏎")[:4]
 
 
-grid = np.full((len(trace) + 1, WAVE["gamma"]), np.nan)
-fig, ax = plt.subplots(figsize=book.WIDE)
+SHOWN = min(w, 12)  # the first proposals, at a size the page can show
+grid = np.full((len(trace) + 1, SHOWN), np.nan)
+fig, ax = plt.subplots(figsize=(book.WIDE[0], 1.2 + 0.2 * (len(trace) + 1)))
 for j, guesses in enumerate(trace):
     width = guesses.shape[1]
-    grid[j, :width] = 1.0  # carried
-    if j == 0 or width > trace[j - 1].shape[1]:
+    grid[j, :min(width, SHOWN)] = 1.0  # carried
+    if (j == 0 or width > trace[j - 1].shape[1]) and width <= SHOWN:
         grid[j, width - 1] = 2.0  # newly active
-    for i, token in enumerate(guesses[0].tolist()):
-        ax.text(i, j, show(token), ha="center", va="center", fontsize=4.5)
-grid[-1, :w] = [3.0 if i < accepted else 4.0 if i == accepted else np.nan
-                for i in range(w)]
-for i, token in enumerate(target[0, :w].tolist()):
-    ax.text(i, len(trace), show(token), ha="center", va="center", fontsize=4.5,
+    for i, token in enumerate(guesses[0, :SHOWN].tolist()):
+        ax.text(i, j, show(token), ha="center", va="center", fontsize=7)
+grid[-1, :SHOWN] = [3.0 if i < accepted else 4.0 if i == accepted else np.nan
+                    for i in range(SHOWN)]
+for i, token in enumerate(target[0, :SHOWN].tolist()):
+    ax.text(i, len(trace), show(token), ha="center", va="center", fontsize=7,
             weight="bold")
-COLORS = ["#cfe3f7", "#f7d774", "#9be39b", "#f29b9b"]  # carried, new, accept, reject
-cmap = plt.matplotlib.colors.ListedColormap(COLORS)
+KEY = {"carried": "#cfe3f7", "newly active": "#f7d774", "verifier accepts": "#9be39b",
+       "first mismatch": "#f29b9b"}
+cmap = plt.matplotlib.colors.ListedColormap(list(KEY.values()))
 ax.imshow(grid, cmap=cmap, vmin=0.5, vmax=4.5, aspect="auto")
-ax.set_xticks(range(WAVE["gamma"]), [f"y{i + 1}" for i in range(WAVE["gamma"])],
-              fontsize=6)
-ax.set(xlabel="proposal (y1 is read out from the anchor)",
+ax.set_xticks(range(SHOWN), [f"y{i + 1}" for i in range(SHOWN)], fontsize=8)
+ax.set(xlabel=f"proposal (the first {SHOWN} of {w}; y1 is read out from the anchor)",
        ylabel="round j (last row: verifier)", yticks=range(len(trace) + 1),
-       yticklabels=[*range(len(trace)), "verify"],
-       title="DAS-Wave: states carried (blue), newly active positions (yellow)")
-ax.tick_params(axis="y", labelsize=6)
+       yticklabels=[*range(len(trace)), "verify"])
+ax.tick_params(axis="y", labelsize=7)
+patches = [plt.matplotlib.patches.Patch(color=c, label=k) for k, c in KEY.items()]
+ax.legend(handles=patches, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
+          fontsize=8, frameon=False)
 plt.show()
 
 # %% tags=["remove-input"]
@@ -227,10 +235,11 @@ book.md(
     f"{paper_share['Mature-Spec']:.0%} (at $\\gamma$ = {SEQ.gamma}). The paper's "
     f"Huginn speed-up is {HUGINN1['DAS-Wave']['GSM8K'][0]:.2f}x with $A$ = "
     f"{HUGINN1['DAS-Wave']['GSM8K'][1]} on GSM8K. Here {P.timing_prompts} prompts per "
-    f"workload are timed, {P.timing_repeats} round(s) each (a speed verdict needs "
+    f"workload are timed, {P.timing_repeats} "
+    f"{'round' if P.timing_repeats == 1 else 'rounds'} each (a speed verdict needs "
     f"{MIN_UNITS['timing']} in repeated rounds). The verdicts against Mature-Spec, "
     "the strongest of the paper's own sequential decoders:\n\n"
-    + "\n".join(f"- {w}, speed: {v.sentence()}" for w, v in wave_verdicts.items()))
+    + claim_summary(wave_verdicts))
 
 # %% [markdown]
 # ## Carry and mature reads (DAS Table 9, Eq. 11)
@@ -267,7 +276,7 @@ E_PAPER = papers.DAS_SEC_C_4_ECKV[(papers.HUGINN, "GSM8K")]  # DAS Sec. C.4
 book.md(
     f"On Huginn/GSM8K the paper reports $E_{{cKV}}$ = {E_PAPER} tokens. Here, per "
     "workload (the estimate is the mean per-prompt $E_{cKV}$ in tokens):\n\n"
-    + "\n".join(f"- {w}: {v.sentence()}" for w, v in interaction.items())
+    + claim_summary(interaction)
     + "\n\nWithout carry and with aligned reads a verification commits "
     + ", ".join(f"{factorial.loc[(0, 0, 0), w]:.1f} tokens on {w}"
                 for w in data.WORKLOADS)

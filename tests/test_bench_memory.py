@@ -87,6 +87,24 @@ def test_fixed_memory_comparison_under_a_budget():
     assert np.isclose(f.total, f.same_batch * f.batch)
     with pytest.raises(ValueError, match="fit_on must name at least 2"):
         fixed_memory_comparison(model, prompts, budget, **{**options, "fit_on": (1,)})
+
+
+def test_fixed_memory_cells_are_timed_interleaved(monkeypatch):
+    """Chapter 7 divided deepest@4 by a full@4 timed in a separate call: a factor's cells share each round."""
+    import looped_kv.analysis.throughput as throughput
+
+    model = random_model("huginn", seed=1)
+    prompts = [torch.randint(0, model.config.vocab_size, (4,)) for _ in range(2)]
+    options = dict(max_new_tokens=3, num_loops=R, draft_loops=2, gamma=2, memory_batch_sizes=(1, 2), fit_on=(1, 2))
+    full = memory_cells(model, prompts, [1, 2], "self-spec", "full", max_new_tokens=3, num_loops=R, draft_loops=2,
+                        gamma=2)
+    calls, run = [], throughput._run
+    monkeypatch.setattr(throughput, "_run",
+                        lambda m, p, size, s: calls.append((s["cache"], size)) or run(m, p, size, s))
+    comparison = fixed_memory_comparison(model, prompts, full[1].peak_bytes * 1.01, repeats=2, **options)
+    b_deep = comparison.memory["deepest"].b_max
+    round_ = [("full", 2), ("deepest", 2), ("deepest", b_deep)]
+    assert calls[-9:] == round_ * 3  # after the memory cells: a warm-up round, then two timed rounds
     with pytest.raises(ValueError, match="holds no full-cache sequence"):
         fixed_memory_comparison(model, prompts, 10.0, **options)
 

@@ -32,6 +32,7 @@ from looped_kv.analysis.measure import (
 from looped_kv.analysis.planes import in_dtype
 from looped_kv.analysis.ripe import (
     acceptance_by_cache,
+    past_end_of_text,
     batched_vs_sequential,
     block_starts,
     extra_over_deepest,
@@ -319,6 +320,17 @@ def synthetic_records() -> pd.DataFrame:
     return pd.DataFrame({"prompt": [0, 0, 1, 1, 0, 0, 1, 1], "position": [0, 1] * 4,
                          "arm": ["a"] * 4 + ["b"] * 4, "kl": [0.5, 0.01, 0.2, 0.0, 0.0, 0.0, 0.05, 0.11],
                          "flip": [True, False, True, False, False, False, False, True]})
+
+
+def test_records_past_end_of_text_are_marked():
+    """The tiny profile decodes past end-of-text (chapter 4): the records say which positions a decoder that stops
+    there never emits; an end-of-text itself is in the text."""
+    records = synthetic_records()
+    sequences = [torch.tensor([7, 7, 2, 9]), torch.tensor([7, 3, 2, 9])]  # prompts of 2 and 1 tokens, eos = 9
+    past = past_end_of_text(records, sequences, [2, 1], eos_token_id=9)
+    assert past.tolist() == [False, False, False, False] * 2  # prompt 0: eos at position 1; prompt 1: at 2
+    past = past_end_of_text(records, sequences, [2, 1], eos_token_id=2)
+    assert past.tolist() == [False, True, False, False] * 2  # eos at 0 (prompt 0) and 1 (prompt 1)
 
 
 def test_tail_summary_and_counts():

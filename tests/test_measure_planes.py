@@ -432,6 +432,9 @@ def test_eq6_check(setup):
     shallow = grid.rows[(grid.rows.region == "shallow") & (grid.rows.plane == R)].sort_values("text").kl
     np.testing.assert_array_equal(check.shallow_only, shallow.to_numpy())
     assert check.shallow_only_median == pytest.approx(shallow.median()) and check.factor >= 1
+    deep_rows = grid.rows[(grid.rows.region == "deep") & (grid.rows.plane == R)].sort_values("text").kl
+    np.testing.assert_array_equal(check.deep_only, deep_rows.to_numpy())
+    assert check.deep_only_median == pytest.approx(deep_rows.median())
     assert math.isnan(eq6_check(model, grid.reference, fit).shallow_only_median)
 
 

@@ -59,6 +59,17 @@ def test_lookup_drills_ask_every_name_once_in_a_random_order():
     assert all(q.depth == 1 for q in mixed[0].queries) and mixed[1] == data.multichain_programs(4, "dev", 0, 6)[1]
 
 
+def test_lookup_layout_grows_its_drills_with_the_curriculum():
+    """The drills-alone layout binds 2 to 4 names per step of the cap, up to the multichain programs' 36."""
+    for cap, most in ((1, 4), (3, 12), (9, 36), (32, 36)):
+        drills = train.programs_of({"layout": "lookup"}, 200, "train", max_depth=cap)
+        sizes = [len(p.queries) for p in drills]
+        assert min(sizes) == 2 and max(sizes) == most
+        assert all(q.depth == 1 for p in drills for q in p.queries)
+    with pytest.raises(ValueError, match="sizes must satisfy"):
+        data.lookup_programs(1, sizes=(3, 2))
+
+
 def test_multichain_training_rows_score_the_dense_query_lines(tokenizer):
     """The scouting run's first attempt trained on "x?7;" query lines (renaming dropped the layout) while its
     evaluation asked "x7": every row must keep the layout it was drawn in."""

@@ -98,7 +98,7 @@ def test_a_timing_verdict_needs_16_prompts_each_timed_in_interleaved_repeats():
     a, b = paired(2.0, n=16)
     assert verdict(GREATER, a, b, kind="timing", repeats=2).label == AGREES
     once = verdict(GREATER, a, b, kind="timing", repeats=1)
-    assert once.label == INCONCLUSIVE and "timed 1 time(s) each" in once.reason
+    assert once.label == INCONCLUSIVE and "timed once each" in once.reason
     few = verdict(GREATER, a[:15], b[:15], kind="timing", repeats=3, units="timed prompts")
     assert few.label == INCONCLUSIVE and "too few units (15 timed prompts" in few.reason
     with pytest.raises(ValueError, match="kind must be one of"):
@@ -314,6 +314,18 @@ def test_tables_and_tally_summarise_a_chapter():
         "Of 5 claims on the model, 1 agrees with the paper, 1 disagrees, 1 finds no effect of the size that counts, "
         "1 compares identical arms and 1 is inconclusive; 1 of these because the measurement cannot discriminate on "
         "this model (blocked).")
+
+
+def test_a_chapters_table_and_tally_count_a_repeated_verdict_once():
+    """Chapter 3 counted "share every 8 loops over first 4 loops" beside "deepest plane over first 4 loops", the
+    same texts and numbers under two names."""
+    a, b = paired(0.5)
+    found = {"deepest over first 4": verdict(GREATER, a, b), "share-8 over first 4": verdict(GREATER, a.copy(), b),
+             "other": verdict(GREATER, *paired(0.5, seed=1))}
+    assert list(interval_table(found).index) == ["deepest over first 4", "other"]
+    assert tally(found, "the model", "the paper").startswith("Of 2 claims on the model, 2 agree with the paper")
+    assert tally(found, "the model", "the paper").endswith(
+        " “share-8 over first 4” repeats “deepest over first 4” number for number and is counted once.")
 
 
 # -- more uncertainty never gives a stronger label (issue 40, item 7) ----------------------------------------------

@@ -676,6 +676,7 @@ class Eq6Check:
     S_measured: np.ndarray  # per text
     measured: np.ndarray  # per text: the deepest-plane arm (every loop r < R reads plane R)
     shallow_only: np.ndarray | None  # per text: plane R substituted in the shallow region alone (from a grid)
+    deep_only: np.ndarray | None = None  # per text: plane R substituted in the deep region alone (from a grid)
 
     @property
     def measured_median(self) -> float:
@@ -688,6 +689,10 @@ class Eq6Check:
     @property
     def shallow_only_median(self) -> float:
         return float("nan") if self.shallow_only is None else float(np.median(self.shallow_only))
+
+    @property
+    def deep_only_median(self) -> float:
+        return float("nan") if self.deep_only is None else float(np.median(self.deep_only))
 
     @property
     def factor(self) -> float:
@@ -703,7 +708,8 @@ def eq6_check(model: LoopedLM, reference: Replay, fit: SensitivityFit, grid: Arm
     The curve's S uses Delta_r of this reference (``replay.ripening``) over the deep loops 25..31 (scaled);
     the measured S is each text's ||delta|| of plane R over the same loops. The measurement is the arm of
     :func:`looped_kv.analysis.replay.deepest_plane_arm`, which the fit did not use. With ``grid``, the shallow
-    region's plane-R arm gives each text's cost of substituting plane R in the shallow loops alone.
+    region's plane-R arm gives each text's cost of substituting plane R in the shallow loops alone, and the deep
+    region's in the deep loops alone: what every loop costs beyond both is the middle loops' share.
     """
     R, t = reference.num_loops, reference.first_decoded
     deep = list(deep_loop_range(R))
@@ -714,11 +720,12 @@ def eq6_check(model: LoopedLM, reference: Replay, fit: SensitivityFit, grid: Arm
     scale = math.exp(fit.a + fit.b)
     arm = deepest_plane_arm(model, reference)[:, t]
     measured = kl(reference.logits[:, t], arm).cpu().numpy()
-    shallow = None
-    if grid is not None:
-        rows = grid.rows[(grid.rows.region == "shallow") & (grid.rows.plane == R)].sort_values("text")
+    regions = {}
+    for region in ("shallow", "deep") if grid is not None else ():
+        rows = grid.rows[(grid.rows.region == region) & (grid.rows.plane == R)].sort_values("text")
         if len(rows) != len(measured):
-            raise ValueError(f"grid must hold the shallow region's plane-{R} arm for every text of the reference")
-        shallow = rows.kl.to_numpy()
+            raise ValueError(f"grid must hold the {region} region's plane-{R} arm for every text of the reference")
+        regions[region] = rows.kl.to_numpy()
     return Eq6Check(from_curve=scale * S_curve**fit.g, from_size=float(np.median(scale * S_measured**fit.g)),
-                    S_curve=S_curve, S_measured=S_measured, measured=measured, shallow_only=shallow)
+                    S_curve=S_curve, S_measured=S_measured, measured=measured, shallow_only=regions.get("shallow"),
+                    deep_only=regions.get("deep"))

@@ -226,6 +226,17 @@ def replay_records(trajectories: Sequence[Tensor], prompt_lengths: Sequence[int]
     return Replays(pd.concat(frames, ignore_index=True), block_frame)
 
 
+def past_end_of_text(records: pd.DataFrame, sequences: Sequence[Tensor], prompt_lengths: Sequence[int],
+                     eos_token_id: int) -> np.ndarray:
+    """Per record of :func:`replay_records`: whether its generated position follows the trajectory's first
+    end-of-text, text a decoder that stops there never emits (a trajectory decoded with ``stop_at_eos=False``)."""
+    first = []
+    for sequence, p in zip(sequences, prompt_lengths, strict=True):
+        hits = (sequence.reshape(-1)[p:] == eos_token_id).nonzero()
+        first.append(int(hits[0]) if len(hits) else np.iinfo(np.int64).max)
+    return records["position"].to_numpy() > np.asarray(first)[records["prompt"].to_numpy()]
+
+
 def _replay_rows(trajectories: list[Tensor], prompt_lengths: list[int], reference: tuple[LoopedLM, CachePolicy],
                  arms: Mapping[str, tuple[LoopedLM, CachePolicy]], gamma: int | None, block_arms: Sequence[str],
                  reference_label: str) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -135,7 +135,8 @@ def fixed_memory_comparison(model: LoopedLM, prompts: Sequence[Tensor], budget: 
 
     For each cache, peak memory is measured at ``memory_batch_sizes``, the model is fitted on ``fit_on``
     and B_max found; then throughput is measured for the full cache at B_full, and for the deepest plane
-    at B_full and at B_deep (fastest of ``repeats`` runs), and split by
+    at B_full and at B_deep, the three cells interleaved in each of ``repeats`` rounds after one warm-up run
+    each (each cell the fastest of its runs: a factor is a ratio of cells timed side by side), and split by
     :func:`looped_kv.analysis.perf.fixed_memory_factors`. ``options`` go to :func:`looped_kv.generate`;
     the deepest plane is block-dependent, so draft-then-verify runs it with ``exact=False``.
     """
@@ -157,9 +158,23 @@ def fixed_memory_comparison(model: LoopedLM, prompts: Sequence[Tensor], budget: 
     b_full, b_deep = memory["full"].b_max, memory["deepest"].b_max
     if b_full < 1:
         raise ValueError(f"budget {budget:.4g} bytes holds no full-cache sequence (B_max = 0); raise it")
-    best_full = throughput_cells(model, prompts, [b_full], cache="full", repeats=repeats, **common, **full)[0]
-    same, at_max = throughput_cells(model, prompts, [b_full, b_deep], cache="deepest", repeats=repeats, **common,
-                                    **deep)
-    cells = {f"full@{b_full}": best_full, f"deepest@{b_full}": same, f"deepest@{b_deep}": at_max}
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    settings_ = {f"full@{b_full}": (b_full, dict(cache="full", **full)),
+                 f"deepest@{b_full}": (b_full, dict(cache="deepest", **deep)),
+                 f"deepest@{b_deep}": (b_deep, dict(cache="deepest", **deep))}
+    settings_ = {name: (size, dict(max_new_tokens=max_new_tokens, method=method, **kwargs))
+                 for name, (size, kwargs) in settings_.items()}
+    for size, run in settings_.values():  # warm-up
+        _run(model, prompts, size, run)
+    runs: dict[str, list[Generation]] = {name: [] for name in settings_}
+    for _ in tqdm(range(repeats), disable=not progress, desc="fixed memory: interleaved rounds", leave=False):
+        for name, (size, run) in settings_.items():
+            runs[name].append(_run(model, prompts, size, run))
+    cells = {}
+    for name, (size, _) in settings_.items():
+        out = min(runs[name], key=lambda run: run.wall_time)
+        cells[name] = ThroughputCell(size, out.tokens_per_s, out.wall_time, out.num_new, out.tau)
+    best_full, same, at_max = cells.values()
     return FixedMemoryComparison(budget, memory, cells,
                                  fixed_memory_factors(best_full.tokens_per_s, same.tokens_per_s, at_max.tokens_per_s))

@@ -378,9 +378,10 @@ def enough_units(n: int, kind: str = "paired", what: str = "prompts", repeats: i
     if kind == "timing":
         timed = repeats is not None and repeats >= MIN_REPEATS
         passed = passed and timed
+        times = "once" if (repeats or 1) == 1 else f"{repeats} times"
         detail = (f"too few units ({n} {what}; a timing verdict needs at least {minimum}, each timed in "
-                  f"{MIN_REPEATS} or more interleaved repeats" + ("" if timed else f", and these were timed "
-                                                                 f"{repeats or 1} time(s) each") + ")")
+                  f"{MIN_REPEATS} or more interleaved repeats" + ("" if timed else f", and these were timed {times} "
+                                                                 "each") + ")")
     return Check(f"at least {minimum} {what}", passed, detail, kind="units")
 
 
@@ -597,8 +598,9 @@ def verdict_table(verdicts: dict[str, Verdict] | list[Verdict]) -> pd.DataFrame:
 
 
 def interval_table(verdicts: dict[str, Verdict]) -> pd.DataFrame:
-    """A chapter's verdicts for reading: the label, the estimate with its interval to its precision
-    (:attr:`Verdict.estimate_text`), n, the smallest effect, the source and why."""
+    """A chapter's verdicts for reading, each once (:func:`distinct`): the label, the estimate with its interval to
+    its precision (:attr:`Verdict.estimate_text`), n, the smallest effect, the source and why."""
+    verdicts, _ = distinct(verdicts)
     table = verdict_table(verdicts)[["verdict", "n", "smallest effect", "source", "why"]]
     table.insert(1, "estimate [interval]", [v.estimate_text for v in verdicts.values()])
     return table
@@ -627,7 +629,9 @@ def _count(count: int, singular: str, plural: str) -> str:
 
 def tally(verdicts: dict[str, Verdict], model: str, against: str) -> str:
     """One sentence: how many of a chapter's claims on ``model`` agree with ``against``, disagree, find no effect of
-    the size that counts, are identical or inconclusive, and which inconclusive ones could not discriminate."""
+    the size that counts, are identical or inconclusive, and which inconclusive ones could not discriminate. A
+    verdict that repeats another's numbers (:func:`distinct`) is counted once, and the sentence says so."""
+    verdicts, repeats = distinct(verdicts)
     counts = pd.Series({name: v.label for name, v in verdicts.items()}, dtype=object).value_counts()
     counts = counts.reindex(LABELS, fill_value=0)
     blocked = [name for name, v in verdicts.items() if v.blocked]
@@ -638,4 +642,6 @@ def tally(verdicts: dict[str, Verdict], model: str, against: str) -> str:
              _count(counts[INCONCLUSIVE], "is inconclusive", "are inconclusive")]
     return (f"Of {len(verdicts)} claims on {model}, " + ", ".join(parts[:-1]) + f" and {parts[-1]}"
             + (f"; {len(blocked)} of these because the measurement cannot discriminate on this model "
-               f"({'; '.join(blocked)})." if blocked else "."))
+               f"({'; '.join(blocked)})." if blocked else ".")
+            + "".join(f" “{name}” repeats “{same}” number for number and is counted once." for name, same
+                      in repeats.items()))

@@ -66,8 +66,9 @@ def attend_segments(queries: Tensor, segments: list[tuple[Tensor, Tensor, Tensor
     """One softmax over several key/value segments, each read in place: no concatenation.
 
     ``segments`` holds (keys, values, mask) with keys and values (B, Hkv, n_k, D) and mask broadcastable to
-    (B, H, n_q, n_k) (None: all read). Scores are computed per segment, normalized by their joint maximum and sum,
-    and the values summed per segment: the same result as attending to the concatenation. Grouped-query heads
+    (B, H, n_q, n_k) (None: all read). Scores are computed per segment and joined for one softmax (the scores, a
+    few per query, are copied; the keys and values never are), and the values are summed per segment: the same
+    result as attending to the concatenation. Grouped-query heads
     broadcast instead of being repeated. Computed in ``softmax_dtype`` (default: float32, or the input's dtype
     when wider).
     """
@@ -79,15 +80,13 @@ def attend_segments(queries: Tensor, segments: list[tuple[Tensor, Tensor, Tensor
     dtype = softmax_dtype or torch.promote_types(queries.dtype, torch.float32)
     qg = queries.to(dtype).view(B, H // groups, groups, n, D) / math.sqrt(D)
     scores = []
-    for keys, _, mask in segments:
-        s = qg @ keys.to(dtype).unsqueeze(2).transpose(-1, -2)  # (B, Hkv, groups, n, n_k)
-        if mask is not None:
-            s = s.masked_fill(~_grouped(mask, groups), float("-inf"))
-        scores.append(s)
-    top = torch.stack([s.amax(-1) for s in scores]).amax(0).unsqueeze(-1)
-    weights = [(s - top).exp() for s in scores]
-    total = sum(w.sum(-1, keepdim=True) for w in weights)
-    out = sum(w @ values.to(dtype).unsqueeze(2) for w, (_, values, _) in zip(weights, segments, strict=True)) / total
+    for keys, _, mask in segments:  # (B, Hkv, groups, n, n_k) per segment; the keys are never copied
+        s = qg @ keys.to(dtype).unsqueeze(2).transpose(-1, -2)
+        scores.append(s if mask is None else s.masked_fill(~_grouped(mask, groups), float("-inf")))
+    weights = torch.cat(scores, dim=-1).softmax(dim=-1).split([s.shape[-1] for s in scores], dim=-1)
+    out = weights[0] @ segments[0][1].to(dtype).unsqueeze(2)
+    for w, (_, values, _) in zip(weights[1:], segments[1:], strict=True):
+        out = out + w @ values.to(dtype).unsqueeze(2)
     return out.reshape(B, H, n, D).to(queries.dtype)
 
 

@@ -485,7 +485,8 @@ class BlockPass:
     # -- masks, built once per block ---------------------------------------------------------
     def _segment_masks(self, kinds: tuple[str, ...]) -> list[Tensor | None]:
         if kinds not in self._masks:
-            tail = _causal_tail(self.positions.shape[1], self.offset, self.positions.device)
+            n = self.positions.shape[1]  # one token reads all its tail: no mask
+            tail = None if n == 1 else _causal_tail(n, self.offset, self.positions.device)
             self._masks[kinds] = [self.cache.mask(kind, self.positions) for kind in kinds] + [tail]
         return self._masks[kinds]
 

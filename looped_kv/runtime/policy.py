@@ -47,7 +47,7 @@ class CachePolicy:
                      "sinks": self.sinks}.get(self.kind)
         return self.kind if parameter is None else f"{self.kind}({parameter})"
 
-    @property
+    @cached_property  # read at every site and loop
     def kept(self) -> tuple[int, ...]:
         """The planes stored for every position."""
         R, k = self.num_loops, self.k
@@ -78,7 +78,7 @@ class CachePolicy:
         """pi(r, t, j) for one query t and prefix position j < t."""
         return r if (t - j <= self.window or j < self.sinks) else self.plane(r)
 
-    @property
+    @cached_property  # read at every site and loop
     def extra(self) -> tuple[int, ...]:
         """Planes held only for the window and the sinks (the full-depth positions)."""
         if not (self.window or self.sinks):

@@ -45,6 +45,7 @@ from looped_kv.analysis.verdicts import bca_interval
 from looped_kv.decoding.generate import generate
 from looped_kv.experiments.bench import run_paired
 from looped_kv.profiles import TINY
+from looped_kv.prose import change
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads import data
@@ -146,8 +147,9 @@ def depth_story(record: dict) -> str:
     return (
         f"On {int(f['queries'])} queries of held-out multichain programs (the decoding workload's evaluation split), "
         f"the shipped model answers {accuracy} loops, against a chance of {data.CHAIN_CHANCE:.0%}. Its answer loss "
-        f"falls by {f['answer loss R=4 - answer loss R=32']:.2f} nats from 4 loops to 32 and changes by "
-        f"{f['answer loss R=64 - answer loss R=32']:+.3f} from 32 to 64. On the deepest queries (depth {DEEPEST}, "
+        f"{change(-f['answer loss R=4 - answer loss R=32'], unit='nats')} from 4 loops to 32 and "
+        f"{change(f['answer loss R=64 - answer loss R=32'], digits=3)} from 32 to 64. On the deepest queries "
+        f"(depth {DEEPEST}, "
         f"{int(f[f'queries of depth {DEEPEST}'])} of them) it answers {f[f'accuracy R=32 on depth {DEEPEST}']:.0%} "
         f"at R = 32. Decoding, greedy R = 32 gets {int(f['greedy answers right, R=32'])} answers right against "
         f"{int(f['greedy answers right, R=4'])} at R = 4; self-speculation with 4-loop drafts reaches "

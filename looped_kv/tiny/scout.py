@@ -81,8 +81,21 @@ RECIPES.update({
     "multi-lookup": ("multi-shallow with lookup drills (names bound to digits, asked in a random order) in every "
                      "other program: multichain programs stayed at chance because the shipped model never looked a "
                      "name up", ["--chain-layout", "multi-lookup", "--deep-share", "0.05", "--start-depth", "2"]),
+    "lookup-drills": ("lookup drills alone (no chains, word problems or code), 2 to 4 names per step of the "
+                      "curriculum's cap from 4 up to 36: multi-lookup stayed at chance on lookups too (answer loss "
+                      "ln 10 after 2,000 steps), so does the shipped model learn a lookup by name at all when it "
+                      "starts small?", ["--chain-layout", "lookup", "--start-depth", "1", "--depth-step", "1",
+                                        "--mix", "0", "0", "1"]),
 })
-STARTS = {name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup")}
+#: The lookup-drills recipe's end: the shipped run taught lookups by name (``checkpoints/tiny-lookup``).
+LOOKUP_RUN = Path("checkpoints/tiny-lookup")
+RECIPES["lookup-then-multi"] = (
+    "continue lookup-drills (which learned lookups by name) on multichain programs alternating with full-size "
+    "lookup drills, the curriculum restarted at depth 2, the shipped mix from the start, 5% of steps at 64 loops",
+    ["--chain-layout", "multi-lookup", "--deep-share", "0.05", "--start-depth", "2", "--depth-step", "2",
+     "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1"])
+STARTS = {name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
+                                      "lookup-drills")} | {"lookup-then-multi": LOOKUP_RUN}
 
 
 def earns_long_run(record: dict, margin: float = 0.05) -> bool:

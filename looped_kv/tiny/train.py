@@ -67,8 +67,10 @@ RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth", "chain_layo
 BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "decay_from": 0, "deep_share": 0.0}
 #: The chain programs' layouts (``--chain-layout``): one chain per program (``data.chain_programs``); several
 #: contiguous chains with a dense query line (``data.multichain_programs``); or those alternating with lookup drills
-#: (``data.lookup_programs``: names bound to digits, asked in a random order).
-CHAIN_LAYOUTS = ("single", "multi", "multi-lookup")
+#: (``data.lookup_programs``: names bound to digits, asked in a random order); or the drills alone, binding at most
+#: :data:`LOOKUP_NAMES_PER_DEPTH` names per step of the curriculum's cap (a curriculum on the lookup's size).
+CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup")
+LOOKUP_NAMES_PER_DEPTH = 4
 #: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
 DEEP_LOOPS = 64
 EVAL_LOOPS = (1, 4, 8, 16, 32)
@@ -304,7 +306,7 @@ class Curriculum:
         at the cap); raise the cap if it reaches ``--advance-at``."""
         programs = programs_of(shape(self.args), 128, "dev", seed=self.depth, max_depth=self.depth)
         dev = encode_chains(self.tokenizer, programs)
-        keep = dev.depths > self.depth // 2
+        keep = dev.depths > min(self.depth // 2, int(dev.depths.max()) - 1)  # drills: every query is depth 1
         hits = quick_hits(loops, dev, (self.args.curriculum_loops,), autocast)[self.args.curriculum_loops]
         accuracy = float(hits[keep].mean())
         if accuracy >= self.args.advance_at and self.depth < data.CHAIN_DEPTH:
@@ -321,9 +323,15 @@ class Curriculum:
 
 def shape(args: Options) -> dict:
     """The chain programs' shape options: the layout, and ``data.chain_programs``'s for the single layout."""
-    if args.chain_layout in ("multi", "multi-lookup"):
+    if args.chain_layout in ("multi", "multi-lookup", "lookup"):
         return {"layout": args.chain_layout}
     return {"layout": "single", "max_chains": args.chains, "interleave": args.interleave}
+
+
+def lookup_sizes(max_depth: int) -> tuple[int, int]:
+    """The least and most names of the ``lookup`` layout's drills at curriculum cap ``max_depth``."""
+    most = min(data.MULTICHAIN_BINDINGS, LOOKUP_NAMES_PER_DEPTH * max_depth)
+    return min(2, most), most
 
 
 def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int = data.CHAIN_DEPTH) -> list:
@@ -334,6 +342,8 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
     if shape["layout"] == "multi-lookup":  # drills and multichain programs in turn
         drills, chains = data.lookup_programs(n, split, seed), data.multichain_programs(n, split, seed, max_depth)
         return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
+    if shape["layout"] == "lookup":  # drills alone, their size following the curriculum's cap
+        return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth))
     return data.chain_programs(n, split, seed=seed, max_depth=max_depth, **options)
 
 

@@ -248,22 +248,30 @@ def multichain_programs(n: int, split: str = "train", seed: int = 0,
     return [_multichain_program(random.Random(f"multichain/{split}/{seed}/{i}"), max_depth) for i in range(n)]
 
 
-def _lookup_program(rng: random.Random) -> ChainProgram:
-    """Lookup drills for training: 8 to :data:`MULTICHAIN_BINDINGS` names bound to digits (``a=3;b=7;``), every one
-    asked once in a random order on a dense query line. An answer is one lookup by name (depth 1), and the order
-    leaves no positional shortcut: the skill several chains need and one chain never taught."""
-    names = rng.sample(CHAIN_NAMES, rng.randint(8, MULTICHAIN_BINDINGS))
+def _lookup_program(rng: random.Random, sizes: tuple[int, int]) -> ChainProgram:
+    """Lookup drills for training: ``sizes`` (least, most) names bound to digits (``a=3;b=7;``), every one asked
+    once in a random order on a dense query line. An answer is one lookup by name (depth 1), and the order leaves no
+    positional shortcut: the skill several chains need and one chain never taught."""
+    names = rng.sample(CHAIN_NAMES, rng.randint(*sizes))
     values = {name: rng.randrange(10) for name in names}
     asked = rng.sample(names, len(names))
     return ChainProgram("".join(f"{name}={values[name]};" for name in names),
                         tuple(ChainQuery(name, str(values[name]), 1) for name in asked), dense=True)
 
 
-def lookup_programs(n: int, split: str = "train", seed: int = 0) -> list[ChainProgram]:
-    """``n`` lookup drills of a split (:func:`_lookup_program`), a training layout of the tiny model."""
+#: The names a lookup drill binds unless told: the multichain programs' range of variables.
+LOOKUP_SIZES = (8, MULTICHAIN_BINDINGS)
+
+
+def lookup_programs(n: int, split: str = "train", seed: int = 0,
+                    sizes: tuple[int, int] = LOOKUP_SIZES) -> list[ChainProgram]:
+    """``n`` lookup drills of a split (:func:`_lookup_program`) binding ``sizes`` (least, most) names each, a
+    training layout of the tiny model."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return [_lookup_program(random.Random(f"lookup/{split}/{seed}/{i}")) for i in range(n)]
+    if not 1 <= sizes[0] <= sizes[1] <= MULTICHAIN_BINDINGS:
+        raise ValueError(f"sizes must satisfy 1 <= least <= most <= {MULTICHAIN_BINDINGS}, got {sizes}")
+    return [_lookup_program(random.Random(f"lookup/{split}/{seed}/{i}"), sizes) for i in range(n)]
 
 
 def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH,
