@@ -20,6 +20,10 @@ if TYPE_CHECKING:
         huginn_0125,
         ouro_1_4b,
         ouro_2_6b,
+        parcae_1_3b,
+        parcae_140m,
+        parcae_370m,
+        parcae_770m,
         raven_llama,
         raven_olmo,
         raven_tinyllama,
@@ -36,8 +40,8 @@ _SOURCES = {
     "looped_kv.decoding.stream": ("stream",),
     "looped_kv.runtime.attention": ("CausalRouter", "Site"),
     "looped_kv.runtime.cache": ("BlockBuffer", "BlockPass", "PlaneCache"),
-    "looped_kv.runtime.config": ("LoopedConfig", "huginn_0125", "ouro_1_4b", "ouro_2_6b", "raven_llama", "raven_olmo",
-                                 "raven_tinyllama"),
+    "looped_kv.runtime.config": ("LoopedConfig", "huginn_0125", "ouro_1_4b", "ouro_2_6b", "parcae_140m", "parcae_370m",
+                                 "parcae_770m", "parcae_1_3b", "raven_llama", "raven_olmo", "raven_tinyllama"),
     "looped_kv.runtime.loading": ("load", "save"), "looped_kv.runtime.measurement": ("measurement_mode",),
     "looped_kv.runtime.memory": ("m_deep", "m_full", "m_ripe", "memory_table", "policy_bytes"),
     "looped_kv.runtime.model": ("LoopedLM",),
@@ -48,8 +52,9 @@ _MODULE = {name: module for module, names in _SOURCES.items() for name in names}
 __all__ = [
     "BlockBuffer", "BlockPass", "CachePolicy", "CausalRouter", "Generation", "LoopedConfig", "LoopedLM",
     "PlaneCache", "PrefixReads", "Site", "generate", "huginn_0125", "load", "m_deep", "m_full", "m_ripe",
-    "make_policy", "make_prefix_reads", "measurement_mode", "memory_table", "ouro_1_4b", "ouro_2_6b", "policy_bytes",
-    "raven_llama", "raven_olmo", "raven_tinyllama", "save", "stream",
+    "make_policy", "make_prefix_reads", "measurement_mode", "memory_table", "ouro_1_4b", "ouro_2_6b", "parcae_1_3b",
+    "parcae_140m", "parcae_370m", "parcae_770m", "policy_bytes", "raven_llama", "raven_olmo", "raven_tinyllama", "save",
+    "stream",
 ]
 __version__ = "0.1.0"
 

@@ -26,7 +26,8 @@ HUB_IDS = {"huginn-0125": "tomg-group-umd/huginn-0125",
            "raven-llama": "smcleish/Recurrent-Llama-3.2-train-recurrence-32",
            "raven-olmo": "smcleish/Recurrent-OLMo-2-0425-train-recurrence-32",
            "raven-tinyllama": "smcleish/Recurrent-TinyLlama-3T-train-recurrence-32",
-           "ouro-1.4b": "ByteDance/Ouro-1.4B", "ouro-2.6b": "ByteDance/Ouro-2.6B"}
+           "ouro-1.4b": "ByteDance/Ouro-1.4B", "ouro-2.6b": "ByteDance/Ouro-2.6B",
+           **{f"parcae-{size}": f"SandyResearch/parcae-{size}" for size in ("140m", "370m", "770m", "1.3b")}}
 #: The model a chapter runs on Colab, by GPU class, when ``LOOPED_KV_MODEL`` names none: every chapter fits it there
 #: (``looped-kv plan --card``). On a T4, Raven-TinyLlama fits too.
 COLAB_MODELS = {"t4": "ouro-1.4b", "l4": "ouro-1.4b", "40gb": "huginn-0125", "80gb": "huginn-0125"}

@@ -214,6 +214,28 @@ OURO = replace(RAVEN, name="ouro-1.4b",
                ch05=replace(RAVEN.ch05, draft_loops=2, draft_depths=(1, 2, 3)),
                ch07=replace(RAVEN.ch07, draft_loops=2))
 
+#: Parcae (R = 8 loops of 2-8 core layers; Prairie et al., 2026): Raven's sizes, loop counts up to twice R, the
+#: shallow side of every comparison and the drafts at 2 of the 8 loops (a quarter of R, as Ouro's 2 of 4), draft
+#: agreement at d = 1, 2, 4.
+PARCAE = replace(RAVEN, name="parcae-140m",
+                 ch01=replace(RAVEN.ch01, loops=(1, 2, 4, 6, 8, 12, 16), shallow_loops=2, draft_depths=(1, 2, 4)),
+                 ch04=replace(RAVEN.ch04, draft_loops=2),
+                 ch05=replace(RAVEN.ch05, draft_loops=2, draft_depths=(1, 2, 4)),
+                 ch07=replace(RAVEN.ch07, draft_loops=2))
+
+
+def _cpu(profile: Profile) -> Profile:
+    """A laptop-CPU version of a model's profile: float32 weights and caches, the shipped tiny model's sizes per
+    chapter (the chapters' defaults) with the model's own loop counts and draft depths, and the papers' prompts."""
+    p = profile
+    return replace(p, name=f"{p.name}-cpu", dtype="float32", rows_per_chunk=4,
+                   ch01=replace(Ch01(), loops=p.ch01.loops, shallow_loops=p.ch01.shallow_loops,
+                                draft_depths=p.ch01.draft_depths, chain_tokens=p.ch01.chain_tokens),
+                   ch02=Ch02(), ch03=Ch03(),
+                   ch04=replace(Ch04(), draft_loops=p.ch04.draft_loops, stop_at_eos=True),
+                   ch05=replace(Ch05(), draft_loops=p.ch05.draft_loops, draft_depths=p.ch05.draft_depths),
+                   ch06=Ch06(), ch07=replace(Ch07(), draft_loops=p.ch07.draft_loops))
+
 
 @dataclass(frozen=True)
 class Card:
@@ -260,7 +282,8 @@ def _l4(profile: Profile) -> Profile:
 
 _BASES = {"huginn-0125": HUGINN_0125, "raven-llama": replace(RAVEN, name="raven-llama"),
           "raven-olmo": replace(RAVEN, name="raven-olmo"), "raven-tinyllama": replace(RAVEN, name="raven-tinyllama"),
-          "ouro-1.4b": OURO, "ouro-2.6b": replace(OURO, name="ouro-2.6b")}
+          "ouro-1.4b": OURO, "ouro-2.6b": replace(OURO, name="ouro-2.6b"),
+          **{name: replace(PARCAE, name=name) for name in ("parcae-140m", "parcae-370m", "parcae-770m", "parcae-1.3b")}}
 #: model -> card -> profile. A 40 GB profile that fits a smaller card serves it too (the L4 for every model but
 #: Huginn-0125 and Ouro-2.6B); an 80 GB profile is the 40 GB one with 8 rows per chunk. A model with no profile that
 #: fits a card (Huginn-0125 and Ouro-2.6B on a T4) is given its smallest, and ``looped-kv plan`` names what does not.
@@ -268,11 +291,18 @@ BY_CARD: dict[str, dict[str, Profile]] = {}
 for _model, _base in _BASES.items():
     _l4_profile = _l4(_base) if _model in ("huginn-0125", "ouro-2.6b") else _base
     _t4_profile = {"huginn-0125": _l4_profile, "ouro-2.6b": _l4_profile,
-                   "raven-tinyllama": _t4(_base, rows=2, chains=64, fp64_fits=True)}.get(_model) or _t4(_base)
+                   "raven-tinyllama": _t4(_base, rows=2, chains=64, fp64_fits=True),
+                   **{name: _t4(_base, fp64_fits=True) for name in ("parcae-140m", "parcae-370m", "parcae-770m")}
+                   }.get(_model) or _t4(_base)
     BY_CARD[_model] = {"t4": _t4_profile, "l4": _l4_profile, "40gb": _base,
                        "80gb": replace(_base, name=f"{_base.name}-80gb", rows_per_chunk=8)}
 
-PROFILES = {"tiny": TINY, "smoke": SMOKE, **{p.name: p for cards in BY_CARD.values() for p in cards.values()}}
+#: model -> its laptop-CPU profile, chosen where no GPU is found: the models small enough to run every chapter on a
+#: CPU (Parcae's). The others run their :data:`DEFAULT_CARD` profile there (``looped-kv plan`` sizes it).
+ON_CPU: dict[str, Profile] = {model: _cpu(BY_CARD[model][DEFAULT_CARD]) for model in BY_CARD
+                              if model.startswith("parcae-")}
+PROFILES = {"tiny": TINY, "smoke": SMOKE, **{p.name: p for cards in BY_CARD.values() for p in cards.values()},
+            **{p.name: p for p in ON_CPU.values()}}
 MODELS = tuple(BY_CARD)
 
 
@@ -301,7 +331,7 @@ def model_name(config: LoopedConfig, source: str = "") -> str:
         return "tiny"
     shape = lambda c: (c.family, c.n_embd, c.n_heads, c.n_kv_heads, c.n_prelude, c.n_core, c.n_coda)  # noqa: E731
     for name, preset in PRESETS.items():
-        if shape(preset()) == shape(config) and name in BY_CARD:  # (Parcae's presets have no profiles yet)
+        if shape(preset()) == shape(config) and name in BY_CARD:
             return name
     if config.family == "ouro":
         return "ouro-1.4b" if config.n_core <= 24 else "ouro-2.6b"
@@ -309,11 +339,14 @@ def model_name(config: LoopedConfig, source: str = "") -> str:
 
 
 def name_for(config: LoopedConfig, source: str = "", card: str | None = None) -> str:
-    """The profile a model runs at on a GPU of class ``card`` (default :data:`DEFAULT_CARD`): 'tiny' for the shipped
-    model and other small ones, else its model's profile for that card (:data:`BY_CARD`)."""
+    """The profile a model runs at on a GPU of class ``card`` (None: no GPU): 'tiny' for the shipped model and other
+    small ones, else its model's profile for that card (:data:`BY_CARD`), or without a GPU its CPU profile
+    (:data:`ON_CPU`) or else its :data:`DEFAULT_CARD` one."""
     model = model_name(config, source)
     if model == "tiny":
         return "tiny"
+    if card is None and model in ON_CPU:
+        return ON_CPU[model].name
     card = card or DEFAULT_CARD
     if card not in CARDS:
         raise ValueError(f"card must be one of {tuple(CARDS)}, got {card!r}")
@@ -351,8 +384,8 @@ def detect_gpu() -> Gpu | None:
 
 
 def for_config(config: LoopedConfig, source: str = "", gpu: Gpu | None = None) -> Profile:
-    """The profile of a model of ``config`` on ``gpu`` (default: the GPU found, if any; without one, the
-    :data:`DEFAULT_CARD` profile); ``$LOOPED_KV_PROFILE`` names another one."""
+    """The profile of a model of ``config`` on ``gpu`` (default: the GPU found, if any; without one, its CPU profile
+    or else the :data:`DEFAULT_CARD` one: :func:`name_for`); ``$LOOPED_KV_PROFILE`` names another one."""
     import os
 
     chosen = os.environ.get("LOOPED_KV_PROFILE")

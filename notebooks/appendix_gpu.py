@@ -195,7 +195,7 @@ Markdown(
 #
 # Each chapter reads what it runs at from the model's run profile
 # (`looped_kv.profiles`), so sizes, dtypes and where replay records live change with the
-# model; the page "Running the chapters on a GPU" lists what each chapter then needs.
+# model; the page "Running on real checkpoints" lists what each chapter then needs.
 # Numerics change too. The real checkpoints run in bfloat16 on a GPU, where rounding,
 # not only the cache, separates two decoders (RIPE Section 5.5: bf16 trajectories of
 # equal-in-exact-arithmetic decoders agree on 20 of 32 prompts), so exactness checks

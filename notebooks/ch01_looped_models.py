@@ -127,7 +127,13 @@ public = {
     papers.RAVEN_OLMO: looped_kv.raven_olmo(),
 }
 params = sum(p.numel() for p in model.parameters())
-known = public | {"Ouro-1.4B": looped_kv.ouro_1_4b()}  # DAS Table 6 has no Ouro
+known = public | {  # DAS Table 6 has no Ouro or Parcae
+    "Ouro-1.4B": looped_kv.ouro_1_4b(),
+    "Parcae-140M": looped_kv.parcae_140m(),
+    "Parcae-370M": looped_kv.parcae_370m(),
+    "Parcae-770M": looped_kv.parcae_770m(),
+    "Parcae-1.3B": looped_kv.parcae_1_3b(),
+}
 architectures = pd.DataFrame.from_dict(
     {"this model": shape(cfg, params)} | {name: shape(c) for name, c in known.items()},
     orient="index",

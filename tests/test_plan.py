@@ -259,8 +259,28 @@ def test_every_profiles_draft_depths_lie_below_its_models_loops():
     from looped_kv.runtime.config import PRESETS
 
     runs = [(p, PRESETS[model]().mean_recurrence) for model, cards in profiles.BY_CARD.items() for p in cards.values()]
+    runs += [(p, PRESETS[model]().mean_recurrence) for model, p in profiles.ON_CPU.items()]
     for p, R in [*runs, (profiles.SMOKE, 4), (profiles.TINY, 32)]:
         depths = (*p.ch01.draft_depths, *p.ch05.draft_depths, p.ch01.shallow_loops, p.ch04.draft_loops,
                   p.ch05.draft_loops, p.ch07.draft_loops)
         assert all(1 <= d < R for d in depths), (p.name, R, depths)
     assert profiles.BY_CARD["ouro-1.4b"]["t4"].ch05.draft_depths == (1, 2, 3)
+
+
+def test_parcae_has_a_profile_per_card_and_one_for_a_laptop_cpu(monkeypatch):
+    """Issue 42: Parcae's four models get the GPU classes' profiles and a CPU profile, chosen where no GPU is found;
+    the models with no CPU route keep their 40 GB profile there."""
+    from looped_kv.runtime.config import PRESETS, ouro_1_4b
+
+    monkeypatch.delenv("LOOPED_KV_PROFILE", raising=False)
+    for model in ("parcae-140m", "parcae-370m", "parcae-770m", "parcae-1.3b"):
+        assert set(profiles.BY_CARD[model]) == set(profiles.CARDS)
+        config = PRESETS[model]()
+        assert profiles.model_name(config) == model
+        on_cpu = profiles.for_model(Namespace(config=config, source="x"), None)
+        assert on_cpu is profiles.ON_CPU[model] and on_cpu.dtype == "float32" and on_cpu.name == f"{model}-cpu"
+        assert on_cpu.ch01.loops == profiles.BY_CARD[model]["40gb"].ch01.loops  # its own loop counts (R = 8)
+        assert max(on_cpu.ch01.loops) == 2 * config.mean_recurrence
+    assert set(profiles.ON_CPU) == {m for m in profiles.BY_CARD if m.startswith("parcae-")}
+    assert profiles.for_model(Namespace(config=ouro_1_4b(), source="x"), None) is profiles.BY_CARD["ouro-1.4b"]["40gb"]
+    assert all(plan.card_table("t4").loc[m, "fits"] for m in profiles.ON_CPU)  # and every chapter fits a T4
