@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -249,3 +250,41 @@ def table(frame: pd.DataFrame | pd.Series, digits: int = 3, percent: tuple[str, 
         [{"selector": "th, td", "props": "padding: 0.3em 0.8em; text-align: right; white-space: nowrap"},
          {"selector": "th.row_heading", "props": "text-align: left"}])
     return styler.set_caption(caption) if caption else styler
+
+
+#: The book's executed pages, in reading order (``_toc.yml``'s notebooks).
+NOTEBOOKS = ("ch01_looped_models", "ch02_ripening", "ch03_prefix_kv_late", "ch04_ripe", "ch05_mature_v",
+             "ch06_das_wave", "ch07_memory_throughput", "appendix_training", "appendix_gpu")
+
+
+def execution_seconds(notebook: Path) -> float:
+    """Seconds an executed notebook's code cells took, from the timing its executor recorded in each cell's metadata
+    (``execution``: from ``iopub.execute_input`` to ``shell.execute_reply``)."""
+    import json
+    from datetime import datetime
+
+    total = 0.0
+    for cell in json.loads(notebook.read_text())["cells"]:
+        timing = cell.get("metadata", {}).get("execution", {})
+        if cell["cell_type"] == "code" and cell["source"] and not timing:
+            raise ValueError(f"{notebook.name}: a code cell has no recorded execution time; execute the notebook")
+        if timing:
+            start, end = (datetime.fromisoformat(timing[key].replace("Z", "+00:00"))
+                          for key in ("iopub.execute_input", "shell.execute_reply"))
+            total += (end - start).total_seconds()
+    return total
+
+
+def chapter_times(folder: Path) -> str:
+    """A Markdown table of each executed page's time (:func:`execution_seconds`) in ``folder``: what the intro shows
+    as the time a chapter takes on a CPU with the tiny model, as last executed."""
+    import json
+
+    lines = ["| page | minutes |", "| --- | ---: |"]
+    for name in NOTEBOOKS:
+        path = folder / f"{name}.ipynb"
+        cells = json.loads(path.read_text())["cells"]
+        title = next(line.removeprefix("# ") for c in cells if c["cell_type"] == "markdown"
+                     for line in "".join(c["source"]).splitlines() if line.startswith("# "))
+        lines.append(f"| {title} | {execution_seconds(path) / 60:.1f} |")
+    return "\n".join(lines) + "\n"

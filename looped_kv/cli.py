@@ -924,14 +924,31 @@ def _add_scout(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_scout)
 
 
+# -- chapter-times --------------------------------------------------------------------------------------------------
+
+
+def cmd_chapter_times(args: argparse.Namespace) -> int:
+    from looped_kv import book
+
+    print(book.chapter_times(Path(args.notebooks)), end="")
+    return 0
+
+
+def _add_chapter_times(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chapter-times", help="the minutes each executed chapter took, from the timing its executor "
+                                             "recorded (a Markdown table; book/data/chapter-times.md keeps it)")
+    p.add_argument("--notebooks", default="notebooks", help="the folder of the executed .ipynb files")
+    p.set_defaults(func=cmd_chapter_times)
+
+
 def parser() -> Parser:
     ap = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--debug", action="store_true", help="show an error's traceback (give it before the command)")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser,
                             metavar="{generate,bench,batched,memory,plan,batch,speed,gpu-check,plan-check,train,gates,"
-                                    "scout}")
+                                    "scout,chapter-times}")
     for add in (_add_generate, _add_bench, _add_batched, _add_memory, _add_plan, _add_batch, _add_speed,
-                _add_gpu_check, _add_plan_check, _add_train, _add_gates, _add_scout):
+                _add_gpu_check, _add_plan_check, _add_train, _add_gates, _add_scout, _add_chapter_times):
         add(sub)
     ap.commands = sub.choices
     return ap

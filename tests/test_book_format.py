@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
+import pytest
 
 from looped_kv import book
+from looped_kv.cli import main
+
+ROOT = Path(__file__).parent.parent
 
 
 def test_a_settings_table_formats_each_number_alone():
@@ -28,3 +35,23 @@ def test_lists_and_changes_read_as_sentences():
     assert book.listing(["a", "b", "c"]) == "a, b and c" and book.listing([]) == ""
     assert book.change(-0.234, unit="nats") == "falls by 0.23 nats"
     assert book.change(0.0449) == "rises by 0.04" and book.change(0.001) == "does not change"
+
+
+def test_the_intros_chapter_times_are_the_executed_notebooks(capsys):
+    """The intro's table of minutes per page is what ``looped-kv chapter-times`` reads from the committed notebooks:
+    re-executing a chapter without regenerating book/data/chapter-times.md fails here."""
+    assert main(["chapter-times"]) == 0
+    assert capsys.readouterr().out == (ROOT / "book" / "data" / "chapter-times.md").read_text(), \
+        "regenerate it: looped-kv chapter-times > book/data/chapter-times.md"
+    assert "data/chapter-times.md" in (ROOT / "book" / "intro.md").read_text()
+
+
+def test_a_notebook_without_recorded_timing_is_refused(tmp_path):
+    notebook = {"cells": [{"cell_type": "code", "source": ["1 + 1"], "metadata": {}, "outputs": []}]}
+    (tmp_path / "x.ipynb").write_text(json.dumps(notebook))
+    with pytest.raises(ValueError, match="no recorded execution time"):
+        book.execution_seconds(tmp_path / "x.ipynb")
+    notebook["cells"][0]["metadata"]["execution"] = {"iopub.execute_input": "2026-12-03T10:00:00.5Z",
+                                                      "shell.execute_reply": "2026-12-03T10:00:02.0Z"}
+    (tmp_path / "x.ipynb").write_text(json.dumps(notebook))
+    assert book.execution_seconds(tmp_path / "x.ipynb") == 1.5
