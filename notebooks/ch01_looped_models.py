@@ -46,6 +46,7 @@ if "google.colab" in sys.modules:  # on Colab: install, then choose what fits th
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+from IPython.display import display
 
 import looped_kv
 from looped_kv import book, papers, profiles, workloads
@@ -529,14 +530,14 @@ ratio = {
 }
 book.md(
     f"Every generated token of the {sum(r.batch for r in runs.values())} rows is the "
-    f"argmax of the cache-free forward, up to {near_ties} near-tie flips. "
-    + "; ".join(
-        f"on {w}, {stopped[w]} of {runs[w].batch} rows end with end-of-text, and "
+    "argmax of the cache-free forward"
+    + (f", up to {near_ties} near-tie flips. " if near_ties else ". ")
+    + " ".join(
+        f"On {w}, {stopped[w]} of {runs[w].batch} rows end with end-of-text, and "
         f"the deepest-plane cache emits the same text as the full cache in "
-        f"{same_rows[w]} rows while holding {ratio[w]:.1%} of its bytes"
+        f"{same_rows[w]} rows while holding {ratio[w]:.1%} of its bytes."
         for w in runs
     )
-    + "."
 )
 
 # %% [markdown]
@@ -660,7 +661,9 @@ book.md(
 
 # %%
 chapter_verdicts = loss_verdicts | chain_verdicts | draft_verdicts
-book.table(V.interval_table(chapter_verdicts))
+who = "the tiny model" if book.is_tiny(model) else model.source
+display(book.table(V.interval_table(chapter_verdicts)))
+book.md(V.tally(chapter_verdicts, who, "the papers"))
 
 # %%
 training = cfg.raw.get("training", {})

@@ -57,6 +57,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
+from IPython.display import display
 
 from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import claims, measure, perf
@@ -65,6 +66,7 @@ from looped_kv.analysis.verdicts import (
     MIN_UNITS,
     claim_summary,
     interval_table,
+    tally,
 )
 from looped_kv.experiments import bench
 from looped_kv.workloads import data
@@ -333,4 +335,6 @@ verdicts = {**{f"{w}: Mature-V vs aligned": v for w, v in mature_v.items()},
             **{f"{w}: deep V vs deep K": v for w, v in channel.items()},
             **{f"{w}: Mature-Spec {claim}": v for w, vs in mature.items()
                for claim, v in vs.items()}}
-book.table(interval_table(verdicts))
+display(book.table(interval_table(verdicts)))
+book.md(tally(verdicts, "the tiny model" if book.is_tiny(model) else model.source,
+              "the paper"))

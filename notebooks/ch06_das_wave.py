@@ -54,6 +54,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+from IPython.display import display
 
 import looped_kv
 from looped_kv import book, papers, profiles, workloads
@@ -62,6 +63,7 @@ from looped_kv.analysis.verdicts import (
     MIN_UNITS,
     claim_summary,
     interval_table,
+    tally,
 )
 from looped_kv.decoding.core import accept, new_cache, prefill
 from looped_kv.decoding.das_wave import DEEP_KV, refine
@@ -360,4 +362,6 @@ book.md(" ".join(line(s, sym) for s, sym in (("updates", "$k$"), ("gamma", "$\\g
 # %%
 verdicts = {**{f"{w}: DAS-Wave speed": v for w, v in wave_verdicts.items()},
             **{f"{w}: E_cKV > 0": v for w, v in interaction.items()}}
-book.table(interval_table(verdicts))
+display(book.table(interval_table(verdicts)))
+book.md(tally(verdicts, "the tiny model" if book.is_tiny(model) else model.source,
+              "the paper"))

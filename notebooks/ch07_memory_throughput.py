@@ -49,7 +49,7 @@ import looped_kv
 from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import claims, perf, throughput
 from looped_kv.analysis.memory_bench import check_memory_model
-from looped_kv.analysis.verdicts import claim_summary, interval_table
+from looped_kv.analysis.verdicts import claim_summary, interval_table, tally
 from looped_kv.experiments import gpu_check
 from looped_kv.runtime.memory import m_deep, m_full, memory_table
 
@@ -673,7 +673,9 @@ if memory_verdict is not None:
     model_checks["memory model, held-out batches"] = memory_verdict
 if throughput_verdict is not None:
     model_checks["T(B), out of sample"] = throughput_verdict
-book.table(interval_table(model_checks))
+display(book.table(interval_table(model_checks)))
+book.md(tally(model_checks, "the tiny model" if book.is_tiny(model) else model.source,
+              "the paper"))
 
 # %% [markdown]
 # ## On a GPU
