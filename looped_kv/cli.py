@@ -240,6 +240,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = _load(args)
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
+    if args.sampling_overhead:
+        configs = bench.method_configs(args.draft_loops, args.gamma)
+        methods = {key: configs[key] for key in ["ar", *(m for m in args.methods if m != "ar")]}
+        for workload in args.workloads:
+            prompts = [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device)
+                       for p in data.prompts(workload, args.prompts)]
+            table = bench.sampling_overhead(model, prompts, methods, args.max_new_tokens, args.repeats, args.modes,
+                                            progress=not args.quiet)
+            print(f"{workload}: sampling (temperature 1, top-k 1: greedy's tokens) over greedy decoding, time ratio "
+                  f"per method, {args.prompts} prompts x {args.repeats} interleaved rounds\n{table.to_string()}")
+        return 0
     measured = bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops,
                             args.gamma, progress=not args.quiet, repeats=args.repeats, modes=args.modes)
     if args.record is not None:
@@ -278,6 +289,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES,
                    help="eager passes, compiled steps (compile=True), or both side by side (default: both)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--sampling-overhead", action="store_true",
+                   help="instead: what sampling costs over greedy decoding of each method (the sampler's whole path "
+                        "at top-k 1, so both emit the same tokens), in interleaved rounds; issue 41's budget is 5%%")
     p.add_argument("--record", type=Path, help="also save the runs with the command, commit, machine, date and the "
                                                f"weights' digest, which the chapters read (the shipped model's: "
                                                f"{bench.RECORD.relative_to(bench.RECORD.parents[2])})")

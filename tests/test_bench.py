@@ -66,6 +66,22 @@ def test_run_paired_and_summarize():
         bench.run_paired(model, prompts(model), methods, max_new_tokens=8, progress=False, repeats=0)
 
 
+def test_sampling_overhead_pairs_each_method_with_itself_on_greedys_tokens():
+    """Issue 41's sampling budget is measured, not asserted: each method greedily and with the sampler's whole path
+    at top-k 1, interleaved per prompt, so both emit the same tokens and the ratio is the sampler's cost."""
+    model = random_model("huginn", seed=5, mean_recurrence=4)
+    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 2, "gamma": 3},
+               "pld": {"method": "pld", "gamma": 3, "ngram": 2}, "das-wave": {"method": "das-wave", **SMALL_WAVE}}
+    table = bench.sampling_overhead(model, prompts(model), methods, max_new_tokens=6, repeats=2, progress=False,
+                                    n_boot=200)
+    assert list(table.index) == [("greedy", "eager"), ("self-spec", "eager"), ("prompt lookup", "eager"),
+                                 ("DAS-Wave", "eager")]
+    assert (table["same tokens"] == "3/3").all() and (table["prompts"] == 3).all()
+    assert ((table["low"] <= table["sampled / greedy time"]) & (table["sampled / greedy time"] <= table["high"])).all()
+    with pytest.raises(ValueError, match="modes must name"):
+        bench.sampling_overhead(model, prompts(model), methods, 6, modes=("jit",), progress=False)
+
+
 def test_batched_acceptance_equals_decoding_each_prompt_alone():
     model = random_model("raven", seed=6, mean_recurrence=4)
     methods = {"mature-spec": {"method": "mature-spec", "draft_loops": 1, "gamma": 3},

@@ -245,6 +245,56 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
     return pd.DataFrame(rows)
 
 
+#: The sampler of :func:`sampling_overhead`: its whole path (processing, per-row draws, the speculative sampling rule)
+#: with the top 1 token kept, so a sampled run emits greedy decoding's tokens and verifies the same drafts.
+ARGMAX_SAMPLING = {"temperature": 1.0, "top_k": 1, "seed": 0}
+#: Issue 41's budget for the sampler: at most 5% over greedy decoding of the same method.
+SAMPLING_BUDGET = 1.05
+
+
+def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
+                      repeats: int = 2, modes: Sequence[str] = ("eager",), progress: bool = True,
+                      n_boot: int = 2000) -> pd.DataFrame:
+    """What sampling costs over greedy decoding, per method and mode: each prompt decoded alone by the method
+    greedily and with :data:`ARGMAX_SAMPLING`, the two interleaved in ``repeats`` rounds (the order reversed every
+    other round); the ratio of their median times per prompt, its mean over prompts with a paired 95% bootstrap
+    interval, and whether every sampled run emitted the greedy tokens (so the ratio is the sampler's cost alone)."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"modes must name some of {MODES}, got {list(modes)}")
+    rows = []
+    with frozen_heap():
+        for key, config in tqdm(methods.items(), desc="sampling overhead", disable=not progress, leave=False):
+            for mode in modes:
+                arms = {"greedy": config, "sampled": {**config, **ARGMAX_SAMPLING}}
+                options = dict(max_new_tokens=max_new_tokens, compile=mode == "compiled")
+                for arm in arms.values():  # traced and warm before any timed run
+                    generate(model, prompts[0], **options, **arm)
+                for i, ids in enumerate(prompts):
+                    times: dict[str, list[float]] = {arm: [] for arm in arms}
+                    tokens = {}
+                    for r in range(repeats):
+                        for arm in arms if r % 2 == 0 else list(arms)[::-1]:
+                            out = generate(model, ids, **options, **arms[arm])
+                            times[arm].append(out.wall_time)
+                            tokens[arm] = out.tokens
+                    rows.append({"method": key, "mode": mode, "prompt": i,
+                                 "greedy_time_s": float(np.median(times["greedy"])),
+                                 "sampled_time_s": float(np.median(times["sampled"])),
+                                 "same_tokens": bool(torch.equal(tokens["greedy"], tokens["sampled"]))})
+    runs = pd.DataFrame(rows)
+    out = []
+    for (key, mode), group in runs.groupby(["method", "mode"], sort=False):
+        ratio = mean_speedup(group["sampled_time_s"], group["greedy_time_s"], n_boot=n_boot)  # t_sampled / t_greedy
+        out.append({"method": label(key), "mode": mode, "sampled / greedy time": ratio.estimate, "low": ratio.low,
+                    "high": ratio.high, "prompts": len(group), "repeats": repeats,
+                    "within 5%": ratio.high <= SAMPLING_BUDGET,
+                    "same tokens": f"{int(group['same_tokens'].sum())}/{len(group)}"})
+    return pd.DataFrame(out).set_index(["method", "mode"])
+
+
 def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot: int = 2000) -> pd.DataFrame:
     """Per method (and mode, where the runs hold more than eager ones): tokens/s, the mean speed-up over paired
     greedy decoding of the same mode (DAS Eq. 8) with its 95% interval, the speed-up over eager greedy decoding, A
