@@ -32,12 +32,12 @@ from looped_kv.analysis.measure import (
 from looped_kv.analysis.planes import in_dtype
 from looped_kv.analysis.ripe import (
     acceptance_by_cache,
-    past_end_of_text,
     batched_vs_sequential,
     block_starts,
     extra_over_deepest,
     kl_by_prompt,
     kl_ratio_verdict,
+    past_end_of_text,
     prompt_planes,
     read_map,
     replay_batch,
