@@ -58,7 +58,7 @@ from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.loop import Observer
-from looped_kv.decoding.settings import METHODS, DasWave, Greedy, PromptLookup, SelfSpec
+from looped_kv.decoding.settings import DRAFT_LOOPS_DEFAULT, METHODS, DasWave, Greedy, PromptLookup, SelfSpec
 from looped_kv.experiments import bench, gpu_check, plan_check, speed, throughput
 from looped_kv.protocol import batches
 from looped_kv.protocol.selftest import SelfTestFailure
@@ -202,7 +202,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=Greedy.max_new_tokens,
                    help=f"tokens to generate (default: {Greedy.max_new_tokens})")
     p.add_argument("--draft-loops", type=int, help=f"d, loops per draft (self-spec, mature-spec; default: "
-                                                   f"{SelfSpec.draft_loops})")
+                                                   f"{DRAFT_LOOPS_DEFAULT})")
     p.add_argument("--gamma", type=int, help=f"gamma, drafts per verification (self-spec, mature-spec, pld; default: "
                                              f"{SelfSpec.gamma}; das-wave {DasWave.gamma})")
     p.add_argument("--prefix-reads", choices=PREFIX_READS, help=f"drafts' prefix reads (self-spec default aligned, "
@@ -281,8 +281,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens generated per prompt (default: 128)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
                    help="decoders (default: all); greedy decoding (ar) always runs as the reference")
-    p.add_argument("--draft-loops", type=int, default=SelfSpec.draft_loops,
-                   help=f"d of self-spec and mature-spec, in [1, R - 1] (default: {SelfSpec.draft_loops})")
+    p.add_argument("--draft-loops", type=int,
+                   help=f"d of self-spec and mature-spec, in [1, R - 1] (default: {DRAFT_LOOPS_DEFAULT})")
     p.add_argument("--gamma", type=int, default=SelfSpec.gamma,
                    help=f"gamma of self-spec, mature-spec and pld (default: {SelfSpec.gamma}); das-wave runs "
                         f"looped_kv.decoding.settings.DasWave")

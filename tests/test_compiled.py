@@ -116,8 +116,8 @@ def test_the_compiled_prefill_stores_the_eager_planes_in_one_trace_for_every_len
     for lengths, capacity in (((5, 3), 64), ((17, 30), 96), ((2, 41), 160)):
         ids = prompts(model, lengths)
         eager, static = (new_cache(model, policy, 2, capacity) for _ in range(2))
-        expected = Passes(model, eager, None, into_cache=True).prefill(ids)
-        logits = compiled.CompiledPasses(model, static, None).prefill(ids)
+        expected = Passes(model, eager).prefill(ids)
+        logits = compiled.CompiledPasses(model, static).prefill(ids)
         graphs.append(backend.graphs)
         torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
         assert static.host_lengths == eager.host_lengths == list(lengths)
@@ -132,7 +132,7 @@ def test_the_compiled_prefill_refuses_a_cache_that_holds_tokens(model):
     cache = new_cache(model, make_policy("full", R), 1, 64)
     cache.advance([3])
     with pytest.raises(ValueError, match="prefill needs an empty cache, got rows of lengths"):
-        compiled.CompiledPasses(model, cache, None).prefill(prompts(model, (4,)))
+        compiled.CompiledPasses(model, cache).prefill(prompts(model, (4,)))
 
 
 def test_a_prefill_pass_refuses_a_cache_with_a_ring(model):

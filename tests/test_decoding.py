@@ -4,6 +4,7 @@ every cache policy, ragged rows, per-row stopping at the budget and at end-of-te
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from looped_kv.analysis.throughput import throughput_cells
 from looped_kv.decoding import compiled as compiled_step
 from looped_kv.decoding.core import accept, new_cache, prefill, prompt_logits, run_block
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode
+from looped_kv.decoding.passes import Passes
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.policy import make_policy
@@ -201,6 +204,78 @@ def test_compiled_and_eager_greedy_give_the_same_tokens(family, monkeypatch):
         compiled = generate(model, prompts, max_new_tokens=6, num_loops=3, cache=cache, stop_at_eos=False,
                             compile=True)
         assert all(torch.equal(a, b) for a, b in zip(eager.sequences, compiled.sequences, strict=True)), cache
+
+
+def test_the_loop_and_the_drafters_never_ask_which_passes_or_drafter_they_run():
+    """The plug-in boundary: the passes own their buffer and cache writes and share one interface (DAS-Wave's
+    refinement included), and decide where a verification's keys/values wait from what they verify; the loop treats
+    every drafter alike."""
+    folder = Path(compiled_step.__file__).parent
+    for name in ("loop.py", "das_wave.py", "lookup.py", "speculative.py"):
+        source = (folder / name).read_text()
+        for leak in (r"\.static\b", r"type\(drafter\)", r"isinstance\((passes|drafter)\b", r"\binto_cache\b"):
+            assert not re.search(leak, source), (name, leak)
+    for name in ("passes.py", "compiled.py"):
+        assert not re.search(r"\.static\b|\binto_cache\b", (folder / name).read_text()), name
+    assert "refine" in vars(Passes) and not hasattr(Passes, "static")
+
+
+class ScriptedDrafts(Drafter):
+    """A user's plug-in: each row proposes the next ``gamma`` tokens of its script, fixed in advance, and accepts
+    like self-speculation; ``gamma`` = 0 proposes nothing (a subclass of greedy decoding's drafter)."""
+
+    name = "scripted"
+
+    def __init__(self, scripts: list[torch.Tensor], gamma: int) -> None:
+        self.scripts, self.gamma = scripts, gamma
+        self.lookahead = self.width = gamma + 1 if gamma else 0
+        self.emitted: list[int] = []
+
+    def start(self, prompts, pending):
+        self.emitted = [1] * len(prompts)  # the pending token is the script's first
+
+    def keep(self, rows):
+        self.scripts, self.emitted = [self.scripts[i] for i in rows], [self.emitted[i] for i in rows]
+
+    def propose(self, passes, pending, sampler):
+        tokens = torch.zeros(len(self.scripts), self.gamma, dtype=torch.long)
+        for i, (script, n) in enumerate(zip(self.scripts, self.emitted, strict=True)):
+            part = script[n:n + self.gamma]
+            tokens[i, :len(part)] = part
+        return Proposal(tokens)
+
+    def accept(self, pending, proposal, targets):
+        accepted = accept(proposal.tokens, targets)
+        nxt = targets.gather(1, accepted[:, None])
+        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, accepted.tolist(), nxt, strict=True)]
+        self.emitted = [n + len(e) for n, e in zip(self.emitted, emitted, strict=True)]
+        rows = len(emitted)
+        return Outcome(accepted, accepted + 1, nxt, emitted, [self.gamma] * rows, [1] * rows)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("cache, params", [("full", {}), ("ripe", {"window": 4})])
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_a_plug_in_drafter_runs_through_decode_eager_and_compiled(gamma, cache, params, compile, monkeypatch):
+    """A drafter the loop has never heard of, proposing scripted tokens (greedy's continuation with one token
+    changed), or nothing: decode runs it eager and compiled (its code untraced here), exactly (float64), with full
+    blocks accepted and a block cut short at the changed token; rows stop at their own budgets."""
+    if compile:
+        monkeypatch.setattr(compiled_step, "_TRACED", {})
+        monkeypatch.setattr(compiled_step.torch, "compile", lambda step, **_: step)
+    model = random_model("huginn", seed=8)
+    prompts, budgets = ragged_prompts(model, (5, 3), seed=9), [9, 6]
+    greedy = generate(model, prompts, max_new_tokens=budgets, num_loops=R, cache=cache, stop_at_eos=False, **params)
+    scripts = [row.clone() for row in greedy.new_rows]
+    scripts[0][2] = (scripts[0][2] + 1) % model.config.vocab_size
+    out = decode(model, prompts, budgets, policy=make_policy(cache, R, **params),
+                 drafter=ScriptedDrafts(scripts, gamma), compile=compile)
+    assert all(torch.equal(a, b) for a, b in zip(out.sequences, greedy.sequences, strict=True))
+    assert out.stopped == ["length"] * 2
+    if gamma:
+        assert max(out.accepted) == gamma and min(out.row_accepted[0]) < gamma
+    else:
+        assert out.verifications == sum(budgets) - 2 and set(out.accepted) == {0}
 
 
 def test_accept_is_ragged():

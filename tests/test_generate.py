@@ -6,9 +6,10 @@ from argparse import Namespace
 
 import pytest
 import torch
-from conftest import random_model
+from conftest import FIXTURES, random_model
 
 import looped_kv
+from looped_kv.decoding.settings import METHODS, default_draft_loops
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,30 @@ def test_rows_per_chunk_decodes_the_same_rows(model, method, options):
     assert parts.details["allocated_bytes"] < whole.details["allocated_bytes"]  # one chunk's cache at a time
     with pytest.raises(ValueError, match="rows_per_chunk must be None or an int >= 1"):
         looped_kv.generate(model, prompts, rows_per_chunk=0, **run)
+
+
+def test_the_default_draft_depth_follows_r():
+    """The papers' d = 4 at R = 32, scaled to R and at least 1."""
+    assert [default_draft_loops(R) for R in (1, 2, 4, 6, 8, 16, 32, 64)] == [1, 1, 1, 1, 1, 2, 4, 8]
+
+
+@pytest.fixture(scope="module", params=["ouro-tiny", "huginn, R = 32"])
+def any_model(request):
+    if request.param == "ouro-tiny":
+        return looped_kv.load(FIXTURES / "ouro-tiny", dtype=torch.float64)
+    return random_model("huginn", seed=5, mean_recurrence=32)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_with_its_defaults(any_model, method):
+    """generate(model, ids, method=m) with m's defaults on Ouro's fixture (R = 4) and a Huginn-style model (R = 32):
+    every method emits greedy decoding's tokens, and the draft depth follows R. ``max_new_tokens`` keeps the
+    fixture's 64-position context in reach of DAS-Wave's gamma = 32."""
+    ids = torch.tensor([[1, 5, 9, 2]])
+    out = looped_kv.generate(any_model, ids, method=method, max_new_tokens=8)
+    assert torch.equal(out.tokens, looped_kv.generate(any_model, ids, max_new_tokens=8).tokens), method
+    if method in ("self-spec", "mature-spec"):
+        assert out.details["draft_loops"] == {4: 1, 32: 4}[any_model.config.mean_recurrence]
 
 
 def test_chapter_model_measures_without_cudnn_attention_on_a_gpu(monkeypatch):

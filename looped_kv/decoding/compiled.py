@@ -136,10 +136,8 @@ def traced(fn: Callable, device: torch.device, *, dynamic: bool = False) -> Call
 class CompiledPasses(Passes):
     """The decode loop's passes as compiled steps with static shapes over one cache (see the module docstring)."""
 
-    static = True
-
-    def __init__(self, model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None) -> None:
-        super().__init__(model, cache, buffer, into_cache=True)
+    def __init__(self, model: LoopedLM, cache: PlaneCache, width: int = 0) -> None:
+        super().__init__(model, cache, width)
         if not model.config.looped_stack:  # the table of initial states, built before tracing (Ouro has none)
             model.initial_state(torch.arange(cache.capacity, device=cache.lengths.device), 1, last=cache.capacity - 1)
         self._planes: dict[tuple, tuple] = {}
@@ -174,23 +172,31 @@ class CompiledPasses(Passes):
         return step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, column, state, num_loops,
                     self.planes(reads, first_loop, num_loops), store)
 
-    def verify(self, tokens: Tensor) -> Tensor:
+    def padded_width(self, width: int, most: int) -> int:
+        """``most`` columns for any proposal (a block keeps one shape, so one trace), none for an empty one."""
+        return most if width else 0
+
+    def verification_store(self, n: int) -> str:
+        """The cache for one token per row, and for a block where every plane is last written by its own loop
+        (:attr:`~looped_kv.runtime.policy.CachePolicy.in_own_plane`: the rejected tokens' entries lie past each
+        row's length, where nothing reads them); else the buffer."""
+        return "cache" if n == 1 or self.policy.in_own_plane else "buffer"
+
+    def verify(self, tokens: Tensor) -> tuple[Tensor, str]:
         R, n = self.policy.num_loops, tokens.shape[1]
-        self.into_cache = n == 1 or self.policy.in_own_plane
+        store = self.verification_store(n)
         step = traced(_step if n == 1 else _verify, tokens.device)
         logits, _ = step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
-                         self.planes(ALIGNED, 1, R), "cache" if self.into_cache else "buffer")
+                         self.planes(ALIGNED, 1, R), store)
         if self.model.dtype == torch.float16:
             check_finite(logits, f"the logits of the compiled pass at position {self.cache.max_length}")
-        return logits
+        return logits, store
 
     def refine(self, guesses: Tensor, carried: Tensor | None, previous: int, width: int, num_loops: int, *,
                reads: PrefixReads, first_loop: int) -> tuple[Tensor, Tensor, Tensor]:
-        """One DAS-Wave round (:func:`~looped_kv.decoding.das_wave.wave`): (guesses (B, gamma + 1), states, the
-        logits of its first :func:`refined_width` positions).
-
-        The round runs the first :func:`refined_width` positions, so rounds of nearby widths share a trace and the
-        positions past the bucket, inactive and read by no active one, cost nothing."""
+        """:meth:`Passes.refine` on the first :func:`refined_width` positions, so that rounds of nearby widths share
+        a trace and the positions past the bucket, inactive and read by no active one, cost nothing: (guesses
+        (B, gamma + 1), states (B, gamma, n_embd), the logits of the refined positions)."""
         if carried is None:
             B, n = guesses.shape
             carried = torch.zeros(B, n - 1, self.model.config.n_embd, dtype=self.model.dtype, device=guesses.device)

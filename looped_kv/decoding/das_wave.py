@@ -64,10 +64,10 @@ def wave(passes: Passes, anchor: Tensor, *, gamma: int, rounds: int, initial_wid
 
     Round j refines the first W_j = min(gamma, W_init + j) positions with k updates, reading the prefix per
     ``reads`` and each other's current keys/values (nothing is stored); position i's readout updates guess
-    i + 1. Compiled passes run a bucket of W_j positions (the inactive ones after the active ones, so
-    that no active position reads them), and keep only the active positions' guesses and states. With
-    ``trace``, each round's guesses after its readout (B, W_j) are appended to it. The rounds refine greedily; under
-    sampling the last round's readout is the draft distribution q, and the proposals are drawn from it.
+    i + 1 (:meth:`~looped_kv.decoding.passes.Passes.refine`). With ``carry`` only the newly active positions start
+    from their initial states. With ``trace``, each round's guesses after its readout (B, W_j) are appended to it.
+    The rounds refine greedily; under sampling the last round's readout is the draft distribution q, and the
+    proposals are drawn from it.
     """
     guesses = anchor.expand(-1, gamma + 1).clone()  # guesses[:, i] conditions position L + i
     states: Tensor | None = None
@@ -75,15 +75,8 @@ def wave(passes: Passes, anchor: Tensor, *, gamma: int, rounds: int, initial_wid
     for j in range(rounds):
         width = min(gamma, initial_width + j)
         first_loop = 1 + (j * updates if carry else 0)
-        if passes.static:
-            guesses, states, logits = passes.refine(guesses, states if carry else None, previous if carry else 0,
-                                                    width, updates, reads=reads, first_loop=first_loop)
-        else:
-            fresh = passes.initial_state(guesses[:, :width])
-            if carry and states is not None:  # only newly active positions start from the initial state
-                fresh[:, :states.shape[1]] = states
-            logits, states = passes.run(guesses[:, :width], updates, reads=reads, state=fresh, first_loop=first_loop)
-            guesses[:, 1:width + 1] = logits.argmax(-1)  # shifted readout
+        guesses, states, logits = passes.refine(guesses, states if carry else None, previous if carry else 0, width,
+                                                updates, reads=reads, first_loop=first_loop)
         if j == rounds - 1 and not sampler.greedy:
             guesses[:, 1:width + 1], q = sampler.draft(logits[:, :width], 1)
         del logits  # not held through the next round's pass
@@ -96,8 +89,8 @@ def wave(passes: Passes, anchor: Tensor, *, gamma: int, rounds: int, initial_wid
 def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, gamma: int, rounds: int, initial_width: int,
            updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
     """:func:`wave` with eager block passes on ``cache`` (each row's anchor x_t pending at position L)."""
-    return wave(Passes(model, cache, None, into_cache=False), anchor, gamma=gamma, rounds=rounds,
-                initial_width=initial_width, updates=updates, carry=carry, reads=reads, trace=trace)[0]
+    return wave(Passes(model, cache), anchor, gamma=gamma, rounds=rounds, initial_width=initial_width,
+                updates=updates, carry=carry, reads=reads, trace=trace)[0]
 
 
 class WaveDrafts(Drafter):

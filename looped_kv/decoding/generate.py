@@ -20,7 +20,7 @@ from looped_kv.runtime.model import LoopedLM
 def drafter(config: Decoding, num_loops: int) -> Drafter | None:
     """The drafter of ``config``'s method (None: greedy decoding)."""
     if isinstance(config, SelfSpec | MatureSpec):
-        return LoopDrafts(draft_loops=config.draft_loops, gamma=config.gamma, reads=config.reads(num_loops),
+        return LoopDrafts(draft_loops=config.draft_depth(num_loops), gamma=config.gamma, reads=config.reads(num_loops),
                           exact=config.exact, name=config.method)
     if isinstance(config, PromptLookup):
         return NgramDrafts(gamma=config.gamma, ngram=config.ngram, exact=config.exact)
@@ -44,17 +44,19 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     * ``"ar"`` (:class:`~looped_kv.decoding.settings.Greedy`): greedy full-depth autoregressive decoding (the
       baseline of every ratio);
     * ``"self-spec"`` (:class:`~looped_kv.decoding.settings.SelfSpec`): sequential self-speculative decoding,
-      ``draft_loops`` (d) loops per draft, ``gamma`` (default 4) drafts per verification, drafts reading
-      the prefix per ``prefix_reads`` (``"aligned"``, ``"deep-v"`` = Mature-V, ``"deep-k"``, ``"deep-kv"`` or a
-      (kappa, nu) pair of planes); the default is ``"aligned"``, except with ``cache="ripe"``, where cached
-      positions are read at plane R (``"deep-kv"``) as in RIPE Algorithm 1, line 3;
+      ``draft_loops`` (d) loops per draft (default R // 8, at least 1: the papers' 4 at R = 32, 1 at Ouro's R = 4;
+      :func:`~looped_kv.decoding.settings.default_draft_loops`), ``gamma`` (default 4) drafts per verification,
+      drafts reading the prefix per ``prefix_reads`` (``"aligned"``, ``"deep-v"`` = Mature-V, ``"deep-k"``,
+      ``"deep-kv"`` or a (kappa, nu) pair of planes); the default is ``"aligned"``, except with ``cache="ripe"``,
+      where cached positions are read at plane R (``"deep-kv"``) as in RIPE Algorithm 1, line 3;
     * ``"mature-spec"`` (:class:`~looped_kv.decoding.settings.MatureSpec`): self-spec with deep K/V prefix reads
-      (DAS Section 4.1);
+      (DAS Section 4.1), with the same ``draft_loops`` and ``gamma``;
     * ``"pld"`` (:class:`~looped_kv.decoding.settings.PromptLookup`): prompt lookup decoding, ``ngram``-gram
       drafts verified at full depth;
     * ``"das-wave"`` (:class:`~looped_kv.decoding.settings.DasWave`): carried parallel refinement (DAS Section
       3.3) with ``gamma`` (default 32), ``rounds`` (J), ``initial_width`` (W_init), ``updates`` (k),
-      ``carry`` and ``prefix_reads`` (default ``"deep-kv"``); the defaults are the paper's Huginn configuration.
+      ``carry`` and ``prefix_reads`` (default ``"deep-kv"``); the defaults are the paper's Huginn configuration,
+      whatever R.
 
     Every method takes :class:`~looped_kv.decoding.settings.Decoding`'s options: ``cache`` names the verifier's
     cache policy (:func:`looped_kv.runtime.policy.make_policy`): ``"full"``, ``"deepest"``, ``"ripe"`` with

@@ -26,8 +26,9 @@ def lookup_drafts(context: list[int], gamma: int, ngram: int) -> list[int]:
 
 class NgramDrafts(Drafter):
     """Up to gamma drafts per row copied from its own context; rows whose drafts are shorter verify only what they
-    drafted; under sampling the drafts are point masses (q one-hot). Compiled passes verify gamma + 1 tokens (or
-    just the pending ones when no row found a draft), so that the verification keeps one of two shapes."""
+    drafted; under sampling the drafts are point masses (q one-hot). The drafts run at the passes'
+    :meth:`~looped_kv.decoding.passes.Passes.padded_width` (compiled: gamma, or none when no row found a draft, so
+    that the verification keeps one of two shapes)."""
 
     name = "prompt lookup"
 
@@ -49,8 +50,7 @@ class NgramDrafts(Drafter):
 
     def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
         found = [lookup_drafts(c, self.gamma, self.ngram) for c in self.contexts]
-        width = max(len(f) for f in found)
-        width = self.gamma if passes.static and width else width
+        width = passes.padded_width(max(len(f) for f in found), self.gamma)
         drafts = torch.zeros(len(found), width, dtype=torch.long, device=pending.device)
         for i, f in enumerate(found):
             drafts[i, :len(f)] = torch.tensor(f, dtype=torch.long)

@@ -17,9 +17,12 @@ emitted token is pending, the cache holds every processed token):
 
 The passes themselves come from :class:`~looped_kv.decoding.passes.Passes` (block passes reading the
 committed prefix) or :class:`~looped_kv.decoding.compiled.CompiledPasses` (torch.compile'd steps with static
-shapes); the drafter calls them the same way. An :class:`Observer` sees every verification: the measurements that
-follow a decoder's trajectory (draft agreement per position, a trajectory's logits) use the loop through it instead
-of copying it.
+shapes), which share one interface: they own the cache's writes and a block buffer of the drafter's width, decide
+from the tokens they verify where those tokens' keys/values wait for the commit (one per row straight into the
+cache, a block in the buffer), and say what width a proposal runs at. The loop and the drafters never ask which
+passes they hold, and the loop never asks which drafter it runs. An :class:`Observer` sees every verification: the
+measurements that follow a decoder's trajectory (draft agreement per position, a trajectory's logits) use the loop
+through it instead of copying it.
 
 The shape follows HF transformers' assisted decoding, whose candidate generators propose tokens and are
 told how many matched, and gpt-fast's ``generate.py`` (draft, one verification forward over gamma + 1
@@ -36,7 +39,7 @@ import torch
 from torch import Tensor
 
 from looped_kv.decoding.compiled import CompiledPasses
-from looped_kv.decoding.core import Generation, Rows, capacity_bucket, new_buffer, new_cache
+from looped_kv.decoding.core import Generation, Rows, capacity_bucket, new_cache
 from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.runtime.cache import PlaneCache
@@ -119,11 +122,13 @@ class LogitsRecorder(Observer):
 
 
 class Drafter:
-    """What a method adds to the loop: its proposals, the tokens it verifies and what it accepts.
+    """What a method adds to the loop: its proposals, the tokens it verifies and what it accepts. This base drafter
+    proposes nothing (greedy decoding); a method, or a user's plug-in, subclasses it.
 
     ``lookahead`` is the number of positions past a row's budget that its last verification may touch, ``width``
-    the buffer columns one verification needs, ``passes_per_verification`` the model passes one cycle of drafts
-    and verification costs (prefill excluded).
+    the buffer columns one cycle's drafts and verification block need (0: it verifies one token per row, which the
+    passes write straight into the cache), ``passes_per_verification`` the model passes one cycle of drafts and
+    verification costs (prefill excluded).
     """
 
     name = "greedy"
@@ -188,12 +193,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     capacity = capacity_bucket(need, model.config.block_size) if compile else need
     rows = Rows(prompts, budgets, eos, progress, drafter.name)
     cache = new_cache(model, policy, len(prompts), capacity)
-    greedy = type(drafter) is Drafter
-    buffer = None if greedy else new_buffer(model, policy.num_loops, len(prompts), drafter.width)
-    if compile:
-        passes: Passes = CompiledPasses(model, cache, buffer)
-    else:
-        passes = Passes(model, cache, buffer, into_cache=greedy)
+    passes = (CompiledPasses if compile else Passes)(model, cache, drafter.width)
     sampler.start(cache)
     logits = passes.prefill(prompts)
     check_logits(model, logits, "prefill")
@@ -215,16 +215,16 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
         view = DecodeView(model, cache, pending, rows.batch, rows.live)
         observer.proposing(view)
         proposal = drafter.propose(passes, pending, sampler)
-        logits = passes.verify(drafter.tokens_to_verify(pending, proposal))
+        logits, store = passes.verify(drafter.tokens_to_verify(pending, proposal))
         check_logits(model, logits, f"verification pass at position {cache.max_length}")
         outcome = drafter.accept(pending, proposal, sampler.targets(logits, proposal.tokens, proposal.q,
                                                                     proposal.lengths))
         observer.verified(view, logits, outcome)
         del logits  # not held through the next verification's drafts
         if all(view.live):
-            passes.commit(outcome.commit)
+            passes.commit(outcome.commit, store)
         else:  # stopped rows kept as padding commit nothing
-            passes.commit(torch.where(torch.tensor(view.live, device=pending.device), outcome.commit, 0))
+            passes.commit(torch.where(torch.tensor(view.live, device=pending.device), outcome.commit, 0), store)
         if outcome.accepted is not None:
             rows.record(outcome.accepted.tolist(), outcome.drafted, outcome.retained)
         observer.emitted(rows.emit(outcome.emitted))

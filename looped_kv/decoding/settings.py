@@ -6,10 +6,11 @@ Method names are one vocabulary everywhere: ``ar`` (greedy full-depth decoding, 
 prefix reads, DAS Section 4.1), ``pld`` (prompt lookup decoding) and ``das-wave`` (DAS Section 3.3). Each method
 has one frozen dataclass of its options (:class:`Greedy`, :class:`SelfSpec`, :class:`MatureSpec`,
 :class:`PromptLookup`, :class:`DasWave`), all sharing the options of :class:`Decoding`; its defaults are the only
-defaults. Options are checked by type when a config is made (an int is an int, a flag a bool), an option the
-method does not take is refused (:func:`method_config`), and what needs the model (``num_loops``, ``sinks`` and
-``window`` against the context) is checked by :meth:`Decoding.check` before any work. The display names are for
-tables only.
+defaults. A default that depends on the number of loops R follows the R decoded at, keeping the papers' value at
+R = 32: ``draft_loops`` is :func:`default_draft_loops` of R. Options are checked by type when a config is made (an
+int is an int, a flag a bool), an option the method does not take is refused (:func:`method_config`), and what needs
+the model (``num_loops``, ``sinks`` and ``window`` against the context) is checked by :meth:`Decoding.check` before
+any work. The display names are for tables only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy, make
 METHODS = ("ar", "self-spec", "mature-spec", "pld", "das-wave")
 DISPLAY = {"ar": "greedy", "self-spec": "self-spec", "mature-spec": "Mature-Spec", "pld": "prompt lookup",
            "das-wave": "DAS-Wave"}
+#: The papers' draft depth: d = 4 of R = 32 loops (Mature-Spec in DAS Table 5; DAS Sec. 4.3 compares the prefix
+#: reads at d = 4).
+PAPER_LOOPS, PAPER_DRAFT_LOOPS = 32, 4
+#: :func:`default_draft_loops` in words, for help texts.
+DRAFT_LOOPS_DEFAULT = "R // 8, at least 1: the papers' 4 at R = 32"
+
+
+def default_draft_loops(num_loops: int) -> int:
+    """d when ``draft_loops`` is not given: the papers' share of the R = ``num_loops`` loops, R * 4 / 32 = R // 8
+    rounded down, at least 1 (4 at R = 32; 1 at Ouro's R = 4 and Parcae's R = 8)."""
+    return max(1, num_loops * PAPER_DRAFT_LOOPS // PAPER_LOOPS)
 
 
 def check_method(method: str) -> str:
@@ -108,7 +120,7 @@ class Decoding:
                                         and all(_is_int(b) for b in budget)):
             raise ValueError(f"max_new_tokens must be an int >= 1 or a list of them (one per prompt), got "
                              f"{budget!r} ({type(budget).__name__})")
-        for name in ("num_loops", "window", "k", "sinks", "eos_token_id", "rows_per_chunk"):
+        for name in self._optional_ints():
             check_int(name, getattr(self, name), optional=True)
         if not isinstance(self.cache, str):
             raise ValueError(f"cache must be a cache policy name, got {self.cache!r} ({type(self.cache).__name__})")
@@ -128,6 +140,10 @@ class Decoding:
     @classmethod
     def _ints(cls) -> tuple[str, ...]:
         return ()
+
+    @classmethod
+    def _optional_ints(cls) -> tuple[str, ...]:
+        return "num_loops", "window", "k", "sinks", "eos_token_id", "rows_per_chunk"
 
     @classmethod
     def _flags(cls) -> tuple[str, ...]:
@@ -171,34 +187,41 @@ class _Speculative(Decoding):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SelfSpec(_Speculative):
+class _LoopDrafted(_Speculative):
+    """Options of the drafters whose drafts run the model's first loops: ``draft_loops`` (d, in [1, R - 1]; None,
+    the default: :func:`default_draft_loops` of the R decoded at, the papers' d = 4 at R = 32)."""
+
+    draft_loops: int | None = None
+
+    @classmethod
+    def _optional_ints(cls) -> tuple[str, ...]:
+        return (*super()._optional_ints(), "draft_loops")
+
+    def draft_depth(self, num_loops: int) -> int:
+        """d at R = ``num_loops`` loops: ``draft_loops``, or by default :func:`default_draft_loops` of R."""
+        return default_draft_loops(num_loops) if self.draft_loops is None else self.draft_loops
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelfSpec(_LoopDrafted):
     """``self-spec``: ``draft_loops`` (d) loops per draft, drafts reading the prefix per ``prefix_reads``
     (``"aligned"``, ``"deep-v"`` = Mature-V, ``"deep-k"``, ``"deep-kv"`` or a (kappa, nu) pair of planes; default
     ``"aligned"``, except with ``cache="ripe"``, where cached positions are read at plane R as in RIPE
     Algorithm 1, line 3)."""
 
     method: ClassVar[str] = "self-spec"
-    draft_loops: int = 4
     prefix_reads: str | tuple[int, int] | None = None
-
-    @classmethod
-    def _ints(cls) -> tuple[str, ...]:
-        return ("gamma", "draft_loops")
 
     def reads(self, num_loops: int) -> PrefixReads:
         return make_prefix_reads(self.prefix_reads or ("deep-kv" if self.cache == "ripe" else "aligned"), num_loops)
 
 
 @dataclass(frozen=True, kw_only=True)
-class MatureSpec(_Speculative):
-    """``mature-spec``: self-speculation whose drafts read the prefix at deep K/V (DAS Section 4.1)."""
+class MatureSpec(_LoopDrafted):
+    """``mature-spec``: self-speculation whose ``draft_loops``-loop drafts read the prefix at deep K/V (DAS Section
+    4.1)."""
 
     method: ClassVar[str] = "mature-spec"
-    draft_loops: int = 4
-
-    @classmethod
-    def _ints(cls) -> tuple[str, ...]:
-        return ("gamma", "draft_loops")
 
     def reads(self, num_loops: int) -> PrefixReads:
         return make_prefix_reads("deep-kv", num_loops)
@@ -221,7 +244,9 @@ class PromptLookup(_Speculative):
 class DasWave(_Speculative):
     """``das-wave``: carried parallel refinement (DAS Section 3.3) with ``gamma``, ``rounds`` (J),
     ``initial_width`` (W_init), ``updates`` (k), ``carry`` and ``prefix_reads``; the defaults are the paper's
-    Huginn configuration (DAS Sec. 4.1, Table 5: gamma 32, J 24, W_init 2, k 2, carried states, deep K/V)."""
+    Huginn configuration (DAS Sec. 4.1, Table 5: gamma 32, J 24, W_init 2, k 2, carried states, deep K/V). None
+    depends on R: the table runs them on every checkpoint of R = 32, and a carried state may be refined past loop R
+    (J k = 48 there)."""
 
     method: ClassVar[str] = "das-wave"
     gamma: int = 32

@@ -93,16 +93,17 @@ MODES = ("eager", "compiled")
 PREFILL = "prefill"
 
 
-def method_configs(draft_loops: int = SelfSpec.draft_loops, gamma: int = SelfSpec.gamma,
+def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
                    wave: dict | None = None) -> dict[str, dict]:
     """generate() settings of every method of :data:`~looped_kv.decoding.settings.METHODS`.
 
-    Self-spec and Mature-Spec draft ``draft_loops`` (d) loops and verify ``gamma`` drafts at a time, so that they
-    differ only in their prefix reads (DAS Sec. 4.3 compares reads at one draft depth); prompt lookup drafts up to
+    Self-spec and Mature-Spec draft ``draft_loops`` (d; None: generate's default for the R decoded at,
+    :func:`~looped_kv.decoding.settings.default_draft_loops`) loops and verify ``gamma`` drafts at a time, so that
+    they differ only in their prefix reads (DAS Sec. 4.3 compares reads at one draft depth); prompt lookup drafts up to
     ``gamma`` tokens; DAS-Wave runs :class:`~looped_kv.decoding.settings.DasWave`'s schedule (the paper's Huginn
     schedule) updated by ``wave``.
     """
-    if draft_loops < 1:
+    if draft_loops is not None and draft_loops < 1:
         raise ValueError(f"draft_loops must be >= 1, got {draft_loops}")
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
@@ -521,14 +522,15 @@ def interaction_verdict(runs: pd.DataFrame) -> Verdict:
 # -- the command line (looped-kv bench) -------------------------------------------------------------------------
 
 
-def check_options(prompts: int, max_new_tokens: int, draft_loops: int, gamma: int, methods: Sequence[str],
+def check_options(prompts: int, max_new_tokens: int, draft_loops: int | None, gamma: int, methods: Sequence[str],
                   workloads: Sequence[str], repeats: int = 2) -> None:
-    """The bench's arguments, before any model is loaded: one-line ValueErrors naming the option and the value."""
+    """The bench's arguments, before any model is loaded: one-line ValueErrors naming the option and the value
+    (``draft_loops`` None: the default for the model's R)."""
     if prompts < 2:
         raise ValueError(f"--prompts must be >= 2 (paired intervals need two prompts), got {prompts}")
     for flag, value in (("--max-new-tokens", max_new_tokens), ("--draft-loops", draft_loops), ("--gamma", gamma),
                         ("--repeats", repeats)):
-        if value < 1:
+        if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     for flag, names, allowed in (("--methods", methods, settings.METHODS),
                                  ("--workloads", workloads, data.DECODING_WORKLOADS)):
@@ -537,15 +539,15 @@ def check_options(prompts: int, max_new_tokens: int, draft_loops: int, gamma: in
             raise ValueError(f"{flag} must name some of {allowed}, got {list(names)}")
 
 
-def check_model(model_loops: int, draft_loops: int) -> None:
-    """The arguments that need the model's config: d < R."""
-    if not draft_loops < model_loops:
+def check_model(model_loops: int, draft_loops: int | None) -> None:
+    """The arguments that need the model's config: d < R (None: the default for R, below it for any R > 1)."""
+    if draft_loops is not None and not draft_loops < model_loops:
         raise ValueError(f"--draft-loops must be in [1, {model_loops - 1}] (fewer than the model's R = "
                          f"{model_loops} loops), got {draft_loops}")
 
 
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
-           draft_loops: int = SelfSpec.draft_loops, gamma: int = SelfSpec.gamma, progress: bool = True,
+           draft_loops: int | None = None, gamma: int = SelfSpec.gamma, progress: bool = True,
            n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES) -> dict[str, object]:
     """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts
     (each decoded alone, stopping at end-of-text, in ``repeats`` interleaved rounds), eager and compiled side by side
@@ -555,6 +557,8 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
     :func:`write_record` keeps: the measurement's environment and each workload's timing runs."""
     check_options(prompts, max_new_tokens, draft_loops, gamma, methods, workloads, repeats)
     check_model(model.config.mean_recurrence, draft_loops)
+    if draft_loops is None:
+        draft_loops = settings.default_draft_loops(model.config.mean_recurrence)
     configs = {name: config for name, config in method_configs(draft_loops, gamma).items() if name in methods}
     margin = max(config.get("gamma", 0) + 1 for config in configs.values())
     encoded = {}

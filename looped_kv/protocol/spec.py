@@ -20,7 +20,7 @@ import yaml
 from looped_kv.analysis.replay import paper_region
 from looped_kv.book import DTYPES
 from looped_kv.decoding.das_wave import check_wave
-from looped_kv.decoding.settings import METHODS, DasWave, SelfSpec
+from looped_kv.decoding.settings import METHODS, DasWave, SelfSpec, default_draft_loops
 from looped_kv.decoding.speculative import check_speculation
 from looped_kv.runtime.policy import make_policy, make_prefix_reads
 
@@ -292,8 +292,8 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
             chosen["prefix_reads"] = tuple(reads) if isinstance(reads, list) else reads
             make_prefix_reads(chosen["prefix_reads"], num_loops)
         if decoder != "ar":
-            draft = chosen.get("draft_loops", SelfSpec.draft_loops) if decoder in ("self-spec", "mature-spec") \
-                else None
+            sequential = decoder in ("self-spec", "mature-spec")
+            draft = chosen.get("draft_loops", default_draft_loops(num_loops)) if sequential else None
             check_speculation(policy, decoder_gamma(decoder, chosen), chosen.get("exact", True), draft)
         if decoder == "das-wave":
             wave = DasWave().schedule | chosen
