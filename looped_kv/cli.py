@@ -815,7 +815,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chain-layout", choices=train.CHAIN_LAYOUTS, default="single",
                    help="single: one chain per program; multi: several contiguous chains, each queried once, with "
                         "a dense query line (the decoding workload); multi-lookup: those alternating with lookup "
-                        "drills; lookup: the drills alone, up to 4 names per step of the curriculum's cap")
+                        "drills; lookup: the drills alone, up to 4 names per step of the curriculum's cap; "
+                        "multi-all: drills and multichain programs that ask every variable")
     p.add_argument("--decay-from", type=int, default=0, help="step at which the cosine learning-rate decay starts; "
                                                              "it ends at --steps")
     p.add_argument("--deep-share", type=float, default=0.0,

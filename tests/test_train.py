@@ -59,6 +59,19 @@ def test_lookup_drills_ask_every_name_once_in_a_random_order():
     assert all(q.depth == 1 for q in mixed[0].queries) and mixed[1] == data.multichain_programs(4, "dev", 0, 6)[1]
 
 
+def test_ask_all_programs_ask_every_binding_at_its_place_in_its_chain():
+    """The multi-all training layout: every variable of at most 28 bindings asked once, in a random order, its depth
+    its place in its chain; the programs are the same chains as the workload's, only their queries differ."""
+    for p in data.multichain_programs(100, "train", max_depth=12, ask_all=True):
+        values, names = _values(p), [b.split("=")[0] for b in p.program.rstrip(";").split(";")]
+        assert sorted(q.variable for q in p.queries) == sorted(names) and len(names) <= data.ASK_ALL_BINDINGS
+        assert all(values[q.variable] == int(q.value) for q in p.queries)
+        starts = [b.split("=")[0] for b in p.program.rstrip(";").split(";") if "+" not in b]
+        assert sum(q.depth == 1 for q in p.queries) == len(starts) and max(q.depth for q in p.queries) <= 12
+    mixed = train.programs_of({"layout": "multi-all"}, 4, "dev", max_depth=6)
+    assert all(q.depth == 1 for q in mixed[0].queries) and len(mixed[1].queries) == len(mixed[1].program.split(";")) - 1
+
+
 def test_lookup_layout_grows_its_drills_with_the_curriculum():
     """The drills-alone layout binds 2 to 4 names per step of the cap, up to the multichain programs' 36."""
     for cap, most in ((1, 4), (3, 12), (9, 36), (32, 36)):

@@ -94,8 +94,15 @@ RECIPES["lookup-then-multi"] = (
     "lookup drills, the curriculum restarted at depth 2, the shipped mix from the start, 5% of steps at 64 loops",
     ["--chain-layout", "multi-lookup", "--deep-share", "0.05", "--start-depth", "2", "--depth-step", "2",
      "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1"])
-STARTS = {name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
-                                      "lookup-drills")} | {"lookup-then-multi": LOOKUP_RUN}
+RECIPES["lookup-then-multi-all"] = (
+    "lookup-then-multi with every variable of a multichain program asked (at most 28 bindings), not only each "
+    "chain's last: lookup-then-multi stayed at chance on 2-step chains, and a binding's computed value, read by name, "
+    "is the skill a chain's last variable needs",
+    ["--chain-layout", "multi-all", "--deep-share", "0.05", "--start-depth", "2", "--depth-step", "2",
+     "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1"])
+STARTS = {**{name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
+                                         "lookup-drills")},
+          **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")}}
 
 
 def earns_long_run(record: dict, margin: float = 0.05) -> bool:

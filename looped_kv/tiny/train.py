@@ -68,8 +68,9 @@ BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "decay_from": 0,
 #: The chain programs' layouts (``--chain-layout``): one chain per program (``data.chain_programs``); several
 #: contiguous chains with a dense query line (``data.multichain_programs``); or those alternating with lookup drills
 #: (``data.lookup_programs``: names bound to digits, asked in a random order); or the drills alone, binding at most
-#: :data:`LOOKUP_NAMES_PER_DEPTH` names per step of the curriculum's cap (a curriculum on the lookup's size).
-CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup")
+#: :data:`LOOKUP_NAMES_PER_DEPTH` names per step of the curriculum's cap (a curriculum on the lookup's size); or
+#: drills alternating with multichain programs that ask every variable (each binding's value an answer).
+CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all")
 LOOKUP_NAMES_PER_DEPTH = 4
 #: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
 DEEP_LOOPS = 64
@@ -323,7 +324,7 @@ class Curriculum:
 
 def shape(args: Options) -> dict:
     """The chain programs' shape options: the layout, and ``data.chain_programs``'s for the single layout."""
-    if args.chain_layout in ("multi", "multi-lookup", "lookup"):
+    if args.chain_layout in ("multi", "multi-lookup", "lookup", "multi-all"):
         return {"layout": args.chain_layout}
     return {"layout": "single", "max_chains": args.chains, "interleave": args.interleave}
 
@@ -341,6 +342,10 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
         return data.multichain_programs(n, split, seed=seed, max_depth=max_depth, **options)
     if shape["layout"] == "multi-lookup":  # drills and multichain programs in turn
         drills, chains = data.lookup_programs(n, split, seed), data.multichain_programs(n, split, seed, max_depth)
+        return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
+    if shape["layout"] == "multi-all":  # drills and multichain programs that ask every variable, in turn
+        drills = data.lookup_programs(n, split, seed)
+        chains = data.multichain_programs(n, split, seed, max_depth, ask_all=True)
         return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
     if shape["layout"] == "lookup":  # drills alone, their size following the curriculum's cap
         return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth))

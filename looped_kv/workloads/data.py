@@ -209,7 +209,12 @@ def _chain_program(rng: random.Random, max_depth: int, max_chains: int, interlea
 MULTICHAIN_BINDINGS = 36
 
 
-def _multichain_program(rng: random.Random, max_depth: int) -> ChainProgram:
+#: Most variables a multichain program binds when every one is asked (:func:`multichain_programs` with ``ask_all``):
+#: its bindings, a query line twice as long and end-of-text fit the training rows of 257 tokens.
+ASK_ALL_BINDINGS = 28
+
+
+def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = False) -> ChainProgram:
     """One program of several contiguous value-changing chains, each queried once at its last variable.
 
     Chain lengths (the queries' depths) are drawn log-uniformly in 1..max_depth, P(d) proportional to
@@ -217,9 +222,12 @@ def _multichain_program(rng: random.Random, max_depth: int) -> ChainProgram:
     continuation dense in answers, and every depth up to max_depth still occurs (at max_depth 32, about 4% of the
     queries are 25-32 deep). Chains share no variable and one query per chain asks its last variable, so no answer
     informs another (knowing two variables of one chain would).
+
+    ``ask_all`` (a training layout) asks every variable instead, in a random order, of at most
+    :data:`ASK_ALL_BINDINGS`: each binding's value is then an answer, its depth its place in its chain.
     """
     names = iter(rng.sample(CHAIN_NAMES, len(CHAIN_NAMES)))
-    budget, lines, queries = MULTICHAIN_BINDINGS, [], []
+    budget, lines, queries = ASK_ALL_BINDINGS if ask_all else MULTICHAIN_BINDINGS, [], []
     while True:
         depth = min(max_depth, int(math.exp(rng.random() * math.log(max_depth + 1))))
         if depth > budget:
@@ -228,24 +236,30 @@ def _multichain_program(rng: random.Random, max_depth: int) -> ChainProgram:
         value = rng.randrange(10)
         variable = next(names)
         lines.append(f"{variable}={value};")
+        chain = [ChainQuery(variable, str(value), 1)]
         for _ in range(depth - 1):
             step = rng.randint(1, 9)
             value = (value + step) % 10
             previous, variable = variable, next(names)
             lines.append(f"{variable}={previous}+{step};")
-        queries.append(ChainQuery(variable, str(value), depth))
+            chain.append(ChainQuery(variable, str(value), len(chain) + 1))
+        queries += chain if ask_all else chain[-1:]
+    if ask_all:
+        rng.shuffle(queries)
     return ChainProgram("".join(lines), tuple(queries), dense=True)
 
 
-def multichain_programs(n: int, split: str = "train", seed: int = 0,
-                        max_depth: int = CHAIN_DEPTH) -> list[ChainProgram]:
+def multichain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH,
+                        ask_all: bool = False) -> list[ChainProgram]:
     """``n`` multichain programs of a split (:func:`_multichain_program`): the decoding workload dense in answers
-    that need depth, each answer a digit (chance :data:`CHAIN_CHANCE`) after its variable (``x7y3``)."""
+    that need depth, each answer a digit (chance :data:`CHAIN_CHANCE`) after its variable (``x7y3``); with
+    ``ask_all``, the training layout that asks every variable."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not 1 <= max_depth <= CHAIN_DEPTH:
         raise ValueError(f"max_depth must be in [1, {CHAIN_DEPTH}], got {max_depth}")
-    return [_multichain_program(random.Random(f"multichain/{split}/{seed}/{i}"), max_depth) for i in range(n)]
+    return [_multichain_program(random.Random(f"multichain/{split}/{seed}/{i}"), max_depth, ask_all)
+            for i in range(n)]
 
 
 def _lookup_program(rng: random.Random, sizes: tuple[int, int]) -> ChainProgram:
