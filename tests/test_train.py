@@ -68,6 +68,7 @@ def test_ask_all_programs_ask_every_binding_at_its_place_in_its_chain():
         assert all(values[q.variable] == int(q.value) for q in p.queries)
         starts = [b.split("=")[0] for b in p.program.rstrip(";").split(";") if "+" not in b]
         assert sum(q.depth == 1 for q in p.queries) == len(starts) and max(q.depth for q in p.queries) <= 12
+    assert all(p.queries for p in data.multichain_programs(300, "dev", ask_all=True))  # 32 > 28: never empty
     mixed = train.programs_of({"layout": "multi-all"}, 4, "dev", max_depth=6)
     assert all(q.depth == 1 for q in mixed[0].queries) and len(mixed[1].queries) == len(mixed[1].program.split(";")) - 1
 

@@ -224,10 +224,12 @@ def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = Fals
     informs another (knowing two variables of one chain would).
 
     ``ask_all`` (a training layout) asks every variable instead, in a random order, of at most
-    :data:`ASK_ALL_BINDINGS`: each binding's value is then an answer, its depth its place in its chain.
+    :data:`ASK_ALL_BINDINGS` (so chains of at most as many): each binding's value is then an answer, its depth its
+    place in its chain.
     """
     names = iter(rng.sample(CHAIN_NAMES, len(CHAIN_NAMES)))
     budget, lines, queries = ASK_ALL_BINDINGS if ask_all else MULTICHAIN_BINDINGS, [], []
+    max_depth = min(max_depth, budget)  # a first chain always fits
     while True:
         depth = min(max_depth, int(math.exp(rng.random() * math.log(max_depth + 1))))
         if depth > budget:
