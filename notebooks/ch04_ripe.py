@@ -443,7 +443,7 @@ curves = {label: survival(records.loc[records["arm"] == label, "kl"]) for label 
 others = [a for a in arms if a not in (DEEP, FP32)]
 rows = -(-(1 + len(others)) // 3)
 fig, axes = plt.subplots(rows, 3, figsize=(book.WIDE[0], 2.4 * rows), sharex=True,
-                         sharey=True, squeeze=False)
+                         sharey=True, squeeze=False, layout="constrained")
 for ax in axes.flat[1 + len(others):]:
     ax.remove()
 for ax, label in zip(axes.flat, [DEEP, *others], strict=False):
@@ -465,7 +465,6 @@ fig.legend(handles=[plt.matplotlib.lines.Line2D([], [], color="grey", ls="--",
                                                 label=FP32)],
            loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8,
            frameon=False)
-fig.tight_layout()
 plt.show()
 
 # %% tags=["remove-input"]
@@ -651,9 +650,10 @@ book.md(
 # Algorithm 1 keeps those drafts and verifies under $\pi_\text{RIPE}$, whose window
 # reads full depth; Section 4 expects the drafts' higher acceptance to carry over, and
 # Section 7 notes that RIPE with $W > 0$ was never run inside the decoder. Each
-# workload's prompts are decoded as one batch per cache, with the paper's $d = \gamma$ =
-# 4 and RIPE at the window that removed Huginn's tail ($W$ = 64, scaled as above, so $W
-# > \gamma$): the full cache with aligned drafts, the deepest plane and RIPE with drafts
+# workload's prompts are decoded as one batch per cache, with the paper's
+# $d = \gamma$ = 4 and RIPE at the window that removed Huginn's tail ($W$ = 64, scaled
+# as above, so $W > \gamma$): the full cache with aligned drafts, the deepest plane and
+# RIPE with drafts
 # reading plane $R$. Three claims are tested on the paired per-prompt $\tau$, each with
 # half a token as its smallest effect:
 #

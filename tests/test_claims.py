@@ -85,6 +85,13 @@ def test_tail_verdict_needs_a_tail_to_remove():
     none = pd.concat([frame.assign(kl=0.0), window.assign(kl=0.0)])
     v = claims.tail_verdict(claim, none, "RIPE", "deepest", range(40), 0.1)
     assert v.label == INCONCLUSIVE and "cannot discriminate" in v.reason
+    # chapter 4 read "agrees" (0x [0, 0]) off one tail position: a resample without its prompt has no ratio
+    one = frame.assign(kl=np.where(np.arange(80) == 0, 0.5, 0.0))
+    v = claims.tail_verdict(claim, pd.concat([one, window.assign(kl=0.0)]), "RIPE", "deepest", range(40), 0.1)
+    assert v.label == INCONCLUSIVE and "nonzero in 1 of 40 units" in v.reason
+    four = frame.assign(kl=np.where(np.isin(np.arange(80), [0, 10, 20, 30]), 0.5, 0.0))  # 4 of 40: 1.5% missed
+    v = claims.tail_verdict(claim, pd.concat([four, window.assign(kl=0.0)]), "RIPE", "deepest", range(40), 0.1)
+    assert "nonzero in" not in v.reason
 
 
 def test_block_dependence_against_the_pre_registered_threshold():

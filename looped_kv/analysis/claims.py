@@ -55,6 +55,7 @@ from looped_kv.analysis.verdicts import (
     combined,
     discrimination,
     model_check,
+    nonzero_in_resamples,
     varies,
     verdict,
 )
@@ -166,7 +167,8 @@ def tail_verdict(claim: Claim, records: pd.DataFrame, window: str, deepest: str,
     ``deepest``, as a ratio of means with a prompt-paired interval. The deepest plane must have a tail to remove."""
     a = tail_counts_by_prompt(records, window, prompts, threshold)
     b = tail_counts_by_prompt(records, deepest, prompts, threshold)
-    return verdict(claim, a, b, discrimination=discrimination(varies(b, f"the {deepest} tail positions per prompt")))
+    name = f"the {deepest} tail positions per prompt"
+    return verdict(claim, a, b, discrimination=discrimination(varies(b, name), nonzero_in_resamples(b, name)))
 
 
 # -- RIPE Sec. 5.2 ------------------------------------------------------------------------------------------------

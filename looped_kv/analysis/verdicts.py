@@ -408,6 +408,18 @@ def varies(values: ArrayLike, name: str, rtol: float = 1e-9) -> Check:
                  f"every value of {name} is {x[0] if x.size else float('nan'):.4g}")
 
 
+def nonzero_in_resamples(values: ArrayLike, name: str, level: float = 0.95) -> Check:
+    """A ratio of means over units needs its denominator in the bootstrap's resamples: the units where ``values``
+    are nonzero must be enough that a resample misses every one of them, probability (1 - k/n)^n, no more often
+    than one tail of the interval, (1 - level) / 2. (Chapter 4 read "agrees" off one tail position in one prompt.)"""
+    x = np.asarray(values, dtype=float).reshape(-1)
+    x = x[np.isfinite(x)]
+    n, k = x.size, int(np.count_nonzero(x))
+    missed = (1 - k / n) ** n if n else 1.0
+    return Check(f"{name} in enough units for the interval", missed <= (1 - level) / 2,
+                 f"{name} is nonzero in {k} of {n} units, so {missed:.0%} of the bootstrap's resamples have none")
+
+
 def above_floor(values: ArrayLike, floor: float, name: str, minimum: float = MIN_ABOVE_FLOOR) -> Check:
     """At least ``minimum`` of the measurements lie above the float floor (else they measure rounding)."""
     x = np.asarray(values, dtype=float).reshape(-1)
