@@ -650,12 +650,11 @@ book.md(
 # Algorithm 1 keeps those drafts and verifies under $\pi_\text{RIPE}$, whose window
 # reads full depth; Section 4 expects the drafts' higher acceptance to carry over, and
 # Section 7 notes that RIPE with $W > 0$ was never run inside the decoder. Each
-# workload's prompts are decoded as one batch per cache, with the paper's
-# $d = \gamma$ = 4 and RIPE at the window that removed Huginn's tail ($W$ = 64, scaled
-# as above, so $W > \gamma$): the full cache with aligned drafts, the deepest plane and
-# RIPE with drafts
-# reading plane $R$. Three claims are tested on the paired per-prompt $\tau$, each with
-# half a token as its smallest effect:
+# workload's prompts are decoded as one batch per cache, with the paper's draft depth
+# and $\gamma$, and RIPE at the window that removed Huginn's tail (scaled as above, so
+# $W > \gamma$; the values are printed below): the full cache with aligned drafts, the
+# deepest plane and RIPE with drafts reading plane $R$. Three claims are tested on the
+# paired per-prompt $\tau$, each with the smallest effect RIPE Table 6 pre-registered:
 #
 # * the deepest plane accepts more than the full cache (Section 3.3, measured);
 # * Algorithm 1 under RIPE accepts more than the full cache (Section 4's expectation);
