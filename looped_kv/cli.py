@@ -58,7 +58,15 @@ from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.loop import Observer
-from looped_kv.decoding.settings import DRAFT_LOOPS_DEFAULT, METHODS, DasWave, Greedy, PromptLookup, SelfSpec
+from looped_kv.decoding.settings import (
+    DRAFT_LOOPS_DEFAULT,
+    METHODS,
+    DasWave,
+    Greedy,
+    PromptLookup,
+    SelfSpec,
+    default_draft_loops,
+)
 from looped_kv.experiments import bench, gpu_check, plan_check, speed, throughput
 from looped_kv.protocol import batches
 from looped_kv.protocol.selftest import SelfTestFailure
@@ -437,7 +445,7 @@ def _check_batched(args: argparse.Namespace) -> None:
         if unknown or len(set(args.fit_on)) < 2:
             raise ValueError(f"--fit-on must name at least 2 distinct values of --memory-batch-sizes "
                              f"{args.memory_batch_sizes}, got {args.fit_on}")
-    if args.num_loops is not None and args.draft_loops >= args.num_loops:
+    if args.num_loops is not None and args.draft_loops is not None and args.draft_loops >= args.num_loops:
         raise ValueError(f"--draft-loops must be in [1, {args.num_loops - 1}] (fewer than --num-loops "
                          f"{args.num_loops}), got {args.draft_loops}")
 
@@ -450,6 +458,8 @@ def cmd_batched(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         raise ValueError(f"--model {args.model!r}: {error}") from None
     R = config.mean_recurrence if args.num_loops is None else args.num_loops
+    if args.draft_loops is None:  # follows R, as generate()'s default does
+        args.draft_loops = default_draft_loops(R)
     if not 1 <= args.draft_loops < R:
         raise ValueError(f"--draft-loops must be in [1, {R - 1}] (fewer than the R = {R} loops of the model), "
                          f"got {args.draft_loops}")
@@ -482,7 +492,8 @@ def _add_batched(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8], help="B values (default 1 2 4 8)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="new tokens per sequence (default 16)")
     p.add_argument("--num-loops", type=int, default=None, help="R (default: the model's mean recurrence)")
-    p.add_argument("--draft-loops", type=int, default=4, help="d, loops per draft, in [1, R - 1] (default 4)")
+    p.add_argument("--draft-loops", type=int, help=f"d, loops per draft, in [1, R - 1] (default: "
+                                                   f"{DRAFT_LOOPS_DEFAULT})")
     p.add_argument("--gamma", type=int, default=4, help="gamma, drafts per verification (default 4)")
     p.add_argument("--budget-mb", type=float, default=24.0,
                    help="memory budget of the fixed-memory comparison, MB = 10^6 bytes above the weights "
