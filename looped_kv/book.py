@@ -257,14 +257,19 @@ NOTEBOOKS = ("ch01_looped_models", "ch02_ripening", "ch03_prefix_kv_late", "ch04
              "ch06_das_wave", "ch07_memory_throughput", "appendix_training", "appendix_gpu")
 
 
-def execution_seconds(notebook: Path) -> float:
-    """Seconds an executed notebook's code cells took, from the timing its executor recorded in each cell's metadata
-    (``execution``: from ``iopub.execute_input`` to ``shell.execute_reply``)."""
+def _cells(notebook: Path) -> list[dict]:
     import json
+
+    return json.loads(notebook.read_text())["cells"]
+
+
+def execution_seconds(notebook: Path, cells: list[dict] | None = None) -> float:
+    """Seconds an executed notebook's code cells took, from the timing its executor recorded in each cell's metadata
+    (``execution``: from ``iopub.execute_input`` to ``shell.execute_reply``); ``cells``: the notebook's, if read."""
     from datetime import datetime
 
     total = 0.0
-    for cell in json.loads(notebook.read_text())["cells"]:
+    for cell in _cells(notebook) if cells is None else cells:
         timing = cell.get("metadata", {}).get("execution", {})
         if cell["cell_type"] == "code" and cell["source"] and not timing:
             raise ValueError(f"{notebook.name}: a code cell has no recorded execution time; execute the notebook")
@@ -278,13 +283,11 @@ def execution_seconds(notebook: Path) -> float:
 def chapter_times(folder: Path) -> str:
     """A Markdown table of each executed page's time (:func:`execution_seconds`) in ``folder``: what the intro shows
     as the time a chapter takes on a CPU with the tiny model, as last executed."""
-    import json
-
     lines = ["| page | minutes |", "| --- | ---: |"]
     for name in NOTEBOOKS:
         path = folder / f"{name}.ipynb"
-        cells = json.loads(path.read_text())["cells"]
+        cells = _cells(path)
         title = next(line.removeprefix("# ") for c in cells if c["cell_type"] == "markdown"
                      for line in "".join(c["source"]).splitlines() if line.startswith("# "))
-        lines.append(f"| {title} | {execution_seconds(path) / 60:.1f} |")
+        lines.append(f"| {title} | {execution_seconds(path, cells) / 60:.1f} |")
     return "\n".join(lines) + "\n"

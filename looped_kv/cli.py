@@ -252,8 +252,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         configs = bench.method_configs(args.draft_loops, args.gamma)
         methods = {key: configs[key] for key in ["ar", *(m for m in args.methods if m != "ar")]}
         for workload in args.workloads:
-            prompts = [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device)
-                       for p in data.prompts(workload, args.prompts)]
+            prompts = bench.workload_prompts(model, workload, args.prompts, args.max_new_tokens, methods)
             table = bench.sampling_overhead(model, prompts, methods, args.max_new_tokens, args.repeats, args.modes,
                                             progress=not args.quiet)
             print(f"{workload}: sampling (temperature 1, top-k 1: greedy's tokens) over greedy decoding, time ratio "

@@ -71,6 +71,17 @@ def _run(model: LoopedLM, prompts: Sequence[Tensor], size: int, settings_: dict)
     return generate(model, [prompts[i % len(prompts)] for i in range(size)], stop_at_eos=False, **settings_)
 
 
+def _fastest(size: int, runs: Sequence[Generation]) -> ThroughputCell:
+    """A cell from its runs: the fastest (other load on the machine only slows a run down)."""
+    out = min(runs, key=lambda run: run.wall_time)
+    return ThroughputCell(size, out.tokens_per_s, out.wall_time, out.num_new, out.tau)
+
+
+def _check_repeats(repeats: int) -> None:
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+
+
 def throughput_cells(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Sequence[int], method: str = "ar",
                      cache: str = "full", *, max_new_tokens: int = 16, repeats: int = 1, warmup: bool = True,
                      progress: bool = False, **options) -> list[ThroughputCell]:
@@ -83,16 +94,13 @@ def throughput_cells(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Se
     cells with :func:`looped_kv.analysis.perf.fit_throughput` for T(B) = B / (a + b B).
     """
     sizes = check_cells(model, prompts, batch_sizes, method, cache, max_new_tokens, options)
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    _check_repeats(repeats)
     run = dict(max_new_tokens=max_new_tokens, method=method, cache=cache, **options)
     if warmup:
         _run(model, prompts, min(sizes), run)
     cells = []
     for size in tqdm(sizes, disable=not progress, desc=f"{method}, {cache}: tokens/s", leave=False):
-        runs = [_run(model, prompts, size, run) for _ in range(repeats)]
-        out = min(runs, key=lambda run: run.wall_time)
-        cells.append(ThroughputCell(size, out.tokens_per_s, out.wall_time, out.num_new, out.tau))
+        cells.append(_fastest(size, [_run(model, prompts, size, run) for _ in range(repeats)]))
     return cells
 
 
@@ -158,23 +166,18 @@ def fixed_memory_comparison(model: LoopedLM, prompts: Sequence[Tensor], budget: 
     b_full, b_deep = memory["full"].b_max, memory["deepest"].b_max
     if b_full < 1:
         raise ValueError(f"budget {budget:.4g} bytes holds no full-cache sequence (B_max = 0); raise it")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    settings_ = {f"full@{b_full}": (b_full, dict(cache="full", **full)),
-                 f"deepest@{b_full}": (b_full, dict(cache="deepest", **deep)),
-                 f"deepest@{b_deep}": (b_deep, dict(cache="deepest", **deep))}
-    settings_ = {name: (size, dict(max_new_tokens=max_new_tokens, method=method, **kwargs))
-                 for name, (size, kwargs) in settings_.items()}
-    for size, run in settings_.values():  # warm-up
+    _check_repeats(repeats)
+    arms = {f"full@{b_full}": (b_full, "full", full), f"deepest@{b_full}": (b_full, "deepest", deep),
+            f"deepest@{b_deep}": (b_deep, "deepest", deep)}
+    arms = {name: (size, dict(max_new_tokens=max_new_tokens, method=method, cache=cache, **kwargs))
+            for name, (size, cache, kwargs) in arms.items()}
+    for size, run in arms.values():  # warm-up
         _run(model, prompts, size, run)
-    runs: dict[str, list[Generation]] = {name: [] for name in settings_}
+    runs: dict[str, list[Generation]] = {name: [] for name in arms}
     for _ in tqdm(range(repeats), disable=not progress, desc="fixed memory: interleaved rounds", leave=False):
-        for name, (size, run) in settings_.items():
+        for name, (size, run) in arms.items():
             runs[name].append(_run(model, prompts, size, run))
-    cells = {}
-    for name, (size, _) in settings_.items():
-        out = min(runs[name], key=lambda run: run.wall_time)
-        cells[name] = ThroughputCell(size, out.tokens_per_s, out.wall_time, out.num_new, out.tau)
+    cells = {name: _fastest(size, runs[name]) for name, (size, _) in arms.items()}
     best_full, same, at_max = cells.values()
     return FixedMemoryComparison(budget, memory, cells,
                                  fixed_memory_factors(best_full.tokens_per_s, same.tokens_per_s, at_max.tokens_per_s))

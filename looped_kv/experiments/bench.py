@@ -193,6 +193,15 @@ def warm_up(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, 
         generate(model, ids, max_new_tokens=max_new_tokens, compile=True, **config)
 
 
+def _check_rounds(repeats: int, modes: Sequence[str]) -> None:
+    """The interleaved rounds of a timing run: an integer count >= 1, and modes of :data:`MODES`."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"modes must name some of {MODES}, got {list(modes)}")
+
+
 def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
                progress: bool = True, repeats: int = 1, modes: Sequence[str] = ("eager",)) -> pd.DataFrame:
     """Timing runs: every prompt alone, for each of ``modes`` (:data:`MODES`) in ``repeats`` interleaved rounds of
@@ -201,11 +210,7 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
     over the paired greedy run of its mode (DAS Eq. 8) and over eager greedy decoding, A, G, tau, whether it equals
     greedy and ``repeats``. Compiled steps are traced before any timed run (:func:`warm_up`); the runs are timed
     under :func:`~looped_kv.experiments.speed.frozen_heap`."""
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        raise ValueError(f"modes must name some of {MODES}, got {list(modes)}")
+    _check_rounds(repeats, modes)
     generate(model, prompts[0], max_new_tokens=4)  # warm-up
     if "compiled" in modes:
         warm_up(model, prompts, methods, max_new_tokens, progress)
@@ -260,11 +265,7 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[
     greedily and with :data:`ARGMAX_SAMPLING`, the two interleaved in ``repeats`` rounds (the order reversed every
     other round); the ratio of their median times per prompt, its mean over prompts with a paired 95% bootstrap
     interval, and whether every sampled run emitted the greedy tokens (so the ratio is the sampler's cost alone)."""
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        raise ValueError(f"modes must name some of {MODES}, got {list(modes)}")
+    _check_rounds(repeats, modes)
     rows = []
     with frozen_heap():
         for key, config in tqdm(methods.items(), desc="sampling overhead", disable=not progress, leave=False):
@@ -546,6 +547,22 @@ def check_model(model_loops: int, draft_loops: int | None) -> None:
                          f"{model_loops} loops), got {draft_loops}")
 
 
+def workload_prompts(model: LoopedLM, workload: str, prompts: int, max_new_tokens: int,
+                     configs: Mapping[Hashable, dict]) -> list[Tensor]:
+    """A workload's first ``prompts`` evaluation prompts, tokenized, each checked to leave room in the context for
+    ``max_new_tokens`` and the largest verification block of ``configs``; at least 2 (paired intervals)."""
+    margin = max(config.get("gamma", 0) + 1 for config in configs.values())
+    encoded = [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device)
+               for p in data.prompts(workload, prompts, "eval")]
+    if len(encoded) < 2:
+        raise ValueError(f"--workloads {workload}: only {len(encoded)} evaluation prompt(s) exist")
+    try:
+        check_prompts(model, encoded, max_new_tokens, margin=margin)
+    except ValueError as error:
+        raise ValueError(f"--max-new-tokens {max_new_tokens} on {workload}: {error}") from None
+    return encoded
+
+
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
            draft_loops: int | None = None, gamma: int = SelfSpec.gamma, progress: bool = True,
            n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES) -> dict[str, object]:
@@ -560,17 +577,7 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
     if draft_loops is None:
         draft_loops = settings.default_draft_loops(model.config.mean_recurrence)
     configs = {name: config for name, config in method_configs(draft_loops, gamma).items() if name in methods}
-    margin = max(config.get("gamma", 0) + 1 for config in configs.values())
-    encoded = {}
-    for workload in workloads:
-        encoded[workload] = [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device)
-                             for p in data.prompts(workload, prompts, "eval")]
-        if len(encoded[workload]) < 2:
-            raise ValueError(f"--workloads {workload}: only {len(encoded[workload])} evaluation prompt(s) exist")
-        try:
-            check_prompts(model, encoded[workload], max_new_tokens, margin=margin)
-        except ValueError as error:
-            raise ValueError(f"--max-new-tokens {max_new_tokens} on {workload}: {error}") from None
+    encoded = {workload: workload_prompts(model, workload, prompts, max_new_tokens, configs) for workload in workloads}
     pd.set_option("display.width", 250)
     wave = DasWave().schedule
     with measurement_mode() as record:
