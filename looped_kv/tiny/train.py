@@ -324,15 +324,14 @@ class Curriculum:
 
 def shape(args: Options) -> dict:
     """The chain programs' shape options: the layout, and ``data.chain_programs``'s for the single layout."""
-    if args.chain_layout in ("multi", "multi-lookup", "lookup", "multi-all"):
+    if args.chain_layout != "single":
         return {"layout": args.chain_layout}
     return {"layout": "single", "max_chains": args.chains, "interleave": args.interleave}
 
 
 def lookup_sizes(max_depth: int) -> tuple[int, int]:
     """The least and most names of the ``lookup`` layout's drills at curriculum cap ``max_depth``."""
-    most = min(data.MULTICHAIN_BINDINGS, LOOKUP_NAMES_PER_DEPTH * max_depth)
-    return min(2, most), most
+    return 2, min(data.MULTICHAIN_BINDINGS, LOOKUP_NAMES_PER_DEPTH * max_depth)  # max_depth >= 1: at least 4
 
 
 def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int = data.CHAIN_DEPTH) -> list:
@@ -340,12 +339,9 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
     options = {key: value for key, value in shape.items() if key != "layout"}
     if shape["layout"] == "multi":
         return data.multichain_programs(n, split, seed=seed, max_depth=max_depth, **options)
-    if shape["layout"] == "multi-lookup":  # drills and multichain programs in turn
-        drills, chains = data.lookup_programs(n, split, seed), data.multichain_programs(n, split, seed, max_depth)
-        return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
-    if shape["layout"] == "multi-all":  # drills and multichain programs that ask every variable, in turn
+    if shape["layout"] in ("multi-lookup", "multi-all"):  # drills and multichain programs in turn
         drills = data.lookup_programs(n, split, seed)
-        chains = data.multichain_programs(n, split, seed, max_depth, ask_all=True)
+        chains = data.multichain_programs(n, split, seed, max_depth, ask_all=shape["layout"] == "multi-all")
         return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
     if shape["layout"] == "lookup":  # drills alone, their size following the curriculum's cap
         return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth))
