@@ -305,7 +305,7 @@ book.md(
     f"{fk.geometric.max_abs_log_residual:.2f} for the keys and "
     f"{fv.geometric.max_abs_log_residual:.2f} for the values (Table 7: "
     f"{hug['max |log residual|, fp32']} on Huginn, {rav['max |log residual|, fp32']} "
-    f"on Raven-Llama). Text by text, the geometric law leaves the smaller residual "
+    f"on Raven-Llama). Text by text, the geometric law leaves a smaller residual "
     f"than a power law for {geometric_wins['k']} of {len(per_text)} key curves and "
     f"{geometric_wins['v']} of {len(per_text)} value curves.\n\n"
     + vd.claim_summary(verdicts)
