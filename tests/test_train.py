@@ -73,6 +73,18 @@ def test_ask_all_programs_ask_every_binding_at_its_place_in_its_chain():
     assert all(q.depth == 1 for q in mixed[0].queries) and len(mixed[1].queries) == len(mixed[1].program.split(";")) - 1
 
 
+def test_value_first_layout_writes_each_name_after_its_expression():
+    """The value-first layout: the same chains and drills as multi-all, every binding written ``a+4=b;``."""
+    def flipped(program: data.ChainProgram) -> data.ChainProgram:
+        bindings = [b.split("=") for b in program.program.rstrip(";").split(";")]
+        return data.ChainProgram("".join(f"{name}={expr};" for expr, name in bindings), program.queries, program.dense)
+
+    mixed = train.programs_of({"layout": "value-first"}, 6, "dev", max_depth=6)
+    plain = train.programs_of({"layout": "multi-all"}, 6, "dev", max_depth=6)
+    assert [flipped(p) for p in mixed] == plain and mixed != plain
+    assert all(b.split("=")[1].isalpha() for p in mixed for b in p.program.rstrip(";").split(";"))
+
+
 def test_lookup_layout_grows_its_drills_with_the_curriculum():
     """The drills-alone layout binds 2 to 4 names per step of the cap, up to the multichain programs' 36."""
     for cap, most in ((1, 4), (3, 12), (9, 36), (32, 36)):

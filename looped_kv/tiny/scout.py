@@ -100,9 +100,17 @@ RECIPES["lookup-then-multi-all"] = (
     "is the skill a chain's last variable needs",
     ["--chain-layout", "multi-all", "--deep-share", "0.05", "--start-depth", "2", "--depth-step", "2",
      "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1"])
+#: The multichain run's first sitting: lookups by name learned, 2-step chains at chance (``checkpoints/tiny-multi``).
+MULTI_RUN = Path("checkpoints/tiny-multi")
+RECIPES["value-first"] = (
+    "continue the multichain run (lookup-then-multi-all and one sitting) with every binding written after its "
+    "expression (3=a;a+4=b;) in the drills and the ask-all multichain programs: 2-step chains stayed at chance when "
+    "a name came before its expression, where the name's position cannot hold the value a lookup by name reads",
+    ["--chain-layout", "value-first", "--deep-share", "0.05", "--start-depth", "2", "--depth-step", "2",
+     "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1"])
 STARTS = {**{name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
                                          "lookup-drills")},
-          **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")}}
+          **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")}, "value-first": MULTI_RUN}
 
 
 def earns_long_run(record: dict, margin: float = 0.05) -> bool:

@@ -69,8 +69,10 @@ BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "decay_from": 0,
 #: contiguous chains with a dense query line (``data.multichain_programs``); or those alternating with lookup drills
 #: (``data.lookup_programs``: names bound to digits, asked in a random order); or the drills alone, binding at most
 #: :data:`LOOKUP_NAMES_PER_DEPTH` names per step of the curriculum's cap (a curriculum on the lookup's size); or
-#: drills alternating with multichain programs that ask every variable (each binding's value an answer).
-CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all")
+#: drills alternating with multichain programs that ask every variable (each binding's value an answer); or those
+#: two with every binding written after its expression (``3=a;a+4=b;``: ``data.multichain_programs``'s
+#: ``value_first``), so a name's position is where its value can be known.
+CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all", "value-first")
 LOOKUP_NAMES_PER_DEPTH = 4
 #: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
 DEEP_LOOPS = 64
@@ -339,9 +341,11 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
     options = {key: value for key, value in shape.items() if key != "layout"}
     if shape["layout"] == "multi":
         return data.multichain_programs(n, split, seed=seed, max_depth=max_depth, **options)
-    if shape["layout"] in ("multi-lookup", "multi-all"):  # drills and multichain programs in turn
-        drills = data.lookup_programs(n, split, seed)
-        chains = data.multichain_programs(n, split, seed, max_depth, ask_all=shape["layout"] == "multi-all")
+    if shape["layout"] in ("multi-lookup", "multi-all", "value-first"):  # drills and multichain programs in turn
+        value_first = shape["layout"] == "value-first"
+        drills = data.lookup_programs(n, split, seed, value_first=value_first)
+        chains = data.multichain_programs(n, split, seed, max_depth, ask_all=shape["layout"] != "multi-lookup",
+                                          value_first=value_first)
         return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
     if shape["layout"] == "lookup":  # drills alone, their size following the curriculum's cap
         return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth))

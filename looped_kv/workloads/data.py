@@ -214,7 +214,13 @@ MULTICHAIN_BINDINGS = 36
 ASK_ALL_BINDINGS = 28
 
 
-def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = False) -> ChainProgram:
+def _binding(variable: str, expression: str, value_first: bool) -> str:
+    """One binding: ``b=a+4;``, or with ``value_first`` ``a+4=b;`` (the name after what it is bound to)."""
+    return f"{expression}={variable};" if value_first else f"{variable}={expression};"
+
+
+def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = False,
+                        value_first: bool = False) -> ChainProgram:
     """One program of several contiguous value-changing chains, each queried once at its last variable.
 
     Chain lengths (the queries' depths) are drawn log-uniformly in 1..max_depth, P(d) proportional to
@@ -225,7 +231,8 @@ def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = Fals
 
     ``ask_all`` (a training layout) asks every variable instead, in a random order, of at most
     :data:`ASK_ALL_BINDINGS` (so chains of at most as many): each binding's value is then an answer, its depth its
-    place in its chain.
+    place in its chain. ``value_first`` writes each binding after its expression (``3=a;a+4=b;``), so a name's
+    position in the program is where its value can be known.
     """
     names = iter(rng.sample(CHAIN_NAMES, len(CHAIN_NAMES)))
     budget, lines, queries = ASK_ALL_BINDINGS if ask_all else MULTICHAIN_BINDINGS, [], []
@@ -237,13 +244,13 @@ def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = Fals
         budget -= depth
         value = rng.randrange(10)
         variable = next(names)
-        lines.append(f"{variable}={value};")
+        lines.append(_binding(variable, str(value), value_first))
         chain = [ChainQuery(variable, str(value), 1)]
         for _ in range(depth - 1):
             step = rng.randint(1, 9)
             value = (value + step) % 10
             previous, variable = variable, next(names)
-            lines.append(f"{variable}={previous}+{step};")
+            lines.append(_binding(variable, f"{previous}+{step}", value_first))
             chain.append(ChainQuery(variable, str(value), len(chain) + 1))
         queries += chain if ask_all else chain[-1:]
     if ask_all:
@@ -252,26 +259,26 @@ def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = Fals
 
 
 def multichain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH,
-                        ask_all: bool = False) -> list[ChainProgram]:
+                        ask_all: bool = False, value_first: bool = False) -> list[ChainProgram]:
     """``n`` multichain programs of a split (:func:`_multichain_program`): the decoding workload dense in answers
     that need depth, each answer a digit (chance :data:`CHAIN_CHANCE`) after its variable (``x7y3``); with
-    ``ask_all``, the training layout that asks every variable."""
+    ``ask_all``, the training layout that asks every variable; with ``value_first``, bindings written ``a+4=b;``."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not 1 <= max_depth <= CHAIN_DEPTH:
         raise ValueError(f"max_depth must be in [1, {CHAIN_DEPTH}], got {max_depth}")
-    return [_multichain_program(random.Random(f"multichain/{split}/{seed}/{i}"), max_depth, ask_all)
+    return [_multichain_program(random.Random(f"multichain/{split}/{seed}/{i}"), max_depth, ask_all, value_first)
             for i in range(n)]
 
 
-def _lookup_program(rng: random.Random, sizes: tuple[int, int]) -> ChainProgram:
+def _lookup_program(rng: random.Random, sizes: tuple[int, int], value_first: bool = False) -> ChainProgram:
     """Lookup drills for training: ``sizes`` (least, most) names bound to digits (``a=3;b=7;``), every one asked
     once in a random order on a dense query line. An answer is one lookup by name (depth 1), and the order leaves no
     positional shortcut: the skill several chains need and one chain never taught."""
     names = rng.sample(CHAIN_NAMES, rng.randint(*sizes))
     values = {name: rng.randrange(10) for name in names}
     asked = rng.sample(names, len(names))
-    return ChainProgram("".join(f"{name}={values[name]};" for name in names),
+    return ChainProgram("".join(_binding(name, str(values[name]), value_first) for name in names),
                         tuple(ChainQuery(name, str(values[name]), 1) for name in asked), dense=True)
 
 
@@ -279,15 +286,15 @@ def _lookup_program(rng: random.Random, sizes: tuple[int, int]) -> ChainProgram:
 LOOKUP_SIZES = (8, MULTICHAIN_BINDINGS)
 
 
-def lookup_programs(n: int, split: str = "train", seed: int = 0,
-                    sizes: tuple[int, int] = LOOKUP_SIZES) -> list[ChainProgram]:
+def lookup_programs(n: int, split: str = "train", seed: int = 0, sizes: tuple[int, int] = LOOKUP_SIZES,
+                    value_first: bool = False) -> list[ChainProgram]:
     """``n`` lookup drills of a split (:func:`_lookup_program`) binding ``sizes`` (least, most) names each, a
-    training layout of the tiny model."""
+    training layout of the tiny model; ``value_first`` writes ``3=a;``."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not 1 <= sizes[0] <= sizes[1] <= MULTICHAIN_BINDINGS:
         raise ValueError(f"sizes must satisfy 1 <= least <= most <= {MULTICHAIN_BINDINGS}, got {sizes}")
-    return [_lookup_program(random.Random(f"lookup/{split}/{seed}/{i}"), sizes) for i in range(n)]
+    return [_lookup_program(random.Random(f"lookup/{split}/{seed}/{i}"), sizes, value_first) for i in range(n)]
 
 
 def chain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH,
