@@ -827,6 +827,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                         "a dense query line (the decoding workload); multi-lookup: those alternating with lookup "
                         "drills; lookup: the drills alone, up to 4 names per step of the curriculum's cap; "
                         "multi-all: drills and multichain programs that ask every variable")
+    p.add_argument("--value-first", action="store_true",
+                   help="write each binding after its expression (3=a;a+4=b;), in every layout but single")
     p.add_argument("--decay-from", type=int, default=0, help="step at which the cosine learning-rate decay starts; "
                                                              "it ends at --steps")
     p.add_argument("--deep-share", type=float, default=0.0,

@@ -117,7 +117,9 @@ class Ch06:
     refinement budget."""
 
     acceptance_prompts: int = 32  # per workload, decoded as one batch (A against w, the factorial)
-    acceptance_tokens: int = 24  # one DAS-Wave verification commits up to w = 25 of them
+    #: per prompt: room for bench.MIN_VERIFICATIONS (3) DAS-Wave verifications of w = 25 tokens and more, so that a
+    #: carried cell's G is what carry commits and not the budget (24, below w, let it verify once)
+    acceptance_tokens: int = 96
     timing_prompts: int = 3  # per workload, each decoded alone (a speed verdict needs 16, timed in repeats)
     timing_repeats: int = 1  # interleaved timing rounds per prompt (a speed verdict needs 2)
     new_tokens: int = 32  # per timing run

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import random_model
 
+from looped_kv import profiles
 from looped_kv.analysis.fits import interaction_effect
 from looped_kv.analysis.verdicts import AGREES, DISAGREES, IDENTICAL, INCONCLUSIVE, Claim
 from looped_kv.decoding import settings
@@ -191,6 +192,17 @@ def test_interaction_verdict_refuses_carried_cells_capped_by_the_token_budget():
     assert v.label == INCONCLUSIVE and "token budget" in v.reason
     roomy = capped.assign(verifications=bench.MIN_VERIFICATIONS)
     assert "token budget" not in bench.interaction_verdict(roomy).reason
+
+
+def test_every_profile_gives_the_carried_cells_room_to_verify():
+    """Chapter 6's tiny profile decoded 24 tokens per prompt against w = 25, so the E_cKV verdict was undecidable by
+    design: every profile a reader runs must leave room for MIN_VERIFICATIONS verifications at the ceiling w."""
+    for name, profile in profiles.PROFILES.items():
+        if name == "smoke":  # the fixture-sized profile: its numbers mean nothing
+            continue
+        wave = bench.method_configs(profile.ch05.draft_loops, profile.ch05.gamma)["das-wave"]
+        w = bench.ceiling(wave).value
+        assert profile.ch06.acceptance_tokens >= bench.MIN_VERIFICATIONS * w, name
 
 
 def test_check_options_name_the_option_and_the_value():

@@ -73,16 +73,19 @@ def test_ask_all_programs_ask_every_binding_at_its_place_in_its_chain():
     assert all(q.depth == 1 for q in mixed[0].queries) and len(mixed[1].queries) == len(mixed[1].program.split(";")) - 1
 
 
-def test_value_first_layout_writes_each_name_after_its_expression():
-    """The value-first layout: the same chains and drills as multi-all, every binding written ``a+4=b;``."""
+def test_value_first_writes_each_name_after_its_expression():
+    """--value-first: the same chains and drills as without it, every binding written ``a+4=b;``."""
     def flipped(program: data.ChainProgram) -> data.ChainProgram:
         bindings = [b.split("=") for b in program.program.rstrip(";").split(";")]
         return data.ChainProgram("".join(f"{name}={expr};" for expr, name in bindings), program.queries, program.dense)
 
-    mixed = train.programs_of({"layout": "value-first"}, 6, "dev", max_depth=6)
-    plain = train.programs_of({"layout": "multi-all"}, 6, "dev", max_depth=6)
-    assert [flipped(p) for p in mixed] == plain and mixed != plain
-    assert all(b.split("=")[1].isalpha() for p in mixed for b in p.program.rstrip(";").split(";"))
+    for layout in ("multi-all", "lookup"):
+        mixed = train.programs_of({"layout": layout, "value_first": True}, 6, "dev", max_depth=6)
+        plain = train.programs_of({"layout": layout, "value_first": False}, 6, "dev", max_depth=6)
+        assert [flipped(p) for p in mixed] == plain and mixed != plain
+        assert all(b.split("=")[1].isalpha() for p in mixed for b in p.program.rstrip(";").split(";"))
+    with pytest.raises(ValueError, match="value_first needs a chain_layout other than 'single'"):
+        train.shape(train_options(["--out", "x", "--value-first"]))
 
 
 def test_lookup_layout_grows_its_drills_with_the_curriculum():

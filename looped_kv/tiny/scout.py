@@ -106,11 +106,17 @@ RECIPES["value-first"] = (
     "continue the multichain run (lookup-then-multi-all and one sitting) with every binding written after its "
     "expression (3=a;a+4=b;) in the drills and the ask-all multichain programs: 2-step chains stayed at chance when "
     "a name came before its expression, where the name's position cannot hold the value a lookup by name reads",
-    ["--chain-layout", "value-first", "--deep-share", "0.05", "--start-depth", "2", "--depth-step", "2",
-     "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1"])
+    ["--chain-layout", "multi-all", "--value-first", "--deep-share", "0.05", "--start-depth", "2", "--depth-step",
+     "2", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1"])
+RECIPES["value-first-drills"] = (
+    "lookup-drills with every binding written value first (3=a;), continuing the multichain run: value-first lost "
+    "the lookups by name with full-size drills from its first step, as multi-lookup had before lookup-drills grew "
+    "the drills from 2-4 names",
+    ["--chain-layout", "lookup", "--value-first", "--start-depth", "1", "--depth-step", "1", "--mix", "0", "0", "1"])
 STARTS = {**{name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
                                          "lookup-drills")},
-          **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")}, "value-first": MULTI_RUN}
+          **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")},
+          **{name: MULTI_RUN for name in ("value-first", "value-first-drills")}}
 
 
 def earns_long_run(record: dict, margin: float = 0.05) -> bool:

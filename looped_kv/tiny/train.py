@@ -59,20 +59,22 @@ EOS = "<|endoftext|>"
 #: Options a resumed run may change: the thread count, the sitting's length, the run's length, the data mix with the
 #: depth it starts from (a staged mix), the chain layout, the schedule's decay, the deep draws and the curriculum
 #: (a ``--start-depth`` other than the recorded one restarts it there). Each change is logged with its step.
-RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth", "chain_layout", "decay_from", "deep_share",
+RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth", "chain_layout", "value_first", "decay_from",
+             "deep_share",
              "advance_at", "depth_step", "start_depth")
 #: What a checkpoint older than an option ran with: before --mix-from-depth the mix applied from the start; before
 #: --chain-layout every program was one chain; before --decay-from the cosine ran from step 0; before --deep-share
 #: no step was drawn at DEEP_LOOPS.
-BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "decay_from": 0, "deep_share": 0.0}
+BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "value_first": False, "decay_from": 0,
+                 "deep_share": 0.0}
 #: The chain programs' layouts (``--chain-layout``): one chain per program (``data.chain_programs``); several
 #: contiguous chains with a dense query line (``data.multichain_programs``); or those alternating with lookup drills
 #: (``data.lookup_programs``: names bound to digits, asked in a random order); or the drills alone, binding at most
 #: :data:`LOOKUP_NAMES_PER_DEPTH` names per step of the curriculum's cap (a curriculum on the lookup's size); or
-#: drills alternating with multichain programs that ask every variable (each binding's value an answer); or those
-#: two with every binding written after its expression (``3=a;a+4=b;``: ``data.multichain_programs``'s
-#: ``value_first``), so a name's position is where its value can be known.
-CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all", "value-first")
+#: drills alternating with multichain programs that ask every variable (each binding's value an answer). Every layout
+#: but ``single`` may write each binding after its expression (``--value-first``: ``3=a;a+4=b;``), so that a name's
+#: position is where its value can be known.
+CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all")
 LOOKUP_NAMES_PER_DEPTH = 4
 #: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
 DEEP_LOOPS = 64
@@ -114,7 +116,8 @@ class Options:
     curriculum_every: int
     chains: int
     interleave: bool
-    chain_layout: str  # single or multi
+    chain_layout: str  # one of CHAIN_LAYOUTS
+    value_first: bool  # bindings written 3=a;a+4=b; (every layout but single)
     decay_from: int
     deep_share: float
     precision: str  # bf16 or fp32
@@ -326,8 +329,11 @@ class Curriculum:
 
 def shape(args: Options) -> dict:
     """The chain programs' shape options: the layout, and ``data.chain_programs``'s for the single layout."""
+    if args.value_first and args.chain_layout == "single":
+        raise ValueError("value_first needs a chain_layout other than 'single' (one of "
+                         f"{CHAIN_LAYOUTS[1:]}), got 'single'")
     if args.chain_layout != "single":
-        return {"layout": args.chain_layout}
+        return {"layout": args.chain_layout, "value_first": args.value_first}
     return {"layout": "single", "max_chains": args.chains, "interleave": args.interleave}
 
 
@@ -341,14 +347,12 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
     options = {key: value for key, value in shape.items() if key != "layout"}
     if shape["layout"] == "multi":
         return data.multichain_programs(n, split, seed=seed, max_depth=max_depth, **options)
-    if shape["layout"] in ("multi-lookup", "multi-all", "value-first"):  # drills and multichain programs in turn
-        value_first = shape["layout"] == "value-first"
-        drills = data.lookup_programs(n, split, seed, value_first=value_first)
-        chains = data.multichain_programs(n, split, seed, max_depth, ask_all=shape["layout"] != "multi-lookup",
-                                          value_first=value_first)
+    if shape["layout"] in ("multi-lookup", "multi-all"):  # drills and multichain programs in turn
+        drills = data.lookup_programs(n, split, seed, **options)
+        chains = data.multichain_programs(n, split, seed, max_depth, ask_all=shape["layout"] == "multi-all", **options)
         return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
     if shape["layout"] == "lookup":  # drills alone, their size following the curriculum's cap
-        return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth))
+        return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth), **options)
     return data.chain_programs(n, split, seed=seed, max_depth=max_depth, **options)
 
 
@@ -444,6 +448,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
         recorded = {**BEFORE_OPTION, **checkpoint["args"]}
         changes = {key: (recorded[key], value) for key, value in again.items() if recorded[key] != value}
         args = Options(**{**recorded, **again, "resume": True, "out": args.out, "export": args.export})
+    shape(args)  # a layout and --value-first that do not go together: refused before any work
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
