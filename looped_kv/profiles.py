@@ -138,6 +138,7 @@ class Ch07:
     new_tokens: int = 16
     prompts: int = 8
     budget_sequences: float = 4.5  # the fixed-memory budget: the fitted peak of this many full-cache sequences
+    fixed_memory_sets: int = 16  # disjoint sets of ``prompts`` prompts: the units of the fixed-memory verdict
     draft_loops: int = 4  # d of the batched self-speculation
 
 

@@ -27,3 +27,8 @@ def change(delta: float, digits: int = 2, unit: str = "") -> str:
     if float(shown) == 0:
         return "does not change"
     return f"{'rises' if delta > 0 else 'falls'} by {shown}" + (f" {unit}" if unit else "")
+
+
+def times(count: float) -> str:
+    """A count of repeats in words: "once", "twice", "2.5 times"."""
+    return {1: "once", 2: "twice"}.get(count, f"{count:g} times")

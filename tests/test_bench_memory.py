@@ -87,6 +87,35 @@ def test_fixed_memory_comparison_under_a_budget():
     assert np.isclose(f.total, f.same_batch * f.batch)
     with pytest.raises(ValueError, match="fit_on must name at least 2"):
         fixed_memory_comparison(model, prompts, budget, **{**options, "fit_on": (1,)})
+    with pytest.raises(ValueError, match=r"sets must be an integer in \[1, len\(prompts\) = 2\]"):
+        fixed_memory_comparison(model, prompts, budget, sets=3, **options)
+
+
+def test_fixed_memory_sets_are_disjoint_units(monkeypatch):
+    """Chapter 7's fixed-memory gain was one comparison (n = 1): each prompt set is a unit, its cells timed on its
+    own prompts, interleaved with the other cells of its set in every round."""
+    import looped_kv.analysis.throughput as throughput
+
+    model = random_model("huginn", seed=1)
+    prompts = [torch.randint(0, model.config.vocab_size, (4,), generator=torch.Generator().manual_seed(i))
+               for i in range(4)]
+    options = dict(max_new_tokens=3, num_loops=R, draft_loops=2, gamma=2, memory_batch_sizes=(1, 2), fit_on=(1, 2))
+    full = memory_cells(model, prompts, [1, 2], "self-spec", "full", max_new_tokens=3, num_loops=R, draft_loops=2,
+                        gamma=2)
+    calls, run = [], throughput._run
+    monkeypatch.setattr(throughput, "_run", lambda m, p, size, s: calls.append((s["cache"], size, tuple(
+        int(x[0]) for x in p))) or run(m, p, size, s))
+    comparison = fixed_memory_comparison(model, prompts, full[1].peak_bytes * 1.01, repeats=2, sets=2, **options)
+    b_deep = comparison.memory["deepest"].b_max
+    firsts = [(int(prompts[0][0]), int(prompts[1][0])), (int(prompts[2][0]), int(prompts[3][0]))]
+    timed = calls[-12:]  # two rounds of two sets of three cells
+    assert [c[:2] for c in timed] == [("full", 2), ("deepest", 2), ("deepest", b_deep)] * 4
+    assert [c[2] for c in timed] == [firsts[0]] * 3 + [firsts[1]] * 3 + [firsts[0]] * 3 + [firsts[1]] * 3
+    assert len(comparison.by_set) == 2
+    full_cells = [cells["full@2"] for cells in comparison.by_set]
+    assert comparison.cells["full@2"].new_tokens == sum(c.new_tokens for c in full_cells)
+    assert comparison.cells["full@2"].tokens_per_s == pytest.approx(
+        sum(c.new_tokens for c in full_cells) / sum(c.wall_time for c in full_cells))
 
 
 def test_fixed_memory_cells_are_timed_interleaved(monkeypatch):

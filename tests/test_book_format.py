@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from looped_kv import book
+from looped_kv import book, prose
 from looped_kv.cli import main
 
 ROOT = Path(__file__).parent.parent
@@ -35,6 +35,11 @@ def test_lists_and_changes_read_as_sentences():
     assert book.listing(["a", "b", "c"]) == "a, b and c" and book.listing([]) == ""
     assert book.change(-0.234, unit="nats") == "falls by 0.23 nats"
     assert book.change(0.0449) == "rises by 0.04" and book.change(0.001) == "does not change"
+
+
+def test_repeat_counts_read_as_words():
+    """Chapter 6 printed "the carried cells verify 1 times per prompt"."""
+    assert [prose.times(n) for n in (1, 2, 3, 1.5)] == ["once", "twice", "3 times", "1.5 times"]
 
 
 def test_the_intros_chapter_times_are_the_executed_notebooks(capsys):

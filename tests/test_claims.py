@@ -4,6 +4,8 @@ Table 6's Mature-V against aligned reads, and chapter 7's model checks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -191,11 +193,17 @@ def test_chapter_7s_model_checks_state_their_n():
     with pytest.raises(ValueError, match="no fitted series"):
         claims.throughput_verdict({"deepest": None}, {"deepest": measured}, fitted_up_to=8, repeats=2)
     check = check_memory_model(cells, fit_on=[1, 2], budget=5000.0)
-    comparison = FixedMemoryComparison(
-        5000.0, {"full": check, "deepest": check},
-        {f"full@{check.b_max}": ThroughputCell(check.b_max, 10.0, 1.0, 10, 2.0),
-         f"deepest@{check.b_max}": ThroughputCell(check.b_max, 24.0, 1.0, 10, 2.0)},
-        fixed_memory_factors(10.0, 24.0, 24.0))
+    cells = {f"full@{check.b_max}": ThroughputCell(check.b_max, 10.0, 1.0, 10, 2.0),
+             f"deepest@{check.b_max}": ThroughputCell(check.b_max, 24.0, 1.0, 10, 2.0)}
+    comparison = FixedMemoryComparison(5000.0, {"full": check, "deepest": check}, cells,
+                                       fixed_memory_factors(10.0, 24.0, 24.0), (cells,))
     gain = claims.fixed_memory_verdict(comparison, repeats=2)
     assert gain.label == INCONCLUSIVE and gain.estimate == pytest.approx(2.4) and gain.n == 1
+    # chapter 7 compared one set of prompts (n = 1): each of 16 sets is a unit, and the gain can be decided
+    rng = np.random.default_rng(0)
+    sets = tuple({f"full@{check.b_max}": ThroughputCell(check.b_max, float(10 + rng.normal()), 1.0, 10, 2.0),
+                  f"deepest@{check.b_max}": ThroughputCell(check.b_max, float(24 + rng.normal()), 1.0, 10, 2.0)}
+                 for _ in range(16))
+    gain = claims.fixed_memory_verdict(replace(comparison, by_set=sets), repeats=2)
+    assert gain.n == 16 and gain.label == AGREES
     assert gain.claim.minimum == papers.RIPE_TABLE_6_THRESHOLDS["fixed-memory gain of one shared slot"]

@@ -357,8 +357,9 @@ def throughput_verdict(fits: Mapping[str, ThroughputFit | None], cells: Mapping[
 
 def fixed_memory_verdict(comparison: FixedMemoryComparison, repeats: int) -> Verdict:
     """:data:`FIXED_MEMORY_GAIN` on a fixed-memory comparison (:func:`looped_kv.analysis.throughput
-    .fixed_memory_comparison`, ``repeats`` runs per cell): one comparison, a timing verdict."""
+    .fixed_memory_comparison`, ``repeats`` runs per cell): a timing verdict whose units are its prompt sets, the
+    deepest plane at its B_max against the full cache at its own, paired within each set."""
     b_full, b_deep = comparison.memory["full"].b_max, comparison.memory["deepest"].b_max
-    return verdict(FIXED_MEMORY_GAIN, [comparison.cells[f"deepest@{b_deep}"].tokens_per_s],
-                   [comparison.cells[f"full@{b_full}"].tokens_per_s], kind="timing",
-                   units="fixed-memory comparisons", repeats=repeats)
+    return verdict(FIXED_MEMORY_GAIN, [cells[f"deepest@{b_deep}"].tokens_per_s for cells in comparison.by_set],
+                   [cells[f"full@{b_full}"].tokens_per_s for cells in comparison.by_set], kind="timing",
+                   units="prompt sets", repeats=repeats)

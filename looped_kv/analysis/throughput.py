@@ -131,25 +131,30 @@ class FixedMemoryComparison:
 
     budget: float  # bytes
     memory: dict[str, MemoryCheck]  # by cache: the fitted memory model and its B_max under the budget
-    cells: dict[str, ThroughputCell]  # "full@B_full", "deepest@B_full", "deepest@B_deep"
-    factors: FixedMemoryFactors
+    cells: dict[str, ThroughputCell]  # "full@B_full", "deepest@B_full", "deepest@B_deep", over every prompt set
+    factors: FixedMemoryFactors  # of ``cells``
+    by_set: tuple[dict[str, ThroughputCell], ...]  # the same cells for each prompt set: the units of a verdict
 
 
 def fixed_memory_comparison(model: LoopedLM, prompts: Sequence[Tensor], budget: float, *, method: str = "self-spec",
                             memory_batch_sizes: Sequence[int] = (1, 2, 3, 4), fit_on: Sequence[int] = (1, 2),
-                            max_new_tokens: int = 16, repeats: int = 1, progress: bool = False,
+                            max_new_tokens: int = 16, repeats: int = 1, sets: int = 1, progress: bool = False,
                             **options) -> FixedMemoryComparison:
     """The fixed-memory throughput gain of the deepest plane over the full cache under ``budget`` bytes.
 
     For each cache, peak memory is measured at ``memory_batch_sizes``, the model is fitted on ``fit_on``
     and B_max found; then throughput is measured for the full cache at B_full, and for the deepest plane
-    at B_full and at B_deep, the three cells interleaved in each of ``repeats`` rounds after one warm-up run
-    each (each cell the fastest of its runs: a factor is a ratio of cells timed side by side), and split by
-    :func:`looped_kv.analysis.perf.fixed_memory_factors`. ``options`` go to :func:`looped_kv.generate`;
-    the deepest plane is block-dependent, so draft-then-verify runs it with ``exact=False``.
+    at B_full and at B_deep, on each of ``sets`` disjoint prompt sets (``prompts`` split into equal consecutive
+    sets; a cell decodes the first B of its set, cycling through it). The three cells of every set are interleaved
+    in each of ``repeats`` rounds after one warm-up run each (each cell the fastest of its runs: a factor is a ratio
+    of cells timed side by side); the cells over all sets are split by
+    :func:`looped_kv.analysis.perf.fixed_memory_factors`. ``options`` go to :func:`looped_kv.generate`; the
+    deepest plane is block-dependent, so draft-then-verify runs it with ``exact=False``.
     """
     if not budget > 0:
         raise ValueError(f"budget must be > 0 bytes, got {budget}")
+    if not isinstance(sets, int) or not 1 <= sets <= len(prompts):
+        raise ValueError(f"sets must be an integer in [1, len(prompts) = {len(prompts)}], got {sets!r}")
     if not set(fit_on) <= set(memory_batch_sizes) or len(set(fit_on)) < 2:
         raise ValueError(f"fit_on must name at least 2 of memory_batch_sizes {list(memory_batch_sizes)}, "
                          f"got {list(fit_on)}")
@@ -171,13 +176,25 @@ def fixed_memory_comparison(model: LoopedLM, prompts: Sequence[Tensor], budget: 
             f"deepest@{b_deep}": (b_deep, "deepest", deep)}
     arms = {name: (size, dict(max_new_tokens=max_new_tokens, method=method, cache=cache, **kwargs))
             for name, (size, cache, kwargs) in arms.items()}
+    per_set = len(prompts) // sets
+    prompt_sets = [prompts[k * per_set:(k + 1) * per_set] for k in range(sets)]
     for size, run in arms.values():  # warm-up
-        _run(model, prompts, size, run)
-    runs: dict[str, list[Generation]] = {name: [] for name in arms}
+        _run(model, prompt_sets[0], size, run)
+    runs: list[dict[str, list[Generation]]] = [{name: [] for name in arms} for _ in prompt_sets]
     for _ in tqdm(range(repeats), disable=not progress, desc="fixed memory: interleaved rounds", leave=False):
-        for name, (size, run) in arms.items():
-            runs[name].append(_run(model, prompts, size, run))
-    cells = {name: _fastest(size, runs[name]) for name, (size, _) in arms.items()}
+        for set_runs, set_prompts in zip(runs, prompt_sets, strict=True):
+            for name, (size, run) in arms.items():
+                set_runs[name].append(_run(model, set_prompts, size, run))
+    by_set = tuple({name: _fastest(size, set_runs[name]) for name, (size, _) in arms.items()} for set_runs in runs)
+    cells = {name: _pooled([cells[name] for cells in by_set]) for name in arms}
     best_full, same, at_max = cells.values()
     return FixedMemoryComparison(budget, memory, cells,
-                                 fixed_memory_factors(best_full.tokens_per_s, same.tokens_per_s, at_max.tokens_per_s))
+                                 fixed_memory_factors(best_full.tokens_per_s, same.tokens_per_s, at_max.tokens_per_s),
+                                 by_set)
+
+
+def _pooled(cells: Sequence[ThroughputCell]) -> ThroughputCell:
+    """One batch size's cells of several prompt sets as one: their tokens over their summed time."""
+    wall = sum(c.wall_time for c in cells)
+    tokens = sum(c.new_tokens for c in cells)
+    return ThroughputCell(cells[0].batch, tokens / wall, wall, tokens, sum(c.tau for c in cells) / len(cells))

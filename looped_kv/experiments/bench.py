@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from looped_kv import prose
 from looped_kv.analysis.fits import accepted_length, committed_progress, interaction_effect, mean_speedup
 from looped_kv.analysis.verdicts import (
     BOOK_MINIMUM,
@@ -504,7 +505,8 @@ def interaction_verdict(runs: pd.DataFrame) -> Verdict:
     Discrimination: the verdict's unit rule; the carried cells' G below the ceiling w (when every carried cell
     commits all w proposals, carry's K/V interaction is zero by saturation, whatever the reads do); G that is not
     the same in every cell; and carried cells that verify at least :data:`MIN_VERIFICATIONS` times per prompt (a
-    token budget near w lets a carried cell verify once, and its G is then the budget, not what carry commits).
+    continuation that ends within about w tokens, at end-of-text or at the token budget, lets a carried cell verify
+    once, and its G is then what is left of the continuation, not what carry commits).
     """
     e = interaction_by_prompt(runs)
     carried = runs[runs["method"].map(lambda cell: cell[0] == 1)]
@@ -515,8 +517,9 @@ def interaction_verdict(runs: pd.DataFrame) -> Verdict:
                             varies(runs["G"].dropna(), "G of the eight cells"),
                             Check("carried cells verify more than the budget allows once",
                                   verifications >= MIN_VERIFICATIONS,
-                                  f"the carried cells verify {verifications:g} times per prompt (median; need "
-                                  f"{MIN_VERIFICATIONS}): the token budget, not carry, caps their G"))
+                                  f"the carried cells verify {prose.times(verifications)} per prompt (median; need "
+                                  f"{MIN_VERIFICATIONS}): the continuation's length (end-of-text or the token "
+                                  "budget), not carry, caps their G"))
     return verdict(INTERACTION, e, null=0.0, discrimination=checks)
 
 
