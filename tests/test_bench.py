@@ -239,7 +239,10 @@ def test_a_recorded_bench_names_its_weights_and_is_refused_for_others(tmp_path):
     assert header["command"] == "looped-kv bench --record bench.json" and header["environment"]["cpu"] == "test CPU"
     assert header["weights_sha256"] == bench.weights_sha256("tiny") and {"commit", "date"} <= set(header)
     assert read["problems"]["time_s"].isna().tolist() == [False, True]
-    assert read["problems"]["method"][0] == bench.label("ar")
+    assert read["problems"]["method"].tolist() == ["ar", bench.label(("carry", 1))]  # names kept: verdicts read them
+    sentence = bench.provenance({**header, "environment": {"cpu": "test CPU", "threads": 1, "torch": "2"}})
+    assert sentence.startswith(f"measured on {header['date'][:10]} (test CPU, 1 thread, torch 2) at commit ")
+    assert sentence.endswith("by `looped-kv bench --record bench.json`")
     other = tmp_path / "other"
     other.mkdir()
     (other / "model.safetensors").write_bytes(b"not the shipped weights")

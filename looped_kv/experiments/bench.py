@@ -642,7 +642,8 @@ def write_record(path: Path, measured: Mapping[str, object], source: str | Path,
     """Save a bench (:func:`report`'s return) with what makes it a record: the command that printed it, the commit,
     the machine (CPU model, threads, torch), the date and the weights' digest (:func:`weights_sha256`)."""
     commit = source_commit()
-    runs = {w: json.loads(r.assign(method=r["method"].map(label)).to_json(orient="records"))
+    runs = {w: json.loads(r.assign(method=r["method"].map(lambda m: m if isinstance(m, str) else label(m)))
+                          .to_json(orient="records"))
             for w, r in measured["runs"].items()}
     path.write_text(json.dumps({
         "command": command, "commit": commit, "environment": measured["environment"],
@@ -659,3 +660,12 @@ def read_record(path: Path = RECORD, source: str | Path = "tiny") -> tuple[dict,
                          f"{record['weights_sha256'][:12]}..., the model's {weights_sha256(source)[:12]}...): re-run "
                          f"`{record['command']}`")
     return {k: v for k, v in record.items() if k != "runs"}, {w: pd.DataFrame(r) for w, r in record["runs"].items()}
+
+
+def provenance(header: Mapping[str, object]) -> str:
+    """When, where and how a recorded bench (:func:`read_record`'s header) was measured, as one sentence."""
+    env = header["environment"]
+    threads = env.get("threads")
+    on = f"{env['cpu']}" + ("" if threads is None else f", {threads} thread{'s' if threads != 1 else ''}")
+    return (f"measured on {header['date'][:10]} ({on}, torch {env['torch']}) at commit {header['commit']} by "
+            f"`{header['command']}`")
