@@ -12,6 +12,7 @@ and the tiny model's training.
     looped-kv batch compare runs/regions runs/regions-torchrun   # byte for byte, else the largest differences
     looped-kv batch ledger runs/regions runs/windows
     looped-kv speed --reference ../recurrent-pretraining
+    looped-kv pass-cost --out book/data/pass-cost-tiny.json
     looped-kv gpu-check --config huginn-0125 --out gpu_check.json
     looped-kv plan-check --model huginn-0125 --out plan_check.json
     looped-kv train --out runs/tiny
@@ -54,6 +55,7 @@ import torch
 
 from looped_kv import outputs, profiles, workloads
 from looped_kv.analysis import plan
+from looped_kv.analysis.pass_cost import MODES, STATISTICS
 from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
 from looped_kv.decoding.generate import generate
@@ -67,7 +69,7 @@ from looped_kv.decoding.settings import (
     SelfSpec,
     default_draft_loops,
 )
-from looped_kv.experiments import bench, gpu_check, plan_check, speed, throughput
+from looped_kv.experiments import bench, gpu_check, pass_cost, plan_check, speed, throughput
 from looped_kv.protocol import batches
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import PRESETS, LoopedConfig
@@ -660,6 +662,49 @@ def _add_speed(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_speed)
 
 
+# -- pass-cost ------------------------------------------------------------------------------------------------------
+
+
+def cmd_pass_cost(args: argparse.Namespace) -> int:
+    try:  # the config first (no weights): R and the context are known before the model is loaded
+        config = LoopedConfig.from_file(resolve_source(args.model) / "config.json")
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {args.model!r}: {error}") from None
+    grid = _options(pass_cost.Grid, args, loops=args.loops or pass_cost.default_loops(config.mean_recurrence))
+    pass_cost.check_grid(grid, config)
+    out = outputs.check_file(args.out, "--out", args.force)
+    pass_cost.run(_load(args), grid, out, args.model, " ".join(["looped-kv", "pass-cost", *args.words]),
+                  progress=not args.quiet)
+    return 0
+
+
+def _add_pass_cost(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pass-cost", help="the time of one model pass against its new tokens, loops and context, "
+                                         "eager and compiled, fitted and recorded (looped_kv.analysis.pass_cost)",
+                       description=plain(pass_cost.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    _model_options(p)
+    p.add_argument("--out", type=Path, required=True, help="the record to write (a new JSON file)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                   help="eager passes, compiled steps, or both (default: both)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
+                   help="new tokens per pass fitted, g (default: 1 2 4 8 16 32)")
+    p.add_argument("--held-out-tokens", type=int, nargs="*", default=[5, 25],
+                   help="widths timed but not fitted, strictly inside --tokens: the interpolation's check "
+                        "(default: 5 25, self-spec's verification and DAS-Wave's)")
+    p.add_argument("--loops", type=int, nargs="+", help="loops per pass, 2 or more in [1, R] (default: 1, the "
+                                                        "default draft depth, R / 2 and R)")
+    p.add_argument("--contexts", type=int, nargs="+", default=[64, 256, 512],
+                   help="prefix positions read, 2 or more (compiled: their capacity buckets; default: 64 256 512)")
+    p.add_argument("--prompt-lengths", type=int, nargs="+", default=[16, 64, 128, 256, 512],
+                   help="prompt tokens of the timed prefills, 2 or more (default: 16 64 128 256 512)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds, each timing every cell once (default: 5)")
+    p.add_argument("--statistic", default="median", choices=tuple(STATISTICS),
+                   help="each cell's time over the rounds (default: median)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_pass_cost)
+
+
 # -- gpu-check ------------------------------------------------------------------------------------------------------
 
 
@@ -972,10 +1017,11 @@ def parser() -> Parser:
     ap = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--debug", action="store_true", help="show an error's traceback (give it before the command)")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser,
-                            metavar="{generate,bench,batched,memory,plan,batch,speed,gpu-check,plan-check,train,gates,"
-                                    "scout,chapter-times}")
+                            metavar="{generate,bench,batched,memory,plan,batch,speed,pass-cost,gpu-check,plan-check,train,"
+                                    "gates,scout,chapter-times}")
     for add in (_add_generate, _add_bench, _add_batched, _add_memory, _add_plan, _add_batch, _add_speed,
-                _add_gpu_check, _add_plan_check, _add_train, _add_gates, _add_scout, _add_chapter_times):
+                _add_pass_cost, _add_gpu_check, _add_plan_check, _add_train, _add_gates, _add_scout,
+                _add_chapter_times):
         add(sub)
     ap.commands = sub.choices
     return ap

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from looped_kv.decoding.core import capacity_bucket, check_empty, last_logits, pad_prompts
-from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.passes import Passes, PassRecord
 from looped_kv.runtime.cache import BlockBuffer, PlaneCache, PrefillPass, StaticBlockPass
 from looped_kv.runtime.model import LoopedLM, check_finite
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
@@ -136,8 +136,11 @@ def traced(fn: Callable, device: torch.device, *, dynamic: bool = False) -> Call
 class CompiledPasses(Passes):
     """The decode loop's passes as compiled steps with static shapes over one cache (see the module docstring)."""
 
-    def __init__(self, model: LoopedLM, cache: PlaneCache, width: int = 0) -> None:
-        super().__init__(model, cache, width)
+    compiled = True
+
+    def __init__(self, model: LoopedLM, cache: PlaneCache, width: int = 0,
+                 on_pass: Callable[[PassRecord], None] | None = None) -> None:
+        super().__init__(model, cache, width, on_pass)
         if not model.config.looped_stack:  # the table of initial states, built before tracing (Ouro has none)
             model.initial_state(torch.arange(cache.capacity, device=cache.lengths.device), 1, last=cache.capacity - 1)
         self._planes: dict[tuple, tuple] = {}
@@ -149,6 +152,7 @@ class CompiledPasses(Passes):
             return super().prefill(prompts)
         check_empty(self.cache)
         ids, _ = pad_prompts(prompts)
+        self._tell("prefill", ids.shape[1], self.policy.num_loops, 0)
         torch._dynamo.maybe_mark_dynamic(ids, 1)
         for planes in (*self.cache.edge, *self.cache.core):
             torch._dynamo.maybe_mark_dynamic(planes, planes.dim() - 2)  # the capacity
@@ -167,6 +171,7 @@ class CompiledPasses(Passes):
 
     def run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
             store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:
+        self._tell("draft", tokens.shape[1], num_loops, self.cache.capacity)
         column = torch.tensor(offset, device=tokens.device)
         step = traced(_draft, tokens.device)
         return step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, column, state, num_loops,
@@ -185,6 +190,7 @@ class CompiledPasses(Passes):
     def verify(self, tokens: Tensor) -> tuple[Tensor, str]:
         R, n = self.policy.num_loops, tokens.shape[1]
         store = self.verification_store(n)
+        self._tell("verify", n, R, self.cache.capacity)
         step = traced(_step if n == 1 else _verify, tokens.device)
         logits, _ = step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
                          self.planes(ALIGNED, 1, R), store)
@@ -201,9 +207,11 @@ class CompiledPasses(Passes):
             B, n = guesses.shape
             carried = torch.zeros(B, n - 1, self.model.config.n_embd, dtype=self.model.dtype, device=guesses.device)
         previous_, width_ = (torch.tensor(v, device=guesses.device) for v in (previous, width))
+        n = refined_width(width, guesses.shape[1] - 1)
+        self._tell("refine", n, num_loops, self.cache.capacity)
         step = traced(_refine, guesses.device)
         return step(self.model, self.cache, guesses, carried, previous_, width_, self.cache.lengths, num_loops,
-                    self.planes(reads, first_loop, num_loops), refined_width(width, guesses.shape[1] - 1))
+                    self.planes(reads, first_loop, num_loops), n)
 
 
 def refined_width(width: int, gamma: int) -> int:

@@ -68,7 +68,7 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     and its prefill on one trace for every prompt length (:mod:`looped_kv.decoding.compiled`). ``rows_per_chunk``
     decodes a large batch in row chunks of at most that many rows (one chunk's cache in memory at a time); the rows
     emit the same tokens either way. An option the method does not take is refused; ``observer``
-    (:class:`~looped_kv.decoding.loop.Observer`) sees every verification.
+    (:class:`~looped_kv.decoding.loop.Observer`) sees every verification and every model pass.
 
     Every method samples with ``temperature`` > 0 (default 0: greedy decoding), ``top_k``, ``top_p`` and ``min_p``,
     with randomness from ``seed`` (an int s: row i draws with seed s + i; or one per prompt): a row emits the same

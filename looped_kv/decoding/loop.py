@@ -20,9 +20,9 @@ committed prefix) or :class:`~looped_kv.decoding.compiled.CompiledPasses` (torch
 shapes), which share one interface: they own the cache's writes and a block buffer of the drafter's width, decide
 from the tokens they verify where those tokens' keys/values wait for the commit (one per row straight into the
 cache, a block in the buffer), and say what width a proposal runs at. The loop and the drafters never ask which
-passes they hold, and the loop never asks which drafter it runs. An :class:`Observer` sees every verification: the
-measurements that follow a decoder's trajectory (draft agreement per position, a trajectory's logits) use the loop
-through it instead of copying it.
+passes they hold, and the loop never asks which drafter it runs. An :class:`Observer` sees every verification (and
+every model pass): the measurements that follow a decoder's trajectory (draft agreement per position, a trajectory's
+logits, the passes a pass-cost model prices, :class:`PassLog`) use the loop through it instead of copying it.
 
 The shape follows HF transformers' assisted decoding, whose candidate generators propose tokens and are
 told how many matched, and gpt-fast's ``generate.py`` (draft, one verification forward over gamma + 1
@@ -40,7 +40,7 @@ from torch import Tensor
 
 from looped_kv.decoding.compiled import CompiledPasses
 from looped_kv.decoding.core import Generation, Rows, capacity_bucket, new_cache
-from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.passes import Passes, PassRecord
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.model import LoopedLM
@@ -84,7 +84,11 @@ class DecodeView:
 
 
 class Observer:
-    """Sees every verification of a decoding run; the default observer does nothing."""
+    """Sees every verification (and every model pass) of a decoding run; the default observer does nothing."""
+
+    def ran(self, record: PassRecord) -> None:
+        """After each model pass is set up, before it runs: what it runs (the prefill, each draft, DAS-Wave round and
+        verification)."""
 
     def prefilled(self, view: DecodeView, logits: Tensor) -> None:
         """After the prefill: ``logits`` (B, V) of each prompt's last position."""
@@ -119,6 +123,17 @@ class LogitsRecorder(Observer):
     def logits(self, row: int) -> Tensor:
         """Row ``row``'s logits, one per processed position from the prompt's last on (positions, V)."""
         return torch.cat(self.rows[row])
+
+
+class PassLog(Observer):
+    """Keeps every model pass of a run in order (:class:`~looped_kv.decoding.passes.PassRecord`): what a pass-cost
+    model (:func:`looped_kv.analysis.pass_cost.predict_seconds`) prices a decoder's run from."""
+
+    def __init__(self) -> None:
+        self.passes: list[PassRecord] = []
+
+    def ran(self, record: PassRecord) -> None:
+        self.passes.append(record)
 
 
 class Drafter:
@@ -193,7 +208,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     capacity = capacity_bucket(need, model.config.block_size) if compile else need
     rows = Rows(prompts, budgets, eos, progress, drafter.name)
     cache = new_cache(model, policy, len(prompts), capacity)
-    passes = (CompiledPasses if compile else Passes)(model, cache, drafter.width)
+    passes = (CompiledPasses if compile else Passes)(model, cache, drafter.width, observer.ran)
     sampler.start(cache)
     logits = passes.prefill(prompts)
     check_logits(model, logits, "prefill")

@@ -1,0 +1,288 @@
+"""A pass-cost model measured on the machine at hand: the CPU counterpart of RIPE/DAS Eq. (8)'s cost.
+
+Eq. (8) prices a pass by its layer passes, c(r) = n_pre + r n_core + n_coda, whatever its new tokens: true on a GPU at
+batch 1, not on a CPU, where an R-loop pass over 16 tokens costs about 1.7 one-token steps (DESIGN, "What speculation
+can win on a CPU"). Here the time of one pass of g new tokens through r loops, reading L prefix positions, is fitted
+per mode (eager, compiled) and per measured width g as
+
+    t(g, r, L) = a_g + b_g r + c_g L + e_g r L
+
+(prelude, coda and head once, each loop once, and attention over the prefix once and once per loop), and interpolated
+linearly in g between measured widths; widths outside them are refused. ``context`` L is what a pass's attention reads
+(:class:`~looped_kv.decoding.passes.PassRecord`): eager, the committed prefix; compiled, the cache's capacity. The
+prefill's time is interpolated linearly in its prompt tokens. The grid is timed at batch 1 by ``looped-kv pass-cost``
+(:mod:`looped_kv.experiments.pass_cost`), which records it with the machine, the command, the commit and the date.
+
+A decoder's predicted time is the model's time of every pass it ran (its :class:`~looped_kv.decoding.loop.PassLog`)
+plus its prefill (:func:`predict_seconds`); :func:`compare` sets predictions against measured times per method, and
+:func:`speedup_bound` is Eq. (8) with measured pass times: the decode-phase speed-up over greedy decoding that a
+drafter's tokens per verification allow, before any per-verification overhead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from looped_kv.decoding.compiled import refined_width
+from looped_kv.decoding.das_wave import proposal_width
+from looped_kv.decoding.passes import PassRecord
+from looped_kv.decoding.settings import DasWave, Decoding, MatureSpec, PromptLookup, SelfSpec
+
+MODES = ("eager", "compiled")
+#: The terms of one width's fit, in the order of its coefficients: t = a + b r + c L + e r L.
+TERMS = ("1", "loops", "context", "loops x context")
+STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": lambda s: float(np.median(s)),
+                                                             "min": lambda s: float(np.min(s))}
+#: The batch every cell is timed at.
+BATCH = 1
+KINDS = ("pass", "prefill")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One cell of the timed grid in ``mode``: a pass (``kind`` "pass") of ``tokens`` new tokens through ``loops``
+    loops reading ``context`` prefix positions, or a prefill (``kind`` "prefill") of ``tokens`` prompt tokens through
+    ``loops`` loops (``context`` 0); ``seconds`` holds one time per round."""
+
+    mode: str
+    kind: str
+    tokens: int
+    loops: int
+    context: int
+    seconds: tuple[float, ...]
+
+
+def _check_timing(t: Timing) -> None:
+    if t.mode not in MODES or t.kind not in KINDS:
+        raise ValueError(f"a timing's mode must be one of {MODES} and its kind one of {KINDS}, got {t.mode!r}, "
+                         f"{t.kind!r}")
+    if not t.seconds or not all(np.isfinite(t.seconds)) or min(t.seconds) <= 0:
+        raise ValueError(f"a timing's seconds must be finite and > 0, got {t.seconds} ({t.mode} {t.kind} "
+                         f"g={t.tokens} r={t.loops} L={t.context})")
+
+
+def _design(loops: np.ndarray, context: np.ndarray) -> np.ndarray:
+    return np.column_stack([np.ones_like(loops), loops, context, loops * context])
+
+
+def _interpolate(nodes: Mapping[int, np.ndarray | float], x: float, what: str, hint: str) -> np.ndarray | float:
+    """Linear interpolation between the measured ``nodes`` (x -> value); a ValueError outside them."""
+    xs = sorted(nodes)
+    if not xs[0] <= x <= xs[-1]:
+        raise ValueError(f"{what} {x} is outside the measured {xs[0]}..{xs[-1]}; {hint}")
+    i = min(int(np.searchsorted(xs, x, side="right")) - 1, len(xs) - 2) if len(xs) > 1 else 0
+    if len(xs) == 1 or x == xs[i]:
+        return nodes[xs[i]]
+    w = (x - xs[i]) / (xs[i + 1] - xs[i])
+    return (1 - w) * np.asarray(nodes[xs[i]]) + w * np.asarray(nodes[xs[i + 1]])
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """A fitted pass-cost model (see the module docstring): per mode, the coefficients of :data:`TERMS` per measured
+    width, the prefill's time per measured prompt length, the timings it was fitted on (``held_out`` widths timed but
+    not fitted) and ``meta``: what :mod:`looped_kv.experiments.pass_cost` records (machine, command, commit, threads,
+    date, model)."""
+
+    statistic: str
+    coefficients: dict[str, dict[int, tuple[float, float, float, float]]]
+    prefill: dict[str, dict[int, float]]
+    timings: tuple[Timing, ...]
+    held_out: tuple[int, ...] = ()
+    meta: dict = field(default_factory=dict)
+
+    def _mode(self, mode: str, table: dict) -> dict:
+        if mode not in table:
+            raise ValueError(f"mode {mode!r} was not measured; this pass-cost model holds {sorted(table)} (re-run "
+                             f"looped-kv pass-cost with --modes {mode})")
+        return table[mode]
+
+    def seconds(self, tokens: int, loops: int, context: int, mode: str = "eager") -> float:
+        """Predicted seconds of one pass of ``tokens`` new tokens through ``loops`` loops reading ``context`` prefix
+        positions (compiled: the cache's capacity), at batch 1."""
+        a, b, c, e = _interpolate(self._mode(mode, self.coefficients), tokens, f"{mode} pass of tokens",
+                                  "re-run looped-kv pass-cost with --tokens covering it")
+        return float(a + b * loops + c * context + e * loops * context)
+
+    def prefill_seconds(self, tokens: int, mode: str = "eager") -> float:
+        """Predicted seconds of the prefill of a ``tokens``-token prompt (interpolated between measured lengths)."""
+        return float(_interpolate(self._mode(mode, self.prefill), tokens, f"{mode} prefill of tokens",
+                                  "re-run looped-kv pass-cost with --prompt-lengths covering it, or give the "
+                                  "measured prefill"))
+
+    def residuals(self) -> pd.DataFrame:
+        """One row per pass cell: its measured time (the statistic over rounds), the model's, model / measured - 1,
+        and whether its width was held out of the fit."""
+        rows = []
+        for t in self.timings:
+            if t.kind == "pass":
+                measured = STATISTICS[self.statistic](t.seconds)
+                model = self.seconds(t.tokens, t.loops, t.context, t.mode)
+                rows.append({"mode": t.mode, "tokens": t.tokens, "loops": t.loops, "context": t.context,
+                             "measured_s": measured, "model_s": model, "relative": model / measured - 1,
+                             "held_out": t.tokens in self.held_out})
+        return pd.DataFrame(rows)
+
+    def summary(self) -> pd.DataFrame:
+        """Per mode, the fitted cells' and the held-out widths' residuals: cells, largest |model / measured - 1| and
+        its root mean square."""
+        r = self.residuals()
+        r["cells"] = np.where(r["held_out"], "held out", "fitted")
+        return r.groupby(["mode", "cells"])["relative"].agg(
+            cells="size", max_abs=lambda x: float(np.abs(x).max()), rms=lambda x: float(np.sqrt(np.mean(x ** 2))))
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict: ``meta``'s keys, then the model."""
+        return {**self.meta, "statistic": self.statistic, "held_out_tokens": list(self.held_out),
+                "terms": list(TERMS),
+                "coefficients": {m: {str(g): list(c) for g, c in by.items()} for m, by in self.coefficients.items()},
+                "prefill": {m: {str(n): s for n, s in by.items()} for m, by in self.prefill.items()},
+                "timings": [{"mode": t.mode, "kind": t.kind, "tokens": t.tokens, "loops": t.loops,
+                             "context": t.context, "seconds": list(t.seconds)} for t in self.timings]}
+
+    @classmethod
+    def from_dict(cls, record: Mapping) -> PassCost:
+        """The model of :meth:`to_dict`'s dict (the other keys are its ``meta``)."""
+        own = ("statistic", "held_out_tokens", "terms", "coefficients", "prefill", "timings")
+        missing = [k for k in own if k not in record]
+        if missing:
+            raise ValueError(f"not a pass-cost record: it lacks {missing}")
+        if tuple(record["terms"]) != TERMS:
+            raise ValueError(f"a pass-cost record's terms must be {TERMS}, got {record['terms']}")
+        return cls(statistic=record["statistic"],
+                   coefficients={m: {int(g): tuple(c) for g, c in by.items()}
+                                 for m, by in record["coefficients"].items()},
+                   prefill={m: {int(n): float(s) for n, s in by.items()} for m, by in record["prefill"].items()},
+                   timings=tuple(Timing(t["mode"], t["kind"], t["tokens"], t["loops"], t["context"],
+                                        tuple(t["seconds"])) for t in record["timings"]),
+                   held_out=tuple(record["held_out_tokens"]), meta={k: v for k, v in record.items() if k not in own})
+
+    def write(self, path: str | Path) -> None:
+        """Save as JSON (the caller checks ``path`` first: :func:`looped_kv.outputs.check_file`)."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def read(path: str | Path) -> PassCost:
+    """A pass-cost model saved by :meth:`PassCost.write`."""
+    return PassCost.from_dict(json.loads(Path(path).read_text()))
+
+
+def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out: Iterable[int] = (),
+                  meta: Mapping | None = None) -> PassCost:
+    """Fit :data:`TERMS` by least squares per mode and width on the ``statistic`` ("median" or "min") of each pass
+    cell's rounds, widths in ``held_out`` left out (their cells are predicted by interpolation, :meth:`PassCost.
+    residuals`); the prefill's time per prompt length is its cells' statistic."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {tuple(STATISTICS)}, got {statistic!r}")
+    timings, held_out = tuple(timings), tuple(sorted(set(held_out)))
+    for t in timings:
+        _check_timing(t)
+    stat = STATISTICS[statistic]
+    coefficients: dict[str, dict[int, tuple[float, float, float, float]]] = {}
+    prefill: dict[str, dict[int, float]] = {}
+    for mode in MODES:
+        cells = [t for t in timings if t.mode == mode and t.kind == "pass" and t.tokens not in held_out]
+        for g in sorted({t.tokens for t in cells}):
+            at = [t for t in cells if t.tokens == g]
+            loops = np.array([t.loops for t in at], dtype=float)
+            context = np.array([t.context for t in at], dtype=float)
+            x = _design(loops, context)
+            if np.linalg.matrix_rank(x) < len(TERMS):
+                raise ValueError(f"{mode} passes of {g} tokens: a fit of {TERMS} needs cells at 2 or more loops and "
+                                 f"2 or more contexts, got loops {sorted(set(loops))} and contexts "
+                                 f"{sorted(set(context))}")
+            solution, *_ = np.linalg.lstsq(x, np.array([stat(t.seconds) for t in at]), rcond=None)
+            coefficients.setdefault(mode, {})[g] = tuple(float(v) for v in solution)
+        for t in timings:
+            if t.mode == mode and t.kind == "prefill":
+                prefill.setdefault(mode, {})[t.tokens] = stat(t.seconds)
+    if not coefficients:
+        raise ValueError("timings must hold pass cells of at least one width that is not held out")
+    return PassCost(statistic, coefficients, prefill, timings, held_out, dict(meta or {}))
+
+
+# -- predictions from what decoding ran -------------------------------------------------------------------------------
+
+
+def predict_by_kind(cost: PassCost, passes: Sequence[PassRecord],
+                    prefill_seconds: float | None = None) -> dict[str, float]:
+    """Predicted seconds of a decoding run's passes (its :class:`~looped_kv.decoding.loop.PassLog`), summed per kind
+    (prefill, draft, refine, verify); ``prefill_seconds`` (e.g. the bench's measured prefill) replaces the model's
+    prefill."""
+    totals: dict[str, float] = {}
+    for i, p in enumerate(passes):
+        if p.rows != BATCH:
+            raise ValueError(f"pass {i} ({p.kind}) ran {p.rows} rows; the pass-cost model is timed at batch {BATCH}")
+        mode = "compiled" if p.compiled else "eager"
+        if p.kind == "prefill":
+            seconds = cost.prefill_seconds(p.tokens, mode) if prefill_seconds is None else prefill_seconds
+        else:
+            seconds = cost.seconds(p.tokens, p.loops, p.context, mode)
+        totals[p.kind] = totals.get(p.kind, 0.0) + seconds
+    return totals
+
+
+def predict_seconds(cost: PassCost, passes: Sequence[PassRecord], prefill_seconds: float | None = None) -> float:
+    """A decoder's predicted time: the pass-cost model's time of every pass it ran plus its prefill
+    (:func:`predict_by_kind`)."""
+    return sum(predict_by_kind(cost, passes, prefill_seconds).values())
+
+
+def compare(runs: pd.DataFrame) -> pd.DataFrame:
+    """Predicted against measured seconds per method, from one row per run (``method``, ``predicted_s``,
+    ``measured_s``): their sums over the runs, ``ratio`` = predicted / measured of the sums, and the per-run ratios'
+    median, min and max."""
+    missing = [c for c in ("method", "predicted_s", "measured_s") if c not in runs]
+    if missing:
+        raise ValueError(f"runs must have columns method, predicted_s and measured_s; missing {missing}")
+    if not (runs["measured_s"] > 0).all():
+        raise ValueError("measured_s must be > 0 in every run")
+    per_run = runs.assign(run_ratio=runs["predicted_s"] / runs["measured_s"])
+    table = per_run.groupby("method", sort=False).agg(runs=("run_ratio", "size"), predicted_s=("predicted_s", "sum"),
+                                                      measured_s=("measured_s", "sum"),
+                                                      median=("run_ratio", "median"), min=("run_ratio", "min"),
+                                                      max=("run_ratio", "max"))
+    table.insert(3, "ratio", table["predicted_s"] / table["measured_s"])
+    return table
+
+
+# -- the speed-up a drafter's acceptance implies (Eq. 8 with measured pass times) ------------------------------------
+
+
+def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[tuple[int, int]]:
+    """The passes, as (tokens, loops), of one verification cycle of ``config``'s method at R = ``num_loops``, at their
+    widest: greedy decoding one R-loop step; self-spec and Mature-Spec gamma one-token d-loop drafts and a verification
+    of gamma + 1; prompt lookup a verification of gamma + 1 (its drafts cost no pass); DAS-Wave J rounds of k loops
+    over min(gamma, W_init + j) positions (compiled: their width bucket, :func:`~looped_kv.decoding.compiled.
+    refined_width`) and a verification of w = min(gamma, W_init + J - 1) (DAS Eq. 5)."""
+    if isinstance(config, SelfSpec | MatureSpec):
+        return [(1, config.draft_depth(num_loops))] * config.gamma + [(config.gamma + 1, num_loops)]
+    if isinstance(config, PromptLookup):
+        return [(config.gamma + 1, num_loops)]
+    if isinstance(config, DasWave):
+        widths = [min(config.gamma, config.initial_width + j) for j in range(config.rounds)]
+        if compiled:
+            widths = [refined_width(w, config.gamma) for w in widths]
+        return ([(w, config.updates) for w in widths]
+                + [(proposal_width(config.gamma, config.rounds, config.initial_width), num_loops)])
+    return [(1, num_loops)]
+
+
+def speedup_bound(cost: PassCost, tau: float, passes: Sequence[tuple[int, int]], num_loops: int, context: int,
+                  mode: str = "eager") -> float:
+    """RIPE Eq. (8) with measured pass times: S = tau t(1, R, L) / sum of t(g, r, L) over one verification cycle's
+    ``passes`` (:func:`cycle`), for ``tau`` tokens committed per verification, at ``context`` (compiled: the
+    capacity). The decode phase's speed-up over greedy decoding that the pass costs allow, before per-verification
+    overhead and the prefill."""
+    if not (np.isfinite(tau) and tau >= 1):
+        raise ValueError(f"tau must be >= 1 (tokens committed per verification), got {tau}")
+    if not passes:
+        raise ValueError("passes must hold at least the verification")
+    spent = sum(cost.seconds(g, r, context, mode) for g, r in passes)
+    return tau * cost.seconds(1, num_loops, context, mode) / spent

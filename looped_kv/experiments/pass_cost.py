@@ -1,0 +1,210 @@
+"""Time the pass-cost grid and record the fitted model (``looped-kv pass-cost``; :mod:`looped_kv.analysis.pass_cost`).
+
+Every cell is one model pass at batch 1 on the decode loop's own passes (:class:`~looped_kv.decoding.passes.Passes`,
+:class:`~looped_kv.decoding.compiled.CompiledPasses`): g new tokens after a committed prefix, through r loops, eager
+and compiled, writing its keys/values nowhere, as a DAS-Wave round does (a draft's or a verification's write, a copy of
+g positions' keys/values, is left out); and the prefill of prompts of a few lengths. Eager cells read a
+prefix of L positions; compiled ones attend over their cache's whole capacity, the bucket of L
+(:func:`~looped_kv.decoding.core.capacity_bucket`), which is then their context. Compiled steps are traced before
+the first timed round (one trace per width, loop count and capacity). The rounds visit every cell once each, in a new
+random order per round, so a slow stretch of the machine falls on every cell alike; each cell keeps its time per round
+and the fit reads their median (or minimum). The record holds the machine (:func:`~looped_kv.runtime.measurement.
+measurement_mode`'s: CPU, threads, torch), the command, the commit, the date and the weights' digest.
+
+    looped-kv pass-cost --out book/data/pass-cost-tiny.json
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from looped_kv.analysis.pass_cost import BATCH, MODES, STATISTICS, PassCost, Timing, fit_pass_cost
+from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses
+from looped_kv.decoding.core import capacity_bucket, new_cache
+from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.settings import default_draft_loops
+from looped_kv.experiments.bench import weights_sha256
+from looped_kv.experiments.speed import frozen_heap
+from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.measurement import measurement_mode, source_commit
+from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import make_policy
+
+Cell = tuple[str, str, int, int, int]  # mode, kind, tokens, loops, context
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The timed grid (``looped-kv pass-cost``'s options, checked by :func:`check_grid`)."""
+
+    modes: list[str]
+    tokens: list[int]  # widths fitted
+    held_out_tokens: list[int]  # widths timed, predicted by interpolation, not fitted
+    loops: list[int]
+    contexts: list[int]  # eager: prefix positions read; compiled: their capacity bucket
+    prompt_lengths: list[int]  # of the timed prefills
+    rounds: int
+    statistic: str
+
+
+def default_loops(num_loops: int) -> list[int]:
+    """1, the default draft depth, R / 2 and R (distinct)."""
+    return sorted({1, default_draft_loops(num_loops), max(1, num_loops // 2), num_loops})
+
+
+def _widest(grid: Grid) -> int:
+    return max(grid.tokens + grid.held_out_tokens)
+
+
+def capacities(grid: Grid, block_size: int) -> list[int]:
+    """The compiled cells' contexts: each context's capacity bucket."""
+    return sorted({capacity_bucket(c, block_size) for c in grid.contexts})
+
+
+def check_grid(grid: Grid, config: LoopedConfig) -> None:
+    """Every option before any work: one-line ValueErrors naming the option and its allowed values."""
+    R, block = config.mean_recurrence, config.block_size
+    if not grid.modes or any(m not in MODES for m in grid.modes):
+        raise ValueError(f"--modes must name some of {MODES}, got {grid.modes}")
+    if grid.statistic not in STATISTICS:
+        raise ValueError(f"--statistic must be one of {tuple(STATISTICS)}, got {grid.statistic!r}")
+    if grid.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {grid.rounds}")
+    for flag, values, least in (("--tokens", grid.tokens, 1), ("--loops", grid.loops, 2),
+                                ("--contexts", grid.contexts, 2), ("--prompt-lengths", grid.prompt_lengths, 2)):
+        if any(v < 1 for v in values) or len(set(values)) < least:
+            raise ValueError(f"{flag} must be {least} or more distinct integers >= 1, got {values}")
+    low, high = min(grid.tokens), max(grid.tokens)
+    bad = [g for g in grid.held_out_tokens if not low < g < high or g in grid.tokens]
+    if bad:
+        raise ValueError(f"--held-out-tokens must lie strictly between the smallest and largest --tokens ({low} and "
+                         f"{high}) and not be among them, got {bad}")
+    if max(grid.loops) > R:
+        raise ValueError(f"--loops must each be in [1, {R}] (the model's R), got {grid.loops}")
+    widest = _widest(grid)
+    if "eager" in grid.modes and max(grid.contexts) + widest > block:
+        raise ValueError(f"--contexts must each be <= {block - widest} (the model's context {block} less the widest "
+                         f"pass, {widest} tokens), got {grid.contexts}")
+    if "compiled" in grid.modes:
+        caps = capacities(grid, block)
+        if len(caps) < 2 or caps[0] <= widest:
+            raise ValueError(f"--contexts must give 2 or more compiled capacities above the widest pass ({widest} "
+                             f"tokens); they give {caps} (capacity buckets: 64, 96, 128, 192, 256, ...)")
+        traces = sum(mode == "compiled" and kind == "pass" for mode, kind, *_ in cells(grid, block))
+        if traces > RECOMPILE_LIMIT:
+            raise ValueError(f"--tokens, --held-out-tokens, --loops and --contexts make {traces} compiled cells, "
+                             f"each a trace of one compiled step, which holds at most {RECOMPILE_LIMIT}: time fewer")
+    if max(grid.prompt_lengths) > block:
+        raise ValueError(f"--prompt-lengths must each be in [1, {block}] (the model's context), got "
+                         f"{grid.prompt_lengths}")
+
+
+def cells(grid: Grid, block_size: int) -> list[Cell]:
+    """Every cell of the grid: pass cells (mode, "pass", g, r, L) and prefill cells (mode, "prefill", n, R, 0)."""
+    out: list[Cell] = []
+    for mode in grid.modes:
+        contexts = capacities(grid, block_size) if mode == "compiled" else sorted(set(grid.contexts))
+        out += [(mode, "pass", g, r, c) for g in sorted(set(grid.tokens + grid.held_out_tokens))
+                for r in sorted(set(grid.loops)) for c in contexts]
+    return out
+
+
+def _sync(model: LoopedLM) -> Callable[[], None]:
+    return torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+
+
+def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], float]]:
+    """One callable per cell that runs it once and returns its seconds: pass cells on a prefilled cache per (mode,
+    context), prefill cells on a new cache each call (made before the clock starts)."""
+    config, R = model.config, model.config.mean_recurrence
+    policy, sync, widest = make_policy("full", R), _sync(model), _widest(grid)
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> torch.Tensor:
+        return torch.randint(0, config.vocab_size, (1, n), generator=generator).to(model.device)
+
+    def timed(run: Callable[[], object]) -> float:
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        return time.perf_counter() - start
+
+    out: dict[Cell, Callable[[], float]] = {}
+    passes: dict[tuple[str, int], Passes] = {}
+    block = ids(widest)
+    for cell in cells(grid, config.block_size):
+        mode, _, g, r, context = cell
+        if (mode, context) not in passes:
+            compiled = mode == "compiled"
+            capacity = context if compiled else context + widest
+            passes[mode, context] = (CompiledPasses if compiled else Passes)(
+                model, new_cache(model, policy, BATCH, capacity), widest)
+            passes[mode, context].prefill([ids(capacity - widest if compiled else context)[0]])
+        out[cell] = lambda p=passes[mode, context], g=g, r=r: timed(lambda: p.run(block[:, :g], r))
+    for mode in grid.modes:
+        passes_class = CompiledPasses if mode == "compiled" else Passes
+        for n in sorted(set(grid.prompt_lengths)):
+            capacity = capacity_bucket(n, config.block_size) if mode == "compiled" else n
+            prompt = ids(n)[0]
+
+            def prefill(passes_class: type[Passes] = passes_class, capacity: int = capacity,
+                        prompt: torch.Tensor = prompt) -> float:
+                p = passes_class(model, new_cache(model, policy, BATCH, capacity))
+                return timed(lambda: p.prefill([prompt]))
+
+            out[mode, "prefill", n, R, 0] = prefill
+    return out
+
+
+@torch.no_grad()
+def measure(model: LoopedLM, grid: Grid, progress: bool = True, seed: int = 0) -> list[Timing]:
+    """Time every cell once per round, in a new random order each round, after one untimed call of each (the compiled
+    steps are traced there); under :func:`~looped_kv.experiments.speed.frozen_heap`."""
+    runs = arms(model, grid, seed)
+    for run in tqdm(runs.values(), desc="warm-up (tracing compiled steps)", disable=not progress, leave=False):
+        run()
+    keys = list(runs)
+    seconds: dict[Cell, list[float]] = {key: [] for key in keys}
+    order = np.random.default_rng(seed)
+    with frozen_heap(), tqdm(total=grid.rounds * len(keys), desc="pass-cost rounds", disable=not progress,
+                             leave=False) as bar:
+        for _ in range(grid.rounds):
+            for i in order.permutation(len(keys)):
+                seconds[keys[i]].append(runs[keys[i]]())
+                bar.update()
+    return [Timing(*key, seconds=tuple(s)) for key, s in seconds.items()]
+
+
+def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progress: bool = True) -> PassCost:
+    """Measure the grid, fit the model, print its residuals and coefficients and write it to ``out`` (checked by the
+    caller) with the machine, the command, the commit, the date and the weights' digest."""
+    with measurement_mode() as environment:
+        print(f"model {source} on {model.device} ({str(model.dtype).removeprefix('torch.')}), R = "
+              f"{model.config.mean_recurrence}, {environment['threads']} thread(s), {environment['cpu']}; "
+              f"{grid.rounds} interleaved rounds, modes {', '.join(grid.modes)}")
+        timings = measure(model, grid, progress)
+    meta = {"command": command, "commit": source_commit(), "date": datetime.now(timezone.utc).isoformat(
+        timespec="minutes"), "environment": environment, "model": source, "weights_sha256": weights_sha256(source),
+            "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device), "batch": BATCH,
+            "rounds": grid.rounds, "loops": grid.loops, "contexts": grid.contexts,
+            "prompt_lengths": grid.prompt_lengths}
+    cost = fit_pass_cost(timings, grid.statistic, grid.held_out_tokens, meta)
+    print(f"t(g, r, L) = a + b r + c L + e r L per width g, fitted on the {grid.statistic} of each cell; residuals "
+          f"(model / measured - 1):")
+    print(cost.summary().to_string(float_format=lambda x: f"{x:+.1%}" if abs(x) < 10 else f"{x:g}"))
+    for mode, by_width in cost.coefficients.items():
+        print(f"{mode}: a (ms), b (ms per loop), c (ms per 1,000 positions), e (ms per loop and 1,000 positions)")
+        for g, (a, b, c, e) in by_width.items():
+            print(f"  g = {g:<3} a {1e3 * a:8.3f}  b {1e3 * b:8.4f}  c {1e6 * c:8.3f}  e {1e6 * e:8.4f}")
+    cost.write(out)
+    print(f"recorded in {out}")
+    return cost

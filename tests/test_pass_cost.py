@@ -1,0 +1,277 @@
+"""The pass-cost model (looped_kv.analysis.pass_cost) and its command (looped-kv pass-cost), with no timing in the
+assertions: the fit recovers a known cost function from synthetic timings, predictions sum the passes a real decode
+of the shipped tiny model logged, the record round-trips with its metadata, Eq. (8) is the special case of pass costs
+that ignore the tokens, and the command refuses bad input in one line before any work and keeps an existing file."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import random_model
+
+from looped_kv import generate, load
+from looped_kv.analysis import pass_cost
+from looped_kv.analysis.pass_cost import PassCost, Timing, fit_pass_cost
+from looped_kv.analysis.perf import speedup
+from looped_kv.cli import main
+from looped_kv.decoding import compiled
+from looped_kv.decoding.compiled import refined_width
+from looped_kv.decoding.loop import PassLog
+from looped_kv.decoding.passes import PassRecord
+from looped_kv.decoding.settings import DasWave, Greedy, PromptLookup, SelfSpec
+from looped_kv.experiments import pass_cost as experiment
+
+WIDTHS, HELD_OUT, LOOPS, CONTEXTS, PROMPTS = (1, 2, 4, 8, 32), (5, 25), (1, 4, 32), (64, 256, 512), (16, 128, 512)
+
+
+def coefficients(g: float) -> tuple[float, float, float, float]:
+    """A known cost per width, linear in g between the measured widths (so interpolation is exact too)."""
+    return 1e-3 + 2e-5 * g, 1e-4 + 3e-6 * g, 2e-7 + 1e-8 * g, 5e-9 + 2e-10 * g
+
+
+def truth(g: float, r: int, L: int) -> float:
+    a, b, c, e = coefficients(g)
+    return a + b * r + c * L + e * r * L
+
+
+def prefill_truth(n: int) -> float:
+    return 2e-3 + 4e-5 * n
+
+
+def synthetic(statistic: str = "median", modes: tuple[str, ...] = ("eager", "compiled")) -> list[Timing]:
+    """Timings whose median (or minimum) over three rounds is the known cost: the other rounds are slower or straddle
+    it."""
+    spread = (1.0, 1.4, 0.8) if statistic == "median" else (1.0, 1.3, 2.0)
+    cells = [Timing(m, "pass", g, r, L, tuple(truth(g, r, L) * s for s in spread))
+             for m in modes for g in (*WIDTHS, *HELD_OUT) for r in LOOPS for L in CONTEXTS]
+    return cells + [Timing(m, "prefill", n, 32, 0, tuple(prefill_truth(n) * s for s in spread))
+                    for m in modes for n in PROMPTS]
+
+
+@pytest.mark.parametrize("statistic", ["median", "min"])
+def test_the_fit_recovers_a_known_cost_function_exactly(statistic):
+    cost = fit_pass_cost(synthetic(statistic), statistic, held_out=HELD_OUT)
+    for mode in ("eager", "compiled"):
+        assert sorted(cost.coefficients[mode]) == list(WIDTHS)
+        for g in WIDTHS:
+            np.testing.assert_allclose(cost.coefficients[mode][g], coefficients(g), rtol=1e-9, atol=1e-15)
+        for g, r, L in [(3, 7, 100), (25, 2, 300), (1, 32, 999), (17, 4, 64)]:  # between the widths, any r and L
+            assert cost.seconds(g, r, L, mode) == pytest.approx(truth(g, r, L), rel=1e-9)
+        assert cost.prefill_seconds(300, mode) == pytest.approx(prefill_truth(300), rel=1e-12)
+    residuals = cost.residuals()
+    assert len(residuals) == 2 * len(WIDTHS + HELD_OUT) * len(LOOPS) * len(CONTEXTS)
+    assert residuals["relative"].abs().max() < 1e-9
+    assert set(residuals.loc[residuals["held_out"], "tokens"]) == set(HELD_OUT)
+    summary = cost.summary()
+    assert list(summary.index) == [(m, c) for m in ("compiled", "eager") for c in ("fitted", "held out")]
+    assert (summary["max_abs"] < 1e-9).all()
+
+
+def test_the_model_refuses_what_it_did_not_measure():
+    cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT)
+    with pytest.raises(ValueError, match=r"tokens 64 is outside the measured 1\.\.32; .*--tokens"):
+        cost.seconds(64, 4, 100)
+    with pytest.raises(ValueError, match=r"prefill of tokens 8 is outside the measured 16\.\.512"):
+        cost.prefill_seconds(8)
+    with pytest.raises(ValueError, match=r"mode 'compiled' was not measured.*--modes compiled"):
+        cost.seconds(1, 4, 100, "compiled")
+    one_loop = [t for t in synthetic() if t.kind == "prefill" or t.loops == 4]
+    with pytest.raises(ValueError, match="needs cells at 2 or more loops and 2 or more contexts"):
+        fit_pass_cost(one_loop)
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        fit_pass_cost(synthetic(), "mean")
+
+
+def test_the_record_round_trips_with_its_metadata(tmp_path):
+    meta = {"command": "looped-kv pass-cost --out x.json", "commit": "abc1234", "date": "2026-01-01T00:00+00:00",
+            "environment": {"cpu": "a CPU", "threads": 2, "torch": torch.__version__}, "model": "tiny"}
+    cost = fit_pass_cost(synthetic(), held_out=HELD_OUT, meta=meta)
+    path = tmp_path / "pass-cost.json"
+    cost.write(path)
+    again = pass_cost.read(path)
+    assert again == cost and again.meta == meta
+    assert json.loads(path.read_text())["environment"]["threads"] == 2
+    assert again.seconds(25, 4, 200, "compiled") == cost.seconds(25, 4, 200, "compiled")
+    with pytest.raises(ValueError, match="not a pass-cost record"):
+        PassCost.from_dict(meta)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load("tiny", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("method, options", [("ar", {}), ("self-spec", {"gamma": 3}), ("pld", {}),
+                                             ("das-wave", {"gamma": 8, "rounds": 4, "updates": 2})])
+def test_predictions_sum_the_passes_a_real_decode_ran(tiny, method, options):
+    ids = tiny.tokenizer("Question: Ann has 3 pens and buys 4 more. How many pens? Answer:",
+                         return_tensors="pt").input_ids
+    log = PassLog()
+    out = generate(tiny, ids, method=method, max_new_tokens=10, observer=log, **options)
+    passes = log.passes
+    assert len(passes) == out.forward_passes and passes[0].kind == "prefill" and passes[0].tokens == ids.shape[1]
+    if method != "ar":  # greedy decoding counts no verifications, one step per token
+        assert sum(p.kind == "verify" for p in passes) == out.verifications
+    assert all(p.rows == 1 and not p.compiled and p.context >= ids.shape[1] for p in passes[1:])
+    cost = fit_pass_cost(synthetic(), held_out=HELD_OUT)
+    expected = prefill_truth(ids.shape[1]) + sum(truth(p.tokens, p.loops, p.context) for p in passes[1:])
+    assert pass_cost.predict_seconds(cost, passes) == pytest.approx(expected, rel=1e-9)
+    by_kind = pass_cost.predict_by_kind(cost, passes, prefill_seconds=0.5)
+    assert by_kind["prefill"] == 0.5
+    assert sum(by_kind.values()) == pytest.approx(expected - prefill_truth(ids.shape[1]) + 0.5, rel=1e-9)
+    kinds = {"ar": {"prefill", "verify"}, "self-spec": {"prefill", "draft", "verify"}, "pld": {"prefill", "verify"},
+             "das-wave": {"prefill", "refine", "verify"}}
+    assert set(by_kind) == kinds[method]
+
+
+def test_predictions_refuse_a_batch_and_an_unmeasured_mode():
+    eager = fit_pass_cost(synthetic(modes=("eager",)))
+    with pytest.raises(ValueError, match="pass 0 \\(verify\\) ran 2 rows; the pass-cost model is timed at batch 1"):
+        pass_cost.predict_seconds(eager, [PassRecord("verify", 2, 1, 32, 100, False)])
+    with pytest.raises(ValueError, match="mode 'compiled' was not measured"):
+        pass_cost.predict_seconds(eager, [PassRecord("verify", 1, 1, 32, 128, True)])
+
+
+class Traced:
+    """A torch.compile backend that runs graphs as traced (the static-shape paths without inductor's slow codegen)."""
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        return graph.forward
+
+
+@pytest.fixture
+def traced():
+    torch._dynamo.reset()
+    saved, compiled.BACKEND = compiled.BACKEND, Traced()
+    yield
+    compiled.BACKEND = saved
+    torch._dynamo.reset()
+
+
+def test_compiled_passes_log_their_capacity_and_width_buckets(traced):
+    model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=2)
+    ids = torch.randint(0, model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(0))
+    log = PassLog()
+    out = generate(model, ids, method="das-wave", gamma=6, rounds=3, initial_width=3, updates=1, max_new_tokens=8,
+                   num_loops=2, stop_at_eos=False, compile=True, observer=log)
+    assert len(log.passes) == out.forward_passes and all(p.compiled for p in log.passes)
+    assert log.passes[0] == PassRecord("prefill", 1, 7, 2, 0, True)
+    assert {p.context for p in log.passes[1:]} == {64}  # the capacity bucket of 7 + 8 + gamma + 1 positions
+    refined = [p.tokens for p in log.passes if p.kind == "refine"][:3]
+    assert refined == [refined_width(w, 6) for w in (3, 4, 5)] == [3, 4, 6]
+
+
+def test_the_grid_times_every_cell_in_every_round(traced):
+    model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=4)
+    grid = experiment.Grid(modes=["eager", "compiled"], tokens=[1, 4], held_out_tokens=[2], loops=[1, 4],
+                           contexts=[10, 70], prompt_lengths=[5, 9], rounds=2, statistic="median")
+    experiment.check_grid(grid, model.config)
+    timings = experiment.measure(model, grid, progress=False)
+    cells = {(t.mode, t.kind, t.tokens, t.loops, t.context) for t in timings}
+    assert len(cells) == len(timings) == 2 * 3 * 2 * 2 + 2 * 2
+    assert {t.context for t in timings if t.mode == "compiled" and t.kind == "pass"} == {64, 96}
+    assert all(len(t.seconds) == 2 and min(t.seconds) > 0 for t in timings)
+    assert set(fit_pass_cost(timings, held_out=[2]).coefficients["compiled"]) == {1, 4}
+
+
+def test_compare_gives_the_ratio_per_method():
+    runs = pd.DataFrame({"method": ["ar", "ar", "self-spec"], "predicted_s": [1.0, 3.0, 2.0],
+                         "measured_s": [2.0, 2.0, 1.0]})
+    table = pass_cost.compare(runs)
+    assert table.loc["ar", "ratio"] == 1.0 and table.loc["ar", "median"] == 1.0
+    assert (table.loc["ar", "min"], table.loc["ar", "max"], table.loc["ar", "runs"]) == (0.5, 1.5, 2)
+    assert table.loc["self-spec", "ratio"] == 2.0
+    with pytest.raises(ValueError, match="missing \\['measured_s'\\]"):
+        pass_cost.compare(runs.drop(columns="measured_s"))
+
+
+def test_eq_8_is_the_bound_of_pass_costs_that_ignore_the_tokens():
+    n_pre, n_core, n_coda = 2, 4, 2
+    layers = [Timing("eager", "pass", g, r, L, (1e-3 * (n_pre + r * n_core + n_coda),))
+              for g in (1, 32) for r in (1, 32) for L in (64, 512)]
+    cost = fit_pass_cost(layers)
+    for tau, d, gamma in [(3.4, 4, 4), (1.0, 2, 8), (5.0, 8, 4)]:
+        passes = pass_cost.cycle(SelfSpec(draft_loops=d, gamma=gamma), 32)
+        assert pass_cost.speedup_bound(cost, tau, passes, 32, 200) == pytest.approx(
+            speedup(tau, d, gamma, (n_pre, n_core, n_coda), num_loops=32), rel=1e-9)
+    assert pass_cost.speedup_bound(cost, 1.0, pass_cost.cycle(Greedy(), 32), 32, 100) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="tau must be >= 1"):
+        pass_cost.speedup_bound(cost, 0.5, [(1, 32)], 32, 100)
+
+
+def test_a_cycle_lists_each_methods_passes():
+    assert pass_cost.cycle(SelfSpec(), 32) == [(1, 4)] * 4 + [(5, 32)]
+    assert pass_cost.cycle(PromptLookup(gamma=6), 32) == [(7, 32)]
+    wave = pass_cost.cycle(DasWave(), 32)  # J = 24 rounds of k = 2 over 2, 3, ..., 25 positions, then w = 25
+    assert wave[:3] == [(2, 2), (3, 2), (4, 2)] and wave[-2:] == [(25, 2), (25, 32)] and len(wave) == 25
+    assert pass_cost.cycle(DasWave(), 32, compiled=True)[-2] == (32, 2)
+
+
+# -- the command ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Loading the model or timing anything fails the test: every refusal must come first."""
+    def work(*args, **kwargs):
+        raise AssertionError("the work started before the bad input was refused")
+
+    monkeypatch.setattr(experiment, "run", work)
+    monkeypatch.setattr("looped_kv.cli.load", work)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tokens", "0", "4"], "--tokens must be 1 or more distinct integers >= 1, got [0, 4]"),
+    (["--loops", "4"], "--loops must be 2 or more distinct integers >= 1, got [4]"),
+    (["--loops", "1", "64"], "--loops must each be in [1, 32] (the model's R), got [1, 64]"),
+    (["--contexts", "256", "256"], "--contexts must be 2 or more distinct integers >= 1"),
+    (["--contexts", "64", "1000"], "--contexts must each be <= 992 (the model's context 1024 less the widest pass"),
+    (["--contexts", "65", "70", "--modes", "compiled"], "--contexts must give 2 or more compiled capacities"),
+    (["--held-out-tokens", "40"], "--held-out-tokens must lie strictly between the smallest and largest --tokens "
+                                  "(1 and 32) and not be among them, got [40]"),
+    (["--prompt-lengths", "16", "2000"], "--prompt-lengths must each be in [1, 1024]"),
+    (["--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["--tokens", *map(str, range(1, 25)), "--held-out-tokens", "--modes", "compiled"],
+     "make 288 compiled cells, each a trace of one compiled step, which holds at most 256"),
+    (["--statistic", "mean"], "argument --statistic: invalid choice: 'mean' (choose from 'median', 'min')"),
+    (["--modes", "fast"], "argument --modes: invalid choice: 'fast' (choose from 'eager', 'compiled')"),
+    (["--model", "./no-such-model"], "--model './no-such-model'"),
+])
+def test_the_command_refuses_bad_input_in_one_line_before_any_work(tmp_path, no_work, capsys, argv, message):
+    try:
+        status = main(["pass-cost", "--out", str(tmp_path / "cost.json"), *argv])
+    except SystemExit as exit_:  # argparse's own refusals (choices)
+        status = exit_.code
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "cost.json").exists()
+
+
+def test_the_command_keeps_an_existing_file(tmp_path, no_work, capsys):
+    out = tmp_path / "cost.json"
+    out.write_text("mine")
+    assert main(["pass-cost", "--out", str(out)]) == 2
+    assert f"--out {out} exists and is left untouched" in capsys.readouterr().err and out.read_text() == "mine"
+
+
+def test_the_command_records_the_fit_with_the_machine_and_the_command(tmp_path, monkeypatch, capsys):
+    timings = synthetic(modes=("eager",))
+    monkeypatch.setattr(experiment, "measure", lambda model, grid, progress: timings)
+    monkeypatch.setattr("looped_kv.cli.load", lambda *args, **kwargs: random_model("huginn"))
+    monkeypatch.setattr(experiment, "weights_sha256", lambda source: "0" * 64)
+    out = tmp_path / "cost.json"
+    argv = ["pass-cost", "--out", str(out), "--modes", "eager", "--tokens", *map(str, WIDTHS), "--held-out-tokens",
+            "5", "25", "--loops", "1", "4", "32", "--threads", "1", "--quiet"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"recorded in {out}" in printed and "held out" in printed
+    cost = pass_cost.read(out)
+    assert cost.meta["command"] == "looped-kv " + " ".join(argv)
+    assert cost.meta["environment"]["threads"] == 1 and cost.meta["environment"]["cpu"]
+    assert cost.meta["commit"] and cost.meta["date"] and cost.meta["model"] == "tiny"
+    assert cost.held_out == HELD_OUT and cost.seconds(8, 4, 256) == pytest.approx(truth(8, 4, 256), rel=1e-9)
+    assert main(argv) == 2 and "exists and is left untouched" in capsys.readouterr().err
