@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -451,3 +452,20 @@ def test_an_ouro_checkpoint_without_a_threshold_names_it():
         looped_kv.generate(model, torch.tensor([[3, 1]]), max_new_tokens=2, exit="gate")
     out = looped_kv.generate(random_model("ouro", seed=3), torch.tensor([[3, 1]]), max_new_tokens=2, exit="gate")
     assert out.details["exit"]["exit_threshold"] == 1.0  # the checkpoint's early_exit_threshold
+
+
+def test_the_command_line_decodes_with_early_exit(capsys):
+    from looped_kv.cli import main
+
+    assert main(["generate", "--model", "tiny", "--max-new-tokens", "4", "--num-loops", "8", "--exit", "argmax",
+                 "--exit-threshold", "2", "--exited-reads", "last", "--json", "a=3;?a"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert 3 <= stats["loops_per_token"] <= 8 and stats["new_tokens"] >= 1
+    assert main(["generate", "--model", "tiny", "--exit", "argmax", "--exit-threshold", "2.5", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err == "looped-kv generate: error: exit_threshold must be an int >= 1 for exit='argmax' (exit after that " \
+                  "many successive loops with an unchanged argmax), got 2.5\n"
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    assert all(flag in out for flag in ("--exit ", "--exit-threshold", "--exited-reads")), out
