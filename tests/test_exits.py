@@ -23,7 +23,7 @@ from conftest import random_model
 import looped_kv
 from looped_kv.analysis.adaptive_depth import exit_profile
 from looped_kv.decoding.exits import CRITERIA, EXITS, START_ENTROPY
-from looped_kv.decoding.loop import Observer
+from looped_kv.decoding.loop import Observer, PassLog
 from looped_kv.runtime import exit_gate
 from looped_kv.runtime.memory import layer_token_bytes, policy_bytes
 from looped_kv.runtime.policy import make_policy
@@ -469,3 +469,14 @@ def test_the_command_line_decodes_with_early_exit(capsys):
         main(["generate", "--help"])
     out = capsys.readouterr().out
     assert all(flag in out for flag in ("--exit ", "--exit-threshold", "--exited-reads")), out
+
+
+def test_each_adaptive_pass_is_logged_with_the_loops_the_batch_ran(huginn):
+    log = PassLog()
+    prompts = prompts_of(huginn, (4, 6), seed=2)
+    out = looped_kv.generate(huginn, prompts, max_new_tokens=5, stop_at_eos=False, exit="kl", exit_threshold=1e-2,
+                             observer=log)
+    assert [p.kind for p in log.passes] == ["prefill"] + ["verify"] * 4
+    deepest = [max(row[i] for row in out.row_loops) for i in range(5)]  # both rows run every pass here
+    assert [p.loops for p in log.passes] == deepest and {p.rows for p in log.passes} == {2}
+    assert [p.context for p in log.passes] == [0, 6, 7, 8, 9] and not any(p.compiled for p in log.passes)
