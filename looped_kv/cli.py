@@ -58,6 +58,7 @@ from looped_kv.analysis import plan
 from looped_kv.analysis.pass_cost import MODES, STATISTICS
 from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
+from looped_kv.decoding.exits import CRITERIA, EXITED_READS, EXITS
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.loop import Observer
 from looped_kv.decoding.settings import (
@@ -146,6 +147,14 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 # -- generate -------------------------------------------------------------------------------------------------------
 
 
+def _number(text: str) -> int | float:
+    """A number as written: an int (argmax's and fixed exit's thresholds are ints), else a float."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
 def _at_least_one(**flags: int | None) -> None:
     """ValueError naming the first flag (given as its dest, e.g. num_loops) whose value is below 1."""
     for dest, value in flags.items():
@@ -182,7 +191,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     flags = {"exact": False if args.inexact else None, "carry": False if args.no_carry else None}
     options = {key: getattr(args, key) for key in ("num_loops", "window", "k", "sinks", "draft_loops", "gamma",
                                                    "prefix_reads", "ngram", "rounds", "initial_width", "updates",
-                                                   "temperature", "top_k", "top_p", "min_p", "seed")}
+                                                   "temperature", "top_k", "top_p", "min_p", "seed", "exit",
+                                                   "exit_threshold", "exited_reads")}
     printer = None if args.json else TextPrinter(model.tokenizer)
     out = generate(model, ids, method=args.method, cache=args.cache, max_new_tokens=args.max_new_tokens,
                    progress=args.progress, observer=printer, **options, **flags)
@@ -231,6 +241,13 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, help="sample from the most probable tokens whose mass reaches p")
     p.add_argument("--min-p", type=float, help="sample from the tokens with at least min-p times the top probability")
     p.add_argument("--seed", type=int, help="sampling seed (default: one drawn from torch's global generator)")
+    p.add_argument("--exit", choices=EXITS, help="adaptive depth per token (method ar): each token stops at the first "
+                                                 "loop where this criterion fires (default: none, all R loops)")
+    defaults = ", ".join(f"{name} {c.default:g}" for name, c in CRITERIA.items() if c.default is not None)
+    p.add_argument("--exit-threshold", type=_number, help=f"the exit criterion's threshold (default: {defaults}; gate: "
+                                                          f"the checkpoint's; fixed: the loop, needed)")
+    p.add_argument("--exited-reads", choices=EXITED_READS, help="the plane later tokens read past a token's exit "
+                                                                "(default: last)")
     p.add_argument("--json", action="store_true", help="print one JSON object (prompt, completion, stats)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     p.set_defaults(func=cmd_generate)

@@ -38,6 +38,7 @@ class Generation:
     stopped: list[str] = field(default_factory=list)  # per row: "eos" or "length"
     pad_id: int = 0
     details: dict = field(default_factory=dict)  # cache policy, cache bytes, live rows per pass, method options
+    row_loops: list[list[int]] = field(default_factory=list)  # with early exit, per row: loops that chose each token
 
     @property
     def batch(self) -> int:
@@ -104,6 +105,13 @@ class Generation:
         return sum(committed) / len(committed) if committed else float("nan")
 
     @property
+    def mean_loops(self) -> float:
+        """Mean loops per emitted token with early exit (:mod:`looped_kv.decoding.exits`): the loop whose readout
+        chose each token, averaged over every row's tokens (NaN without early exit)."""
+        loops = [r for row in self.row_loops for r in row]
+        return sum(loops) / len(loops) if loops else float("nan")
+
+    @property
     def mean_accepted(self) -> float:
         """A: mean number of draft tokens accepted per verification (DAS Eq. 9)."""
         accepted = self.accepted
@@ -120,14 +128,17 @@ class Generation:
                    else sum(p.details[key] for p in parts) if isinstance(value, int | float) and key != "policy"
                    else value for key, value in parts[0].details.items()}
         joined = {name: [x for p in parts for x in getattr(p, name)]
-                  for name in ("sequences", "prompt_lengths", "row_accepted", "row_drafted", "row_retained", "stopped")}
+                  for name in ("sequences", "prompt_lengths", "row_accepted", "row_drafted", "row_retained", "stopped",
+                               "row_loops")}
         return cls(**joined, wall_time=sum(p.wall_time for p in parts),
                    forward_passes=sum(p.forward_passes for p in parts), pad_id=parts[0].pad_id, details=details)
 
     def stats(self) -> dict[str, float]:
-        return {"new_tokens": self.num_new, "wall_time_s": self.wall_time, "tokens_per_s": self.tokens_per_s,
-                "verifications": self.verifications, "tau": self.tau, "A": self.mean_accepted,
-                "forward_passes": self.forward_passes}
+        """The run's statistics; ``loops_per_token`` (:attr:`mean_loops`) with early exit."""
+        stats = {"new_tokens": self.num_new, "wall_time_s": self.wall_time, "tokens_per_s": self.tokens_per_s,
+                 "verifications": self.verifications, "tau": self.tau, "A": self.mean_accepted,
+                 "forward_passes": self.forward_passes}
+        return {**stats, "loops_per_token": self.mean_loops} if self.row_loops else stats
 
 
 def row_chunks(count: int, rows_per_chunk: int | None) -> list[slice]:

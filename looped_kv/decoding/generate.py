@@ -42,7 +42,11 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     ``options`` then change it):
 
     * ``"ar"`` (:class:`~looped_kv.decoding.settings.Greedy`): greedy full-depth autoregressive decoding (the
-      baseline of every ratio);
+      baseline of every ratio), or with ``exit`` adaptive depth per token: each token stops at the first loop where
+      its criterion fires (``"kl"``, ``"entropy"``, ``"latent"``, ``"argmax"``, ``"cosine"``, Ouro's ``"gate"``,
+      ``"fixed"``; :mod:`looped_kv.decoding.exits`) against ``exit_threshold``, later tokens reading its planes past
+      that loop per ``exited_reads`` (``"last"`` or ``"nearest-below"``); the result's ``row_loops`` and
+      ``mean_loops`` say how many loops chose each token;
     * ``"self-spec"`` (:class:`~looped_kv.decoding.settings.SelfSpec`): sequential self-speculative decoding,
       ``draft_loops`` (d) loops per draft (default R // 8, at least 1: the papers' 4 at R = 32, 1 at Ouro's R = 4;
       :func:`~looped_kv.decoding.settings.default_draft_loops`), ``gamma`` (default 4) drafts per verification,
@@ -84,6 +88,7 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
             raise ValueError(f"method={method!r} contradicts config, a {type(config).__name__} ({config.method!r})")
         config = method_config(config.method, **{**vars(config), **options})
     policy = config.check(model.config.block_size, model.config.mean_recurrence)
+    exits = config.exit_rule(model.config, policy)
     draft = drafter(config, policy.num_loops)
     prompts, budgets = check_prompts(model, input_ids, config.max_new_tokens, 0 if draft is None else draft.lookahead)
     seeds = [] if config.temperature == 0 else row_seeds(config.seed, len(prompts))
@@ -96,5 +101,5 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     eos = eos_id(model, config.eos_token_id, config.stop_at_eos)
     sampler = Sampler(config.temperature, config.top_k, config.top_p, config.min_p, seeds)
     return decode(model, prompts, budgets, policy=policy, drafter=draft, eos=eos, compile=config.compile,
-                  progress=config.progress, observer=observer, sampler=sampler)
+                  progress=config.progress, observer=observer, sampler=sampler, exits=exits)
 

@@ -38,8 +38,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from looped_kv.decoding.adaptive import AdaptivePasses
 from looped_kv.decoding.compiled import CompiledPasses
 from looped_kv.decoding.core import Generation, Rows, capacity_bucket, new_cache
+from looped_kv.decoding.exits import ExitRule
 from looped_kv.decoding.passes import Passes, PassRecord
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.runtime.cache import PlaneCache
@@ -190,7 +192,8 @@ def check_logits(model: LoopedLM, logits: Tensor, what: str) -> None:
 @torch.no_grad()
 def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy: CachePolicy,
            drafter: Drafter | None = None, eos: int | None = None, compile: bool = False, shrink: bool | None = None,
-           progress: bool = False, observer: Observer | None = None, sampler: Sampler | None = None) -> Generation:
+           progress: bool = False, observer: Observer | None = None, sampler: Sampler | None = None,
+           exits: ExitRule | None = None) -> Generation:
     """Decode checked ``prompts`` (1-d each) with their ``budgets`` through one batch-first loop.
 
     ``drafter`` (default: none, greedy decoding) proposes the tokens each verification tests; ``compile`` runs
@@ -198,9 +201,12 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     (:func:`~looped_kv.decoding.core.capacity_bucket`); ``shrink`` (default: not ``compile``) drops stopped
     rows from the batch rather than keeping them as padding. ``sampler`` (default: greedy) picks every token: the
     first one, the drafts, and the verifier's by speculative sampling (:mod:`looped_kv.decoding.sampling`).
+    ``exits`` (greedy decoding, eager) gives every token its own depth (:mod:`looped_kv.decoding.adaptive`).
     """
     drafter = drafter or Drafter()
     drafter.check(policy)
+    if exits is not None and compile:
+        raise ValueError("compile=True runs no early exit (exit runs eager): use compile=False")
     sampler = sampler or Sampler()
     observer = observer or Observer()
     shrink = not compile if shrink is None else shrink
@@ -208,7 +214,10 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     capacity = capacity_bucket(need, model.config.block_size) if compile else need
     rows = Rows(prompts, budgets, eos, progress, drafter.name)
     cache = new_cache(model, policy, len(prompts), capacity)
-    passes = (CompiledPasses if compile else Passes)(model, cache, drafter.width, observer.ran)
+    if exits is None:
+        passes = (CompiledPasses if compile else Passes)(model, cache, drafter.width, observer.ran)
+    else:
+        passes = AdaptivePasses(model, cache, exits, observer.ran)
     sampler.start(cache)
     logits = passes.prefill(prompts)
     check_logits(model, logits, "prefill")
@@ -245,7 +254,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
         observer.emitted(rows.emit(outcome.emitted))
         pending = outcome.pending
         forward_passes += drafter.passes_per_verification
-    return rows.result(cache, forward_passes, eos, **drafter.options)
+    return passes.report(rows.result(cache, forward_passes, eos, **drafter.options))
 
 
 def decode_rows(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,

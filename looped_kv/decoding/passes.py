@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import block_positions, new_buffer, prompt_logits, run_block
+from looped_kv.decoding.core import Generation, block_positions, new_buffer, prompt_logits, run_block
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import ALIGNED, CachePolicy, PrefixReads
@@ -43,7 +43,7 @@ class Passes:
     ones): d-loop drafts written to the buffer. ``refine`` is one DAS-Wave round, written nowhere. ``verify`` is the
     R-loop verification; it returns where its keys/values wait, and ``commit`` keeps the planes of each row's first
     ``counts`` verified tokens from there. ``padded_width`` is the width a proposal runs at. Each pass is given to
-    ``on_pass`` (if any) as a :class:`PassRecord`.
+    ``on_pass`` (if any) as a :class:`PassRecord`. ``report`` adds what the passes measured to the run's result.
     """
 
     compiled = False
@@ -135,3 +135,7 @@ class Passes:
         self.cache.keep_rows(rows)
         if self.buffer is not None:
             self.buffer.keep_rows(len(rows))
+
+    def report(self, out: Generation) -> Generation:
+        """The run's result ``out`` with what these passes measured (here: nothing)."""
+        return out

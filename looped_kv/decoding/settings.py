@@ -7,7 +7,9 @@ prefix reads, DAS Section 4.1), ``pld`` (prompt lookup decoding) and ``das-wave`
 has one frozen dataclass of its options (:class:`Greedy`, :class:`SelfSpec`, :class:`MatureSpec`,
 :class:`PromptLookup`, :class:`DasWave`), all sharing the options of :class:`Decoding`; its defaults are the only
 defaults. A default that depends on the number of loops R follows the R decoded at, keeping the papers' value at
-R = 32: ``draft_loops`` is :func:`default_draft_loops` of R. Options are checked by type when a config is made (an
+R = 32: ``draft_loops`` is :func:`default_draft_loops` of R. Greedy decoding alone takes adaptive depth per token
+(``exit``, ``exit_threshold``, ``exited_reads``; :mod:`looped_kv.decoding.exits`), which no speculative method takes:
+its exactness under speculation is not proven. Options are checked by type when a config is made (an
 int is an int, a flag a bool), an option the method does not take is refused (:func:`method_config`), and what needs
 the model (``num_loops``, ``sinks`` and ``window`` against the context) is checked by :meth:`Decoding.check` before
 any work. The display names are for tables only.
@@ -21,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from looped_kv.decoding.exits import ExitRule, check_exit, exit_rule
+from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy, make_prefix_reads
 
 METHODS = ("ar", "self-spec", "mature-spec", "pld", "das-wave")
@@ -161,12 +165,34 @@ class Decoding:
                 raise ValueError(f"{name} must be at most the model's context (block_size {block_size}), got {value}")
         return self.policy(mean_recurrence if self.num_loops is None else self.num_loops)
 
+    def exit_rule(self, config: LoopedConfig, policy: CachePolicy) -> ExitRule | None:
+        """The checked early-exit rule for a model of ``config`` under ``policy`` (None: every token runs R loops)."""
+        return None
+
 
 @dataclass(frozen=True, kw_only=True)
 class Greedy(Decoding):
-    """``ar``: greedy full-depth autoregressive decoding, the baseline of every ratio."""
+    """``ar``: greedy full-depth autoregressive decoding, the baseline of every ratio; with ``exit``, adaptive depth
+    per token (early exit, :mod:`looped_kv.decoding.exits`): ``exit`` one of
+    :data:`~looped_kv.decoding.exits.EXITS` (None, the default: every token runs all R loops), ``exit_threshold``
+    (None: the criterion's default, the reference's; ``"fixed"`` needs one) and ``exited_reads`` (the plane a later
+    token reads past a token's exit: ``"last"``, the default, or ``"nearest-below"``). Early exit runs eager."""
 
     method: ClassVar[str] = "ar"
+    exit: str | None = None
+    exit_threshold: float | None = None
+    exited_reads: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_exit(self.exit, self.exit_threshold, self.exited_reads)
+        if self.exit is not None and self.compile:
+            raise ValueError(f"compile=True runs no early exit (exit={self.exit!r} runs eager): use compile=False")
+
+    def exit_rule(self, config: LoopedConfig, policy: CachePolicy) -> ExitRule | None:
+        if self.exit is None:
+            return None
+        return exit_rule(self.exit, self.exit_threshold, self.exited_reads, config, policy)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,6 +300,8 @@ class DasWave(_Speculative):
 
 
 WAVE_KEYS = ("gamma", "rounds", "initial_width", "updates", "carry")
+#: Greedy decoding's early-exit options.
+EXIT_OPTIONS = ("exit", "exit_threshold", "exited_reads")
 CONFIGS: dict[str, type[Decoding]] = {cls.method: cls for cls in (Greedy, SelfSpec, MatureSpec, PromptLookup,
                                                                     DasWave)}
 
@@ -293,6 +321,9 @@ def method_config(method: str = "ar", **given: object) -> Decoding:
             users = [m for m in METHODS if name in options(m)]
             if not users:
                 raise ValueError(f"{name} is not an option of generate; method={method!r} takes {takes}")
+            if name in EXIT_OPTIONS:
+                raise ValueError(f"{name}={value!r} runs with method='ar' only: early exit under the speculation of "
+                                 f"method={method!r} is not proven exact")
             if name == "prefix_reads" and method == "mature-spec":
                 raise ValueError("method='mature-spec' reads the prefix at deep K/V; use method='self-spec' with "
                                  "prefix_reads for other read policies")

@@ -8,9 +8,14 @@ an L-token sequence needs
     M_RIPE(L) = M_deep(L) + b n_core (R - 1) min(W, L)                 (Eq. 10)
 
 and in general b L (n_pre + n_coda + |kept| n_core) + b n_core |extra| (min(W, L) + min(sinks, L)).
+
+With early exit (:mod:`looped_kv.decoding.exits`) the preallocated cache stores what it stores without it, some of its
+slots holding copies: :func:`exit_bytes` counts the distinct planes, what a cache holding each plane once would need.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -82,3 +87,29 @@ def memory_table(configs: dict[str, LoopedConfig], length: int = 1024, num_loops
             row[f"{model} frac."] = mb / (m_full(config, length, num_loops, dtype) / 1e6)
         table.append(row)
     return table
+
+
+def exited_planes(policy: CachePolicy, exit_loop: int, exited_reads: str = "last", full_depth: bool = False) -> int:
+    """Distinct core planes, per core layer, that a cache under ``policy`` holds for one position whose token exited
+    after loop ``exit_loop`` (:mod:`looped_kv.decoding.exits`): the kept planes at or below it, and under
+    ``"last"`` one copy of plane ``exit_loop`` where the policy does not keep it but keeps a deeper plane. A
+    ``full_depth`` position (in the window or among the sinks of a policy that has them) holds planes 1..R: its
+    distinct planes are 1..``exit_loop``."""
+    if full_depth:
+        return exit_loop
+    below = sum(p <= exit_loop for p in policy.kept)
+    copy = exited_reads == "last" and exit_loop not in policy.kept and max(policy.kept) > exit_loop
+    return below + copy
+
+
+def exit_bytes(config: LoopedConfig, policy: CachePolicy, exit_loops: Sequence[int], exited_reads: str = "last",
+               dtype: str | torch.dtype | int = "bf16") -> int:
+    """Bytes of the distinct planes a cache under ``policy`` holds for one row whose L stored positions' tokens exited
+    after ``exit_loops`` (one per position, in order; R: no early exit): every prelude and coda plane, and
+    :func:`exited_planes` per core layer, the last min(W, L) and the first min(sinks, L) positions at full depth where
+    the policy has a window or sinks. With no early exit it is :func:`policy_bytes` when the window and the sinks do
+    not overlap (that count holds an overlapping position twice, as the cache does)."""
+    L, W, S = len(exit_loops), policy.window, policy.sinks
+    planes = sum(exited_planes(policy, e, exited_reads, bool(policy.extra) and (j >= L - W or j < S))
+                 for j, e in enumerate(exit_loops))
+    return layer_token_bytes(config, dtype) * (L * (config.n_prelude + config.n_coda) + config.n_core * planes)
