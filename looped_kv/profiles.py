@@ -89,6 +89,8 @@ class Ch04:
     exact_dtype: str = "float64"
     block_dtype: str | None = "float64"  # the Sec. 5.2 replay without bf16's numerics (None: not run) ...
     block_tokens: int = 64  # ... of each trajectory's first generated tokens
+    shape_prompts: int = 32  # per workload: the full cache's batched and sequential decoders in bf16 (Sec. 5.5) ...
+    shape_tokens: int = 64  # ... each decoding this many tokens
     ripeness_texts_per_workload: int = 12  # Remark 1's test on chapter 2's texts (Ch02.texts_per_workload), so both
     # chapters fit one floor: on 12 texts the floor fit ran off towards zero (fits.FloorFit.resolved)
 
@@ -175,7 +177,7 @@ SMOKE = Profile(
     ch03=Ch03(texts_per_workload=2, prefix=64, decoded=8, table3_texts_per_workload=2, table3_length=48,
               table3_chunk=6),
     ch04=Ch04(replay_prompts=2, replay_batch=2, new_tokens=10, drawn=(24, 6), exact_prompts=1, acceptance_prompts=2,
-              acceptance_tokens=8, gamma=3, draft_loops=2),
+              acceptance_tokens=8, gamma=3, draft_loops=2, shape_prompts=1, shape_tokens=8),
     ch05=Ch05(agreement_prompts=2, agreement_tokens=6, draft_depths=(1, 2, 3), grid_prompts=2, grid_tokens=6,
               acceptance_prompts=2, acceptance_tokens=8, draft_loops=2, gamma=3, timing_prompts=1, new_tokens=6),
     ch06=Ch06(acceptance_prompts=2,

@@ -38,7 +38,9 @@
 # chapter runs the arms on the model at hand and fits the regression. It then predicts
 # the deepest-plane cache's error from ripening and sensitivity alone (Eq. 6), and last
 # checks the consequence for caching: at equal storage, keeping deep planes should beat
-# keeping shallow ones (Table 3).
+# keeping shallow ones (Table 3). Along the way it repeats the regression in bf16, and
+# it tests the paper's other way to store less: keep, per head, only the prefix
+# positions a shallow loop attends to (Section 5.4).
 #
 # Each claim gets a verdict from paired measurements over texts
 # (`looped_kv.analysis.verdicts`), against the smallest effect that counts for it: the
@@ -69,6 +71,14 @@ import pandas as pd
 from looped_kv import book, make_policy, papers, profiles
 from looped_kv.analysis import claims
 from looped_kv.analysis import verdicts as vd
+from looped_kv.analysis.filtering import (
+    filter_kl,
+    first_query_attention,
+    frozen,
+    only_head,
+    selection_loop,
+    top_k,
+)
 from looped_kv.analysis.fits import sensitivity_regression
 from looped_kv.analysis.planes import (
     arm_grid,
@@ -95,6 +105,7 @@ model = book.chapter_model()  # $LOOPED_KV_MODEL, default "tiny"; CUDA when avai
 run = profiles.for_model(model)
 profile = run.ch03  # every size of this chapter
 R = model.config.mean_recurrence
+cfg = model.config
 who = "the tiny model" if book.is_tiny(model) else model.source
 print(book.environment(model))
 
@@ -148,7 +159,6 @@ book.md(f"{len(ids)} texts (" + ", ".join(f"{n} {w}" for w, n in counts.items())
 
 # %%
 FLOOR = float(precision_floor(model32, grid.reference, exact=exact).max())
-del exact  # the float64 logits
 rows = regression_rows(grid, FLOOR)
 fit = sensitivity_regression(rows, floor=FLOOR, n_boot=2000, seed=0)  # bootstrap texts
 ols = sensitivity_regression(rows, floor=FLOOR)  # the same fit with OLS t-intervals
@@ -331,6 +341,64 @@ book.md(
 )
 
 # %% [markdown]
+# ## In bf16: the floor caps the gap
+#
+# The paper ran the same regression in bf16 (Section 3.1). There the deep coefficient
+# is smaller, and a share of the rows sit at the bf16 KL floor, which caps the gap that
+# can be measured. RIPE Table 6's batch 9 pre-registered its threshold, a deep
+# coefficient of at least 3, in bf16. The same arms run here on a bf16 copy of the
+# model, with the explicit float32 softmax of the paper's replay. The bf16 floor is the
+# largest KL of the bf16 replay to the float64 one.
+
+# %%
+BF16 = "bfloat16"
+if profile.arm_dtype == BF16:  # the arms above already ran in bf16
+    grid16, FLOOR16 = grid, FLOOR
+else:
+    model16 = in_dtype(model, book.DTYPES[BF16])
+    grid16 = arm_grid(model16, ids, R, decoded=profile.decoded, record_device=where,
+                      progress=False)
+    FLOOR16 = float(precision_floor(model16, grid16.reference, exact=exact).max())
+    del model16
+del exact  # the float64 logits
+rows16 = regression_rows(grid16, FLOOR16)
+fit16 = sensitivity_regression(rows16, floor=FLOOR16, n_boot=2000, seed=0)
+identified16 = claims.identify_sensitivity(rows16, FLOOR16, n_boot=2000, seed=0)
+verdicts["deep loops more sensitive, equal size, bf16"] = claims.text_b_verdict(
+    identified16, claims.DEEP_B_BF16)
+if grid16 is not grid:
+    del grid16
+free_memory(model.device)
+ours16 = {"b (deep region), pooled": interval(fit16.b, *fit16.ci_b),
+          "b, identified": interval(identified16.fit.b, *identified16.fit.ci_b)
+          if identified16.identified else "not identified on this model",
+          "rows at the bf16 KL floor": f"{fit16.frac_at_floor:.0%}",
+          "bf16 KL floor": f"{FLOOR16:.2g}",
+          "b in float32, pooled (above)": interval(fit.b, *fit.ci_b)}
+book.table(pd.DataFrame(
+    {f"{model.source} (this run)": ours16,
+     **{f"{n} (RIPE 3.1)": {
+         "b (deep region), pooled": f"{p['b, bf16']:g}",
+         "rows at the bf16 KL floor": f"{p['rows at the bf16 floor']:.0%}",
+         "b in float32, pooled (above)": f"{p['b'][0]:g}"}
+        for n, p in PAPER_SENSITIVITY.items()}}))
+
+# %% tags=["remove-input"]
+book.md(
+    f"In bf16 the pooled $b$ is {fit16.b:.1f} against {fit.b:.1f} in float32, with "
+    f"{fit16.frac_at_floor:.0%} of the rows at the bf16 floor of {FLOOR16:.2g}; the "
+    f"paper's $b$ fell from {hug['b'][0]:g} to {hug['b, bf16']:g} on Huginn and from "
+    f"{rav['b'][0]:g} to {rav['b, bf16']:g} on Raven, with "
+    f"{hug['rows at the bf16 floor']:.0%} and {rav['rows at the bf16 floor']:.0%} of "
+    "the rows at the floor. "
+    + (f"With {fit16.frac_at_floor:.0%} of the rows at the bf16 floor, the bf16 $b$ "
+       "says more about where the floor lies than about the deep loops: the floor caps "
+       "the measurable gap, as the paper says of its own bf16 rows."
+       if fit16.frac_at_floor > at_floor.mean() else "")
+    + "\n\n" + vd.claim_summary({"all texts": verdicts[
+        "deep loops more sensitive, equal size, bf16"]}))
+
+# %% [markdown]
 # ## Every decoded position
 #
 # The substitution changes what every query reads from its prefix, so each arm has a KL
@@ -393,8 +461,6 @@ book.md(f"Over all {profile.decoded} decoded positions, {above['deep']:.0%} of t
 PAPER_EQ6 = papers.RIPE_SEC_3_2_EQ_6  # RIPE Section 3.2, fp32, first decoded position
 eq6_fit = identified.fit if identified.identified else fit  # identified where it is
 check = eq6_check(model32, grid.reference, eq6_fit, grid)
-del model32, grid  # the float32 copy and the reference's planes
-free_memory(model.device)
 measured_resolved = vd.above_floor(check.measured, FLOOR, "the deepest-plane arm's KLs")
 verdicts["plane R matters past the shallow loops"] = vd.verdict(
     vd.Claim("plane R read by every loop r < R costs more KL than plane R read by the "
@@ -464,6 +530,97 @@ book.md(
        "Neither the regression nor the deep rows above the floor give a line for "
        "Eq. (6), so it gets no verdict on this model.")
 )
+
+# %% [markdown]
+# ## Positions instead of planes: per-head filtering (Section 5.4)
+#
+# The paper's starting plan had a second proposal: keep, per head, only the prefix
+# positions that a shallow loop attends to. Batch 1 found this attention mostly static
+# (sink plus recent tokens). Batch 8 froze a per-head policy from batch 1 and tested it
+# on unseen texts, keeping a fixed share of the prefix. It compared the KL at the first
+# decoded position with deepest-plane storage's and with top-k, each text's own
+# positions of most attention. The printed findings are in the table below.
+#
+# Here the selection reads the first decoded position's attention over its prefix at the
+# paper's shallow loop, scaled to $R$, summed per key/value head. The **per-head**
+# policy keeps, for each core layer and head, the positions of most attention averaged
+# over other texts (the development split). **Top-k** keeps each text's own positions of
+# most attention. Both keep the paper's share of the prefix and apply at every loop of
+# the core; prelude and coda read the whole prefix. Four arms run on the texts of the
+# regression in float32: the per-head policy, top-k, the per-head policy on
+# deepest-plane storage, and the per-head policy selected at the paper's later loop. The
+# deepest-plane arm is Eq. (6)'s. Per head, one head is filtered and the others read
+# everything. Each claim gets a verdict over texts.
+
+# %%
+S54 = papers.RIPE_SEC_5_4
+BUDGET = S54["budget"]
+early, late = (selection_loop(loop, R) for loop in S54["selection loops"])
+calibration_ids, _ = workload_batch(model, data.WORKLOADS, profile.texts_per_workload,
+                                    ids.shape[1], split="dev", source=run.workloads)
+attention, per_head = {}, {}
+for loop in (early, late):
+    attention[loop] = first_query_attention(model32, ids, R, loop,
+                                            decoded=profile.decoded)
+    per_head[loop] = frozen(first_query_attention(
+        model32, calibration_ids, R, loop, decoded=profile.decoded), BUDGET, len(ids))
+own_top = top_k(attention[early], BUDGET)
+reference = grid.reference
+filtered = {
+    "deepest plane": filter_kl(model32, reference, None, deepest=True),
+    "per-head": filter_kl(model32, reference, per_head[early]),
+    "top-k": filter_kl(model32, reference, own_top),
+    "per-head and deepest plane": filter_kl(model32, reference, per_head[early],
+                                            deepest=True),
+    "per-head, later loop": filter_kl(model32, reference, per_head[late])}
+heads = [(layer, head) for layer in range(cfg.n_core) for head in range(cfg.n_kv_heads)]
+heads = heads if len(heads) <= 8 else heads[::-(-len(heads) // 8)]  # at most 8 heads
+head_rows = {}
+for layer, head in heads:
+    a = filter_kl(model32, reference, only_head(per_head[early], layer, head))
+    b = filter_kl(model32, reference, only_head(own_top, layer, head))
+    head_rows[f"layer {layer}, head {head}"] = {
+        "per-head KL, mean": a.mean(), "top-k KL, mean": b.mean(),
+        "per-head / top-k": np.exp(np.mean(np.log(np.maximum(a, FLOOR))
+                                           - np.log(np.maximum(b, FLOOR))))}
+del model32, grid, reference  # the float32 copy and the reference's planes
+free_memory(model.device)
+filtering = claims.filtering_verdicts(filtered, FLOOR)
+verdicts |= {f"Sec. 5.4: {name}": v for name, v in filtering.items()}
+kept = int(own_top[0, 0, 0].sum())
+paper54 = {"filtering over deepest plane": f"{S54['KL over deepest-plane storage']}",
+           "costs add": f"{S54['costs add, ratio']}",
+           "per-head over top-k": "{:.2f} [{:.2f}, {:.2f}]".format(
+               *S54["per-head over top-k"]),
+           "later selection": f"{S54['later selection, cost fraction']}"}
+book.table(pd.DataFrame({name: {
+    "this model (geometric mean over texts)": v.estimate_text,
+    "RIPE Sec. 5.4 (Huginn)": paper54[name]} for name, v in filtering.items()}).T)
+
+# %%
+book.table(pd.DataFrame(head_rows).T,
+           caption="Per head: only that head filtered, the others read every position")
+
+# %% tags=["remove-input"]
+means = {name: float(np.mean(v)) for name, v in filtered.items()}
+book.md(
+    f"Each arm keeps {kept} of the {ids.shape[1] - profile.decoded} prefix positions "
+    f"per head ({BUDGET:.0%}), selected at loop {early} (and at loop {late} for the "
+    f"later selection), on {len(ids)} texts; the paper kept {S54['budget']:.0%} on "
+    f"{S54['texts']} texts at loops {S54['selection loops'][0]} and "
+    f"{S54['selection loops'][1]} of {papers.RIPE_SEC_3_1_REGIONS['deep'][1]}. Mean "
+    "KLs at the first decoded position: "
+    + ", ".join(f"{name} {kl:.2g}" for name, kl in means.items())
+    + f"; the float32 floor is {FLOOR:.2g}. The verdicts compare texts (geometric "
+    "means of per-text ratios); the ratio of the mean KLs, which a few texts with a "
+    f"large KL dominate, is {means['per-head'] / means['deepest plane']:.3g} for "
+    f"filtering over the deepest plane. With {len(heads)} heads the per-head "
+    "comparison has one value per head, not an interval over heads: "
+    + ", ".join(f"{name} {row['per-head / top-k']:.3g}×"
+                for name, row in head_rows.items())
+    + f" (the paper: {S54['per-head over top-k'][0]}× for every head, "
+    f"[{S54['per-head over top-k'][1]}, {S54['per-head over top-k'][2]:.2f}]).\n\n"
+    + vd.claim_summary(filtering))
 
 # %% [markdown]
 # ## Equal storage: deep planes against shallow ones (Table 3)

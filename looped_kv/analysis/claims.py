@@ -10,6 +10,10 @@
 * RIPE Sec. 3.1 (:func:`identify_sensitivity`): e^b fitted only on rows above the float floor at perturbation
   sizes both regions reach; where they do not overlap, e^b is not identified on the model. Each text's own b on
   those rows (:func:`text_b_verdict`).
+* RIPE Sec. 3.1 in bf16 (:data:`DEEP_B_BF16`): the same per-text b on arms run in bf16, against Table 6's bf16
+  threshold.
+* RIPE Sec. 5.4 (:func:`filtering_verdicts`): per-head position filtering against deepest-plane storage and top-k,
+  whether the two costs add, and selection at a later loop.
 * RIPE Eq. (6) (:func:`eq6_verdict`): each text's predicted deepest-plane KL against its measured one, within the
   factor of two the paper found.
 * DAS Table 6 (:data:`MATURE_V_OVER_ALIGNED`): Mature-V against aligned reads at d = 1.
@@ -67,6 +71,7 @@ from looped_kv.papers import (
     RIPE_SEC_5_2,
     RIPE_TABLE_6_THRESHOLDS,
     RIPE_TABLE_8,
+    ripe_table_6,
 )
 from looped_kv.runtime.model import LoopedLM
 
@@ -196,6 +201,11 @@ def block_dependence_verdict(deepest: Sequence[float], full: Sequence[float]) ->
 DEEP_B = Claim("at equal perturbation size the deep region costs more KL: each text's own b, on rows above the "
                "float floor at sizes both regions reach", "RIPE Sec. 3.1", minimum=RIPE_TABLE_6_THRESHOLDS[
                    "deep coefficient b"], minimum_source="RIPE Table 6 (batch 9): 'deep coefficient ≥ 3'")
+#: RIPE Sec. 3.1 in bf16 and Table 6 (batch 9, whose threshold is a bf16 one): the same claim on arms run in bf16.
+DEEP_B_BF16 = Claim("in bf16, at equal perturbation size the deep region costs more KL: each text's own b, on rows "
+                    "above the bf16 KL floor at sizes both regions reach", "RIPE Sec. 3.1 (bf16)",
+                    minimum=RIPE_TABLE_6_THRESHOLDS["deep coefficient b"],
+                    minimum_source="RIPE Table 6 (batch 9): 'deep coefficient ≥ 3 (bf16)'")
 #: RIPE Eq. (6): the region model predicts the deepest-plane KL "to within a factor of two".
 EQ6 = Claim("Eq. (6) predicts the deepest-plane cache's KL at the first decoded position: measured over predicted, "
             "per text", "RIPE Sec. 3.2, Eq. (6)", expects="none", scale="log-ratio",
@@ -258,18 +268,19 @@ def identify_sensitivity(rows: pd.DataFrame, floor: float, *, n_boot: int = 2000
     return Identification(kept, sizes, (low, high), fit, "")
 
 
-def text_b_verdict(identification: Identification) -> Verdict:
-    """:data:`DEEP_B` on each text's own b, fitted on its identifying rows (texts with 2 or more of them in each
-    region); with e^b not identified, the verdict is inconclusive and says why."""
+def text_b_verdict(identification: Identification, claim: Claim = DEEP_B) -> Verdict:
+    """``claim`` (:data:`DEEP_B`, or :data:`DEEP_B_BF16` for arms run in bf16) on each text's own b, fitted on its
+    identifying rows (texts with 2 or more of them in each region); with e^b not identified, the verdict is
+    inconclusive and says why."""
     if not identification.identified:
-        return Verdict(DEEP_B, float("nan"), float("nan"), float("nan"), 0, INCONCLUSIVE,
+        return Verdict(claim, float("nan"), float("nan"), float("nan"), 0, INCONCLUSIVE,
                        f"cannot discriminate on this model: e^b is not identified ({identification.reason})",
                        units="texts")
     rows = identification.rows
     counts = rows.groupby(["text", "region"])["plane"].nunique().unstack(fill_value=0)
     usable = counts[(counts >= 2).all(axis=1)].index
     b = text_region_coefficients(rows[rows["text"].isin(usable)])
-    return verdict(DEEP_B, b.to_numpy(), null=0.0, units="texts")
+    return verdict(claim, b.to_numpy(), null=0.0, units="texts")
 
 
 def eq6_verdict(check: Eq6Check, intercept: float, slope: float, floor: float,
@@ -363,3 +374,53 @@ def fixed_memory_verdict(comparison: FixedMemoryComparison, repeats: int) -> Ver
     return verdict(FIXED_MEMORY_GAIN, [cells[f"deepest@{b_deep}"].tokens_per_s for cells in comparison.by_set],
                    [cells[f"full@{b_full}"].tokens_per_s for cells in comparison.by_set], kind="timing",
                    units="prompt sets", repeats=repeats)
+
+
+# -- RIPE Sec. 5.4: per-head position filtering ----------------------------------------------------------------------
+
+_KL_RATIO = dict(minimum=BOOK_MINIMUM["KL ratio"], minimum_source="the book's smallest ratio of KLs (RIPE Sec. 5.2's "
+                                                                  "pre-registered threshold)")
+#: RIPE Sec. 5.4 and Table 6 (batch 8, "filtering costs > 3× sharing"): filtering costs more than deepest-plane storage.
+FILTERING_OVER_DEEPEST = Claim("per-head position filtering costs more KL than deepest-plane storage: filtered / "
+                               "deepest plane", "RIPE Sec. 5.4", "greater", "log-ratio",
+                               minimum=ripe_table_6("8", "filtering costs").bounds[0],
+                               minimum_source="RIPE Table 6 (batch 8): 'filtering costs > 3× sharing'")
+#: RIPE Sec. 5.4: "the two costs add" (ratio 0.88): a claim of no effect on the ratio to the sum.
+COSTS_ADD = Claim("the costs of filtering and of deepest-plane storage add: both / (filtered + deepest plane)",
+                  "RIPE Sec. 5.4", "none", "log-ratio", **_KL_RATIO)
+#: RIPE Sec. 5.4: the frozen per-head policy is worse than each text's own top-k (Table 6, batch 8: "per-head ≈ all
+#: top-k" failed).
+PER_HEAD_OVER_TOP_K = Claim("the frozen per-head policy costs more KL than each text's own top-k at the same budget: "
+                            "per-head / top-k", "RIPE Sec. 5.4", "greater", "log-ratio", **_KL_RATIO)
+#: RIPE Sec. 5.4: selecting at the later loop cuts the cost ("consistent with ripening").
+LATER_SELECTION = Claim("selecting the per-head positions at the later loop costs less KL: later / earlier loop",
+                        "RIPE Sec. 5.4", "less", "log-ratio", **_KL_RATIO)
+
+
+def filtering_verdicts(kl: Mapping[str, np.ndarray], floor: float) -> dict[str, Verdict]:
+    """The four claims of RIPE Sec. 5.4 on per-text first-position KLs. ``kl`` names the arms "deepest plane",
+    "per-head", "top-k", "per-head and deepest plane" and "per-head, later loop"; a KL at or below ``floor`` enters
+    at the floor, and an arm whose KLs sit mostly at it cannot be compared (:func:`above_floor`)."""
+    need = {"deepest plane", "per-head", "top-k", "per-head and deepest plane", "per-head, later loop"}
+    if set(kl) != need:
+        raise ValueError(f"kl must name the arms {sorted(need)}, got {sorted(kl)}")
+    if not (math.isfinite(floor) and floor > 0):
+        raise ValueError(f"floor must be > 0, got {floor}")
+    x = {name: np.maximum(np.asarray(v, dtype=float), floor) for name, v in kl.items()}
+    resolved = {name: above_floor(np.asarray(v, dtype=float), floor, f"the {name} arm's KLs")
+                for name, v in kl.items()}
+
+    def checked(*names: str):
+        return discrimination(*(resolved[n] for n in names))
+
+    both = x["per-head and deepest plane"]
+    return {
+        "filtering over deepest plane": verdict(FILTERING_OVER_DEEPEST, x["per-head"], x["deepest plane"],
+                                                units="texts", discrimination=checked("per-head", "deepest plane")),
+        "costs add": verdict(COSTS_ADD, both, x["per-head"] + x["deepest plane"], units="texts",
+                             discrimination=checked("per-head", "deepest plane", "per-head and deepest plane")),
+        "per-head over top-k": verdict(PER_HEAD_OVER_TOP_K, x["per-head"], x["top-k"], units="texts",
+                                       discrimination=checked("per-head", "top-k")),
+        "later selection": verdict(LATER_SELECTION, x["per-head, later loop"], x["per-head"], units="texts",
+                                   discrimination=checked("per-head", "per-head, later loop")),
+    }

@@ -10,6 +10,8 @@
   block dependence of Section 5.2 per prompt (:func:`replay_batch`); the chapter's verdicts on these
   paired per-prompt measurements come from :func:`looped_kv.analysis.verdicts.verdict`
   (:func:`kl_by_prompt`, :func:`kl_ratio_verdict`).
+* :func:`tail_prompt` and :func:`kl_along` give Figure 4c (KL along the prompt that holds the tail);
+  :func:`decoder_agreement` and :func:`rerun_bitwise` are the measurements of Section 5.5 that a CPU can make.
 * :func:`acceptance_by_cache` runs Algorithm 1 (and self-speculation over other caches) on one batch of
   prompts per cache and returns each prompt's tokens per verification.
 
@@ -31,7 +33,7 @@ from numpy.typing import ArrayLike
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from looped_kv.analysis.measure import row_tau
+from looped_kv.analysis.measure import policy_logits, row_tau
 from looped_kv.analysis.replay import KL_RESOLUTION, kl
 from looped_kv.analysis.teacher_forcing import (
     PromptPlanes,
@@ -381,3 +383,75 @@ def survival(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     if x.size == 0:
         raise ValueError("values must not be empty")
     return x, 1.0 - np.arange(x.size) / x.size
+
+
+# -- Figure 4c and Section 5.5 --------------------------------------------------------------------------------------
+
+
+def tail_prompt(records: pd.DataFrame, arm: str, threshold: float = TAIL_KL) -> int:
+    """The prompt of Figure 4c: the one holding most of ``arm``'s tail positions (KL > threshold), ties and a model
+    without a tail broken by the largest KL."""
+    r = records[records["arm"] == arm]
+    if r.empty:
+        raise ValueError(f"no records for arm {arm!r}")
+    by_prompt = r.assign(tail=r["kl"] > threshold).groupby("prompt").agg(tail=("tail", "sum"), peak=("kl", "max"))
+    return int(by_prompt.sort_values(["tail", "peak"], ascending=False).index[0])
+
+
+def kl_along(records: pd.DataFrame, prompt: int, arms: Sequence[str]) -> pd.DataFrame:
+    """KL(reference || arm) along one prompt's generated positions (Figure 4c): one row per position, one column per
+    arm, in ``arms``' order."""
+    r = records[(records["prompt"] == prompt) & records["arm"].isin(arms)]
+    missing = [a for a in arms if a not in set(r["arm"])]
+    if missing:
+        raise ValueError(f"no records of prompt {prompt} for arms {missing}")
+    frame = r.pivot(index="position", columns="arm", values="kl")[list(arms)]
+    frame.columns.name = None
+    return frame
+
+
+@dataclass(frozen=True)
+class ShapeComparison:
+    """RIPE Sec. 5.5's computation-shape check: one greedy decoding computed two ways (:func:`decoder_agreement`)."""
+
+    equal: np.ndarray  # per prompt: the two trajectories are identical
+    first_difference: np.ndarray  # per prompt: index of the first differing generated token, -1 where equal
+
+    @property
+    def n_equal(self) -> int:
+        return int(self.equal.sum())
+
+
+@torch.no_grad()
+def decoder_agreement(model: LoopedLM, prompts: Sequence[Tensor], max_new_tokens: int, *, draft_loops: int,
+                      gamma: int, rows_per_chunk: int | None = None) -> ShapeComparison:
+    """The full cache's batched (self-speculative, one verification pass per block of gamma + 1 tokens) and
+    sequential (one token per forward) greedy decoders on the same prompts (RIPE Sec. 5.5). Both emit the same tokens
+    in exact arithmetic (Proposition 1 with the full cache); in a narrow precision the two computation shapes may
+    round a near-tie differently, after which the trajectories part."""
+    sequential = generate(model, list(prompts), max_new_tokens=max_new_tokens, rows_per_chunk=rows_per_chunk)
+    batched = generate(model, list(prompts), max_new_tokens=max_new_tokens, method="self-spec",
+                       draft_loops=draft_loops, gamma=gamma, cache="full", rows_per_chunk=rows_per_chunk)
+    equal, first = [], []
+    for a, b in zip(sequential.new_rows, batched.new_rows, strict=True):
+        a, b = a.reshape(-1), b.reshape(-1)
+        n = min(len(a), len(b))
+        differs = (a[:n] != b[:n]).nonzero()
+        same = len(a) == len(b) and not len(differs)
+        equal.append(same)
+        first.append(-1 if same else int(differs[0]) if len(differs) else n)
+    return ShapeComparison(np.array(equal), np.array(first))
+
+
+@torch.no_grad()
+def rerun_bitwise(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths: Sequence[int],
+                  policy: CachePolicy) -> float:
+    """Share of generated positions whose logits two runs of the same teacher-forced replay compute bit for bit
+    (RIPE Sec. 5.5's same-process rerun of the reference)."""
+    check_trajectories(trajectories, prompt_lengths)
+    equal = total = 0
+    for tokens, p in zip(trajectories, prompt_lengths, strict=True):
+        first, second = (policy_logits(model, tokens, p, policy) for _ in range(2))
+        equal += int((first == second).all(-1).sum())
+        total += first.shape[0]
+    return equal / total
