@@ -82,5 +82,10 @@ def test_filtering_verdicts_follow_the_paper_on_data_shaped_like_its_findings():
     assert all(v.label == AGREES for v in verdicts.values()), {k: v.short for k, v in verdicts.items()}
     at_floor = filtering_verdicts({**kl, "deepest plane": np.full(40, 1e-12)}, floor=1e-9)
     assert at_floor["filtering over deepest plane"].label == INCONCLUSIVE
+    # chapter 3: per-text ratios 10,000x, but a few texts' large deepest-plane KLs made the ratio of means 0.25
+    swamped = deepest.copy()
+    swamped[:3] = 1.0
+    mixed = filtering_verdicts({**kl, "deepest plane": swamped}, floor=1e-9)["filtering over deepest plane"]
+    assert mixed.label == INCONCLUSIVE and "decides its direction" in mixed.reason
     with pytest.raises(ValueError):
         filtering_verdicts({"per-head": per_head}, floor=1e-9)

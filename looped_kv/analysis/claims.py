@@ -60,6 +60,7 @@ from looped_kv.analysis.verdicts import (
     discrimination,
     model_check,
     nonzero_in_resamples,
+    same_direction,
     varies,
     verdict,
 )
@@ -410,17 +411,23 @@ def filtering_verdicts(kl: Mapping[str, np.ndarray], floor: float) -> dict[str, 
     resolved = {name: above_floor(np.asarray(v, dtype=float), floor, f"the {name} arm's KLs")
                 for name, v in kl.items()}
 
-    def checked(*names: str):
-        return discrimination(*(resolved[n] for n in names))
+    def checked(a: np.ndarray, b: np.ndarray, what: str, *names: str):
+        return discrimination(*(resolved[n] for n in names), same_direction(a, b, what))
 
-    both = x["per-head and deepest plane"]
+    both, added = x["per-head and deepest plane"], x["per-head"] + x["deepest plane"]
     return {
-        "filtering over deepest plane": verdict(FILTERING_OVER_DEEPEST, x["per-head"], x["deepest plane"],
-                                                units="texts", discrimination=checked("per-head", "deepest plane")),
-        "costs add": verdict(COSTS_ADD, both, x["per-head"] + x["deepest plane"], units="texts",
-                             discrimination=checked("per-head", "deepest plane", "per-head and deepest plane")),
+        "filtering over deepest plane": verdict(
+            FILTERING_OVER_DEEPEST, x["per-head"], x["deepest plane"], units="texts",
+            discrimination=checked(x["per-head"], x["deepest plane"], "filtering over the deepest plane", "per-head",
+                                   "deepest plane")),
+        "costs add": verdict(COSTS_ADD, both, added, units="texts",
+                             discrimination=checked(both, added, "both over their sum", "per-head", "deepest plane",
+                                                    "per-head and deepest plane")),
         "per-head over top-k": verdict(PER_HEAD_OVER_TOP_K, x["per-head"], x["top-k"], units="texts",
-                                       discrimination=checked("per-head", "top-k")),
+                                       discrimination=checked(x["per-head"], x["top-k"], "per-head over top-k",
+                                                              "per-head", "top-k")),
         "later selection": verdict(LATER_SELECTION, x["per-head, later loop"], x["per-head"], units="texts",
-                                   discrimination=checked("per-head", "per-head, later loop")),
+                                   discrimination=checked(x["per-head, later loop"], x["per-head"],
+                                                          "later over earlier selection", "per-head",
+                                                          "per-head, later loop")),
     }

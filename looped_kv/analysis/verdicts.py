@@ -428,6 +428,19 @@ def above_floor(values: ArrayLike, floor: float, name: str, minimum: float = MIN
                  f"only {frac:.0%} of {name} lie above the float floor {floor:.3g} (need {minimum:.0%})")
 
 
+def same_direction(a: ArrayLike, b: ArrayLike, name: str) -> Check:
+    """A ratio verdict over units (the geometric mean of per-unit ratios a / b) and the ratio of the arms' means point
+    the same way: when they do not, a few units decide the mean and many the per-unit ratios, and the comparison's
+    direction depends on what it averages over."""
+    x, y = np.asarray(a, dtype=float).reshape(-1), np.asarray(b, dtype=float).reshape(-1)
+    per_unit = float(np.exp(np.mean(np.log(x / y))))
+    of_means = float(x.mean() / y.mean())
+    return Check(f"{name}: per-unit ratios and the ratio of means agree in direction",
+                 (per_unit - 1) * (of_means - 1) > 0,
+                 f"{name}: the per-unit ratios' geometric mean is {per_unit:.3g} and the ratio of the means "
+                 f"{of_means:.3g}, so what the comparison averages over decides its direction")
+
+
 def discrimination(*checks: Check) -> Discrimination:
     """Bundle checks; a verdict given a failing bundle is ``inconclusive`` with the failures as the reason."""
     return Discrimination(tuple(checks))
