@@ -194,6 +194,22 @@ def test_interaction_verdict_refuses_carried_cells_capped_by_the_token_budget():
     assert "token budget" not in bench.interaction_verdict(roomy).reason
 
 
+def test_acceptance_falls_with_temperature_and_temperature_zero_is_greedy():
+    """Chapter 5's temperature section: tau of each method at each temperature, greedy at 0, seeded rows."""
+    model = random_model("huginn", seed=2)
+    methods = bench.method_configs(draft_loops=2, gamma=3)
+    methods = {key: methods[key] for key in ("self-spec", "mature-spec")}
+    runs = bench.acceptance_by_temperature(model, prompts(model), methods, 8, temperatures=(0, 1.0))
+    assert sorted(runs["temperature"].unique()) == [0.0, 1.0] and len(runs) == 2 * 2 * 3
+    greedy = bench.acceptance_runs(model, prompts(model), methods, 8)
+    zero = runs[runs["temperature"] == 0].drop(columns="temperature").reset_index(drop=True)
+    pd.testing.assert_frame_equal(zero, greedy)
+    again = bench.acceptance_by_temperature(model, prompts(model), methods, 8, temperatures=(1.0,))
+    assert again["tau"].tolist() == runs[runs["temperature"] == 1.0]["tau"].tolist()  # seeded
+    with pytest.raises(ValueError, match="temperatures must be numbers >= 0"):
+        bench.acceptance_by_temperature(model, prompts(model), methods, 8, temperatures=(-1,))
+
+
 def test_every_profile_gives_the_carried_cells_room_to_verify():
     """Chapter 6's tiny profile decoded 24 tokens per prompt against w = 25, so the E_cKV verdict was undecidable by
     design: every profile a reader runs must leave room for MIN_VERIFICATIONS verifications at the ceiling w."""

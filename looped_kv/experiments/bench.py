@@ -179,6 +179,22 @@ def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Ha
     return pd.DataFrame(rows)
 
 
+def acceptance_by_temperature(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict],
+                              max_new_tokens: int, temperatures: Sequence[float], seed: int = 0,
+                              rows_per_chunk: int | None = None) -> pd.DataFrame:
+    """:func:`acceptance_runs` of every method at each of ``temperatures`` (0: greedy decoding), sampling with
+    ``seed`` (row i draws with seed + i): speculative sampling keeps the verifier's distribution, so a draft is
+    accepted with probability min(1, p / q) and tau falls as the distributions spread. One row per (temperature,
+    prompt, method)."""
+    if not temperatures or any(not (isinstance(t, int | float) and 0 <= t < float("inf")) for t in temperatures):
+        raise ValueError(f"temperatures must be numbers >= 0, got {list(temperatures)}")
+    runs = [acceptance_runs(model, prompts, {key: {**config, "temperature": float(t), "seed": seed}
+                                             for key, config in methods.items()},
+                            max_new_tokens, rows_per_chunk=rows_per_chunk).assign(temperature=float(t))
+            for t in temperatures]
+    return pd.concat(runs, ignore_index=True)
+
+
 def warm_up(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
             progress: bool = False) -> None:
     """Trace every method's compiled steps for every cache capacity the prompts need (one prompt per capacity
