@@ -205,6 +205,36 @@ Markdown(
 # and
 # 5.1), where the example batches use 6 to 8 short ones.
 #
+# The DAS paper's decoding workloads are four tasks, each with its own prompt convention
+# and cap on generated tokens (DAS Table 4, Appendix A.1). The package formats two of
+# them in those conventions for the real checkpoints (`looped_kv.workloads.formats`:
+# GSM8K from its hub rows with eight worked shots, MBPP as code completion); the tiny
+# model decodes generated workloads instead. The table sets the paper's caps beside the
+# tokens the real checkpoints' profile decodes per timed prompt in chapters 5 and 6.
+
+# %%
+from IPython.display import display
+
+from looped_kv import book, papers, profiles
+from looped_kv.workloads import formats
+
+HUGINN_PROFILE = profiles.HUGINN_0125
+timed = {"ch05": HUGINN_PROFILE.ch05.new_tokens, "ch06": HUGINN_PROFILE.ch06.new_tokens}
+table4 = pd.DataFrame.from_dict(
+    {task: {"cap (new tokens)": cap, "prompt convention": convention,
+            "formatted here": task.lower().replace("-", "") in formats.DATASETS,
+            **{f"{HUGINN_PROFILE.name} {ch} tokens": n for ch, n in timed.items()}}
+     for task, (cap, convention) in papers.DAS_TABLE_4.items()}, orient="index")
+display(book.table(table4, caption="DAS Table 4 (the paper) and the package"))
+longest = max(timed.values())
+shares = [longest / cap for cap, _ in papers.DAS_TABLE_4.values()]
+Markdown(
+    f"A timed prompt of the {HUGINN_PROFILE.name} profile decodes at most {longest} "
+    f"tokens, {min(shares):.0%} to {max(shares):.0%} of the paper's caps: enough to "
+    "measure a speed-up, far less than the paper lets a generation run before its "
+    "end-of-text or stop condition.")
+
+# %% [markdown]
 # A batch on a real checkpoint is a new pre-registration: copy an example spec
 # (`looped_kv/batch_specs/regions.yaml` or `windows.yaml`) and its prompt file into a
 # folder, set `model: tomg-group-umd/huginn-0125` with `revision:` the commit to

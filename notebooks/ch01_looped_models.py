@@ -49,7 +49,7 @@ import torch
 from IPython.display import display
 
 import looped_kv
-from looped_kv import book, papers, profiles, workloads
+from looped_kv import book, papers, profiles, prose, workloads
 from looped_kv.analysis import verdicts as V
 from looped_kv.analysis.depth import (
     DEPTH_BUCKETS,
@@ -98,11 +98,14 @@ book.md(
 #
 # The table compares the model at hand with the public families whose shapes the
 # package knows from their configs: Huginn-0125, trained as a looped model from scratch,
-# the two Raven retrofits of pretrained models, Raven-Llama (Llama-3.2 1B) and
-# Raven-OLMo (OLMo-2 1B), and Ouro-1.4B, which loops its whole stack of layers from the
-# token embedding, with no prelude, coda or adapter. The tiny model has Huginn's
-# structure: sandwich blocks, an adapter over $[s, P(x)]$, a random initial state and
-# $R = 32$ at inference. It is much smaller.
+# the three Raven retrofits of pretrained models that the DAS paper evaluates,
+# Raven-Llama (Llama-3.2 1B), Raven-OLMo (OLMo-2 1B) and Raven-TinyLlama (TinyLlama
+# 1.1B), and Ouro-1.4B, which loops its whole stack of layers from the token embedding,
+# with no prelude, coda or adapter. The tiny model has Huginn's structure: sandwich
+# blocks, an adapter over $[s, P(x)]$, a random initial state and $R = 32$ at
+# inference. It is much smaller. The column "DAS Table 3" holds the layer counts and
+# recurrence the DAS paper prints for its four checkpoints, (prelude, core, coda, $R$),
+# and the cell under the table checks them against the configs.
 
 
 # %%
@@ -126,6 +129,7 @@ public = {
     papers.HUGINN: looped_kv.huginn_0125(),
     papers.RAVEN_LLAMA: looped_kv.raven_llama(),
     papers.RAVEN_OLMO: looped_kv.raven_olmo(),
+    papers.RAVEN_TINYLLAMA: looped_kv.raven_tinyllama(),
 }
 params = sum(p.numel() for p in model.parameters())
 known = public | {  # DAS Table 6 has no Ouro or Parcae
@@ -139,7 +143,23 @@ architectures = pd.DataFrame.from_dict(
     {"this model": shape(cfg, params)} | {name: shape(c) for name, c in known.items()},
     orient="index",
 )
+printed3 = {name: ", ".join(map(str, row)) for name, row in papers.DAS_TABLE_3.items()}
+architectures["DAS Table 3"] = pd.Series(printed3)
 book.table(architectures)
+
+# %% tags=["remove-input"]
+for name, row in papers.DAS_TABLE_3.items():  # the configs are the printed checkpoints
+    c = public[name]
+    assert (c.n_prelude, c.n_core, c.n_coda, c.mean_recurrence) == row, name
+passes = {m: c.layer_passes(c.mean_recurrence) for m, c in public.items()}
+deepest = max(passes, key=passes.get)
+book.md(
+    f"The configs reproduce all {len(papers.DAS_TABLE_3)} rows of DAS Table 3. At "
+    f"$R = {public[deepest].mean_recurrence}$ loops, {deepest}'s "
+    f"{public[deepest].n_core} core layers make it the deepest of the four: "
+    f"{passes[deepest]} layer passes per token, against "
+    + prose.listing(f"{n} for {m}" for m, n in passes.items() if m != deepest)
+    + " (RIPE Eq. 8's $c(R)$).")
 
 # %% [markdown]
 # ## One token's journey, piece by piece
@@ -251,7 +271,7 @@ for policy_name in (
 book.table(memory, percent=("deepest / full",))
 
 # %% tags=["remove-input"]
-huginn, llama, olmo = (memory.loc[n] for n in public)
+huginn, llama, olmo = (memory.loc[n] for n in list(public)[:3])
 book.md(
     f"In bf16, Huginn-0125 stores {huginn['full KB/token']:,.0f} KB per token with the "
     "full "

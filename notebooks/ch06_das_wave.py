@@ -57,7 +57,7 @@ import torch
 from IPython.display import display
 
 import looped_kv
-from looped_kv import book, papers, profiles, workloads
+from looped_kv import book, papers, profiles, prose, workloads
 from looped_kv.analysis.verdicts import (
     CEILING_MARGIN,
     MIN_UNITS,
@@ -67,7 +67,7 @@ from looped_kv.analysis.verdicts import (
 )
 from looped_kv.decoding.core import accept, new_cache, prefill
 from looped_kv.decoding.das_wave import DEEP_KV, refine
-from looped_kv.experiments import bench
+from looped_kv.experiments import bench, components
 from looped_kv.runtime.policy import make_policy
 from looped_kv.workloads import data
 
@@ -155,7 +155,8 @@ book.md(f"In this block the verifier accepts {accepted} of the {w} proposals"
 # bootstrap interval, $A$ is the mean number of accepted drafts per verification (Eq.
 # 9), $G$ the mean number of committed tokens per verification (Eq. 10), and beside them
 # the fraction of each method's ceiling that its $\tau$ (sequential drafters: $\gamma +
-# 1$) or $A$ (DAS-Wave: $w$) reaches.
+# 1$) or $A$ (DAS-Wave: $w$) reaches. The paper's Huginn rows follow, with the 95%
+# intervals of its Table 13 (a paired prompt bootstrap, as here).
 
 # %%
 eval_prompts = {w: workloads.prompt_ids(model, profile, w, P.acceptance_prompts)
@@ -170,11 +171,36 @@ book.table(table1, digits=3, percent=("of ceiling",))
 DAS_ROWS = {"pld": "PLD", "self-spec": "Self-speculative", "mature-spec": "Mature-Spec",
             "das-wave": "DAS-Wave"}  # ours: DAS Table 1's
 HUGINN1 = papers.DAS_TABLE_1[papers.HUGINN]  # DAS Table 1, Huginn rows: (speed-up, A)
+HUGINN13 = papers.DAS_TABLE_13[papers.HUGINN]  # DAS Table 13: their 95% intervals
+TASKS = papers.DAS_TABLE_1_TASKS
 paper_table1 = pd.DataFrame(
-    {f"{task} {column}": [HUGINN1[row][task][i] for row in DAS_ROWS.values()]
-     for task in ("GSM8K", "HumanEval") for i, column in enumerate(("speed-up", "A"))},
+    {(task, column): [(HUGINN1[row][task][0], *HUGINN13[row][TASKS.index(task)],
+                       HUGINN1[row][task][1])[i] for row in DAS_ROWS.values()]
+     for task in ("GSM8K", "HumanEval")
+     for i, column in enumerate(("speed-up", "low", "high", "A"))},
     index=[bench.label(m) for m in DAS_ROWS])
-book.table(paper_table1, caption="DAS Table 1, Huginn-0125 (the paper)")
+book.table(paper_table1, caption="DAS Tables 1 and 13, Huginn-0125 (the paper)")
+
+# %% tags=["remove-input"]
+
+
+def half_width(point: float, low: float, high: float) -> float:
+    """An interval's half-width as a fraction of its point."""
+    return (high - low) / 2 / point
+
+
+paper_widths = [half_width(HUGINN1[m][t][0], *HUGINN13[m][i])
+                for m in HUGINN13 for i, t in enumerate(TASKS)]
+ours = table1[table1["low"] < table1["high"]]  # greedy's own ratio has no interval
+our_widths = [half_width(r["speed-up"], r["low"], r["high"])
+              for _, r in ours.iterrows()]
+book.md(
+    "DAS Table 13's intervals on Huginn span a median "
+    f"±{np.median(paper_widths):.1%} of their points (all {len(paper_widths)} "
+    "method-task cells); this chapter's, over "
+    f"{P.timing_prompts} timed prompts per workload, ±{np.median(our_widths):.1%}, "
+    f"{np.median(our_widths) / np.median(paper_widths):.1f} times as wide: the "
+    "uncertainty a difference between two decoders has to clear here.")
 
 # %% [markdown]
 # ## $A$ and $G$ against the ceiling
@@ -285,6 +311,84 @@ book.md(
     + "; the full decoder (carry, deep K/V) commits "
     + ", ".join(f"{factorial.loc[(1, 1, 1), w]:.1f}" for w in data.WORKLOADS)
     + f", of at most $w = {w_wave}$.")
+
+# %% [markdown]
+# ## The components timed, and the retuned controls (DAS Tables 8 and 10)
+#
+# The factorial above counts committed tokens; DAS Table 8 times the components in a
+# session of their own, each against its own paired greedy run: sequential drafting
+# with aligned and with deep K/V reads (at chapter 5's draft depth and block), parallel
+# refinement without carry, and with carry under aligned, deep V and deep K/V reads (at
+# DAS-Wave's schedule; the last is DAS-Wave). DAS Table 10 then asks whether the weaker
+# carried policies close their gap with a schedule of their own: retuned on GSM8K, they
+# stay below DAS-Wave on both models. The same session here times the seven components
+# and the two carried controls at the schedules the paper retuned them to on Huginn
+# (`components.component_configs`, `components.retuned_configs`), on a few word
+# problems decoded alone. This model was not retuned for, so the controls show what
+# the paper's Huginn schedules do here, not what a retuning would find, and with so few
+# timed prompts the session is a description.
+
+# %%
+TASKS8, INTERVAL = papers.DAS_TABLE_8_TASKS, ("speed-up", "low", "high")
+paper8 = pd.DataFrame({
+    (m, *row): {(task, column): value
+                for task, cell in zip(TASKS8, cells, strict=True)
+                for column, value in zip(INTERVAL, cell, strict=True)}
+    for m, rows in papers.DAS_TABLE_8.items() for row, cells in rows.items()}).T
+paper8 = paper8.rename_axis(["model", "procedure", "prefix"])
+display(book.table(paper8, caption="DAS Table 8: fixed-setting components (the paper)"))
+paper10 = pd.DataFrame({(m, policy): dict(zip(papers.DAS_TABLE_10_COLUMNS, row,
+                                              strict=True))
+                        for m, rows in papers.DAS_TABLE_10.items()
+                        for policy, row in rows.items()}).T
+paper10 = paper10.rename_axis(["model", "prefix"])
+display(book.table(paper10, caption="DAS Table 10: retuned carried controls, GSM8K "
+                                    "(the paper)"))
+session_methods = {**components.component_configs(SEQ.draft_loops, SEQ.gamma),
+                   **components.retuned_configs(papers.HUGINN)}
+session = bench.run_paired(model, eval_prompts["problems"][:P.timing_prompts],
+                           session_methods, P.new_tokens, progress=False,
+                           repeats=P.timing_repeats)
+session_table = bench.summarize(session)[["speed-up", "low", "high", "A", "G"]]
+huginn8 = {components.component_name(row): cells[0][0]  # Huginn GSM8K points
+           for row, cells in papers.DAS_TABLE_8[papers.HUGINN].items()}
+huginn8 |= {name: papers.DAS_TABLE_10[papers.HUGINN][policy][
+    papers.DAS_TABLE_10_COLUMNS.index("speed-up")]
+    for name, policy in zip(components.retuned_configs(), papers.DAS_TABLE_10[
+        papers.HUGINN], strict=True)}
+session_table["Huginn GSM8K (paper)"] = pd.Series(huginn8)
+book.table(session_table, caption=f"This model: one timing session, "
+                                  f"{P.timing_prompts} word problems decoded alone")
+
+# %% tags=["remove-input"]
+seven = session_table.loc[list(huginn8)[:len(components.COMPONENTS)]]
+rank = seven["speed-up"].rank().corr(seven["Huginn GSM8K (paper)"].rank())
+fastest = seven["speed-up"].idxmax()
+slow_here = [n for n in seven.index if seven.loc[n, "speed-up"] < 1]
+slow_paper = [n for n in seven.index if seven.loc[n, "Huginn GSM8K (paper)"] < 1]
+wave_name = components.component_name(("Parallel + carry", "Deep K/V"))  # DAS-Wave
+controls = session_table.loc[list(components.retuned_configs())]
+below = [n for n in controls.index
+         if controls.loc[n, "speed-up"] < session_table.loc[wave_name, "speed-up"]]
+book.md(
+    f"On Huginn/GSM8K the fastest of the seven components is "
+    f"{seven['Huginn GSM8K (paper)'].idxmax()}; slower than greedy decoding are "
+    f"{prose.listing(slow_paper) or 'none'}. Here the fastest is {fastest}; slower "
+    f"than greedy decoding {'is' if len(slow_here) == 1 else 'are'} "
+    f"{prose.listing(slow_here) or 'none'}. The rank correlation of the seven "
+    f"speed-ups with Huginn's is {rank:+.2f} (Spearman, "
+    f"{len(seven)} components): "
+    + ("the components order roughly as on Huginn." if rank >= 0.5 else
+       "the components do not order as on Huginn.")
+    + f" At the paper's retuned Huginn schedules, {len(below)} of the "
+    f"{len(controls)} carried controls {'stays' if len(below) == 1 else 'stay'} "
+    "below DAS-Wave's "
+    f"{session_table.loc[wave_name, 'speed-up']:.2f}x in this session ("
+    + "; ".join(f"{n}: {controls.loc[n, 'speed-up']:.2f}x, $A$ = "
+                f"{controls.loc[n, 'A']:.1f}" for n in controls.index)
+    + "); on Huginn the retuned controls reached "
+    + " and ".join(f"{huginn8[n]:.2f}x" for n in controls.index)
+    + f" against DAS-Wave's {HUGINN1['DAS-Wave']['GSM8K'][0]:.2f}x (Table 1).")
 
 # %% [markdown]
 # ## The refinement budget (DAS Tables 11 and 12)

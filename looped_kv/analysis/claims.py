@@ -17,6 +17,8 @@
 * RIPE Eq. (6) (:func:`eq6_verdict`): each text's predicted deepest-plane KL against its measured one, within the
   factor of two the paper found.
 * DAS Table 6 (:data:`MATURE_V_OVER_ALIGNED`): Mature-V against aligned reads at d = 1.
+* RIPE Sec. 3.3 and Table 1 (:func:`acceptance_prediction_verdict`): Eq. (7) at one measurement's alpha_d
+  predicts a decoder's tau within 6%, every cell.
 * RIPE Sec. 3.5 and 5.3 (:func:`memory_model_verdict`, :func:`throughput_verdict`, :func:`fixed_memory_verdict`):
   chapter 7's model checks, each with its n.
 
@@ -70,6 +72,7 @@ from looped_kv.papers import (
     RIPE_SEC_3_2_EQ_6_FACTOR,
     RIPE_SEC_3_5_MEMORY,
     RIPE_SEC_5_2,
+    RIPE_TABLE_1,
     RIPE_TABLE_6_THRESHOLDS,
     RIPE_TABLE_8,
     ripe_table_6,
@@ -319,6 +322,24 @@ MATURE_V_OVER_ALIGNED = Claim(
     "drafts", f"DAS Sec. 3.1, Table 6 (Huginn {_HUGINN6['Aligned'][0]:.0%} to {_HUGINN6['Deep V'][0]:.0%})",
     minimum=BOOK_MINIMUM["share"], minimum_source="the book's smallest effect for a share")
 
+
+
+# -- RIPE Sec. 3.3 and Table 1: the acceptance model out of sample ------------------------------------------------
+
+_HELD_OUT = RIPE_TABLE_1["acceptance, held-out error"]
+#: RIPE Sec. 3.3 and Table 1 ("Acceptance", held out): Eq. (7) at the acceptance one experiment measures predicts the
+#: tokens per verification another, real decoder measures within 6%.
+ACCEPTANCE_PREDICTION = Claim(
+    "Eq. (7) at the acceptance alpha_d of one measurement predicts the tokens per verification a decoder measures",
+    "RIPE Sec. 3.3, Table 1", expects="none", scale="log-ratio", minimum=1 + _HELD_OUT,
+    minimum_source=f"RIPE Table 1's held-out error (within {_HELD_OUT:.0%})")
+
+
+def acceptance_prediction_verdict(predicted: Sequence[float], measured: Sequence[float],
+                                  units: str = "decoder cells") -> Verdict:
+    """:data:`ACCEPTANCE_PREDICTION` as a model check: each cell's predicted tau against its measured one, every cell
+    within RIPE's 6% (:func:`~looped_kv.analysis.verdicts.model_check`)."""
+    return model_check(ACCEPTANCE_PREDICTION, predicted, measured, units=units)
 
 # -- RIPE Sec. 3.5 and 5.3: chapter 7's model checks ---------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 analysis, workloads).
 
 * :mod:`~looped_kv.experiments.bench`: speed-ups of every decoder over paired greedy decoding (``looped-kv bench``);
+* :mod:`~looped_kv.experiments.components`: DAS's component diagnostics (Tables 7, 8, 10 and 14): their decoder
+  configurations, the Deep K/V over Deep V verdicts, and draft time alone;
 * :mod:`~looped_kv.experiments.speed`: decoding speed against the public reference code, every method eager and
   compiled (``looped-kv speed``);
 * :mod:`~looped_kv.experiments.pass_cost`: the time of one model pass against its tokens, loops and context, fitted
