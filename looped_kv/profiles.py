@@ -111,6 +111,7 @@ class Ch05:
     timing_prompts: int = 4  # per workload, each decoded alone (a speed verdict needs 16, timed in repeats)
     timing_repeats: int = 1  # interleaved timing rounds per prompt (a speed verdict needs 2)
     new_tokens: int = 32  # per timing run
+    temperatures: tuple[float, ...] = (0.0, 0.5, 1.0)  # acceptance under speculative sampling (0: greedy)
 
 
 @dataclass(frozen=True)
