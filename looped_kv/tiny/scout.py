@@ -113,10 +113,20 @@ RECIPES["value-first-drills"] = (
     "the lookups by name with full-size drills from its first step, as multi-lookup had before lookup-drills grew "
     "the drills from 2-4 names",
     ["--chain-layout", "lookup", "--value-first", "--start-depth", "1", "--depth-step", "1", "--mix", "0", "0", "1"])
+#: The value-first-drills run's end, two more sittings of its drills: value-first lookups by name learned
+#: (``checkpoints/tiny-value-first``).
+VALUE_FIRST_RUN = Path("checkpoints/tiny-value-first")
+RECIPES["value-first-then-multi-all"] = (
+    "value-first with the lookups by name learned first (value-first-drills and two more sittings of drills): "
+    "multichain programs that ask every variable alternating with full-size drills, bindings written value first, "
+    "the curriculum restarted at depth 2, the shipped mix, 5% of steps at 64 loops",
+    ["--chain-layout", "multi-all", "--value-first", "--deep-share", "0.05", "--start-depth", "2", "--depth-step",
+     "2", "--mix", "0.2", "0.2", "0.6", "--mix-from-depth", "1"])
 STARTS = {**{name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
                                          "lookup-drills")},
           **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")},
-          **{name: MULTI_RUN for name in ("value-first", "value-first-drills")}}
+          **{name: MULTI_RUN for name in ("value-first", "value-first-drills")},
+          "value-first-then-multi-all": VALUE_FIRST_RUN}
 
 
 def earns_long_run(record: dict, margin: float = 0.05) -> bool:
