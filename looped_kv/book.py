@@ -254,7 +254,7 @@ def table(frame: pd.DataFrame | pd.Series, digits: int = 3, percent: tuple[str, 
 
 #: The book's executed pages, in reading order (``_toc.yml``'s notebooks).
 NOTEBOOKS = ("ch01_looped_models", "ch02_ripening", "ch03_prefix_kv_late", "ch04_ripe", "ch05_mature_v",
-             "ch06_das_wave", "ch07_memory_throughput", "appendix_training", "appendix_gpu")
+             "ch06_das_wave", "ch07_memory_throughput", "ch08_adaptive_depth", "appendix_training", "appendix_gpu")
 
 
 def _cells(notebook: Path) -> list[dict]:

@@ -146,6 +146,25 @@ class Ch07:
 
 
 @dataclass(frozen=True)
+class Ch08:
+    """Adaptive depth: exit loops, chain answers and text continuations per exit criterion against full depth, what
+    exited tokens leave in a share(k) cache under both read policies, and a timing that illustrates."""
+
+    chain_programs: int = 64  # evaluation chain programs: answers at every loop (teacher-forced) and decoded
+    chain_tokens: int = 256  # the longest chain program with its query, in tokens (the plan charges every one this)
+    prompts_per_workload: int = 8  # problems and code prompts, decoded as one batch per exit rule
+    new_tokens: int = 32
+    #: thresholds swept per criterion (each list holds the reference code's default), on the chains' answers
+    sweep: dict = field(default_factory=lambda: {"kl": (1e-1, 1e-2, 1e-3, 1e-4, 1e-5),
+                                                 "latent": (0.3, 0.1, 0.03, 0.01, 0.003)})
+    fixed_loops: tuple[int, ...] = (2, 4, 8, 16, 24)  # fixed exits below R: every token at one depth
+    share_k: int = 4  # the share(k) cache under which the two read policies of exited tokens differ
+    timing_prompts: int = 3  # word problems, each decoded alone (a speed verdict needs 16, timed in repeats)
+    timing_repeats: int = 1  # interleaved timing rounds per prompt (a speed verdict needs 2)
+    timing_tokens: int = 32
+
+
+@dataclass(frozen=True)
 class Profile:
     """Sizes of every chapter for one model, and the precision decoding runs in."""
 
@@ -161,9 +180,10 @@ class Profile:
     ch05: Ch05 = field(default_factory=Ch05)
     ch06: Ch06 = field(default_factory=Ch06)
     ch07: Ch07 = field(default_factory=Ch07)
+    ch08: Ch08 = field(default_factory=Ch08)
 
     def chapters(self) -> dict[str, object]:
-        return {f"ch0{i}": getattr(self, f"ch0{i}") for i in range(1, 8)}
+        return {f"ch0{i}": getattr(self, f"ch0{i}") for i in range(1, 9)}
 
 
 TINY = Profile("tiny", "float32")
@@ -186,6 +206,8 @@ SMOKE = Profile(
               sweep={"updates": (1, 2), "gamma": (4,), "initial_width": (1, 2)}),
     ch07=Ch07(check_rows=2, batch_sizes=(1, 2), memory_batch_sizes=(1, 2, 3), new_tokens=6, prompts=3,
               draft_loops=2),
+    ch08=Ch08(chain_programs=4, prompts_per_workload=2, new_tokens=6, fixed_loops=(1, 2, 3), share_k=2,
+              timing_prompts=1, timing_tokens=6),
 )
 
 #: Huginn-0125 on one 40 GB GPU (A100-40GB), on the papers' workloads: bf16 decoding in row chunks of 4 rows from
@@ -208,6 +230,7 @@ HUGINN_0125 = Profile(
     ch06=Ch06(acceptance_prompts=32, acceptance_tokens=128, timing_prompts=16, timing_repeats=2, new_tokens=128,
               sweep_prompts=16),
     ch07=Ch07(batch_sizes=(1, 2, 3, 4, 5), memory_batch_sizes=(1, 2, 3, 4, 5), new_tokens=64, prompts=32),
+    ch08=Ch08(chain_programs=256, prompts_per_workload=32, new_tokens=128, timing_prompts=4, timing_tokens=128),
 )
 #: The Raven retrofits (Llama-3.2 1B, OLMo-2 1B, TinyLlama 1.1B): smaller, so the same sizes with longer replays.
 RAVEN = replace(HUGINN_0125, name="raven", ch02=replace(HUGINN_0125.ch02, length=512))
@@ -218,7 +241,8 @@ OURO = replace(RAVEN, name="ouro-1.4b",
                ch01=replace(RAVEN.ch01, loops=(1, 2, 3, 4, 6, 8), shallow_loops=2, draft_depths=(1, 2, 3)),
                ch04=replace(RAVEN.ch04, draft_loops=2),
                ch05=replace(RAVEN.ch05, draft_loops=2, draft_depths=(1, 2, 3)),
-               ch07=replace(RAVEN.ch07, draft_loops=2))
+               ch07=replace(RAVEN.ch07, draft_loops=2),
+               ch08=replace(RAVEN.ch08, fixed_loops=(1, 2, 3), share_k=2))
 
 #: Parcae (R = 8 loops of 2-8 core layers; Prairie et al., 2026): Raven's sizes, loop counts up to twice R, the
 #: shallow side of every comparison and the drafts at 2 of the 8 loops (a quarter of R, as Ouro's 2 of 4), draft
@@ -227,7 +251,8 @@ PARCAE = replace(RAVEN, name="parcae-140m",
                  ch01=replace(RAVEN.ch01, loops=(1, 2, 4, 6, 8, 12, 16), shallow_loops=2, draft_depths=(1, 2, 4)),
                  ch04=replace(RAVEN.ch04, draft_loops=2),
                  ch05=replace(RAVEN.ch05, draft_loops=2, draft_depths=(1, 2, 4)),
-                 ch07=replace(RAVEN.ch07, draft_loops=2))
+                 ch07=replace(RAVEN.ch07, draft_loops=2),
+                 ch08=replace(RAVEN.ch08, fixed_loops=(1, 2, 4, 6), share_k=2))
 
 
 def _cpu(profile: Profile) -> Profile:
@@ -240,7 +265,8 @@ def _cpu(profile: Profile) -> Profile:
                    ch02=Ch02(), ch03=Ch03(),
                    ch04=replace(Ch04(), draft_loops=p.ch04.draft_loops, stop_at_eos=True),
                    ch05=replace(Ch05(), draft_loops=p.ch05.draft_loops, draft_depths=p.ch05.draft_depths),
-                   ch06=Ch06(), ch07=replace(Ch07(), draft_loops=p.ch07.draft_loops))
+                   ch06=Ch06(), ch07=replace(Ch07(), draft_loops=p.ch07.draft_loops),
+                   ch08=replace(Ch08(), fixed_loops=p.ch08.fixed_loops, share_k=p.ch08.share_k))
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def test_outside_colab_the_first_cell_does_nothing(monkeypatch, capsys, no_setti
     (profiles.Gpu("NVIDIA H100 80GB HBM3", 85.0, True), "tomg-group-umd/huginn-0125", "huginn-0125-80gb", True),
 ])
 def test_the_default_model_fits_every_card(gpu, model, profile, fits, no_settings):
-    for chapter in ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07"):
+    for chapter in ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08"):
         run = book.choose_run(chapter, gpu)
         assert (run.source, run.profile.name, run.fits) == (model, profile, fits), chapter
 

@@ -40,6 +40,7 @@ PROFILE = replace(
     ch05=replace(H.ch05, agreement_prompts=6, agreement_tokens=8, acceptance_prompts=6, acceptance_tokens=8),
     ch06=replace(H.ch06, acceptance_prompts=6, acceptance_tokens=8),
     ch07=replace(H.ch07, batch_sizes=(1, 6), memory_batch_sizes=(6,), new_tokens=8),
+    ch08=replace(H.ch08, chain_programs=6, chain_tokens=40, prompts_per_workload=6, new_tokens=8),
 )
 
 
@@ -57,7 +58,8 @@ def t4_scaled(profile: profiles.Profile, R: int, wave_prompts: int) -> profiles.
                      acceptance_prompts=2, acceptance_tokens=6),
         ch05=replace(p.ch05, agreement_prompts=2, agreement_tokens=6, acceptance_prompts=2, acceptance_tokens=6),
         ch06=replace(p.ch06, acceptance_prompts=wave_prompts, acceptance_tokens=6),
-        ch07=replace(p.ch07, batch_sizes=(1, 4), memory_batch_sizes=(4,), new_tokens=8))
+        ch07=replace(p.ch07, batch_sizes=(1, 4), memory_batch_sizes=(4,), new_tokens=8),
+        ch08=replace(p.ch08, chain_programs=4, chain_tokens=48, prompts_per_workload=4, new_tokens=8))
 
 
 #: Scaled-down random models (config, profile): Huginn-0125 at its 40 GB profile; Ouro-1.4B (MHA, the whole stack
@@ -107,7 +109,7 @@ def test_plan_check_records_a_run_and_checks_its_options(tmp_path, capsys):
     (row,) = record["chapters"]
     assert row["chapter"] == "ch07" and row["measured bytes"] > 0 and 0.5 < row["predicted / measured"] < 2
     for argv, message in ((["--model", "huginn"], "--model must be one of"),
-                          (["--chapters", "ch08"], "--chapters must be among"),
+                          (["--chapters", "ch09"], "--chapters must be among"),
                           (["--profile", "t4"], "--profile must be one of"),
                           (["--device", "cuda:7"], "--device")):
         assert main(["plan-check", *argv]) == 2
@@ -136,7 +138,7 @@ def test_plan_check_runs_an_ouro_config_on_the_cpu_at_a_small_profile(tmp_path, 
 def test_huginn_fits_a_40gb_gpu_and_not_a_16gb_one(capsys):
     assert main(["plan", "--model", "huginn-0125", "--gpu-memory", "40"]) == 0
     out = capsys.readouterr().out
-    assert out.count(" yes ") == 7 and " NO " not in out
+    assert out.count(" yes ") == 8 and " NO " not in out
     assert main(["plan", "--model", "huginn-0125", "--gpu-memory", "16"]) == 1  # a Colab T4: refused, by chapter
     assert "ch02, ch03, ch04, ch07 need more than 16 GB" in capsys.readouterr().out
 
@@ -146,7 +148,7 @@ def test_ouro_and_raven_tinyllama_fit_a_16gb_t4(model, capsys):
     """A free Colab T4: every chapter fits, at the model's T4 profile (float16)."""
     assert main(["plan", "--model", model, "--gpu-memory", "16"]) == 0
     out = capsys.readouterr().out
-    assert f"at profile {model}-t4 (float16;" in out and out.count(" yes ") == 7 and " NO " not in out
+    assert f"at profile {model}-t4 (float16;" in out and out.count(" yes ") == 8 and " NO " not in out
 
 
 def test_huginn_on_a_24gb_l4_names_each_step_that_does_not_fit(capsys):
@@ -154,7 +156,7 @@ def test_huginn_on_a_24gb_l4_names_each_step_that_does_not_fit(capsys):
     weights beside full caches of 1,536-token prompts; the plan names each step that does not fit."""
     assert main(["plan", "--model", "huginn-0125", "--gpu-memory", "24"]) == 1
     out = capsys.readouterr().out
-    assert "at profile huginn-0125-l4" in out and out.count(" yes ") == 6
+    assert "at profile huginn-0125-l4" in out and out.count(" yes ") == 7
     assert "  does not fit: ch04, replay through the float32 arm (the precision floor), 1 at a time: " in out
     assert "ch04 need more than 24 GB" in out
 

@@ -24,7 +24,7 @@ from looped_kv import profiles
 from looped_kv.decoding.settings import DasWave, SelfSpec
 from looped_kv.profiles import Profile
 from looped_kv.runtime.config import LoopedConfig
-from looped_kv.runtime.memory import element_bytes, m_full, policy_bytes
+from looped_kv.runtime.memory import element_bytes, layer_token_bytes, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
 
@@ -357,7 +357,35 @@ def ch07(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     return ChapterPlan("ch07", sizes, steps)
 
 
-CHAPTERS = {"ch01": ch01, "ch02": ch02, "ch03": ch03, "ch04": ch04, "ch05": ch05, "ch06": ch06, "ch07": ch07}
+def exit_decode_step(config: LoopedConfig, rows: int, prompt: int, new: int, dtype: str | torch.dtype,
+                     policy: CachePolicy | None = None) -> tuple[Held, ...]:
+    """A batch decode with early exit (:mod:`looped_kv.decoding.adaptive`): :func:`decode_step`'s cache and prefill,
+    and the exited rows' keys and values that the prefill holds per core layer, beside the block's own."""
+    held = Held(f"exited rows' keys and values, {rows} x {prompt} tokens",
+                rows * prompt * config.n_core * layer_token_bytes(config, _bytes(dtype)))
+    return (*decode_step(config, rows, prompt, new, dtype, policy=policy), held)
+
+
+def ch08(config: LoopedConfig, profile: Profile) -> ChapterPlan:
+    p, m, R = profile.ch08, profile.dtype, config.mean_recurrence
+    base = (Held(f"{m} weights", weights(config, m)),)
+    rows, n = _chunk(profile, p.chain_programs), p.chain_tokens
+    answers = Step(f"chain answers after every loop, {rows} programs x {n} tokens at a time", (
+        *base, Held("a forward with a readout after every loop, its state and input beside the readout",
+                    forward_peak(config, rows, n, m) + 2 * rows * n * config.n_embd * _bytes(m)),
+        Held("the answers' keys and values of every loop", records(config, rows, 1, R, "kv", "float32"))))
+    chains = Step(f"chain continuations with early exit, {rows} programs",
+                  (*base, *exit_decode_step(config, rows, n, 8, m)))
+    decode = Step(f"continuations with early exit, {p.prompts_per_workload} prompts", (
+        *base, *exit_decode_step(config, _chunk(profile, p.prompts_per_workload), profile.prompt_tokens,
+                                 p.new_tokens, m)))
+    sizes = (f"{p.chain_programs} chain programs x {n} tokens, {rows} at a time; {p.prompts_per_workload} prompts x "
+             f"{p.new_tokens} tokens per workload")
+    return ChapterPlan("ch08", sizes, (answers, chains, decode))
+
+
+CHAPTERS = {"ch01": ch01, "ch02": ch02, "ch03": ch03, "ch04": ch04, "ch05": ch05, "ch06": ch06, "ch07": ch07,
+            "ch08": ch08}
 
 
 def chapter_plans(config: LoopedConfig, profile: Profile) -> dict[str, ChapterPlan]:
@@ -409,12 +437,14 @@ def card_table(card: str) -> pd.DataFrame:
 
 
 def card_markdown(table: pd.DataFrame) -> str:
-    """:func:`card_table` as a Markdown table (GPU GB per chapter; the GPU page includes one per card)."""
+    """:func:`card_table` as a Markdown table (GPU GB per chapter; the GPU page includes one per card). The dtype is
+    left to the changes column (a profile's dtype differs from the 40 GB run's only where it says so), so that eight
+    chapters fit the page's column."""
     chapters = [c for c in table.columns if c in CHAPTERS]
-    head = ["model", "profile", "dtype", *chapters, "fits", "changes from the 40 GB run"]
-    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * 3 + ["---:"] * len(chapters) + ["---"] * 2)
+    head = ["model", "profile", *chapters, "fits", "changes from the 40 GB run"]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * 2 + ["---:"] * len(chapters) + ["---"] * 2)
              + " |"]
-    lines += [f"| {model} | {row['profile']} | {row['dtype']} | " + " | ".join(f"{row[c]:.1f}" for c in chapters)
+    lines += [f"| {model} | {row['profile']} | " + " | ".join(f"{row[c]:.1f}" for c in chapters)
               + f" | {'yes' if row['fits'] else 'no'} | {row['changes from the 40 GB run']} |"
               for model, row in table.iterrows()]
     return "\n".join(lines) + "\n"

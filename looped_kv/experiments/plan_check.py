@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from looped_kv import profiles
 from looped_kv.analysis import measure, plan
+from looped_kv.analysis.adaptive_depth import teacher_forced_exits
 from looped_kv.analysis.claims import ripeness_replays
 from looped_kv.analysis.depth import loss_by_text
 from looped_kv.analysis.memory_bench import tensor_peak_bytes
@@ -179,8 +180,19 @@ def ch07(model: LoopedLM, profile: profiles.Profile) -> None:
              method="self-spec", draft_loops=p.draft_loops)
 
 
+def ch08(model: LoopedLM, profile: profiles.Profile) -> None:
+    p, rows = profile.ch08, profile.rows_per_chunk
+    chains = token_ids(model, p.chain_programs, p.chain_tokens)
+    last = torch.full((p.chain_programs,), p.chain_tokens - 1)
+    teacher_forced_exits(model, chains, torch.arange(p.chain_programs), last, {"kl": ("kl", None)},
+                         targets=torch.ones(p.chain_programs, dtype=torch.long), planes=True, rows_per_chunk=rows)
+    generate(model, list(chains), max_new_tokens=8, stop_at_eos=False, exit="kl", rows_per_chunk=rows)
+    generate(model, _prompts(model, profile, p.prompts_per_workload), max_new_tokens=p.new_tokens, stop_at_eos=False,
+             exit="kl", rows_per_chunk=rows)
+
+
 RUNS: dict[str, Callable[[LoopedLM, profiles.Profile], None]] = {
-    "ch01": ch01, "ch02": ch02, "ch03": ch03, "ch04": ch04, "ch05": ch05, "ch06": ch06, "ch07": ch07}
+    "ch01": ch01, "ch02": ch02, "ch03": ch03, "ch04": ch04, "ch05": ch05, "ch06": ch06, "ch07": ch07, "ch08": ch08}
 
 
 def predicted_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> int:

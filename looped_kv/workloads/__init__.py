@@ -102,7 +102,7 @@ def _prompt_counts(profile: Profile) -> dict[tuple[str, bool], int]:
     the first n of any larger count, so these cover every chapter's prompts."""
     eval_counts = (profile.ch01.prompts_per_workload, profile.ch04.exact_prompts, profile.ch04.acceptance_prompts,
                    profile.ch05.agreement_prompts, profile.ch05.acceptance_prompts, profile.ch06.acceptance_prompts,
-                   profile.ch07.prompts)
+                   profile.ch07.prompts, profile.ch08.prompts_per_workload, profile.ch08.timing_prompts)
     return {("eval", False): max(eval_counts), ("eval", True): profile.ch04.replay_prompts,
             ("dev", False): profile.ch05.grid_prompts}
 
