@@ -266,6 +266,45 @@ def test_a_recorded_bench_names_its_weights_and_is_refused_for_others(tmp_path):
         bench.read_record(path, other)
 
 
+def _timed(mode: str, faster: float, prompts: int = 16) -> pd.DataFrame:
+    """Timing rows of greedy decoding and two methods, the second ``faster`` times the first's speed."""
+    rng = np.random.default_rng(len(mode))
+    rows = []
+    for i in range(prompts):
+        greedy, prefill = 2.0 + rng.normal(0, 0.05), 0.5
+        for method, time_s in (("ar", greedy), ("self-spec", greedy / 1.2), ("mature-spec", greedy / 1.2 / faster)):
+            rows.append({"prompt": i, "method": method, "mode": mode, "time_s": time_s, "greedy_time_s": greedy,
+                         "prefill_time_s": prefill, "new_tokens": 32, "greedy_tokens": 32, "repeats": 2,
+                         "speed-up": greedy / time_s})
+    return pd.DataFrame(rows)
+
+
+def test_speed_verdicts_read_the_recorded_bench_in_both_modes(tmp_path):
+    """Chapters 5 and 6 timed 3-4 prompts once each, so every speed verdict was "too few units": on the shipped
+    model they read the recorded bench (16 prompts, 2 rounds, eager and compiled) and say where it was measured."""
+    runs = pd.concat([_timed("eager", 1.5), _timed("compiled", 1.0)], ignore_index=True)
+    path = tmp_path / "bench.json"
+    bench.write_record(path, {"environment": {"cpu": "test CPU", "threads": 1, "torch": "2"},
+                              "runs": {"problems": runs}}, "tiny", "looped-kv bench --record bench.json")
+    timing, source = bench.speed_timing({"problems": runs[runs["mode"] == "eager"].head(6)}, path)
+    assert set(timing) == {"eager", "compiled"} and source.startswith("measured on ")
+    verdicts = bench.speed_verdicts(bench.MATURE_SPEC_FASTER, timing, "mature-spec", "self-spec")
+    assert list(verdicts) == ["problems, eager", "problems, compiled"]
+    assert verdicts["problems, eager"].label == AGREES and verdicts["problems, eager"].n == 16
+    assert verdicts["problems, compiled"].label != AGREES
+    table = bench.speed_table(timing, n_boot=200)
+    assert list(table.columns) == ["eager, end to end", "eager, decode phase", "compiled, end to end",
+                                   "compiled, decode phase"]
+    eager = runs[(runs["mode"] == "eager") & (runs["method"] == "mature-spec")]
+    decode = ((eager["greedy_time_s"] - 0.5) / (eager["time_s"] - 0.5)).mean()  # the shared 0.5 s prefill left out
+    assert table.loc[("problems", "Mature-Spec"), "eager, decode phase"].startswith(f"{decode:.2f} [")
+    assert decode > eager["speed-up"].mean() + 0.5  # the prefill hides most of the decode phase's gain
+    live, said = bench.speed_timing({"problems": runs}, None)
+    assert said == "the runs timed live in this chapter" and list(live) == ["eager"]
+    assert list(bench.speed_verdicts(bench.MATURE_SPEC_FASTER, {"eager": {"problems": runs[runs["mode"] == "eager"]}},
+                                     "mature-spec", "self-spec")) == ["problems"]
+
+
 @pytest.mark.skipif(not bench.RECORD.exists(), reason="no recorded bench yet (looped-kv bench --record)")
 def test_the_recorded_bench_is_the_shipped_models():
     """The chapters' speed verdicts read book/data's bench: it must have been measured on the shipped weights."""

@@ -685,3 +685,44 @@ def provenance(header: Mapping[str, object]) -> str:
     on = f"{env['cpu']}" + ("" if threads is None else f", {threads} thread{'s' if threads != 1 else ''}")
     return (f"measured on {header['date'][:10]} ({on}, torch {env['torch']}) at commit {header['commit']} by "
             f"`{header['command']}`")
+
+
+def speed_timing(live: Mapping[str, pd.DataFrame], record: Path | None
+                 ) -> tuple[dict[str, dict[str, pd.DataFrame]], str]:
+    """The timing runs a chapter's speed verdicts read, by mode and workload, and where they come from: the recorded
+    bench at ``record`` (its eager and compiled runs; :func:`read_record` refuses one measured on other weights than
+    the shipped model's) with :func:`provenance`'s sentence, or with ``record=None`` the chapter's own live runs
+    (eager)."""
+    if record is None:
+        return {"eager": dict(live)}, "the runs timed live in this chapter"
+    header, runs = read_record(record)
+    by_mode = {mode: {w: r[r["mode"] == mode].reset_index(drop=True) for w, r in runs.items()}
+               for mode in MODES if any((r["mode"] == mode).any() for r in runs.values())}
+    return by_mode, provenance(header)
+
+
+def speed_verdicts(claim: Claim, timing: Mapping[str, Mapping[str, pd.DataFrame]], method: Hashable,
+                   baseline: Hashable) -> dict[str, Verdict]:
+    """:func:`speed_verdict` of every workload in every mode of ``timing`` (:func:`speed_timing`), named
+    "workload" when there is one mode and "workload, mode" when there are several."""
+    several = len(timing) > 1
+    return {(f"{w}, {mode}" if several else w): speed_verdict(claim, runs, method, baseline)
+            for mode, by_workload in timing.items() for w, runs in by_workload.items()}
+
+
+def speed_table(timing: Mapping[str, Mapping[str, pd.DataFrame]], n_boot: int = 2000) -> pd.DataFrame:
+    """Every method's mean speed-up over paired greedy decoding (DAS Eq. 8) end to end and in the decode phase
+    (:func:`decode_phase_speedup`, prefill excluded, as LoopSpec and the papers report), per mode, as
+    "estimate [low, high]"; one row per (workload, method)."""
+    rows = {}
+    for mode, by_workload in timing.items():
+        for w, runs in by_workload.items():
+            for key, part in runs.groupby("method", sort=False):
+                whole = mean_speedup(part["greedy_time_s"], part["time_s"], part["greedy_tokens"],
+                                     part["new_tokens"], n_boot=n_boot)
+                decode = decode_phase_speedup(part, n_boot)
+                row = rows.setdefault((w, label(key)), {})
+                row[f"{mode}, end to end"] = f"{whole.estimate:.2f} [{whole.low:.2f}, {whole.high:.2f}]"
+                row[f"{mode}, decode phase"] = f"{decode.estimate:.2f} [{decode.low:.2f}, {decode.high:.2f}]"
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["workload", "method"])
+
