@@ -305,8 +305,15 @@ def test_speed_verdicts_read_the_recorded_bench_in_both_modes(tmp_path):
                                      "mature-spec", "self-spec")) == ["problems"]
 
 
-@pytest.mark.skipif(not bench.RECORD.exists(), reason="no recorded bench yet (looped-kv bench --record)")
 def test_the_recorded_bench_is_the_shipped_models():
-    """The chapters' speed verdicts read book/data's bench: it must have been measured on the shipped weights."""
+    """The chapters' speed verdicts read book/data's bench: it must have been measured on the shipped weights, by the
+    committed command, on at least 16 prompts per workload in at least 2 interleaved rounds, eager and compiled."""
     header, runs = bench.read_record()
-    assert header["weights_sha256"] == bench.weights_sha256("tiny") and runs
+    assert header["weights_sha256"] == bench.weights_sha256("tiny")
+    command = header["command"]
+    assert command.startswith("looped-kv bench ") and "--record book/data/bench-tiny.json" in command
+    assert {"cpu", "threads", "torch"} <= set(header["environment"]) and header["date"] and header["commit"]
+    assert set(runs) == {"problems", "code", "chains"}
+    for workload, r in runs.items():
+        assert set(r["mode"]) == {"eager", "compiled"}, workload
+        assert r["prompt"].nunique() >= 16 and (r["repeats"] >= 2).all(), workload
