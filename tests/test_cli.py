@@ -167,7 +167,7 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["speed", "--prompt", "1000"], "--prompt + --new-tokens must be <= 1024, got 1064"),
     (["gpu-check", "--config", "tiny", "--device", "cpu", "--batch-sizes", "1", "2"], "at least 3 distinct sizes"),
     (["gpu-check", "--config", "huginn"], "argument --config: invalid choice: 'huginn'"),
-    (["plan-check", "--chapters", "ch08"], "--chapters must be among ('ch01', "),
+    (["plan-check", "--chapters", "ch09"], "--chapters must be among ('ch01', "),
     (["plan-check", "--model", "huginn"], "--model must be one of ("),
     (["train"], "the following arguments are required: --out"),
     (["train", "--out", "run", "--vocab", "100"], "--vocab must be >= 257"),
