@@ -54,6 +54,7 @@ import pandas as pd
 import torch
 
 from looped_kv import outputs, profiles, workloads
+from looped_kv.analysis import pass_cost as analysis_pass_cost
 from looped_kv.analysis import plan
 from looped_kv.analysis.pass_cost import MODES, STATISTICS
 from looped_kv.analysis.verdicts import MIN_UNITS
@@ -722,6 +723,61 @@ def _add_pass_cost(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_pass_cost)
 
 
+
+def cmd_pass_cost_check(args: argparse.Namespace) -> int:
+    bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.gamma, args.methods, args.workloads,
+                        args.repeats)
+    try:
+        cost = analysis_pass_cost.read(args.cost)
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"--cost {args.cost}: {error}") from None
+    if args.mode not in cost.coefficients:
+        raise ValueError(f"--mode {args.mode}: --cost {args.cost} holds {sorted(cost.coefficients)} only; re-run "
+                         f"looped-kv pass-cost with --modes {args.mode}")
+    try:
+        config = LoopedConfig.from_file(resolve_source(args.model) / "config.json")
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {args.model!r}: {error}") from None
+    bench.check_model(config.mean_recurrence, args.draft_loops)
+    out = outputs.check_file(args.out, "--out", args.force)
+    model = _load(args)
+    if model.tokenizer is None:
+        raise ValueError(f"--model {args.model!r} has no tokenizer; the check's prompts are text")
+    draft_loops = args.draft_loops or default_draft_loops(config.mean_recurrence)
+    methods = {m: c for m, c in bench.method_configs(draft_loops, args.gamma).items() if m in args.methods}
+    pass_cost.check(model, cost, args.workloads, args.prompts, args.max_new_tokens, methods, out, args.model,
+                    " ".join(["looped-kv", "pass-cost-check", *args.words]), args.repeats, args.mode,
+                    progress=not args.quiet)
+    return 0
+
+
+def _add_pass_cost_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pass-cost-check", help="each decoder's measured time against the pass-cost model's "
+                                               "prediction from the passes it ran (issue 43: within 15%%)",
+                       description="Every evaluation prompt is decoded alone by greedy decoding and each method, in "
+                                   "interleaved rounds, with every model pass logged; the pass-cost model (looped-kv "
+                                   "pass-cost) prices the passes and the prefill. Prints predicted / measured per "
+                                   "method and workload and records the runs.")
+    _model_options(p)
+    p.add_argument("--cost", type=Path, required=True, help="the pass-cost record (looped-kv pass-cost --out)")
+    p.add_argument("--out", type=Path, required=True, help="the record to write (a new JSON file)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--mode", default="eager", choices=bench.MODES, help="eager passes or compiled steps "
+                                                                         "(default: eager)")
+    p.add_argument("--workloads", nargs="+", default=list(data.WORKLOADS), choices=data.DECODING_WORKLOADS,
+                   help="prompt workloads (default: the chapters' three)")
+    p.add_argument("--prompts", type=int, default=8, help="evaluation prompts per workload, >= 2 (default: 8)")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved rounds per prompt, >= 1 (default: 2)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="most tokens generated per prompt (default: 64)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                   help="decoders (default: all); greedy decoding (ar) always runs")
+    p.add_argument("--draft-loops", type=int, help=f"d of self-spec and mature-spec, in [1, R - 1] (default: "
+                                                   f"{DRAFT_LOOPS_DEFAULT})")
+    p.add_argument("--gamma", type=int, default=SelfSpec.gamma, help=f"gamma of self-spec, mature-spec and pld "
+                                                                     f"(default: {SelfSpec.gamma})")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_pass_cost_check)
+
 # -- gpu-check ------------------------------------------------------------------------------------------------------
 
 
@@ -1034,11 +1090,11 @@ def parser() -> Parser:
     ap = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--debug", action="store_true", help="show an error's traceback (give it before the command)")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser,
-                            metavar="{generate,bench,batched,memory,plan,batch,speed,pass-cost,gpu-check,plan-check,train,"
-                                    "gates,scout,chapter-times}")
+                            metavar="{generate,bench,batched,memory,plan,batch,speed,pass-cost,pass-cost-check,gpu-check,"
+                                    "plan-check,train,gates,scout,chapter-times}")
     for add in (_add_generate, _add_bench, _add_batched, _add_memory, _add_plan, _add_batch, _add_speed,
-                _add_pass_cost, _add_gpu_check, _add_plan_check, _add_train, _add_gates, _add_scout,
-                _add_chapter_times):
+                _add_pass_cost, _add_pass_cost_check, _add_gpu_check, _add_plan_check, _add_train, _add_gates,
+                _add_scout, _add_chapter_times):
         add(sub)
     ap.commands = sub.choices
     return ap

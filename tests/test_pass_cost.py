@@ -275,3 +275,108 @@ def test_the_command_records_the_fit_with_the_machine_and_the_command(tmp_path, 
     assert cost.meta["commit"] and cost.meta["date"] and cost.meta["model"] == "tiny"
     assert cost.held_out == HELD_OUT and cost.seconds(8, 4, 256) == pytest.approx(truth(8, 4, 256), rel=1e-9)
     assert main(argv) == 2 and "exists and is left untouched" in capsys.readouterr().err
+
+
+def test_the_check_prices_each_runs_own_passes(tiny):
+    """pass-cost-check's rows: every method's runs, measured and predicted from the passes the run itself logged
+    (the prediction equals pricing a fresh run's PassLog: decoding is deterministic)."""
+    cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT)
+    ids = [tiny.tokenizer(t, return_tensors="pt").input_ids for t in (
+        "Question: Ann has 3 pens and buys 4 more. How many pens? Answer:", "a=3;b=a+2;c=b;d=c+1;e=d;x=e;f=x+4;y=f;")]
+    methods = {"self-spec": {"method": "self-spec", "gamma": 3}, "das-wave": {"method": "das-wave", "gamma": 8}}
+    runs = experiment.predictions(tiny, cost, ids, methods, max_new_tokens=6, repeats=2, progress=False)
+    assert list(runs["method"]) == ["ar", "self-spec", "das-wave"] * 2 and (runs["measured_s"] > 0).all()
+    for _, row in runs.iterrows():
+        log = PassLog()
+        config = {"method": "ar"} if row["method"] == "ar" else methods[row["method"]]
+        out = generate(tiny, ids[row["prompt"]], max_new_tokens=6, observer=log, **config)
+        assert row["passes"] == len(log.passes) and row["new_tokens"] == out.num_new
+        assert row["predicted_s"] == pytest.approx(pass_cost.predict_seconds(cost, log.passes), rel=1e-12)
+    table = pass_cost.compare(runs)
+    assert list(table.index) == ["ar", "self-spec", "das-wave"] and (table["runs"] == 2).all()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "compiled"], "--mode compiled: --cost"),
+    (["--prompts", "1"], "--prompts must be >= 2"),
+    (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["--draft-loops", "32"], "--draft-loops must be in [1, 31]"),
+    (["--methods", "beam"], "argument --methods: invalid choice: 'beam'"),
+])
+def test_the_check_refuses_bad_input_in_one_line_before_any_work(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.setattr("looped_kv.cli.load", lambda *a, **k: (_ for _ in ()).throw(AssertionError("work started")))
+    cost_file = tmp_path / "cost.json"
+    fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT).write(cost_file)
+    try:
+        status = main(["pass-cost-check", "--cost", str(cost_file), "--out", str(tmp_path / "check.json"), *argv])
+    except SystemExit as exit_:
+        status = exit_.code
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "check.json").exists()
+
+
+def test_the_check_keeps_an_existing_file_and_refuses_a_missing_cost(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    out.write_text("mine")
+    cost_file = tmp_path / "cost.json"
+    fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT).write(cost_file)
+    assert main(["pass-cost-check", "--cost", str(cost_file), "--out", str(out)]) == 2
+    assert "exists and is left untouched" in capsys.readouterr().err and out.read_text() == "mine"
+    assert main(["pass-cost-check", "--cost", str(tmp_path / "none.json"), "--out", str(tmp_path / "x.json")]) == 2
+    assert "--cost" in capsys.readouterr().err
+
+
+def test_the_check_records_its_runs_with_the_machine(tiny, tmp_path, monkeypatch, capsys):
+    cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"date": "2026-12-04"})
+    out = tmp_path / "check.json"
+    runs = experiment.check(tiny, cost, ["chains"], 2, 6, {"pld": {"method": "pld"}}, out, "tiny",
+                            "looped-kv pass-cost-check --out check.json", repeats=1, progress=False)
+    header, read = experiment.read_check(out)
+    assert header["command"] == "looped-kv pass-cost-check --out check.json" and header["environment"]["cpu"]
+    assert header["pass_cost"]["date"] == "2026-12-04" and list(read) == ["chains"]
+    pd.testing.assert_frame_equal(read["chains"], runs["chains"], check_dtype=False)
+    assert "measured / predicted" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    record["weights_sha256"] = "0" * 64
+    out.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="measured on other weights"):
+        experiment.read_check(out)
+
+
+def test_relative_cost_is_each_widths_pass_over_a_one_token_step():
+    cost = fit_pass_cost(synthetic(), held_out=HELD_OUT)
+    table = pass_cost.relative_cost(cost, [1, 32], 256)
+    assert list(table.index) == sorted((*WIDTHS, *HELD_OUT)) and list(table.columns) == [1, 32]
+    assert table.loc[1].tolist() == [1.0, 1.0]
+    assert table.loc[8, 32] == pytest.approx(truth(8, 32, 256) / truth(1, 32, 256), rel=1e-9)
+
+
+def test_against_greedy_pairs_each_method_with_greedy_on_its_prompt():
+    runs = pd.DataFrame({"prompt": [0, 0, 1, 1], "method": ["ar", "pld", "ar", "pld"], "new_tokens": [8, 8, 4, 4],
+                         "measured_s": [2.0, 1.0, 4.0, 1.0], "predicted_s": [1.0, 1.0, 2.0, 0.5]})
+    table = pass_cost.against_greedy(runs)
+    assert list(table.index) == ["ar", "pld"] and table.loc["ar", "measured speed-up"] == 1
+    assert table.loc["pld", "measured / predicted"] == pytest.approx(2 / 1.5)
+    assert (table.loc["pld", "lowest"], table.loc["pld", "highest"]) == (1.0, 2.0)
+    assert table.loc["pld", "measured speed-up"] == pytest.approx((2 + 4) / 2)
+    assert table.loc["pld", "predicted speed-up"] == pytest.approx((1 + 4) / 2)
+    assert table.loc["pld", "measured / predicted speed-up"] == pytest.approx(3 / 2.5)
+    with pytest.raises(ValueError, match="greedy decoding's"):
+        pass_cost.against_greedy(runs[runs["method"] == "pld"])
+    with pytest.raises(ValueError, match="missing \\['predicted_s'\\]"):
+        pass_cost.against_greedy(runs.drop(columns="predicted_s"))
+
+
+def test_the_recorded_pass_cost_and_its_check_are_the_shipped_models():
+    """Chapters 5 and 7 read book/data's pass-cost model and check: both measured on the shipped weights by the
+    committed commands, the check on every decoder and every chapter workload."""
+    cost = experiment.read_cost()
+    assert cost.meta["command"].startswith("looped-kv pass-cost --out book/data/pass-cost-tiny.json")
+    assert cost.meta["environment"]["threads"] == 1 and "eager" in cost.coefficients
+    header, runs = experiment.read_check()
+    assert header["command"].startswith("looped-kv pass-cost-check --cost book/data/pass-cost-tiny.json")
+    assert header["pass_cost"]["date"] == cost.meta["date"] and set(runs) == {"problems", "code", "chains"}
+    for workload, r in runs.items():
+        assert set(r["method"]) == {"ar", "self-spec", "mature-spec", "pld", "das-wave"}, workload
+        assert r["prompt"].nunique() >= 8 and (r["measured_s"] > 0).all(), workload

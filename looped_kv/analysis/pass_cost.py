@@ -286,3 +286,39 @@ def speedup_bound(cost: PassCost, tau: float, passes: Sequence[tuple[int, int]],
         raise ValueError("passes must hold at least the verification")
     spent = sum(cost.seconds(g, r, context, mode) for g, r in passes)
     return tau * cost.seconds(1, num_loops, context, mode) / spent
+
+
+def relative_cost(cost: PassCost, loops: Sequence[int], context: int, mode: str = "eager") -> pd.DataFrame:
+    """The cost of one pass against its new tokens: t(g, r, L) / t(1, r, L) at each measured width g (rows) and each
+    of ``loops`` (columns), at ``context`` L: how much more a pass of g tokens costs than a one-token step of the same
+    depth (RIPE/DAS Eq. 8 take it to be 1)."""
+    widths = sorted(set(cost._mode(mode, cost.coefficients)) | {g for g in cost.held_out})
+    return pd.DataFrame({r: [cost.seconds(g, r, context, mode) / cost.seconds(1, r, context, mode) for g in widths]
+                         for r in loops}, index=pd.Index(widths, name="tokens per pass"))
+
+
+def against_greedy(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per method of a check's runs (:func:`looped_kv.experiments.pass_cost.predictions`: ``prompt``, ``method``,
+    ``new_tokens``, ``measured_s``, ``predicted_s``, greedy decoding as ``ar``): measured / predicted time (of the
+    sums over prompts, and the per-run range), the speed-up over paired greedy decoding the pass-cost model predicts
+    (its bound: the speed the decoder would have if its time were only its passes and prefill) and the measured one
+    (DAS Eq. 8: means over prompts of the per-prompt throughput ratio), and measured / predicted speed-up."""
+    missing = [c for c in ("prompt", "method", "new_tokens", "measured_s", "predicted_s") if c not in runs]
+    if missing:
+        raise ValueError(f"runs must have columns prompt, method, new_tokens, measured_s and predicted_s; missing "
+                         f"{missing}")
+    greedy = runs[runs["method"] == "ar"].set_index("prompt")
+    if greedy.empty:
+        raise ValueError("runs must hold greedy decoding's (method 'ar'), the speed-ups' reference")
+    rows = {}
+    for method, r in runs.groupby("method", sort=False):
+        g = greedy.loc[r["prompt"]]
+        per_run = r["measured_s"].to_numpy() / r["predicted_s"].to_numpy()
+        tokens = r["new_tokens"].to_numpy() / g["new_tokens"].to_numpy()
+        predicted = float(np.mean(tokens * g["predicted_s"].to_numpy() / r["predicted_s"].to_numpy()))
+        measured = float(np.mean(tokens * g["measured_s"].to_numpy() / r["measured_s"].to_numpy()))
+        rows[method] = {"runs": len(r), "measured / predicted": r["measured_s"].sum() / r["predicted_s"].sum(),
+                        "lowest": float(per_run.min()), "highest": float(per_run.max()),
+                        "predicted speed-up": predicted, "measured speed-up": measured,
+                        "measured / predicted speed-up": measured / predicted}
+    return pd.DataFrame(rows).T.astype({"runs": int})

@@ -16,22 +16,36 @@ measurement_mode`'s: CPU, threads, torch), the command, the commit, the date and
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from looped_kv.analysis.pass_cost import BATCH, MODES, STATISTICS, PassCost, Timing, fit_pass_cost
+from looped_kv.analysis.pass_cost import (
+    BATCH,
+    MODES,
+    STATISTICS,
+    PassCost,
+    Timing,
+    compare,
+    fit_pass_cost,
+    predict_by_kind,
+    read,
+)
 from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses
-from looped_kv.decoding.core import capacity_bucket, new_cache
+from looped_kv.decoding.core import Generation, capacity_bucket, new_cache
+from looped_kv.decoding.generate import generate
+from looped_kv.decoding.loop import PassLog
 from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.settings import default_draft_loops
-from looped_kv.experiments.bench import weights_sha256
+from looped_kv.experiments.bench import warm_up, weights_sha256, workload_prompts
 from looped_kv.experiments.speed import frozen_heap
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.measurement import measurement_mode, source_commit
@@ -39,6 +53,9 @@ from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy
 
 Cell = tuple[str, str, int, int, int]  # mode, kind, tokens, loops, context
+#: The shipped tiny model's records, which chapters 5 and 7 read (made by the commands in their headers).
+COST_RECORD = Path(__file__).resolve().parent.parent.parent / "book" / "data" / "pass-cost-tiny.json"
+CHECK_RECORD = COST_RECORD.with_name("pass-cost-check-tiny.json")
 
 
 @dataclass(frozen=True)
@@ -208,3 +225,94 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
     cost.write(out)
     print(f"recorded in {out}")
     return cost
+
+
+# -- the check: each decoder's measured time against the model's prediction (looped-kv pass-cost-check) -------------
+
+
+@torch.no_grad()
+def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor], methods: Mapping[str, dict],
+                max_new_tokens: int, repeats: int = 2, mode: str = "eager", progress: bool = True) -> pd.DataFrame:
+    """Each method's measured decoding time against the pass-cost model's prediction: every prompt decoded alone by
+    greedy decoding and each of ``methods`` (generate() settings by name) in ``repeats`` interleaved rounds (the
+    order reversed every other round), each run's passes logged (:class:`~looped_kv.decoding.loop.PassLog`). One row
+    per (prompt, method): the median measured seconds, the predicted seconds (:func:`~looped_kv.analysis.pass_cost.
+    predict_seconds`: every pass the run made, and the model's prefill), the prediction per kind of pass and the new
+    tokens."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    compiled = mode == "compiled"
+    configs = {"ar": {"method": "ar"}, **{k: c for k, c in methods.items() if c.get("method") != "ar"}}
+    if compiled:
+        warm_up(model, prompts, configs, max_new_tokens, progress)
+    generate(model, prompts[0], max_new_tokens=4, compile=compiled)  # warm-up
+    keys, rows = list(configs), []
+    with frozen_heap():
+        for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
+            times: dict[str, list[float]] = {key: [] for key in keys}
+            logs: dict[str, PassLog] = {}
+            outs: dict[str, Generation] = {}
+            for r in range(repeats):
+                for key in keys if r % 2 == 0 else keys[::-1]:
+                    log = PassLog()
+                    out = generate(model, ids, max_new_tokens=max_new_tokens, compile=compiled, observer=log,
+                                   **configs[key])
+                    times[key].append(out.wall_time)
+                    logs.setdefault(key, log)
+                    outs.setdefault(key, out)
+            for key in keys:
+                by_kind = predict_by_kind(cost, logs[key].passes)
+                rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": outs[key].num_new,
+                             "passes": len(logs[key].passes), "measured_s": float(np.median(times[key])),
+                             "predicted_s": sum(by_kind.values()),
+                             **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
+    return pd.DataFrame(rows)
+
+
+def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: int, max_new_tokens: int,
+          methods: Mapping[str, dict], out: Path, source: str, command: str, repeats: int = 2,
+          mode: str = "eager", progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Run :func:`predictions` on each workload's first ``prompts`` evaluation prompts, print predicted / measured
+    per method (:func:`~looped_kv.analysis.pass_cost.compare`) and record the runs in ``out`` (checked by the caller)
+    with the command, the commit, the machine, the date, the weights' digest and the pass-cost record's."""
+    if mode not in cost.coefficients:
+        raise ValueError(f"--mode {mode}: the pass-cost record holds {sorted(cost.coefficients)} only; re-run "
+                         f"looped-kv pass-cost with --modes {mode}")
+    runs: dict[str, pd.DataFrame] = {}
+    with measurement_mode() as environment:
+        print(f"model {source}, {environment['threads']} thread(s), {environment['cpu']}; {mode}, {prompts} prompts "
+              f"per workload x {repeats} interleaved rounds; the pass-cost model of {cost.meta.get('date', '?')}")
+        for workload in workloads:
+            encoded = workload_prompts(model, workload, prompts, max_new_tokens, methods)
+            runs[workload] = predictions(model, cost, encoded, methods, max_new_tokens, repeats, mode, progress)
+            table = compare(runs[workload])
+            table.insert(0, "measured / predicted", 1 / table["ratio"])
+            print(f"{workload}:\n{table.to_string(float_format=lambda x: f'{x:.3f}')}")
+    out.write_text(json.dumps({
+        "command": command, "commit": source_commit(), "environment": environment,
+        "date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "weights_sha256": weights_sha256(source),
+        "pass_cost": {k: cost.meta.get(k) for k in ("command", "commit", "date", "weights_sha256")},
+        "runs": {w: json.loads(r.to_json(orient="records")) for w, r in runs.items()}}, indent=1) + "\n")
+    print(f"recorded in {out}")
+    return runs
+
+
+def read_cost(path: str | Path = COST_RECORD, source: str | Path = "tiny") -> PassCost:
+    """A recorded pass-cost model (:func:`run`), refused when measured on other weights than ``source``'s."""
+    cost = read(path)
+    if cost.meta.get("weights_sha256") != weights_sha256(source):
+        raise ValueError(f"{path} was measured on other weights than {str(source)!r}'s: re-run "
+                         f"`{cost.meta.get('command', 'looped-kv pass-cost')}`")
+    return cost
+
+
+def read_check(path: str | Path = CHECK_RECORD, source: str | Path = "tiny") -> tuple[dict, dict[str, pd.DataFrame]]:
+    """A recorded check (:func:`check`): its header and each workload's runs; refused when measured on other weights
+    than ``source``'s."""
+    record = json.loads(Path(path).read_text())
+    if record["weights_sha256"] != weights_sha256(source):
+        raise ValueError(f"{path} was measured on other weights than {str(source)!r}'s: re-run "
+                         f"`{record['command']}`")
+    return {k: v for k, v in record.items() if k != "runs"}, {w: pd.DataFrame(r) for w, r in record["runs"].items()}
