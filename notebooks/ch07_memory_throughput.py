@@ -47,10 +47,14 @@ from IPython.display import Markdown, display
 
 import looped_kv
 from looped_kv import book, papers, profiles, workloads
-from looped_kv.analysis import claims, perf, throughput
+from looped_kv.analysis import claims, pass_cost, perf, throughput
 from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.analysis.verdicts import claim_summary, interval_table, tally
+from looped_kv.decoding.das_wave import proposal_width
+from looped_kv.decoding.settings import DasWave
 from looped_kv.experiments import gpu_check
+from looped_kv.experiments import pass_cost as pass_cost_runs
+from looped_kv.experiments.bench import provenance as bench_provenance
 from looped_kv.runtime.memory import m_deep, m_full, memory_table
 
 book.setup()
@@ -244,6 +248,51 @@ book.md(
     f"alone, and batched self-speculation {same_spec} of {len(rows)} "
     f"({str(model.dtype).removeprefix('torch.')} here; the float64 equality is a test)."
 )
+
+# %% [markdown]
+# ## What one pass costs against its tokens
+#
+# Eq. (8) of both papers prices a pass by its layer passes, whatever the number of
+# tokens it carries: true on a GPU at batch 1. The pass-cost model of chapter 5
+# (`looped-kv pass-cost`) measures it on this machine. The figure draws the time of one
+# pass of $g$ new tokens relative to a one-token step of the same depth, at a
+# 256-position prefix; Eq. (8)'s premise is the dotted line at 1.
+
+# %%
+if book.is_tiny(model):
+    cost = pass_cost_runs.read_cost()
+    modes = list(cost.coefficients)
+    fig, axes = plt.subplots(1, len(modes), figsize=book.COLUMN, sharey=True,
+                             squeeze=False)
+    for ax, mode in zip(axes[0], modes, strict=True):
+        curves = pass_cost.relative_cost(cost, cost.meta["loops"], 256, mode)
+        for r in curves.columns:
+            ax.plot(curves.index, curves[r], marker="o", ms=3, label=f"r = {r}")
+        ax.axhline(1, color="grey", lw=0.8, ls=":")
+        ax.set(xlabel="new tokens per pass g", title=mode)
+    axes[0][0].set_ylabel("t(g, r) / t(1, r)")
+    axes[0][-1].legend(fontsize="small")
+    fig.tight_layout()
+    plt.show()
+
+# %% tags=["remove-input"]
+if book.is_tiny(model):
+    wave = DasWave()  # its verification width, Huginn schedule (DAS Eq. 5)
+    WIDTH = proposal_width(wave.gamma, wave.rounds, wave.initial_width)
+    relative = {m: cost.seconds(WIDTH, R, 256, m) / cost.seconds(1, R, 256, m)
+                for m in modes}
+    text = (
+        f"A {WIDTH}-token pass through all {R} loops costs "
+        + " and ".join(f"{v:.2f} one-token steps ({m})" for m, v in relative.items())
+        + f" ({bench_provenance(cost.meta)}). A verification of {WIDTH} tokens that "
+        "kept them all would therefore decode at most "
+        + " and ".join(f"{WIDTH / v:.1f}x ({m})" for m, v in relative.items())
+        + " as fast as greedy decoding, before its drafts are paid for; Eq. (8) would "
+        f"put that bound at {WIDTH}x.")
+else:
+    text = ("This section reads the pass-cost record of the shipped tiny model; for "
+            "this model run `looped-kv pass-cost`.")
+book.md(text)
 
 # %% [markdown]
 # ## Throughput against batch size (RIPE Table 8, Figure 5c)
