@@ -652,7 +652,9 @@ if book.is_tiny(model):
         + (" Greedy decoding runs faster than its passes' price because its one-token "
            "verification writes into its own plane and attends with one fused kernel, "
            "while the timed passes, like drafts and block verifications, attend over "
-           "the prefix and the block as two segments in the explicit path."
+           "the prefix and the block as two segments in the explicit path. The bound "
+           "prices greedy decoding by the same passes, so there it is too high by the "
+           "same factor."
            if any(m == bench.label("ar") for _, m in off.index) else ""))
 else:
     text = ("This section reads the pass-cost records of the shipped tiny model; for "

@@ -272,7 +272,6 @@ if book.is_tiny(model):
         ax.set(xlabel="new tokens per pass g", title=mode)
     axes[0][0].set_ylabel("t(g, r) / t(1, r)")
     axes[0][-1].legend(fontsize="small")
-    fig.tight_layout()
     plt.show()
 
 # %% tags=["remove-input"]
