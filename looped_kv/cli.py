@@ -145,6 +145,15 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
 
+def _model_config(args: argparse.Namespace) -> LoopedConfig:
+    """The config of ``--model`` alone (no weights), so that options that depend on R or the context are checked
+    before the model is loaded."""
+    try:
+        return LoopedConfig.from_file(resolve_source(args.model) / "config.json")
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {args.model!r}: {error}") from None
+
+
 # -- generate -------------------------------------------------------------------------------------------------------
 
 
@@ -260,10 +269,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.gamma, args.methods, args.workloads,
                         args.repeats)
-    try:  # the config first (no weights): R is known before the model is loaded
-        config = LoopedConfig.from_file(resolve_source(args.model) / "config.json")
-    except (OSError, ValueError) as error:
-        raise ValueError(f"--model {args.model!r}: {error}") from None
+    config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
     model = _load(args)
     if model.tokenizer is None:
@@ -684,10 +690,7 @@ def _add_speed(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_pass_cost(args: argparse.Namespace) -> int:
-    try:  # the config first (no weights): R and the context are known before the model is loaded
-        config = LoopedConfig.from_file(resolve_source(args.model) / "config.json")
-    except (OSError, ValueError) as error:
-        raise ValueError(f"--model {args.model!r}: {error}") from None
+    config = _model_config(args)
     grid = _options(pass_cost.Grid, args, loops=args.loops or pass_cost.default_loops(config.mean_recurrence))
     pass_cost.check_grid(grid, config)
     out = outputs.check_file(args.out, "--out", args.force)
@@ -734,10 +737,7 @@ def cmd_pass_cost_check(args: argparse.Namespace) -> int:
     if args.mode not in cost.coefficients:
         raise ValueError(f"--mode {args.mode}: --cost {args.cost} holds {sorted(cost.coefficients)} only; re-run "
                          f"looped-kv pass-cost with --modes {args.mode}")
-    try:
-        config = LoopedConfig.from_file(resolve_source(args.model) / "config.json")
-    except (OSError, ValueError) as error:
-        raise ValueError(f"--model {args.model!r}: {error}") from None
+    config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
     out = outputs.check_file(args.out, "--out", args.force)
     model = _load(args)
