@@ -83,6 +83,28 @@ def test_sampling_overhead_pairs_each_method_with_itself_on_greedys_tokens():
         bench.sampling_overhead(model, prompts(model), methods, 6, modes=("jit",), progress=False)
 
 
+def test_compiled_sampling_overhead_traces_every_prompts_capacity_before_timing(monkeypatch):
+    """A compiled arm must not compile inside a timed run: both arms are traced for every capacity bucket the prompts
+    need (bench.warm_up) before the first timed run."""
+    model = random_model("huginn", seed=5, mean_recurrence=4)
+    calls = []
+    monkeypatch.setattr(bench, "warm_up", lambda m, ps, arms, n, progress=False: calls.append(("warm", len(ps),
+                                                                                              sorted(arms))))
+
+    class Out:
+        wall_time, tokens = 1.0, torch.zeros(1, 2, dtype=torch.long)
+
+    def fake_generate(m, ids, **options):
+        calls.append(("run", options["compile"]))
+        return Out()
+
+    monkeypatch.setattr(bench, "generate", fake_generate)
+    table = bench.sampling_overhead(model, prompts(model), {"ar": {"method": "ar"}}, 6, repeats=2,
+                                    modes=("compiled",), progress=False, n_boot=200)
+    assert calls[0] == ("warm", 3, ["greedy", "sampled"]) and all(c == ("run", True) for c in calls[1:])
+    assert list(table.index) == [("greedy", "compiled")]
+
+
 def test_batched_acceptance_equals_decoding_each_prompt_alone():
     model = random_model("raven", seed=6, mean_recurrence=4)
     methods = {"mature-spec": {"method": "mature-spec", "draft_loops": 1, "gamma": 3},

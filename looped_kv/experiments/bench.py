@@ -289,7 +289,9 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[
             for mode in modes:
                 arms = {"greedy": config, "sampled": {**config, **ARGMAX_SAMPLING}}
                 options = dict(max_new_tokens=max_new_tokens, compile=mode == "compiled")
-                for arm in arms.values():  # traced and warm before any timed run
+                if mode == "compiled":  # every capacity bucket the prompts need, traced before any timed run
+                    warm_up(model, prompts, arms, max_new_tokens)
+                for arm in arms.values():  # warm before any timed run
                     generate(model, prompts[0], **options, **arm)
                 for i, ids in enumerate(prompts):
                     times: dict[str, list[float]] = {arm: [] for arm in arms}
