@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -58,7 +59,7 @@ EXITED_READS = ("last", "nearest-below")
 START_ENTROPY = 100.0
 
 
-class ExitCriterion:
+class ExitCriterion(ABC):
     """One criterion over the loops of one pass: :meth:`start` with the tokens' initial states, then :meth:`step`
     after each loop with what :attr:`reads` names; True where a token exits. A user's criterion subclasses it.
 
@@ -77,12 +78,12 @@ class ExitCriterion:
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold
 
-    def start(self, state: Tensor) -> None:
+    def start(self, state: Tensor) -> None:  # noqa: B027 (a hook a plug-in without state need not override)
         """A new pass: the tokens' initial states s(0) (B, n_embd)."""
 
+    @abstractmethod
     def step(self, loop: int, read: Tensor | None) -> Tensor:
         """(B,) bool after loop ``loop``: whether each token exits now."""
-        raise NotImplementedError
 
     @classmethod
     def earliest(cls, threshold: float) -> int:
@@ -110,8 +111,9 @@ class _Distance(ExitCriterion):
     def step(self, loop: int, read: Tensor | None) -> Tensor:
         return self.distance(read) < self.threshold
 
+    @abstractmethod
     def distance(self, read: Tensor) -> Tensor:
-        raise NotImplementedError
+        """(B,) the distance between this loop's ``read`` and the previous loop's."""
 
 
 class KLExit(_Distance):
