@@ -726,7 +726,6 @@ def _add_pass_cost(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_pass_cost)
 
 
-
 def cmd_pass_cost_check(args: argparse.Namespace) -> int:
     bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.gamma, args.methods, args.workloads,
                         args.repeats)
@@ -734,17 +733,14 @@ def cmd_pass_cost_check(args: argparse.Namespace) -> int:
         cost = analysis_pass_cost.read(args.cost)
     except (OSError, ValueError, KeyError) as error:
         raise ValueError(f"--cost {args.cost}: {error}") from None
-    if args.mode not in cost.coefficients:
-        raise ValueError(f"--mode {args.mode}: --cost {args.cost} holds {sorted(cost.coefficients)} only; re-run "
-                         f"looped-kv pass-cost with --modes {args.mode}")
+    pass_cost.check_mode(cost, args.mode, f"--cost {args.cost}")
     config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
     out = outputs.check_file(args.out, "--out", args.force)
     model = _load(args)
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the check's prompts are text")
-    draft_loops = args.draft_loops or default_draft_loops(config.mean_recurrence)
-    methods = {m: c for m, c in bench.method_configs(draft_loops, args.gamma).items() if m in args.methods}
+    methods = {m: c for m, c in bench.method_configs(args.draft_loops, args.gamma).items() if m in args.methods}
     pass_cost.check(model, cost, args.workloads, args.prompts, args.max_new_tokens, methods, out, args.model,
                     " ".join(["looped-kv", "pass-cost-check", *args.words]), args.repeats, args.mode,
                     progress=not args.quiet)
@@ -777,6 +773,7 @@ def _add_pass_cost_check(sub: argparse._SubParsersAction) -> None:
                                                                      f"(default: {SelfSpec.gamma})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_pass_cost_check)
+
 
 # -- gpu-check ------------------------------------------------------------------------------------------------------
 

@@ -292,7 +292,7 @@ def relative_cost(cost: PassCost, loops: Sequence[int], context: int, mode: str 
     """The cost of one pass against its new tokens: t(g, r, L) / t(1, r, L) at each measured width g (rows) and each
     of ``loops`` (columns), at ``context`` L: how much more a pass of g tokens costs than a one-token step of the same
     depth (RIPE/DAS Eq. 8 take it to be 1)."""
-    widths = sorted(set(cost._mode(mode, cost.coefficients)) | {g for g in cost.held_out})
+    widths = sorted(set(cost._mode(mode, cost.coefficients)) | set(cost.held_out))
     return pd.DataFrame({r: [cost.seconds(g, r, context, mode) / cost.seconds(1, r, context, mode) for g in widths]
                          for r in loops}, index=pd.Index(widths, name="tokens per pass"))
 

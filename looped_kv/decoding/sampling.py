@@ -125,7 +125,6 @@ class Sampler:
         self.seeds = list(seeds)
         self.greedy = temperature == 0
         self.cache: PlaneCache | None = None
-        self.keys: Tensor | None = None
         self.table: Tensor | None = None  # (streams, B, positions): :func:`uniforms` of every row and position
 
     def start(self, cache: PlaneCache) -> None:
@@ -133,17 +132,17 @@ class Sampler:
         if not self.greedy:
             if len(self.seeds) != cache.batch:
                 raise ValueError(f"sampling needs one seed per row ({cache.batch}), got {len(self.seeds)}")
-            self.keys = mix64(torch.tensor(self.seeds, dtype=torch.long, device=cache.lengths.device))
+            keys = mix64(torch.tensor(self.seeds, dtype=torch.long, device=cache.lengths.device))
             # every row's uniforms, computed once: a run draws at its committed length (at most the capacity)
             # plus a block, never past twice the capacity (a position past it fails the lookup, not silently)
             span = torch.arange(2 * cache.capacity + 1, device=cache.lengths.device).expand(cache.batch, -1)
-            self.table = torch.stack([uniforms(self.keys, span, stream) for stream in range(_STREAMS)])
+            self.table = torch.stack([uniforms(keys, span, stream) for stream in range(_STREAMS)])
         self.cache = cache
 
     def keep(self, rows: list[int]) -> None:
         """Only ``rows`` of the batch remain."""
-        if self.keys is not None:
-            self.keys, self.table = self.keys[rows], self.table[:, rows]
+        if self.table is not None:
+            self.table = self.table[:, rows]
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """The processed distributions (..., V) of ``logits``: temperature, top-k, top-p, min-p, renormalised."""

@@ -210,7 +210,7 @@ def warm_up(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, 
         generate(model, ids, max_new_tokens=max_new_tokens, compile=True, **config)
 
 
-def _check_rounds(repeats: int, modes: Sequence[str]) -> None:
+def check_rounds(repeats: int, modes: Sequence[str]) -> None:
     """The interleaved rounds of a timing run: an integer count >= 1, and modes of :data:`MODES`."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
@@ -227,7 +227,7 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
     over the paired greedy run of its mode (DAS Eq. 8) and over eager greedy decoding, A, G, tau, whether it equals
     greedy and ``repeats``. Compiled steps are traced before any timed run (:func:`warm_up`); the runs are timed
     under :func:`~looped_kv.experiments.speed.frozen_heap`."""
-    _check_rounds(repeats, modes)
+    check_rounds(repeats, modes)
     generate(model, prompts[0], max_new_tokens=4)  # warm-up
     if "compiled" in modes:
         warm_up(model, prompts, methods, max_new_tokens, progress)
@@ -282,7 +282,7 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[
     greedily and with :data:`ARGMAX_SAMPLING`, the two interleaved in ``repeats`` rounds (the order reversed every
     other round); the ratio of their median times per prompt, its mean over prompts with a paired 95% bootstrap
     interval, and whether every sampled run emitted the greedy tokens (so the ratio is the sampler's cost alone)."""
-    _check_rounds(repeats, modes)
+    check_rounds(repeats, modes)
     rows = []
     with frozen_heap():
         for key, config in tqdm(methods.items(), desc="sampling overhead", disable=not progress, leave=False):
@@ -291,8 +291,9 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[
                 options = dict(max_new_tokens=max_new_tokens, compile=mode == "compiled")
                 if mode == "compiled":  # every capacity bucket the prompts need, traced before any timed run
                     warm_up(model, prompts, arms, max_new_tokens)
-                for arm in arms.values():  # warm before any timed run
-                    generate(model, prompts[0], **options, **arm)
+                else:
+                    for arm in arms.values():  # warm before any timed run
+                        generate(model, prompts[0], **options, **arm)
                 for i, ids in enumerate(prompts):
                     times: dict[str, list[float]] = {arm: [] for arm in arms}
                     tokens = {}
@@ -656,9 +657,11 @@ def weights_sha256(source: str | Path) -> str:
     return digest.hexdigest()
 
 
-def write_record(path: Path, measured: Mapping[str, object], source: str | Path, command: str) -> None:
+def write_record(path: Path, measured: Mapping[str, object], source: str | Path, command: str,
+                 **header: object) -> None:
     """Save a bench (:func:`report`'s return) with what makes it a record: the command that printed it, the commit,
-    the machine (CPU model, threads, torch), the date and the weights' digest (:func:`weights_sha256`)."""
+    the machine (CPU model, threads, torch), the date, the weights' digest (:func:`weights_sha256`) and any other
+    ``header`` fields."""
     commit = source_commit()
     runs = {w: json.loads(r.assign(method=r["method"].map(lambda m: m if isinstance(m, str) else label(m)))
                           .to_json(orient="records"))
@@ -666,17 +669,23 @@ def write_record(path: Path, measured: Mapping[str, object], source: str | Path,
     path.write_text(json.dumps({
         "command": command, "commit": commit, "environment": measured["environment"],
         "date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "weights_sha256": weights_sha256(source),
-        "runs": runs}, indent=1) + "\n")
+        **header, "runs": runs}, indent=1) + "\n")
+
+
+def check_weights(path: str | Path, digest: str | None, command: str, source: str | Path) -> None:
+    """Refuse a record at ``path`` whose weights' ``digest`` is not ``source``'s: what it measured says nothing of
+    this model (re-run its ``command``)."""
+    ours = weights_sha256(source)
+    if digest != ours:
+        raise ValueError(f"{path} was measured on other weights than {str(source)!r}'s (weights_sha256 "
+                         f"{str(digest)[:12]}..., the model's {ours[:12]}...): re-run `{command}`")
 
 
 def read_record(path: Path = RECORD, source: str | Path = "tiny") -> tuple[dict, dict[str, pd.DataFrame]]:
     """A recorded bench (:func:`write_record`): its header and each workload's runs. A record measured on other
     weights than ``source``'s is refused: its speed-ups say nothing of this model."""
     record = json.loads(Path(path).read_text())
-    if record["weights_sha256"] != weights_sha256(source):
-        raise ValueError(f"{path} was measured on other weights than {str(source)!r}'s (weights_sha256 "
-                         f"{record['weights_sha256'][:12]}..., the model's {weights_sha256(source)[:12]}...): re-run "
-                         f"`{record['command']}`")
+    check_weights(path, record["weights_sha256"], record["command"], source)
     return {k: v for k, v in record.items() if k != "runs"}, {w: pd.DataFrame(r) for w, r in record["runs"].items()}
 
 

@@ -16,7 +16,6 @@ measurement_mode`'s: CPU, threads, torch), the command, the commit, the date and
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +44,15 @@ from looped_kv.decoding.generate import generate
 from looped_kv.decoding.loop import PassLog
 from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.settings import default_draft_loops
-from looped_kv.experiments.bench import warm_up, weights_sha256, workload_prompts
+from looped_kv.experiments.bench import (
+    check_rounds,
+    check_weights,
+    read_record,
+    warm_up,
+    weights_sha256,
+    workload_prompts,
+    write_record,
+)
 from looped_kv.experiments.speed import frozen_heap
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.measurement import measurement_mode, source_commit
@@ -239,15 +246,14 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     per (prompt, method): the median measured seconds, the predicted seconds (:func:`~looped_kv.analysis.pass_cost.
     predict_seconds`: every pass the run made, and the model's prefill), the prediction per kind of pass and the new
     tokens."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_rounds(repeats, (mode,))
+    check_mode(cost, mode)
     compiled = mode == "compiled"
     configs = {"ar": {"method": "ar"}, **{k: c for k, c in methods.items() if c.get("method") != "ar"}}
-    if compiled:
+    if compiled:  # every capacity bucket the prompts need, traced before any timed run
         warm_up(model, prompts, configs, max_new_tokens, progress)
-    generate(model, prompts[0], max_new_tokens=4, compile=compiled)  # warm-up
+    else:
+        generate(model, prompts[0], max_new_tokens=4)  # warm-up
     keys, rows = list(configs), []
     with frozen_heap():
         for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
@@ -277,9 +283,7 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
     """Run :func:`predictions` on each workload's first ``prompts`` evaluation prompts, print predicted / measured
     per method (:func:`~looped_kv.analysis.pass_cost.compare`) and record the runs in ``out`` (checked by the caller)
     with the command, the commit, the machine, the date, the weights' digest and the pass-cost record's."""
-    if mode not in cost.coefficients:
-        raise ValueError(f"--mode {mode}: the pass-cost record holds {sorted(cost.coefficients)} only; re-run "
-                         f"looped-kv pass-cost with --modes {mode}")
+    check_mode(cost, mode)
     runs: dict[str, pd.DataFrame] = {}
     with measurement_mode() as environment:
         print(f"model {source}, {environment['threads']} thread(s), {environment['cpu']}; {mode}, {prompts} prompts "
@@ -290,29 +294,27 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
             table = compare(runs[workload])
             table.insert(0, "measured / predicted", 1 / table["ratio"])
             print(f"{workload}:\n{table.to_string(float_format=lambda x: f'{x:.3f}')}")
-    out.write_text(json.dumps({
-        "command": command, "commit": source_commit(), "environment": environment,
-        "date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "weights_sha256": weights_sha256(source),
-        "pass_cost": {k: cost.meta.get(k) for k in ("command", "commit", "date", "weights_sha256")},
-        "runs": {w: json.loads(r.to_json(orient="records")) for w, r in runs.items()}}, indent=1) + "\n")
+    write_record(out, {"environment": environment, "runs": runs}, source, command,
+                 pass_cost={k: cost.meta.get(k) for k in ("command", "commit", "date", "weights_sha256")})
     print(f"recorded in {out}")
     return runs
+
+
+def check_mode(cost: PassCost, mode: str, where: str = "the pass-cost record") -> None:
+    """Refuse to price ``mode``'s passes with a pass-cost model that did not measure it, before any work."""
+    if mode not in cost.coefficients:
+        raise ValueError(f"--mode {mode}: {where} holds {sorted(cost.coefficients)} only; re-run looped-kv pass-cost "
+                         f"with --modes {mode}")
 
 
 def read_cost(path: str | Path = COST_RECORD, source: str | Path = "tiny") -> PassCost:
     """A recorded pass-cost model (:func:`run`), refused when measured on other weights than ``source``'s."""
     cost = read(path)
-    if cost.meta.get("weights_sha256") != weights_sha256(source):
-        raise ValueError(f"{path} was measured on other weights than {str(source)!r}'s: re-run "
-                         f"`{cost.meta.get('command', 'looped-kv pass-cost')}`")
+    check_weights(path, cost.meta.get("weights_sha256"), cost.meta.get("command", "looped-kv pass-cost"), source)
     return cost
 
 
 def read_check(path: str | Path = CHECK_RECORD, source: str | Path = "tiny") -> tuple[dict, dict[str, pd.DataFrame]]:
-    """A recorded check (:func:`check`): its header and each workload's runs; refused when measured on other weights
-    than ``source``'s."""
-    record = json.loads(Path(path).read_text())
-    if record["weights_sha256"] != weights_sha256(source):
-        raise ValueError(f"{path} was measured on other weights than {str(source)!r}'s: re-run "
-                         f"`{record['command']}`")
-    return {k: v for k, v in record.items() if k != "runs"}, {w: pd.DataFrame(r) for w, r in record["runs"].items()}
+    """A recorded check (:func:`check`, saved as a bench record is): its header and each workload's runs; refused
+    when measured on other weights than ``source``'s."""
+    return read_record(Path(path), source)
