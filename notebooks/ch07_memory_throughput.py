@@ -283,11 +283,12 @@ if book.is_tiny(model):
     text = (
         f"A {WIDTH}-token pass through all {R} loops costs "
         + " and ".join(f"{v:.2f} one-token steps ({m})" for m, v in relative.items())
-        + f" ({bench_provenance(cost.meta)}). A verification of {WIDTH} tokens that "
-        "kept them all would therefore decode at most "
+        + f". A verification of {WIDTH} tokens that kept them all would therefore "
+        "decode at most "
         + " and ".join(f"{WIDTH / v:.1f}x ({m})" for m, v in relative.items())
         + " as fast as greedy decoding, before its drafts are paid for; Eq. (8) would "
-        f"put that bound at {WIDTH}x.")
+        f"put that bound at {WIDTH}x. The pass costs were "
+        f"{bench_provenance(cost.meta)}.")
 else:
     text = ("This section reads the pass-cost record of the shipped tiny model; for "
             "this model run `looped-kv pass-cost`.")
