@@ -164,3 +164,30 @@ def test_a_continuing_scouts_minutes_are_its_own_sittings():
     assert scout.sitting_minutes({"log": log[:2], "final": {"time_s": 600.0}}) == 10  # a run from scratch
     recorded = {r["recipe"]: scout.sitting_minutes(r) for r in scout.records()}
     assert all(minutes <= 60 for minutes in recorded.values()), recorded
+
+
+def test_a_run_keeps_the_weights_of_every_evaluated_step_and_resumes_with_a_new_recurrence(tmp_path):
+    """Every held-out evaluation leaves its weights in OUT/evaluated (a step is chosen on the development split after
+    the run), and a resumed run may make its mean recurrence follow the curriculum (the long run's change)."""
+    from safetensors.torch import load_file
+
+    from looped_kv.runtime.loading import load
+
+    small = ["--out", str(tmp_path), "--steps", "2", "--eval-every", "1", "--batch", "2", "--seq", "160",
+             "--eval-programs", "4", "--eager", "--vocab", "300", "--mean-recurrence", "2", "--backprop", "1",
+             "--threads", "1", "--precision", "fp32"]
+    train.run(train_options(small), given=())
+    assert sorted(p.name for p in (tmp_path / "evaluated").iterdir()) == ["step-000001.safetensors",
+                                                                          "step-000002.safetensors"]
+    final = load(str(tmp_path), dtype=torch.float32).state_dict()
+    kept = load_file(tmp_path / "evaluated/step-000002.safetensors")
+    assert kept.keys() <= final.keys() and all(torch.equal(kept[k], final[k]) for k in kept)
+    assert not torch.equal(load_file(tmp_path / "evaluated/step-000001.safetensors")["transformer.wte.weight"],
+                           kept["transformer.wte.weight"])
+
+    again = ["--out", str(tmp_path), "--resume", "--steps", "3", "--recurrence-follows-depth", "--min-recurrence", "3"]
+    train.run(train_options(again), given=("steps", "recurrence_follows_depth", "min_recurrence"))
+    log = __import__("json").loads((tmp_path / "training_log.json").read_text())
+    changed = [entry["changed"] for entry in log if "changed" in entry]
+    assert changed == [{"steps": [2, 3], "recurrence_follows_depth": [False, True], "min_recurrence": [8, 3]}]
+    assert log[-1]["step"] == 3 and log[-1]["mean_recurrence"] == 3  # at least 3, though the mean is 2

@@ -60,8 +60,8 @@ EOS = "<|endoftext|>"
 #: depth it starts from (a staged mix), the chain layout, the schedule's decay, the deep draws and the curriculum
 #: (a ``--start-depth`` other than the recorded one restarts it there). Each change is logged with its step.
 RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth", "chain_layout", "value_first", "decay_from",
-             "deep_share",
-             "advance_at", "depth_step", "start_depth")
+             "deep_share", "advance_at", "depth_step", "start_depth", "mean_recurrence", "min_recurrence",
+             "recurrence_follows_depth")
 #: What a checkpoint older than an option ran with: before --mix-from-depth the mix applied from the start; before
 #: --chain-layout every program was one chain; before --decay-from the cosine ran from step 0; before --deep-share
 #: no step was drawn at DEEP_LOOPS.
@@ -424,12 +424,22 @@ def save_checkpoint(path: Path, state: dict) -> None:
     tmp.replace(path)
 
 
+def public_state(model: LoopedLM) -> dict[str, torch.Tensor]:
+    """The weights as the public format stores them (the head is tied to the embedding)."""
+    return {key: value.detach().contiguous() for key, value in model.state_dict().items() if key != "lm_head.weight"}
+
+
+def evaluated_weights(out: Path, step: int) -> Path:
+    """Where a run keeps the weights it had at a held-out evaluation, so that a step can be chosen on the
+    development split after the run (:func:`run`)."""
+    return out / "evaluated" / f"step-{step:06d}.safetensors"
+
+
 def write_model(folder: Path, model: LoopedLM, tokenizer: PreTrainedTokenizerFast, training: dict,
                 log: list[dict]) -> None:
     """The public format: model.safetensors, config.json (with the training record) and the tokenizer."""
     folder.mkdir(parents=True, exist_ok=True)
-    state = {key: value.contiguous() for key, value in model.state_dict().items() if key != "lm_head.weight"}
-    save_file(state, folder / "model.safetensors")
+    save_file(public_state(model), folder / "model.safetensors")
     tokenizer.save_pretrained(str(folder))
     (folder / "config.json").write_text(json.dumps(model.config.to_hf_dict() | {"training": training}, indent=2) + "\n")
     (folder / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
@@ -554,6 +564,9 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
             entry["held_out"] = by_bucket(quick_hits(loops, dev_chains, EVAL_LOOPS, autocast), dev_chains.depths)
             model.train()
             tqdm.write(f"step {step} (depth cap {curriculum.depth}): {format_accuracy(entry['held_out'])}")
+            kept = evaluated_weights(args.out, step)
+            kept.parent.mkdir(exist_ok=True)
+            save_file(public_state(model), kept)
         if step % 10 == 0 or "held_out" in entry or "curriculum_accuracy" in entry:
             log.append(entry)
         if last:
