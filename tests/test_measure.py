@@ -515,3 +515,26 @@ def test_the_read_depth_grid_is_das_figure_4s():
     assert read_depth_grid(12) == (2, 4, 8, 12)
     with pytest.raises(ValueError, match="num_loops must be >= 3"):
         read_depth_grid(2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_draft_readouts_are_the_decoders_own_draft_passes(family):
+    """The read-outs (one forward per read, read out on the way) pick what a d-loop draft pass of the decode loop
+    picks, for every depth and prefix read, in float64."""
+    from looped_kv.analysis.teacher_forcing import draft_readouts
+    from looped_kv.decoding.core import new_cache
+    from looped_kv.decoding.passes import Passes
+    from looped_kv.runtime.policy import make_prefix_reads
+
+    model = random_model(family, seed=5).double()
+    tokens = trajectory(model, new=4, seed=1)
+    cache = new_cache(model, make_policy("full", R), 2, 32)
+    passes = Passes(model, cache, width=1)
+    passes.prefill([tokens[0, :9], tokens[0, :11]])
+    pending = torch.stack([tokens[0, 9:10], tokens[0, 11:12]])
+    reads = {spec: make_prefix_reads(spec, R) for spec in ("aligned", "deep-kv", (2, 3))}
+    got = draft_readouts(model, cache, pending, [1, 3, R], reads)
+    for (d, spec), draft in got.items():
+        logits, _ = passes.run(pending, d, reads=reads[spec], store=None)
+        assert torch.equal(draft, logits[:, -1].argmax(-1)), (d, spec)
+    assert len(got) == 9

@@ -81,19 +81,20 @@ def draft_readouts(model: LoopedLM, cache: PlaneCache, pending: Tensor, depths: 
                    reads: Mapping[object, PrefixReads]) -> dict[tuple[int, object], Tensor]:
     """Greedy d-loop drafts (B,) of the token after ``pending`` (B, 1), for every depth and prefix read.
 
-    One pass per read runs the deepest depth and reads out the shallower ones on the way: a d-loop draft
-    is the first d loops of a deeper one (the same ops as ``run_block`` with d loops). Nothing is stored.
+    One forward per read runs the deepest depth and reads out the shallower ones on the way (``each_loop``): a
+    d-loop draft is the first d loops of a deeper one, as a draft pass of d loops computes it. Nothing is stored.
     """
-    out, core = {}, model.core_weights()
+    out = {}
     for spec, read in reads.items():
         router = BlockPass(cache, block_positions(cache, 1), reads=read, store=None)
-        positions = router.positions
-        embedded = model.embed(pending, positions, router)
-        state = model.initial_state(positions, pending.shape[0], last=router.last_position, tokens=pending)
-        for r in range(1, max(depths) + 1):
-            state = model.loop(state, embedded, positions, router, r, core, tokens=pending)
-            if r in depths:
-                out[(r, spec)] = model.readout(state, positions, router, tokens=pending)[:, -1].argmax(-1)
+
+        def read_out(r: int, state: Tensor, spec: object = spec, router: BlockPass = router) -> None:
+            if r in depths and r < max(depths):
+                out[(r, spec)] = model.readout(state, router.positions, router, tokens=pending)[:, -1].argmax(-1)
+
+        deepest = model(pending, max(depths), positions=router.positions, router=router, check=False,
+                        max_position=router.last_position, each_loop=read_out)
+        out[(max(depths), spec)] = deepest[:, -1].argmax(-1)
     return out
 
 
