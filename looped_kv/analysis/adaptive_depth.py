@@ -97,22 +97,21 @@ def _exit_pass(model: LoopedLM, ids: Tensor, rows: Tensor, columns: Tensor, targ
                rules: Mapping[str, ExitRule], R: int, planes: bool) -> dict[str, Tensor]:
     """One cache-free pass of ``ids`` for :func:`teacher_forced_exits`: per rule its exit loop, top token and target
     loss at each position, the full-depth top token, and with ``planes`` Delta_r (R, N) of keys and values."""
-    device, (B, n), N = model.device, ids.shape, len(rows)
+    device, n, N = model.device, ids.shape[1], len(rows)
     positions = torch.arange(n, device=device)
     router = _PlaneRecorder(rows, columns) if planes else CausalRouter()
-    embedded = model.embed(ids, positions, router)
-    state = model.resolve_state(None, positions, B, n - 1, embedded)
-    weights = model.core_weights()
     criteria = {name: rule.new() for name, rule in rules.items()}
-    for criterion in criteria.values():
-        criterion.start(state[rows, columns])
     out: dict[str, Tensor] = {}
     for name in rules:
         out[f"{name}/loop"] = torch.zeros(N, dtype=torch.long, device=device)
         out[f"{name}/top"] = torch.zeros(N, dtype=torch.long, device=device)
         out[f"{name}/nll"] = torch.zeros(N, dtype=torch.float64, device=device)
-    for r in range(1, R + 1):
-        state = model.loop(state, embedded, positions, router, r, weights, tokens=ids)
+
+    def each_loop(r: int, state: Tensor) -> None:
+        if r == 0:
+            for criterion in criteria.values():
+                criterion.start(state[rows, columns])
+            return
         logits = model.readout(state, positions, CausalRouter(), tokens=ids)[rows, columns].float()
         loss = F.cross_entropy(logits, targets, reduction="none").double()
         for name, criterion in criteria.items():
@@ -123,6 +122,8 @@ def _exit_pass(model: LoopedLM, ids: Tensor, rows: Tensor, columns: Tensor, targ
             out[f"{name}/loop"] = torch.where(new, r, out[f"{name}/loop"])
             out[f"{name}/top"] = torch.where(new, logits.argmax(-1), out[f"{name}/top"])
             out[f"{name}/nll"] = torch.where(new, loss, out[f"{name}/nll"])
+
+    logits = model(ids, R, router=router, check=False, max_position=n - 1, each_loop=each_loop)[rows, columns]
     out["full/top"] = logits.argmax(-1)
     if planes:
         for i, kind in enumerate(("k", "v")):
