@@ -538,3 +538,25 @@ def test_draft_readouts_are_the_decoders_own_draft_passes(family):
         logits, _ = passes.run(pending, d, reads=reads[spec], store=None)
         assert torch.equal(draft, logits[:, -1].argmax(-1)), (d, spec)
     assert len(got) == 9
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_teacher_forcing_a_greedy_trajectory_is_its_decoding_bit_for_bit(family):
+    """force is the decode loop with ForcedTokens: replaying greedy decoding's own tokens under its policy gives the
+    logits that chose them, exactly; a different token forced in changes what follows."""
+    from looped_kv.analysis.teacher_forcing import force
+    from looped_kv.decoding.loop import LogitsRecorder, decode
+
+    model = random_model(family, seed=7)
+    prompt = torch.randint(0, 50, (9,), generator=torch.Generator().manual_seed(2))
+    for policy in (make_policy("full", R), make_policy("deepest", R), make_policy("ripe", R, window=2),
+                   make_policy("sinks", R, sinks=2)):
+        recorder = LogitsRecorder()
+        out = decode(model, [prompt], [8], policy=policy, observer=recorder)
+        sequence = out.sequences[0]
+        forced = force(model, [sequence], [9], policy)
+        assert torch.equal(forced.row_logits(0), recorder.logits(0)), policy.name
+        changed = sequence.clone()
+        changed[11] = (changed[11] + 1) % 50
+        other = force(model, [changed], [9], policy).row_logits(0)
+        assert torch.equal(other[:3], recorder.logits(0)[:3]) and not torch.equal(other[3], recorder.logits(0)[3])

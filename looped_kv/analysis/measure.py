@@ -24,7 +24,7 @@ from torch import Tensor
 
 from looped_kv.analysis.replay import KL_RESOLUTION as KL_RESOLUTION  # the one KL function and its resolution
 from looped_kv.analysis.replay import kl
-from looped_kv.analysis.teacher_forcing import check_depths, draft_readouts, force
+from looped_kv.analysis.teacher_forcing import DraftHits, check_depths, force
 from looped_kv.analysis.verdicts import (
     BOOK_MINIMUM,
     Claim,
@@ -36,7 +36,7 @@ from looped_kv.analysis.verdicts import (
     verdict,
 )
 from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_chunks
-from looped_kv.decoding.loop import DecodeView, Observer, Outcome, decode
+from looped_kv.decoding.loop import decode
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
 
@@ -76,7 +76,7 @@ def block_dependence(model: LoopedLM, tokens: Tensor, prompt_length: int, policy
         raise ValueError(f"gamma must be >= 1, got {gamma}")
     _check_prompt_length(prompt_length, tokens.shape[1])
     forced = force(model, [tokens[0]], [prompt_length], policy, gamma=gamma)
-    divergences = [kl(forced.logits[0, s + 1:s + gamma + 2], forced.blocks[s][0]) for s in sorted(forced.blocks)]
+    divergences = [kl(forced.sequential(0, s, gamma + 1), block) for s, block in sorted(forced.blocks[0].items())]
     return torch.cat(divergences) if divergences else torch.empty(0, dtype=torch.float64)
 
 
@@ -103,27 +103,6 @@ def draft_agreement(model: LoopedLM, tokens: Tensor, prompt_length: int, draft_l
     return {key: int(value[0]) / total for key, value in forced.hits.items()} | {"n": total}
 
 
-class DraftAgreement(Observer):
-    """Counts, per prompt, the positions where a d-loop draft of the pending token (reading the cached prefix per
-    each read) predicts the token greedy decoding emits next."""
-
-    def __init__(self, depths: list[int], reads: dict, prompts: int) -> None:
-        self.depths, self.reads = depths, reads
-        self.hits = {(d, spec): np.zeros(prompts) for d in depths for spec in reads}
-        self.positions = np.zeros(prompts, dtype=int)
-        self.drafts: dict = {}
-
-    def proposing(self, view: DecodeView) -> None:
-        self.drafts = draft_readouts(view.model, view.cache, view.pending, self.depths, self.reads)
-
-    def verified(self, view: DecodeView, logits: Tensor, outcome: Outcome) -> None:
-        rows = np.asarray(view.rows)[np.asarray(view.live)]
-        live = torch.tensor(view.live, device=outcome.pending.device)
-        for key, draft in self.drafts.items():
-            self.hits[key][rows] += (draft == outcome.pending[:, 0])[live].cpu().numpy()
-        self.positions[rows] += 1
-
-
 @torch.no_grad()
 def read_depth_grid(num_loops: int) -> tuple[int, ...]:
     """The prefix read depths of DAS Figure 4's grid for a draft at r = 2: powers of two from 2 to R, and R, so the
@@ -145,7 +124,8 @@ def agreement_by_prompt(model: LoopedLM, prompts: Sequence[Tensor], max_new_toke
     ``stop_at_eos`` and ``eos_token_id``), and each row is what decoding it alone gives. At every
     generated position the cache holds the target's planes of the prefix, and a d-loop draft of the
     next token reads them per each of ``reads`` (``"aligned"``, ``"deep-v"``, ``"deep-k"``,
-    ``"deep-kv"`` or a (kappa, nu) pair of planes): the decode loop's observer (:class:`DraftAgreement`).
+    ``"deep-kv"`` or a (kappa, nu) pair of planes): the decode loop's observer
+    (:class:`~looped_kv.analysis.teacher_forcing.DraftHits`).
     Returns one row per (prompt, d, read): ``agreement`` (the fraction of the prompt's drafted positions
     where the draft's argmax is the target's token; NaN for a prompt with none) and ``positions`` (drafted
     positions). ``rows_per_chunk`` decodes the batch in row chunks of at most that many rows; each row's figures
@@ -169,7 +149,7 @@ def agreement_by_prompt(model: LoopedLM, prompts: Sequence[Tensor], max_new_toke
     depths = check_depths(draft_loops, R)
     rows_in, budgets = check_prompts(model, prompts, max_new_tokens)
     B = len(rows_in)
-    observer = DraftAgreement(depths, read_policies, B)
+    observer = DraftHits(depths, read_policies, B)
     decode(model, rows_in, budgets, policy=policy, eos=eos_id(model, eos_token_id, stop_at_eos), observer=observer)
     hits, positions = observer.hits, observer.positions
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -36,8 +36,8 @@ from tqdm.auto import tqdm
 from looped_kv.analysis.measure import policy_logits, row_tau
 from looped_kv.analysis.replay import KL_RESOLUTION, kl
 from looped_kv.analysis.teacher_forcing import (
+    ForcedTokens,
     PromptPlanes,
-    TeacherForcing,
     block_starts,
     check_trajectories,
     force,
@@ -46,12 +46,14 @@ from looped_kv.analysis.teacher_forcing import (
 from looped_kv.analysis.verdicts import Check, Claim, Verdict, above_floor, discrimination, enough_units, verdict
 from looped_kv.decoding.core import Generation
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.loop import DecodeView, LogitsRecorder, Observer, Observers, decode
+from looped_kv.decoding.speculative import LoopDrafts
 from looped_kv.papers import RIPE_TABLE_4_SETUP
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.model import LoopedLM
-from looped_kv.runtime.policy import CachePolicy, make_policy
+from looped_kv.runtime.policy import ALIGNED, CachePolicy, make_policy
 
 TAIL_KL: float = RIPE_TABLE_4_SETUP["tail KL"]  # RIPE Table 4's tail threshold
 
@@ -111,8 +113,9 @@ def _cache_tensors(cache: PlaneCache) -> list[Tensor]:
 def batched_vs_sequential(model: LoopedLM, tokens: Tensor, start: int, policy: CachePolicy) -> BlockComparison:
     """Verify ``tokens[:, start:]`` (gamma + 1 tokens) once in one batched pass and once token by token.
 
-    Both caches hold the same prefill of ``tokens[:, :start]``; the batched block is committed from its
-    buffer as Algorithm 1 does, the sequential one is written by each step. Proposition 1: with a
+    Both runs are the decode loop forced along ``tokens`` (:class:`ForcedTokens`) after the same prefill of
+    ``tokens[:, :start]``: greedy steps, and one speculative verification of the whole block (1-loop drafts), committed
+    from its buffer as Algorithm 1 does. Proposition 1: with a
     block-independent policy (full, or RIPE with W >= gamma) both are equal in exact arithmetic.
     """
     n = tokens.shape[1]
@@ -120,18 +123,26 @@ def batched_vs_sequential(model: LoopedLM, tokens: Tensor, start: int, policy: C
         raise ValueError(f"tokens must be (1, n), got shape {tuple(tokens.shape)}")
     if not 1 <= start < n:
         raise ValueError(f"start must be in [1, {n - 1}] (a prefix and a block of at least one token), got {start}")
-    sequential, batched = (TeacherForcing(model, policy, [tokens[0]], [start], gamma=n - start - 1)
-                           for _ in range(2))
-    for forced in (sequential, batched):
-        forced.prefill()
-    logits_seq = torch.cat([sequential.step(i) for i in range(n - start)], dim=1)
-    logits_batch = batched.check_block(0)
-    batched.commit_block(n - start)
-    planes = max(float((a - b).abs().max()) for a, b in zip(_cache_tensors(batched.cache),
-                                                             _cache_tensors(sequential.cache), strict=True)
-                 if a.numel())
+    sequence, gamma = tokens[0], n - start - 1
+    got = {}
+    for name, drafter in (("sequential", None), ("batched", LoopDrafts(draft_loops=1, gamma=gamma, reads=ALIGNED,
+                                                                       exact=False) if gamma else None)):
+        recorder, last = LogitsRecorder(), _LastCache()
+        decode(model, [sequence[:start]], [n - start + 1], policy=policy, drafter=drafter,
+               sampler=ForcedTokens([sequence]), observer=Observers(recorder, last))
+        got[name] = recorder.logits(0)[1:], _cache_tensors(last.cache)
+    (logits_seq, planes_seq), (logits_batch, planes_batch) = got["sequential"], got["batched"]
+    planes = max(float((a[..., :n, :] - b[..., :n, :]).abs().max())  # the n positions (capacities differ)
+                 for a, b in zip(planes_batch, planes_seq, strict=True) if a.numel())
     return BlockComparison(logits=float((logits_batch - logits_seq).abs().max()), planes=planes,
                            targets_equal=bool(torch.equal(logits_batch.argmax(-1), logits_seq.argmax(-1))))
+
+
+class _LastCache(Observer):
+    """The cache of a run, which after it holds every committed plane."""
+
+    def proposing(self, view: DecodeView) -> None:
+        self.cache = view.cache
 
 
 # -- Table 4 and Figure 4 ---------------------------------------------------------------------------
@@ -173,7 +184,7 @@ def replay_batch(model: LoopedLM, trajectories: Sequence[Tensor], prompt_lengths
         block_kl = None
         if gamma is not None:
             starts = block_starts(g, gamma)
-            block_kl = torch.cat([kl(forced.logits[b, s + 1:s + gamma + 2], forced.blocks[s][b]) for s in starts]
+            block_kl = torch.cat([kl(forced.sequential(b, s, gamma + 1), forced.blocks[b][s]) for s in starts]
                                  ) if len(starts) else torch.empty(0, dtype=torch.float64)
         out.append(ArmReplay(forced.row_logits(b), block_kl))
     return out

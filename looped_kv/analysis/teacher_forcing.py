@@ -1,19 +1,18 @@
-"""Teacher forcing through a cache policy: the one engine of the analysis layer's cached replays.
+"""Teacher forcing: given trajectories replayed through the one decode loop, as sequential decoding reads them.
 
-B trajectories (prompt plus generated tokens, any lengths) are replayed together exactly as sequential
-decoding under a cache policy reads them (RIPE Section 2, "Generation" mode): the prompts are prefilled
-(or their planes, recorded once by :func:`prompt_planes`, are stored), then generated token i of every
-row is decoded at step i, each row at its own positions. On the way, at chosen steps:
+B trajectories (prompt plus generated tokens, any lengths) are decoded by :func:`~looped_kv.decoding.loop.decode`
+under a cache policy with :class:`ForcedTokens` as its sampler: every token it picks is the trajectory's own, so
+generated token i of every row is processed at step i, each row at its own positions, reading the cache exactly as
+decoding under that policy does (RIPE Section 2, "Generation" mode). Observers measure on the way:
 
-* a *block check* (RIPE Sec. 5.2, Proposition 1): one batched verification pass over gamma + 1 tokens
-  reads the same cache as the sequential steps that follow, its planes going to a scratch buffer
-  (:meth:`TeacherForcing.check_block`; :meth:`TeacherForcing.commit_block` commits them as
-  Algorithm 1 does);
-* *draft read-outs* (DAS Table 6): before step i, d-loop drafts of the pending token read the cached
-  prefix under prefix read policies (:func:`draft_readouts`).
+* a *block check* (RIPE Sec. 5.2, Proposition 1), :class:`BlockChecks`: before the steps of a verification block,
+  one batched pass over its gamma + 1 tokens reads the same cache as those steps, its planes going to a scratch
+  buffer;
+* *draft read-outs* (DAS Table 6), :class:`DraftHits`: before each step, d-loop drafts of the pending token read
+  the cached prefix under prefix read policies (:func:`draft_readouts`) and are compared with the next token.
 
-:func:`force` runs that schedule; :mod:`looped_kv.analysis.measure` and :mod:`looped_kv.analysis.ripe`
-build their measurements on it.
+:func:`force` runs that schedule; :mod:`looped_kv.analysis.measure` and :mod:`looped_kv.analysis.ripe` build
+their measurements on it.
 """
 
 from __future__ import annotations
@@ -25,14 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import (
-    block_positions,
-    new_buffer,
-    new_cache,
-    prompt_logits,
-    run_block,
-    step,
-)
+from looped_kv.decoding.core import block_positions, new_buffer, new_cache, prompt_logits, run_block
+from looped_kv.decoding.loop import DecodeView, LogitsRecorder, Observer, Observers, Outcome, decode
+from looped_kv.decoding.sampling import Sampler
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy
@@ -67,16 +61,6 @@ def block_starts(generated: int, gamma: int) -> range:
     return range(0, generated - gamma, gamma + 1)
 
 
-def tokens_after_prompt(sequences: Sequence[Tensor], prompt_lengths: Sequence[int], offset: int,
-                        width: int = 1) -> Tensor:
-    """Tokens ``offset .. offset + width - 1`` after each row's prompt (B, width); 0 past a row's end."""
-    out = torch.zeros(len(sequences), width, dtype=torch.long, device=sequences[0].device)
-    for b, (s, p) in enumerate(zip(sequences, prompt_lengths, strict=True)):
-        part = s[p + offset:p + offset + width]
-        out[b, :len(part)] = part
-    return out
-
-
 def draft_readouts(model: LoopedLM, cache: PlaneCache, pending: Tensor, depths: Sequence[int],
                    reads: Mapping[object, PrefixReads]) -> dict[tuple[int, object], Tensor]:
     """Greedy d-loop drafts (B,) of the token after ``pending`` (B, 1), for every depth and prefix read.
@@ -98,6 +82,88 @@ def draft_readouts(model: LoopedLM, cache: PlaneCache, pending: Tensor, depths: 
     return out
 
 
+class ForcedTokens(Sampler):
+    """Teacher forcing as the decode loop's sampler: the token it picks at a row's position t is the row's
+    trajectory token t (0 past its end), whatever the logits, so greedy decoding replays the trajectories."""
+
+    def __init__(self, sequences: Sequence[Tensor]) -> None:
+        super().__init__()
+        self.sequences = list(sequences)
+        self.forced: Tensor | None = None  # (B, positions) of the rows still in the batch
+
+    def start(self, cache: PlaneCache) -> None:
+        super().start(cache)
+        self.forced = torch.zeros(cache.batch, 2 * cache.capacity + 2, dtype=torch.long, device=cache.lengths.device)
+        for b, s in enumerate(self.sequences):
+            self.forced[b, :len(s)] = s
+
+    def keep(self, rows: list[int]) -> None:
+        self.forced = self.forced[rows]
+
+    def _at(self, n: int, offset: int) -> Tensor:
+        positions = self.cache.lengths[:, None] + offset + torch.arange(n, device=self.cache.lengths.device)
+        return self.forced.gather(1, positions)
+
+    def first(self, logits: Tensor) -> Tensor:
+        return self._at(1, 0)
+
+    def draft(self, logits: Tensor, offset: int) -> tuple[Tensor, Tensor | None]:
+        return self._at(logits.shape[1], offset), None
+
+    def targets(self, logits: Tensor, drafts: Tensor, q: Tensor | None, lengths: Tensor | None) -> Tensor:
+        return self._at(logits.shape[1], 1)
+
+
+class BlockChecks(Observer):
+    """RIPE Sec. 5.2's block check before the steps at each of ``starts`` (per row, offsets after its prompt): one
+    batched verification pass over the row's next gamma + 1 trajectory tokens reads the cache the steps will read,
+    its planes going to a scratch buffer. ``blocks[row][offset]`` is its logits (gamma + 1, V)."""
+
+    def __init__(self, sequences: Sequence[Tensor], prompt_lengths: Sequence[int], gamma: int,
+                 starts: Sequence[range]) -> None:
+        self.sequences, self.prompt_lengths, self.gamma, self.starts = sequences, prompt_lengths, gamma, starts
+        self.blocks: list[dict[int, Tensor]] = [{} for _ in sequences]
+        self.offset = 0
+
+    def proposing(self, view: DecodeView) -> None:
+        offset, n = self.offset, self.gamma + 1
+        self.offset += 1
+        if not any(offset in self.starts[row] for row in view.rows):
+            return
+        tokens = torch.zeros(len(view.rows), n, dtype=torch.long, device=view.pending.device)
+        for i, row in enumerate(view.rows):
+            part = self.sequences[row][self.prompt_lengths[row] + offset:][:n]
+            tokens[i, :len(part)] = part
+        R = view.cache.policy.num_loops
+        router = BlockPass(view.cache, block_positions(view.cache, n),
+                           buffer=new_buffer(view.model, R, len(view.rows), n), store="buffer")
+        logits, _ = run_block(view.model, tokens, router, R)
+        for i, row in enumerate(view.rows):
+            if offset in self.starts[row]:
+                self.blocks[row][offset] = logits[i]
+
+
+class DraftHits(Observer):
+    """Counts, per row, the positions where a d-loop draft of the pending token (reading the cached prefix per each
+    read, :func:`draft_readouts`) predicts the token the row emits next (DAS Table 6)."""
+
+    def __init__(self, depths: list[int], reads: Mapping[object, PrefixReads], rows: int) -> None:
+        self.depths, self.reads = depths, reads
+        self.hits = {(d, spec): np.zeros(rows, dtype=np.int64) for d in depths for spec in reads}
+        self.positions = np.zeros(rows, dtype=np.int64)
+        self.drafts: dict = {}
+
+    def proposing(self, view: DecodeView) -> None:
+        self.drafts = draft_readouts(view.model, view.cache, view.pending, self.depths, self.reads)
+
+    def verified(self, view: DecodeView, logits: Tensor, outcome: Outcome) -> None:
+        rows = np.asarray(view.rows)[np.asarray(view.live)]
+        live = torch.tensor(view.live, device=outcome.pending.device)
+        for key, draft in self.drafts.items():
+            self.hits[key][rows] += (draft == outcome.pending[:, 0])[live].cpu().numpy()
+        self.positions[rows] += 1
+
+
 @dataclass(frozen=True)
 class PromptPlanes:
     """The prompts of B trajectories processed once (:func:`prompt_planes`): every site's keys and values, which
@@ -107,110 +173,71 @@ class PromptPlanes:
     last_logits: Tensor  # (B, V)
     lengths: Tensor  # (B,) prompt lengths
 
-
-class TeacherForcing:
-    """B trajectories (1-d ``sequences`` and their ``prompt_lengths``) forced through one cache under ``policy``.
-
-    ``capacity`` defaults to the longest prompt plus the most generated tokens; ``gamma`` (>= 0) allocates the
-    scratch buffer of the block checks (gamma + 1 tokens).
-    """
-
-    def __init__(self, model: LoopedLM, policy: CachePolicy, sequences: Sequence[Tensor],
-                 prompt_lengths: Sequence[int], *, gamma: int | None = None, capacity: int | None = None) -> None:
-        self.model, self.policy = model, policy
-        self.sequences, self.prompt_lengths = list(sequences), list(prompt_lengths)
-        self.generated = [len(s) - p for s, p in zip(self.sequences, self.prompt_lengths, strict=True)]
-        B = len(self.sequences)
-        capacity = capacity or max(self.prompt_lengths) + max(self.generated)
-        self.cache = new_cache(model, policy, B, capacity)
-        self.buffer = new_buffer(model, policy.num_loops, B, gamma + 1) if gamma is not None else None
-
-    def prefill(self, prompts: PromptPlanes | None = None, record: dict | None = None) -> Tensor:
-        """Process the prompts (or store ``prompts``' planes); the logits of each prompt's last position (B, V)."""
-        if prompts is None:
-            return prompt_logits(self.model, self.cache, [s[:p] for s, p in zip(self.sequences, self.prompt_lengths,
-                                                                               strict=True)],
-                                 self.policy.num_loops, record)
-        B, width = len(self.sequences), max(self.prompt_lengths)
-        cache = self.cache
-        writes = cache.plan_writes(torch.arange(width, device=cache.lengths.device).expand(B, -1), prompts.lengths)
-        cache.write(writes, prompts.keys_values)
-        cache.advance(prompts.lengths)
-        return prompts.last_logits
-
-    def tokens(self, offset: int, width: int = 1) -> Tensor:
-        return tokens_after_prompt(self.sequences, self.prompt_lengths, offset, width)
-
-    def step(self, offset: int) -> Tensor:
-        """Decode generated token ``offset`` of every row (0 past a row's end), committing it; logits (B, 1, V)."""
-        return step(self.model, self.cache, self.tokens(offset), self.policy.num_loops)
-
-    def check_block(self, offset: int) -> Tensor:
-        """One batched verification pass over generated tokens offset .. offset + gamma of every row, reading the
-        cache as the next steps will; its planes go to the buffer. Logits (B, gamma + 1, V)."""
-        n = self.buffer.capacity
-        router = BlockPass(self.cache, block_positions(self.cache, n), buffer=self.buffer, store="buffer")
-        logits, _ = run_block(self.model, self.tokens(offset, n), router, self.policy.num_loops)
-        return logits
-
-    def commit_block(self, counts: Tensor | int) -> None:
-        """Commit each row's first ``counts`` tokens of the checked block from the buffer (RIPE Algorithm 1)."""
-        self.cache.commit(self.buffer, counts)
-
-    def readouts(self, offset: int, depths: Sequence[int], reads: Mapping[object, PrefixReads]) -> dict:
-        """:func:`draft_readouts` of generated token ``offset`` of every row, from the cache as it is."""
-        return draft_readouts(self.model, self.cache, self.tokens(offset), depths, reads)
+    def store(self, cache: PlaneCache) -> Tensor:
+        """Store the planes as ``cache``'s policy keeps them (the decode loop's prefill); the last logits (B, V)."""
+        B, width = cache.batch, int(self.lengths.max())
+        writes = cache.plan_writes(torch.arange(width, device=cache.lengths.device).expand(B, -1), self.lengths)
+        cache.write(writes, self.keys_values)
+        cache.advance(self.lengths)
+        return self.last_logits
 
 
 @dataclass
 class Forced:
-    """What :func:`force` measured: the sequential logits of every row, the block checks' logits by offset, and the
-    draft read-outs' hits (a draft equal to the next trajectory token) and drafted positions per row."""
+    """What :func:`force` measured: each row's sequential logits (from its prompt's last position on), the block
+    checks' logits per row and offset, and the draft read-outs' hits (a draft equal to the next trajectory token) and
+    drafted positions per row."""
 
-    logits: Tensor  # (B, steps + 1, V): column i + 1 comes from decoding generated token i, column 0 from the prefill
+    rows: list[Tensor]  # row b: (steps + 1, V); entry i + 1 comes from decoding generated token i, entry 0 the prefill
     generated: list[int]
-    blocks: dict[int, Tensor] = field(default_factory=dict)  # offset -> (B, gamma + 1, V)
+    blocks: list[dict[int, Tensor]] = field(default_factory=list)  # row -> offset -> (gamma + 1, V)
     hits: dict[tuple[int, object], Tensor] = field(default_factory=dict)  # (d, read) -> (B,) on the host
     drafted: Tensor | None = None  # (B,) positions with a read-out
 
     def row_logits(self, b: int) -> Tensor:
         """Row b's logits predicting its generated tokens (generated, V)."""
-        return self.logits[b, :self.generated[b]]
+        return self.rows[b][:self.generated[b]]
+
+    def sequential(self, b: int, offset: int, n: int) -> Tensor:
+        """Row b's sequential logits of generated tokens ``offset`` .. ``offset`` + n - 1 (n, V): what its block
+        check at ``offset`` computes in one pass."""
+        return self.rows[b][offset + 1:offset + 1 + n]
 
 
 @torch.no_grad()
 def force(model: LoopedLM, sequences: Sequence[Tensor], prompt_lengths: Sequence[int], policy: CachePolicy, *,
           gamma: int | None = None, depths: Sequence[int] = (), reads: Mapping[object, PrefixReads] | None = None,
           prompts: PromptPlanes | None = None) -> Forced:
-    """Teacher-forced sequential replay of B trajectories (1-d ``sequences``) under ``policy``, rows together.
+    """Teacher-forced sequential replay of B trajectories (1-d ``sequences``) under ``policy``, rows together: the
+    decode loop with :class:`ForcedTokens`.
 
     With ``gamma``, each row's generated tokens are cut into verification blocks of gamma + 1 tokens
-    (:func:`block_starts`) and a block check runs before each block's first step. With ``depths`` and ``reads``,
-    before each step i that has a next token, d-loop drafts of generated token i read the cached prefix under each
-    read and count as hits where they equal generated token i + 1 (``depths`` in the order given). ``prompts``
-    (:func:`prompt_planes` of the same model and trajectories) stands in for the prefill.
+    (:func:`block_starts`) and a block check runs before each block's first step (:class:`BlockChecks`). Or with
+    ``depths`` and ``reads``, before each step i that has a next token, d-loop drafts of generated token i read the
+    cached prefix under each read and count as hits where they equal generated token i + 1 (:class:`DraftHits`).
+    ``prompts`` (:func:`prompt_planes` of the same model and trajectories) stands in for the prefill.
     """
-    engine = TeacherForcing(model, policy, sequences, prompt_lengths, gamma=gamma)
-    generated = engine.generated
+    if gamma and reads:
+        raise ValueError("force checks blocks (gamma) or reads drafts out (depths and reads), not both in one run")
+    generated = [len(s) - p for s, p in zip(sequences, prompt_lengths, strict=True)]
     starts = [block_starts(g, gamma) if gamma else range(0) for g in generated]
-    last = max([g - 2 for g in generated] + [s[-1] + gamma for s in starts if len(s)])  # the last step's offset
-    out = Forced(torch.empty(0), generated)
-    steps = [engine.prefill(prompts)[:, None]]
+    # a row's budget: its generated tokens, or more where a block check needs the step of its last token
+    budgets = [max(g, s[-1] + gamma + 2) if len(s) else g for g, s in zip(generated, starts, strict=True)]
+    recorder, observers = LogitsRecorder(), []
+    if gamma:
+        observers.append(BlockChecks(sequences, prompt_lengths, gamma, starts))
     if reads:
-        read_at = sorted(set(depths))
-        out.hits = {(d, spec): torch.zeros(len(generated), dtype=torch.long) for d in depths for spec in reads}
-        drafted = torch.tensor([max(g - 1, 0) for g in generated])
-        out.drafted = drafted
-    for i in range(last + 1):
-        if gamma and any(i in s for s in starts):
-            out.blocks[i] = engine.check_block(i)
-        if reads:
-            target = engine.tokens(i + 1)[:, 0].cpu()
-            valid = i < drafted
-            for key, draft in engine.readouts(i, read_at, reads).items():
-                out.hits[key] += ((draft.cpu() == target) & valid).long()
-        steps.append(engine.step(i))
-    out.logits = torch.cat(steps, dim=1)
+        observers.append(DraftHits(sorted(set(depths)), reads, len(sequences)))
+    decode(model, [s[:p] for s, p in zip(sequences, prompt_lengths, strict=True)], budgets, policy=policy,
+           sampler=ForcedTokens(sequences), observer=Observers(recorder, *observers),
+           prefill=None if prompts is None else prompts.store)
+    out = Forced([recorder.logits(b) for b in range(len(sequences))], generated)
+    if gamma:
+        out.blocks = observers[0].blocks
+    if reads:
+        drafts = observers[0]
+        out.hits = {(d, spec): torch.from_numpy(drafts.hits[(d, spec)]) for d in depths for spec in reads}
+        out.drafted = torch.tensor([max(g - 1, 0) for g in generated])
     return out
 
 
@@ -224,9 +251,8 @@ def prompt_planes(model: LoopedLM, trajectories: Sequence[Tensor], prompt_length
     of the same model share one prefill this way.
     """
     check_trajectories(trajectories, prompt_lengths)
-    sequences = [t[0] for t in trajectories]
-    engine = TeacherForcing(model, make_policy("full", num_loops), sequences, prompt_lengths,
-                            capacity=max(prompt_lengths))
+    cache = new_cache(model, make_policy("full", num_loops), len(trajectories), max(prompt_lengths))
     record: dict = {}
-    last = engine.prefill(record=record)
-    return PromptPlanes(record, last, torch.tensor(list(prompt_lengths), device=engine.cache.lengths.device))
+    last = prompt_logits(model, cache, [t[0, :p] for t, p in zip(trajectories, prompt_lengths, strict=True)],
+                         num_loops, record)
+    return PromptPlanes(record, last, torch.tensor(list(prompt_lengths), device=cache.lengths.device))

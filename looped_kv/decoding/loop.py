@@ -32,7 +32,7 @@ different depths reading one cache, and the verifier commits only what it verifi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -104,6 +104,33 @@ class Observer:
     def emitted(self, tokens: dict[int, Tensor]) -> None:
         """After the prefill and after each verification: the tokens each row (by its index among the prompts)
         emitted, cut at its budget and its end-of-text (what streaming hands over)."""
+
+
+class Observers(Observer):
+    """Several observers of one run, told in order."""
+
+    def __init__(self, *observers: Observer) -> None:
+        self.observers = observers
+
+    def ran(self, record: PassRecord) -> None:
+        for o in self.observers:
+            o.ran(record)
+
+    def prefilled(self, view: DecodeView, logits: Tensor) -> None:
+        for o in self.observers:
+            o.prefilled(view, logits)
+
+    def proposing(self, view: DecodeView) -> None:
+        for o in self.observers:
+            o.proposing(view)
+
+    def verified(self, view: DecodeView, logits: Tensor, outcome: Outcome) -> None:
+        for o in self.observers:
+            o.verified(view, logits, outcome)
+
+    def emitted(self, tokens: dict[int, Tensor]) -> None:
+        for o in self.observers:
+            o.emitted(tokens)
 
 
 class LogitsRecorder(Observer):
@@ -193,7 +220,7 @@ def check_logits(model: LoopedLM, logits: Tensor, what: str) -> None:
 def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy: CachePolicy,
            drafter: Drafter | None = None, eos: int | None = None, compile: bool = False, shrink: bool | None = None,
            progress: bool = False, observer: Observer | None = None, sampler: Sampler | None = None,
-           exits: ExitRule | None = None) -> Generation:
+           exits: ExitRule | None = None, prefill: Callable[[PlaneCache], Tensor] | None = None) -> Generation:
     """Decode checked ``prompts`` (1-d each) with their ``budgets`` through one batch-first loop.
 
     ``drafter`` (default: none, greedy decoding) proposes the tokens each verification tests; ``compile`` runs
@@ -202,11 +229,16 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     rows from the batch rather than keeping them as padding. ``sampler`` (default: greedy) picks every token: the
     first one, the drafts, and the verifier's by speculative sampling (:mod:`looped_kv.decoding.sampling`).
     ``exits`` (greedy decoding, eager) gives every token its own depth (:mod:`looped_kv.decoding.adaptive`).
+    ``prefill(cache)`` (eager) stands in for the prompts' pass: it stores their planes in the run's cache and returns
+    each prompt's last logits (B, V) (teacher forcing shares one prefill among cache policies this way:
+    :class:`~looped_kv.analysis.teacher_forcing.PromptPlanes`).
     """
     drafter = drafter or Drafter()
     drafter.check(policy)
     if exits is not None and compile:
         raise ValueError("compile=True runs no early exit (exit runs eager): use compile=False")
+    if prefill is not None and compile:
+        raise ValueError("compile=True prefills in its own buckets: a given prefill needs compile=False")
     sampler = sampler or Sampler()
     observer = observer or Observer()
     shrink = not compile if shrink is None else shrink
@@ -219,7 +251,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     else:
         passes = AdaptivePasses(model, cache, exits, observer.ran)
     sampler.start(cache)
-    logits = passes.prefill(prompts)
+    logits = passes.prefill(prompts) if prefill is None else prefill(cache)
     check_logits(model, logits, "prefill")
     pending = sampler.first(logits)
     observer.prefilled(DecodeView(model, cache, pending, rows.batch, rows.live), logits)
