@@ -61,7 +61,7 @@ EOS = "<|endoftext|>"
 #: (a ``--start-depth`` other than the recorded one restarts it there). Each change is logged with its step.
 RESUMABLE = ("threads", "steps", "minutes", "mix", "mix_from_depth", "chain_layout", "value_first", "decay_from",
              "deep_share", "advance_at", "depth_step", "start_depth", "mean_recurrence", "min_recurrence",
-             "recurrence_follows_depth")
+             "recurrence_follows_depth", "lr")
 #: What a checkpoint older than an option ran with: before --mix-from-depth the mix applied from the start; before
 #: --chain-layout every program was one chain; before --decay-from the cosine ran from step 0; before --deep-share
 #: no step was drawn at DEEP_LOOPS.
