@@ -207,7 +207,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = generate(model, ids, method=args.method, cache=args.cache, max_new_tokens=args.max_new_tokens,
                    progress=args.progress, observer=printer, **options, **flags)
     completion = model.tokenizer.decode(out.new_tokens[0].tolist())
-    stats = {"method": args.method, "cache": out.details.get("policy", args.cache), **out.stats()}
+    stats = {"method": args.method, "cache": out.policy, **out.stats()}
     if args.json:
         print(json.dumps({"prompt": text, "completion": completion, "stats": stats}))
     else:

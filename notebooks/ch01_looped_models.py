@@ -545,7 +545,7 @@ same_rows = {
 }
 stopped = {w: run.stopped.count("eos") for w, run in runs.items()}
 ratio = {
-    w: deepest_runs[w].details["cache_bytes"] / runs[w].details["cache_bytes"]
+    w: deepest_runs[w].cache_bytes / runs[w].cache_bytes
     for w in runs
 }
 book.md(

@@ -285,7 +285,7 @@ same = sum(torch.equal(a, s) for a, s in
 # narrower dtype rounding may split near-ties, so the equal rows are counted)
 if model_exact.dtype == torch.float64:
     assert same == len(exact_prompts)
-row_bytes = sequential.details["row_cache_bytes"]
+row_bytes = sequential.row_cache_bytes
 for s, nbytes in zip(sequential.sequences, row_bytes, strict=True):
     assert nbytes == m_ripe(cfg, len(s) - 1, GAMMA, R, model_exact.dtype)  # Eq. (10)
 deep_sequential = looped_kv.generate(model_exact, exact_prompts, **decode,

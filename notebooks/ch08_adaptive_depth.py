@@ -281,7 +281,7 @@ for w in ("problems", "code"):
     for name in NAMES:
         out = looped_kv.generate(model, ids, exit=name, **run)
         match = ad.continuation_agreement(reference, [r.tolist() for r in out.new_rows])
-        distinct = out.details["distinct_cache_bytes"] / out.details["cache_bytes"]
+        distinct = out.distinct_cache_bytes / out.cache_bytes
         text_rows[(w, name)] = {"mean loops": out.mean_loops,
                                 "prefix": match["prefix"].mean(),
                                 "same": match["same"].mean(),
@@ -395,8 +395,8 @@ reference = looped_kv.generate(model, problem_ids, **run)
 greedy_chains = ad.decode_chains(model, programs, **share)[1]
 policy_rows = {"greedy, no exit": {
     "mean loops": R, "prefix": 1.0, "chain accuracy": greedy_chains["hit"].mean(),
-    "cache bytes": reference.details["cache_bytes"],
-    "distinct bytes": reference.details["cache_bytes"]}}
+    "cache bytes": reference.cache_bytes,
+    "distinct bytes": reference.cache_bytes}}
 for reads_policy in ("last", "nearest-below"):
     exits = dict(exit="argmax", exited_reads=reads_policy)
     out = looped_kv.generate(model, problem_ids, **exits, **run)
@@ -406,8 +406,8 @@ for reads_policy in ("last", "nearest-below"):
     policy_rows[f"argmax, {reads_policy}"] = {
         "mean loops": out.mean_loops, "prefix": match["prefix"].mean(),
         "chain accuracy": scored["hit"].mean(),
-        "cache bytes": out.details["cache_bytes"],
-        "distinct bytes": out.details["distinct_cache_bytes"]}
+        "cache bytes": out.cache_bytes,
+        "distinct bytes": out.distinct_cache_bytes}
 policy_table = pd.DataFrame(policy_rows).T
 book.table(policy_table, percent=("prefix", "chain accuracy"),
            caption=f"share({P.share_k}): word problems (prefix agreement with greedy "

@@ -79,7 +79,7 @@ def test_compiled_passes_emit_the_eager_tokens(backend, model, method, cache):
     eager, traced = (run(model, ids, method, compile=c, **cache) for c in (False, True))
     assert all(torch.equal(a, b) for a, b in zip(eager.sequences, traced.sequences, strict=True)), (method, cache)
     assert traced.row_accepted == eager.row_accepted and traced.stopped == eager.stopped
-    assert traced.details["row_cache_bytes"] == eager.details["row_cache_bytes"]
+    assert traced.row_cache_bytes == eager.row_cache_bytes
     if method != "ar" and cache.get("exact", True):
         greedy = run(model, ids, **{k: v for k, v in cache.items() if k != "exact"})
         assert all(torch.equal(a, b) for a, b in zip(greedy.sequences, traced.sequences, strict=True))
@@ -203,8 +203,8 @@ def test_stopped_rows_kept_as_padding_change_nothing(model, method):
     shrunk, padded = (decode(model, ids, budgets, policy=policy, drafter=drafter(), shrink=s) for s in (True, False))
     assert all(torch.equal(a, b) for a, b in zip(shrunk.sequences, padded.sequences, strict=True))
     assert shrunk.row_accepted == padded.row_accepted and shrunk.stopped == padded.stopped
-    assert shrunk.details["row_cache_bytes"] == padded.details["row_cache_bytes"]
-    assert shrunk.details["batch_per_pass"] == padded.details["batch_per_pass"]  # live rows per pass
+    assert shrunk.row_cache_bytes == padded.row_cache_bytes
+    assert shrunk.batch_per_pass == padded.batch_per_pass  # live rows per pass
 
 
 def test_bench_times_eager_and_compiled_side_by_side(backend, model):

@@ -60,7 +60,7 @@ def test_greedy_rows_are_greedy_alone(model, cache, params):
         assert torch.equal(out.sequences[i], alone.sequences[0])
         assert len(out.new_rows[i]) == budget
         expected = policy_bytes(model.config, policy, len(prompt) + budget - 1, model.dtype)
-        assert out.details["row_cache_bytes"][i] == expected
+        assert out.row_cache_bytes[i] == expected
     assert out.num_new == sum(BUDGETS) and out.stopped == ["length"] * 4
 
 
@@ -147,7 +147,7 @@ def test_ring_writes_keep_each_rows_last_window():
 def test_stopped_rows_leave_the_batch_without_allocating():
     model = random_model("huginn", seed=2)
     out = run(model, ragged_prompts(model, (4, 2, 3)), [1, 3, 5])
-    assert out.details["batch_per_pass"] == [2, 2, 1, 1]  # row 0 never steps; row 1 leaves after two steps
+    assert out.batch_per_pass == [2, 2, 1, 1]  # row 0 never steps; row 1 leaves after two steps
     assert [len(t) for t in out.new_rows] == [1, 3, 5]
     cache = PlaneCache(model.config, make_policy("ripe", R, window=3), batch=4, capacity=12, dtype=model.dtype)
     prompt_logits(model, cache, ragged_prompts(model, (4, 2, 3, 5)), R)

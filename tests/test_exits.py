@@ -71,7 +71,7 @@ def test_a_criterion_that_never_fires_is_greedy_full_depth(family, cache, exit, 
     adaptive = looped_kv.generate(model, prompts, exit=exit, exit_threshold=threshold, **run)
     assert same_rows(greedy, adaptive)
     assert adaptive.row_loops == [[6] * len(row) for row in adaptive.new_rows] and adaptive.mean_loops == 6
-    assert adaptive.details["row_distinct_cache_bytes"] == greedy.details["row_cache_bytes"]
+    assert adaptive.row_distinct_cache_bytes == greedy.row_cache_bytes
     sampled = dict(temperature=1.0, seed=5)
     assert same_rows(looped_kv.generate(model, prompts, **run, **sampled),
                      looped_kv.generate(model, prompts, exit=exit, exit_threshold=threshold, **run, **sampled))
@@ -121,7 +121,7 @@ def check_rows_alone(model, prompts, budgets, **run) -> list[list[int]]:
         alone = looped_kv.generate(model, prompt, max_new_tokens=budget, stop_at_eos=False, **run)
         assert torch.equal(alone.sequences[0], batch.sequences[i]), (i, run)
         assert alone.row_loops[0] == batch.row_loops[i], (i, run)
-        assert alone.details["row_distinct_cache_bytes"][0] == batch.details["row_distinct_cache_bytes"][i]
+        assert alone.row_distinct_cache_bytes[0] == batch.row_distinct_cache_bytes[i]
     loops = {loop for row in batch.row_loops for loop in row}
     assert len(loops) > 2, (run, batch.row_loops)  # the rows exit at many loops
     return batch.row_loops
@@ -166,7 +166,7 @@ def test_row_chunks_and_statistics_with_early_exit(huginn):
     parts = looped_kv.generate(huginn, prompts, rows_per_chunk=1, **run)
     assert same_rows(whole, parts) and whole.row_loops == parts.row_loops
     for key in ("row_cache_bytes", "row_distinct_cache_bytes", "distinct_cache_bytes", "exit"):
-        assert whole.details[key] == parts.details[key], key
+        assert getattr(whole, key) == getattr(parts, key), key
     assert [len(r) for r in whole.row_loops] == [5, 6, 4]
     every = [loop for row in whole.row_loops for loop in row]
     assert whole.stats()["loops_per_token"] == whole.mean_loops == sum(every) / len(every) < 6
@@ -350,12 +350,12 @@ def test_the_cache_holds_the_distinct_planes_exit_bytes_counts(huginn, cache, pa
     for row, (loops, n) in enumerate(zip(out.row_loops, out.prompt_lengths, strict=True)):
         positions = [loops[0]] * (n - 1) + loops  # the prompt exits with its last position
         L = len(positions)
-        assert kv.host_lengths[row] == L and out.details["row_cache_bytes"][row] == policy_bytes(
+        assert kv.host_lengths[row] == L and out.row_cache_bytes[row] == policy_bytes(
             config, make_policy(cache, R, **params), L, torch.float64)  # the preallocated cache: every slot
         planes = sum(distinct_core_planes(kv, row, j, layer) for j in range(L) for layer in range(config.n_core))
-        assert out.details["row_distinct_cache_bytes"][row] == b * (L * (config.n_prelude + config.n_coda) + planes), \
+        assert out.row_distinct_cache_bytes[row] == b * (L * (config.n_prelude + config.n_coda) + planes), \
             (row, positions)
-    assert out.details["distinct_cache_bytes"] <= out.details["cache_bytes"]
+    assert out.distinct_cache_bytes <= out.cache_bytes
 
 
 @pytest.mark.parametrize("reads", ["last", "nearest-below"])
@@ -451,7 +451,7 @@ def test_an_ouro_checkpoint_without_a_threshold_names_it():
                                          r"probability reaches threshold\)$"):
         looped_kv.generate(model, torch.tensor([[3, 1]]), max_new_tokens=2, exit="gate")
     out = looped_kv.generate(random_model("ouro", seed=3), torch.tensor([[3, 1]]), max_new_tokens=2, exit="gate")
-    assert out.details["exit"]["exit_threshold"] == 1.0  # the checkpoint's early_exit_threshold
+    assert out.exit["exit_threshold"] == 1.0  # the checkpoint's early_exit_threshold
 
 
 def test_the_command_line_decodes_with_early_exit(capsys):

@@ -78,8 +78,8 @@ def test_rows_per_chunk_decodes_the_same_rows(model, method, options):
     assert all(torch.equal(a, b) for a, b in zip(whole.sequences, parts.sequences, strict=True))
     assert (parts.row_accepted, parts.stopped, parts.prompt_lengths) == (whole.row_accepted, whole.stopped,
                                                                         whole.prompt_lengths)
-    assert parts.details["row_cache_bytes"] == whole.details["row_cache_bytes"]
-    assert parts.details["allocated_bytes"] < whole.details["allocated_bytes"]  # one chunk's cache at a time
+    assert parts.row_cache_bytes == whole.row_cache_bytes
+    assert parts.allocated_bytes < whole.allocated_bytes  # one chunk's cache at a time
     with pytest.raises(ValueError, match="rows_per_chunk must be None or an int >= 1"):
         looped_kv.generate(model, prompts, rows_per_chunk=0, **run)
 
@@ -105,7 +105,7 @@ def test_every_method_runs_with_its_defaults(any_model, method):
     out = looped_kv.generate(any_model, ids, method=method, max_new_tokens=8)
     assert torch.equal(out.tokens, looped_kv.generate(any_model, ids, max_new_tokens=8).tokens), method
     if method in ("self-spec", "mature-spec"):
-        assert out.details["draft_loops"] == {4: 1, 32: 4}[any_model.config.mean_recurrence]
+        assert out.options["draft_loops"] == {4: 1, 32: 4}[any_model.config.mean_recurrence]
 
 
 def test_chapter_model_measures_without_cudnn_attention_on_a_gpu(monkeypatch):

@@ -60,7 +60,7 @@ def exit_profile(model: LoopedLM, prompts: Tensor | Sequence[Tensor], exit: str,
     and return each emitted token's exit loop."""
     out = generate(model, prompts, method="ar", exit=exit, exit_threshold=exit_threshold,
                    max_new_tokens=max_new_tokens, **options)
-    return ExitProfile([row.tolist() for row in out.new_rows], out.row_loops, out.details["exit"]["num_loops"])
+    return ExitProfile([row.tolist() for row in out.new_rows], out.row_loops, out.exit["num_loops"])
 
 
 class _PlaneRecorder(CausalRouter):

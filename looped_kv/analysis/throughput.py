@@ -121,7 +121,7 @@ def memory_cells(model: LoopedLM, prompts: Sequence[Tensor], batch_sizes: Sequen
     cells = []
     for size in tqdm(sizes, disable=not progress, desc=f"{method}, {cache}: peak memory", leave=False):
         peak, out = peak_bytes(lambda size=size: _run(model, prompts, size, run), model.device)
-        cells.append(MemoryCell(size, peak, out.details["allocated_bytes"]))
+        cells.append(MemoryCell(size, peak, out.allocated_bytes))
     return cells
 
 

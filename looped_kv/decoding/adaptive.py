@@ -146,6 +146,4 @@ class AdaptivePasses(Passes):
         distinct = [exit_bytes(self.model.config, self.rule.policy, loops, self.rule.exited_reads, self.model.dtype)
                     for loops in self.loops]
         row_loops = [loops[n - 1:] for loops, n in zip(self.loops, out.prompt_lengths, strict=True)]
-        return replace(out, row_loops=row_loops, details={**out.details, "exit": self.rule.options,
-                                                          "distinct_cache_bytes": sum(distinct),
-                                                          "row_distinct_cache_bytes": distinct})
+        return replace(out, row_loops=row_loops, exit=self.rule.options, row_distinct_cache_bytes=distinct)

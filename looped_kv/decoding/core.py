@@ -37,12 +37,28 @@ class Generation:
     forward_passes: int = 0
     stopped: list[str] = field(default_factory=list)  # per row: "eos" or "length"
     pad_id: int = 0
-    details: dict = field(default_factory=dict)  # cache policy, cache bytes, live rows per pass, method options
+    policy: str = ""  # the cache policy's name
+    row_cache_bytes: list[int] = field(default_factory=list)  # per row: the bytes its cache held when it stopped
+    allocated_bytes: int = 0  # the bytes the cache allocated (decoded in chunks: the largest chunk's)
+    batch_per_pass: list[int] = field(default_factory=list)  # live rows per verification
+    options: dict[str, object] = field(default_factory=dict)  # the method's options (Drafter.options)
     row_loops: list[list[int]] = field(default_factory=list)  # with early exit, per row: loops that chose each token
+    exit: dict[str, object] | None = None  # with early exit: the rule (ExitRule.options)
+    row_distinct_cache_bytes: list[int] = field(default_factory=list)  # early exit, per row: distinct planes' bytes
 
     @property
     def batch(self) -> int:
         return len(self.sequences)
+
+    @property
+    def cache_bytes(self) -> int:
+        """The bytes every row's cache held when it stopped (:mod:`looped_kv.runtime.memory`'s equations)."""
+        return sum(self.row_cache_bytes)
+
+    @property
+    def distinct_cache_bytes(self) -> int:
+        """With early exit, the bytes of the distinct planes the rows stored (an exited token's copies counted once)."""
+        return sum(self.row_distinct_cache_bytes)
 
     @property
     def prompt_length(self) -> int:
@@ -121,17 +137,15 @@ class Generation:
     def concat(cls, parts: Sequence[Generation]) -> Generation:
         """The rows of several runs, in order, as one run (a batch decoded in row chunks): per-row lists are
         joined, counts and times added, and the cache's allocation is the largest one chunk held."""
-        if len({p.pad_id for p in parts}) != 1 or len({p.details.get("policy") for p in parts}) != 1:
+        if len({p.pad_id for p in parts}) != 1 or len({p.policy for p in parts}) != 1:
             raise ValueError("parts must share one pad id and one cache policy")
-        details = {key: [x for p in parts for x in p.details[key]] if isinstance(value, list)
-                   else max(p.details[key] for p in parts) if key == "allocated_bytes"
-                   else sum(p.details[key] for p in parts) if isinstance(value, int | float) and key != "policy"
-                   else value for key, value in parts[0].details.items()}
         joined = {name: [x for p in parts for x in getattr(p, name)]
                   for name in ("sequences", "prompt_lengths", "row_accepted", "row_drafted", "row_retained", "stopped",
-                               "row_loops")}
+                               "row_cache_bytes", "batch_per_pass", "row_loops", "row_distinct_cache_bytes")}
+        first = parts[0]
         return cls(**joined, wall_time=sum(p.wall_time for p in parts),
-                   forward_passes=sum(p.forward_passes for p in parts), pad_id=parts[0].pad_id, details=details)
+                   forward_passes=sum(p.forward_passes for p in parts), pad_id=first.pad_id, policy=first.policy,
+                   allocated_bytes=max(p.allocated_bytes for p in parts), options=first.options, exit=first.exit)
 
     def stats(self) -> dict[str, float]:
         """The run's statistics; ``loops_per_token`` (:attr:`mean_loops`) with early exit."""
@@ -403,7 +417,7 @@ class Rows:
         wall = time.perf_counter() - self.start
         sequences = [torch.cat([p, *new]) for p, new in zip(self.prompts, self.emitted, strict=True)]
         cache_bytes = [0 if b is None else b for b in self.cache_bytes]
-        details = {"policy": cache.policy.name, "cache_bytes": sum(cache_bytes), "row_cache_bytes": cache_bytes,
-                   "allocated_bytes": cache.allocated_bytes, "batch_per_pass": self.batch_per_pass, **options}
         return Generation(sequences, [len(p) for p in self.prompts], wall, self.accepted, self.drafted,
-                          self.retained, forward_passes, self.stopped, 0 if pad_id is None else pad_id, details)
+                          self.retained, forward_passes, self.stopped, 0 if pad_id is None else pad_id,
+                          policy=cache.policy.name, row_cache_bytes=cache_bytes,
+                          allocated_bytes=cache.allocated_bytes, batch_per_pass=self.batch_per_pass, options=options)

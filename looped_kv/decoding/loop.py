@@ -204,7 +204,7 @@ class Drafter:
 
     @property
     def options(self) -> dict:
-        """The method's options, kept in the run's details (:attr:`Generation.details`)."""
+        """The method's options, kept in the run's result (:attr:`Generation.options`)."""
         return {}
 
 
