@@ -10,8 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from looped_kv.decoding.core import Generation
     from looped_kv.decoding.generate import generate
+    from looped_kv.decoding.result import Generation
     from looped_kv.decoding.stream import stream
     from looped_kv.runtime.attention import CausalRouter, Site
     from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 #: Each public name and the module that defines it.
 _SOURCES = {
-    "looped_kv.decoding.core": ("Generation",), "looped_kv.decoding.generate": ("generate",),
+    "looped_kv.decoding.result": ("Generation",), "looped_kv.decoding.generate": ("generate",),
     "looped_kv.decoding.stream": ("stream",),
     "looped_kv.runtime.attention": ("CausalRouter", "Site"),
     "looped_kv.runtime.cache": ("BlockBuffer", "BlockPass", "PlaneCache"),

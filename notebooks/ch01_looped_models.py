@@ -61,7 +61,7 @@ from looped_kv.analysis.depth import (
     loss_by_text,
 )
 from looped_kv.analysis.measure import draft_agreement_rows
-from looped_kv.decoding.core import prefill
+from looped_kv.decoding.passes import prefill
 from looped_kv.runtime import exit_gate
 from looped_kv.runtime.memory import m_deep, m_full
 from looped_kv.tiny import gates

@@ -83,7 +83,7 @@ from looped_kv.analysis.ripe import (
     tail_prompt,
     tail_summary,
 )
-from looped_kv.decoding.core import new_cache, prefill
+from looped_kv.decoding.passes import new_cache, prefill
 from looped_kv.runtime.memory import m_ripe, memory_table
 from looped_kv.runtime.policy import make_policy
 from looped_kv.workloads import data

@@ -65,8 +65,9 @@ from looped_kv.analysis.verdicts import (
     interval_table,
     tally,
 )
-from looped_kv.decoding.core import accept, new_cache, prefill
 from looped_kv.decoding.das_wave import DEEP_KV, refine
+from looped_kv.decoding.loop import accept
+from looped_kv.decoding.passes import new_cache, prefill
 from looped_kv.experiments import bench, components
 from looped_kv.runtime.policy import make_policy
 from looped_kv.workloads import data

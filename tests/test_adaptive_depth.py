@@ -27,7 +27,7 @@ from looped_kv.analysis.adaptive_depth import (
     time_exits,
 )
 from looped_kv.analysis.depth import encode_chains
-from looped_kv.decoding.core import Generation
+from looped_kv.decoding.result import Generation
 from looped_kv.runtime.attention import CausalRouter
 from looped_kv.workloads import data
 

@@ -20,8 +20,8 @@ from looped_kv import (
     raven_llama,
     raven_tinyllama,
 )
-from looped_kv.decoding.core import new_cache, prefill, step
 from looped_kv.decoding.greedy import greedy
+from looped_kv.decoding.passes import new_cache, prefill, step
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.config import raven_olmo
 from looped_kv.runtime.memory import layer_token_bytes

@@ -18,11 +18,10 @@ from safetensors.torch import load_file
 
 from looped_kv import generate, make_policy
 from looped_kv.decoding import compiled
-from looped_kv.decoding.core import capacity_bucket, capacity_buckets, new_cache
 from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
 from looped_kv.decoding.loop import decode
-from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.passes import Passes, capacity_bucket, capacity_buckets, new_cache
 from looped_kv.decoding.speculative import LoopDrafts
 from looped_kv.experiments import bench, speed
 from looped_kv.runtime.cache import PrefillPass

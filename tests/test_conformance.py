@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from looped_kv import CausalRouter, Site, make_policy
-from looped_kv.decoding.core import new_cache, run_block
+from looped_kv.decoding.passes import new_cache, run_block
 from looped_kv.runtime.cache import BlockPass
 
 

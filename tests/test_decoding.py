@@ -15,10 +15,9 @@ from looped_kv.analysis import throughput
 from looped_kv.analysis.memory_bench import peak_bytes
 from looped_kv.analysis.throughput import throughput_cells
 from looped_kv.decoding import compiled as compiled_step
-from looped_kv.decoding.core import accept, new_cache, prefill, prompt_logits, run_block
 from looped_kv.decoding.generate import generate
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, decode
-from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal, accept, decode
+from looped_kv.decoding.passes import Passes, new_cache, prefill, prompt_logits, run_block
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.policy import make_policy
@@ -128,7 +127,7 @@ def test_blocks_read_in_place_with_one_fused_attention_where_the_policy_allows(c
 
 
 def _buffer(model):
-    from looped_kv.decoding.core import new_buffer
+    from looped_kv.decoding.passes import new_buffer
 
     return new_buffer(model, R, 1, 4)
 

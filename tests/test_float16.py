@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import looped_kv
 from looped_kv import make_policy
 from looped_kv.cli import main
-from looped_kv.decoding.core import new_cache, prefill, step
+from looped_kv.decoding.passes import new_cache, prefill, step
 from looped_kv.runtime.loading import load, save
 from looped_kv.runtime.model import Float16Overflow
 

@@ -522,8 +522,7 @@ def test_draft_readouts_are_the_decoders_own_draft_passes(family):
     """The read-outs (one forward per read, read out on the way) pick what a d-loop draft pass of the decode loop
     picks, for every depth and prefix read, in float64."""
     from looped_kv.analysis.teacher_forcing import draft_readouts
-    from looped_kv.decoding.core import new_cache
-    from looped_kv.decoding.passes import Passes
+    from looped_kv.decoding.passes import Passes, new_cache
     from looped_kv.runtime.policy import make_prefix_reads
 
     model = random_model(family, seed=5).double()

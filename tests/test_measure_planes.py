@@ -52,7 +52,7 @@ from looped_kv.analysis.replay import (
     rounding,
     substitute,
 )
-from looped_kv.decoding.core import new_cache, prefill, step
+from looped_kv.decoding.passes import new_cache, prefill, step
 from looped_kv.runtime.attention import attend
 from looped_kv.workloads import data
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 import looped_kv
 from looped_kv import make_policy
-from looped_kv.decoding.core import new_cache, run_block
+from looped_kv.decoding.passes import new_cache, run_block
 from looped_kv.runtime import exit_gate
 from looped_kv.runtime.cache import BlockPass
 from looped_kv.runtime.config import LoopedConfig

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 import looped_kv
 from looped_kv import make_policy
-from looped_kv.decoding.core import new_cache, run_block
+from looped_kv.decoding.passes import new_cache, run_block
 from looped_kv.runtime.attention import CausalRouter, Site
 from looped_kv.runtime.cache import BlockPass
 from looped_kv.runtime.config import LoopedConfig

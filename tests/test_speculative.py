@@ -12,9 +12,9 @@ import torch
 from conftest import random_model
 
 import looped_kv
-from looped_kv.decoding.core import new_cache, prefill, run_block, step
 from looped_kv.decoding.das_wave import DEEP_KV, proposal_width, refine
 from looped_kv.decoding.lookup import lookup_drafts
+from looped_kv.decoding.passes import new_cache, prefill, run_block, step
 from looped_kv.runtime.cache import BlockBuffer, BlockPass
 from looped_kv.runtime.policy import make_policy
 from looped_kv.workloads import data

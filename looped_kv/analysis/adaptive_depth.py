@@ -29,9 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from looped_kv.analysis.depth import decoded_hits, depth_bucket
-from looped_kv.decoding.core import Generation, row_chunks
 from looped_kv.decoding.exits import ExitRule, exit_rule
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.prompts import row_chunks
+from looped_kv.decoding.result import Generation
 from looped_kv.runtime.attention import CausalRouter, Site
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from looped_kv.decoding.core import row_chunks
+from looped_kv.decoding.prompts import row_chunks
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads.data import ChainProgram
 

@@ -35,8 +35,9 @@ from looped_kv.analysis.verdicts import (
     varies,
     verdict,
 )
-from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_chunks
 from looped_kv.decoding.loop import decode
+from looped_kv.decoding.prompts import check_prompts, eos_id, row_chunks
+from looped_kv.decoding.result import Generation
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy, make_prefix_reads
 

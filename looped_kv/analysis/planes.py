@@ -69,7 +69,7 @@ from looped_kv.analysis.replay import (
     rounding,
     substitute,
 )
-from looped_kv.decoding.core import new_cache, prefill, step
+from looped_kv.decoding.passes import new_cache, prefill, step
 from looped_kv.papers import RIPE_SEC_3_1_PLANES
 from looped_kv.runtime.attention import Site
 from looped_kv.runtime.cache import PlaneCache

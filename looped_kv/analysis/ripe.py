@@ -44,9 +44,9 @@ from looped_kv.analysis.teacher_forcing import (
     prompt_planes,
 )
 from looped_kv.analysis.verdicts import Check, Claim, Verdict, above_floor, discrimination, enough_units, verdict
-from looped_kv.decoding.core import Generation
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.loop import DecodeView, LogitsRecorder, Observer, Observers, decode
+from looped_kv.decoding.result import Generation
 from looped_kv.decoding.speculative import LoopDrafts
 from looped_kv.papers import RIPE_TABLE_4_SETUP
 from looped_kv.runtime.cache import PlaneCache

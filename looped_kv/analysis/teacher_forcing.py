@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import block_positions, new_buffer, new_cache, prompt_logits, run_block
 from looped_kv.decoding.loop import DecodeView, LogitsRecorder, Observer, Observers, Outcome, decode
+from looped_kv.decoding.passes import block_positions, new_buffer, new_cache, prompt_logits, run_block
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.model import LoopedLM

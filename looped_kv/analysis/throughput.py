@@ -16,8 +16,9 @@ from tqdm.auto import tqdm
 
 from looped_kv.analysis.memory_bench import MemoryCell, MemoryCheck, check_memory_model, peak_bytes
 from looped_kv.analysis.perf import FixedMemoryFactors, fixed_memory_factors
-from looped_kv.decoding.core import Generation, check_prompts
 from looped_kv.decoding.generate import drafter, generate
+from looped_kv.decoding.prompts import check_prompts
+from looped_kv.decoding.result import Generation
 from looped_kv.decoding.settings import method_config
 from looped_kv.runtime.model import LoopedLM
 

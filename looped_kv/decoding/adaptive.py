@@ -13,7 +13,7 @@ way without running them; the readout of each row's exit state then writes the c
 
 :class:`AdaptivePasses` are the decode loop's passes with this prefill and this verification (one token per row),
 eager; they record each position's exit loop, and report per row the loop whose logits chose each emitted token
-(:attr:`~looped_kv.decoding.core.Generation.row_loops`) and the bytes of the distinct planes the cache holds
+(:attr:`~looped_kv.decoding.result.Generation.row_loops`) and the bytes of the distinct planes the cache holds
 (:func:`~looped_kv.runtime.memory.exit_bytes`). A pass is told to ``on_pass`` once it has run, with the loops the
 batch ran (its rows' deepest exit); a criterion that reads logits also runs the readout after every loop, which a
 :class:`~looped_kv.decoding.passes.PassRecord` does not count.
@@ -27,9 +27,10 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, block_positions, check_empty, pad_prompts
 from looped_kv.decoding.exits import ExitRule
-from looped_kv.decoding.passes import Passes, PassRecord
+from looped_kv.decoding.passes import Passes, PassRecord, block_positions, check_empty
+from looped_kv.decoding.prompts import pad_prompts
+from looped_kv.decoding.result import Generation
 from looped_kv.runtime.attention import Site
 from looped_kv.runtime.cache import BlockPass, PlaneCache
 from looped_kv.runtime.memory import exit_bytes

@@ -21,7 +21,7 @@ So each tensor has one shape at every call, and a step is traced once per shape:
   states with masks, so its J rounds take one trace per width bucket whenever they read the same planes
   (always with deep K/V reads).
 
-The cache's capacity is bucketed (:func:`~looped_kv.decoding.core.capacity_bucket`), so prompts of new
+The cache's capacity is bucketed (:func:`~looped_kv.decoding.passes.capacity_bucket`), so prompts of new
 lengths reuse a trace, and stopped rows stay in the batch as padding. Writing into the planes inside the
 graph is done in place (an index_put on a graph input). In float64 the compiled passes emit the eager ones'
 tokens for every method (tested). ``BACKEND`` is torch.compile's ``backend``, and ``OPTIONS`` its Inductor options
@@ -35,8 +35,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import capacity_bucket, check_empty, last_logits, pad_prompts
-from looped_kv.decoding.passes import Passes, PassRecord
+from looped_kv.decoding.passes import Passes, PassRecord, capacity_bucket, check_empty, last_logits
+from looped_kv.decoding.prompts import pad_prompts
 from looped_kv.runtime.cache import BlockBuffer, PlaneCache, PrefillPass, StaticBlockPass
 from looped_kv.runtime.model import LoopedLM, check_finite
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
@@ -216,7 +216,7 @@ class CompiledPasses(Passes):
 
 def refined_width(width: int, gamma: int) -> int:
     """The positions a compiled DAS-Wave round refines for ``width`` active ones: the first of 2, 3, 4, 6, 8, 12, 16,
-    24, 32, ... (:func:`~looped_kv.decoding.core.capacity_buckets`' ladder) that holds them, at most gamma. The
+    24, 32, ... (:func:`~looped_kv.decoding.passes.capacity_buckets`' ladder) that holds them, at most gamma. The
     rounds' widths min(gamma, W_init + j) (DAS Eq. 5) then cost at most a third more than their own, at a trace per
     bucket met."""
     return capacity_bucket(width, gamma, smallest=2)

@@ -25,8 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import accept
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal, accept
 from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.decoding.speculative import check_reads, check_speculation

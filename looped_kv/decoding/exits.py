@@ -275,7 +275,7 @@ class ExitRule:
 
     @property
     def options(self) -> dict[str, object]:
-        """The rule as the run's result keeps it (:attr:`~looped_kv.decoding.core.Generation.exit`), with R, the loops
+        """The rule as the run's result keeps it (:attr:`~looped_kv.decoding.result.Generation.exit`), with R, the loops
         of a token whose criterion never fires."""
         return {"exit": self.criterion.name, "exit_threshold": self.threshold, "exited_reads": self.exited_reads,
                 "num_loops": self.policy.num_loops}

@@ -7,10 +7,11 @@ from dataclasses import replace
 
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, check_prompts, eos_id, row_chunks
 from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
 from looped_kv.decoding.loop import Drafter, Observer, decode
+from looped_kv.decoding.prompts import check_prompts, eos_id, row_chunks
+from looped_kv.decoding.result import Generation
 from looped_kv.decoding.sampling import Sampler, row_seeds
 from looped_kv.decoding.settings import DasWave, Decoding, MatureSpec, PromptLookup, SelfSpec, method_config
 from looped_kv.decoding.speculative import LoopDrafts

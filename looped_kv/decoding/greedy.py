@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation
 from looped_kv.decoding.loop import Observer, decode_rows
+from looped_kv.decoding.result import Generation
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy
 

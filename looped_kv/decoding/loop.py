@@ -40,9 +40,10 @@ from torch import Tensor
 
 from looped_kv.decoding.adaptive import AdaptivePasses
 from looped_kv.decoding.compiled import CompiledPasses
-from looped_kv.decoding.core import Generation, Rows, capacity_bucket, new_cache
 from looped_kv.decoding.exits import ExitRule
-from looped_kv.decoding.passes import Passes, PassRecord
+from looped_kv.decoding.passes import Passes, PassRecord, capacity_bucket, new_cache
+from looped_kv.decoding.result import Generation
+from looped_kv.decoding.rows import Rows
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.model import LoopedLM
@@ -165,6 +166,20 @@ class PassLog(Observer):
         self.passes.append(record)
 
 
+def accept(drafts: Tensor, targets: Tensor, lengths: Tensor | None = None) -> Tensor:
+    """(B,) longest prefix of each row of ``drafts`` (B, n) equal to the verifier's ``targets`` (B, >= n).
+
+    ``lengths`` (B,) caps rows whose drafts are shorter than n (the rest is padding).
+    """
+    n = drafts.shape[1]
+    if n == 0:
+        return torch.zeros(drafts.shape[0], dtype=torch.long, device=drafts.device)
+    mismatch = drafts != targets[:, :n]
+    if lengths is not None:
+        mismatch |= torch.arange(n, device=drafts.device) >= lengths[:, None]
+    return torch.where(mismatch.any(1), mismatch.int().argmax(1), n)
+
+
 class Drafter:
     """What a method adds to the loop: its proposals, the tokens it verifies and what it accepts. This base drafter
     proposes nothing (greedy decoding); a method, or a user's plug-in, subclasses it.
@@ -225,7 +240,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
 
     ``drafter`` (default: none, greedy decoding) proposes the tokens each verification tests; ``compile`` runs
     every pass on compiled steps with static shapes, in a cache of bucketed capacity
-    (:func:`~looped_kv.decoding.core.capacity_bucket`); ``shrink`` (default: not ``compile``) drops stopped
+    (:func:`~looped_kv.decoding.passes.capacity_bucket`); ``shrink`` (default: not ``compile``) drops stopped
     rows from the batch rather than keeping them as padding. ``sampler`` (default: greedy) picks every token: the
     first one, the drafts, and the verifier's by speculative sampling (:mod:`looped_kv.decoding.sampling`).
     ``exits`` (greedy decoding, eager) gives every token its own depth (:mod:`looped_kv.decoding.adaptive`).
@@ -292,7 +307,7 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
 def decode_rows(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], max_new_tokens: int | Sequence[int], *,
                 policy: CachePolicy, drafter: Drafter | None = None, **kwargs: object) -> Generation:
     """:func:`decode` of unchecked prompts: checked first (shapes, ids, budgets, the context)."""
-    from looped_kv.decoding.core import check_prompts
+    from looped_kv.decoding.prompts import check_prompts
 
     margin = 0 if drafter is None else drafter.lookahead
     prompts, budgets = check_prompts(model, input_ids, max_new_tokens, margin=margin)

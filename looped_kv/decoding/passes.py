@@ -1,21 +1,112 @@
-"""The eager passes of the decode loop (:mod:`looped_kv.decoding.loop`): block passes over one cache that read
-each row's committed prefix in place; :class:`~looped_kv.decoding.compiled.CompiledPasses` is their compiled,
-static-shape counterpart, with the same interface. Each pass is told, as a :class:`PassRecord`, to the callback the
-loop gives them (its :class:`~looped_kv.decoding.loop.Observer`'s ``ran``): what a pass-cost model
-(:mod:`looped_kv.analysis.pass_cost`) predicts a decoder's time from."""
+"""The model's passes over one cache, for the decode loop (:mod:`looped_kv.decoding.loop`).
+
+Convention (RIPE Algorithm 1): the cache holds the planes of every processed token; each row's last emitted token
+is *pending* (emitted, not yet processed). A decoder prefills B prompts of any lengths (right-padded; padding is
+never stored nor read, :func:`prompt_logits`), then runs passes of (B, n) tokens after each row's committed prefix
+through :class:`~looped_kv.runtime.cache.BlockPass` (:func:`run_block`, :func:`step`), in a cache of a bucketed
+capacity when compiled (:func:`capacity_bucket`).
+
+:class:`Passes` are the eager passes, reading each row's committed prefix in place;
+:class:`~looped_kv.decoding.compiled.CompiledPasses` is their compiled, static-shape counterpart, with the same
+interface. Each pass is told, as a :class:`PassRecord`, to the callback the loop gives them (its
+:class:`~looped_kv.decoding.loop.Observer`'s ``ran``): what a pass-cost model (:mod:`looped_kv.analysis.pass_cost`)
+predicts a decoder's time from."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.core import Generation, block_positions, new_buffer, prompt_logits, run_block
-from looped_kv.runtime.cache import BlockPass, PlaneCache
+from looped_kv.decoding.prompts import pad_prompts
+from looped_kv.decoding.result import Generation
+from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import ALIGNED, CachePolicy, PrefixReads
+
+
+def new_cache(model: LoopedLM, policy: CachePolicy, batch: int, capacity: int) -> PlaneCache:
+    return PlaneCache(model.config, policy, batch=batch, capacity=capacity, dtype=model.dtype, device=model.device)
+
+
+def new_buffer(model: LoopedLM, num_loops: int, batch: int, capacity: int) -> BlockBuffer:
+    return BlockBuffer(model.config, num_loops, batch=batch, capacity=capacity, dtype=model.dtype, device=model.device)
+
+
+def capacity_buckets(block_size: int, smallest: int = 64) -> list[int]:
+    """The capacities a compiled run may allocate: powers of two from ``smallest`` and 1.5 times each (64, 96, 128,
+    192, 256, ...), then the model's context. A run pads its cache to the next one, and a compiled step attends
+    over the whole capacity: the 1.5 steps keep that padding under a third of it at a trace per step."""
+    buckets = [smallest]
+    while buckets[-1] < block_size:
+        b = buckets[-1]
+        buckets.append(b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3)
+    return [b for b in buckets if b < block_size] + [block_size]
+
+
+def capacity_bucket(need: int, block_size: int, smallest: int = 64) -> int:
+    """The capacity a compiled run allocates for ``need`` positions: the first of :func:`capacity_buckets` that holds
+    them, so that runs of nearby lengths share one traced step."""
+    return next((b for b in capacity_buckets(block_size, smallest) if b >= need), block_size)
+
+
+def block_positions(cache: PlaneCache, n: int, offset: int = 0) -> range | Tensor:
+    """Positions of a block of n tokens after each row's committed prefix (and ``offset`` uncommitted ones)."""
+    if len(set(cache.host_lengths)) == 1:
+        start = cache.host_lengths[0] + offset
+        return range(start, start + n)
+    return cache.lengths[:, None] + offset + torch.arange(n, device=cache.lengths.device)
+
+
+def run_block(model: LoopedLM, tokens: Tensor, router: BlockPass, num_loops: int,
+              initial_state: Tensor | None = None, *, first_loop: int = 1) -> tuple[Tensor, Tensor]:
+    """One pass of ``tokens`` (B, n) at ``router.positions`` through ``num_loops`` loops: (logits, final state)."""
+    return model(tokens, num_loops, initial_state, positions=router.positions, router=router, first_loop=first_loop,
+                 return_state=True, max_position=router.last_position, check=False)
+
+
+def check_empty(cache: PlaneCache) -> None:
+    """A prefill's cache must hold no tokens yet: a one-line ValueError otherwise."""
+    if cache.max_length:
+        raise ValueError(f"prefill needs an empty cache, got rows of lengths {cache.host_lengths}")
+
+
+def prefill(model: LoopedLM, cache: PlaneCache, prompt: Tensor, num_loops: int,
+            lengths: Tensor | None = None, record: dict | None = None) -> Tensor:
+    """Process prompts (B, n) into an empty cache; returns their logits (B, n, V).
+
+    With ``lengths`` (B,), row b's prompt is its first lengths[b] tokens (right padding is never stored); with
+    ``record``, every attention call's keys/values are kept in it too.
+    """
+    check_empty(cache)
+    n = prompt.shape[1]
+    router = BlockPass(cache, range(0, n), counts=lengths, record=record)
+    logits, _ = run_block(model, prompt, router, num_loops)
+    cache.advance(n if lengths is None else lengths)
+    return logits
+
+
+def prompt_logits(model: LoopedLM, cache: PlaneCache, prompts: Sequence[Tensor], num_loops: int,
+                  record: dict | None = None) -> Tensor:
+    """Prefill B prompts of any lengths; returns the logits of each prompt's last position (B, V)."""
+    ids, counts = pad_prompts(prompts)
+    return last_logits(prefill(model, cache, ids, num_loops, counts, record), prompts)
+
+
+def last_logits(logits: Tensor, prompts: Sequence[Tensor]) -> Tensor:
+    """Each prompt's logits at its own last position (B, V), of the right-padded prompts' logits (B, n, V)."""
+    last = torch.tensor([len(p) for p in prompts], device=logits.device) - 1
+    return logits[torch.arange(len(prompts), device=logits.device), last]
+
+
+def step(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> Tensor:
+    """Process ``tokens`` (B, n) after each row's prefix, committing their planes; returns logits (B, n, V)."""
+    router = BlockPass(cache, block_positions(cache, tokens.shape[1]))
+    logits, _ = run_block(model, tokens, router, num_loops)
+    cache.advance(tokens.shape[1])
+    return logits
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,11 @@ from looped_kv.analysis.verdicts import (
     verdict,
 )
 from looped_kv.decoding import settings
-from looped_kv.decoding.core import Generation, capacity_bucket, check_prompts
 from looped_kv.decoding.das_wave import check_wave, proposal_width
 from looped_kv.decoding.generate import drafter, generate
+from looped_kv.decoding.passes import capacity_bucket
+from looped_kv.decoding.prompts import check_prompts
+from looped_kv.decoding.result import Generation
 from looped_kv.decoding.settings import WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
 from looped_kv.experiments.speed import frozen_heap
 from looped_kv.protocol.freeze import sha256
@@ -198,7 +200,7 @@ def acceptance_by_temperature(model: LoopedLM, prompts: Sequence[Tensor], method
 def warm_up(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
             progress: bool = False) -> None:
     """Trace every method's compiled steps for every cache capacity the prompts need (one prompt per capacity
-    bucket, :func:`~looped_kv.decoding.core.capacity_bucket`), so that no timed run compiles."""
+    bucket, :func:`~looped_kv.decoding.passes.capacity_bucket`), so that no timed run compiles."""
     first: dict[int, Tensor] = {}
     for ids in prompts:
         for config in methods.values():

@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from looped_kv.analysis.verdicts import BOOK_MINIMUM, Claim, Verdict
-from looped_kv.decoding.core import eos_id
 from looped_kv.decoding.generate import drafter
 from looped_kv.decoding.loop import decode_rows
+from looped_kv.decoding.prompts import eos_id
 from looped_kv.decoding.settings import PAPER_LOOPS, method_config
 from looped_kv.experiments.bench import (
     SPEED,

@@ -5,7 +5,7 @@ Every cell is one model pass at batch 1 on the decode loop's own passes (:class:
 and compiled, writing its keys/values nowhere, as a DAS-Wave round does (a draft's or a verification's write, a copy of
 g positions' keys/values, is left out); and the prefill of prompts of a few lengths. Eager cells read a
 prefix of L positions; compiled ones attend over their cache's whole capacity, the bucket of L
-(:func:`~looped_kv.decoding.core.capacity_bucket`), which is then their context. Compiled steps are traced before
+(:func:`~looped_kv.decoding.passes.capacity_bucket`), which is then their context. Compiled steps are traced before
 the first timed round (one trace per width, loop count and capacity). The rounds visit every cell once each, in a new
 random order per round, so a slow stretch of the machine falls on every cell alike; each cell keeps its time per round
 and the fit reads their median (or minimum). The record holds the machine (:func:`~looped_kv.runtime.measurement.
@@ -39,10 +39,10 @@ from looped_kv.analysis.pass_cost import (
     read,
 )
 from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses
-from looped_kv.decoding.core import Generation, capacity_bucket, new_cache
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.loop import PassLog
-from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.passes import Passes, capacity_bucket, new_cache
+from looped_kv.decoding.result import Generation
 from looped_kv.decoding.settings import default_draft_loops
 from looped_kv.experiments.bench import (
     check_rounds,

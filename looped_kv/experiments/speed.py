@@ -44,8 +44,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from looped_kv.decoding.core import capacity_bucket, capacity_buckets
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.passes import capacity_bucket, capacity_buckets
 from looped_kv.decoding.settings import DISPLAY
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR, load

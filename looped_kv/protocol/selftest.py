@@ -24,8 +24,8 @@ import torch
 
 from looped_kv.analysis.measure import block_dependence
 from looped_kv.analysis.replay import kl, replay, substitute
-from looped_kv.decoding.core import new_cache
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.passes import new_cache
 from looped_kv.protocol.reproducibility import bitwise_rerun
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.memory import m_deep, m_full, m_ripe
