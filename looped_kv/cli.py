@@ -65,6 +65,7 @@ from looped_kv.decoding.loop import Observer
 from looped_kv.decoding.settings import (
     DRAFT_LOOPS_DEFAULT,
     METHODS,
+    ROUNDS_DEFAULT,
     DasWave,
     Greedy,
     PromptLookup,
@@ -241,7 +242,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--inexact", action="store_true", help="allow block-dependent verification (cache with W < "
                                                           "gamma; RIPE Proposition 1)")
     p.add_argument("--ngram", type=int, help=f"n-gram length of prompt lookup (pld; default: {PromptLookup.ngram})")
-    p.add_argument("--rounds", type=int, help=f"J, refinement rounds (das-wave; default: {DasWave.rounds})")
+    p.add_argument("--rounds", type=int, help=f"J, refinement rounds (das-wave; default: {ROUNDS_DEFAULT})")
     p.add_argument("--initial-width", type=int, help=f"W_init (das-wave; default: {DasWave.initial_width})")
     p.add_argument("--updates", type=int, help=f"updates per round, DAS k (das-wave; default: {DasWave.updates})")
     p.add_argument("--no-carry", action="store_true", help="do not carry refined states (das-wave)")

@@ -250,7 +250,7 @@ book.table(bench.speed_table(recorded),
            caption="Speed-up over paired greedy decoding (DAS Eq. 8) [95% interval]")
 
 # %% tags=["remove-input"]
-w_wave = bench.ceiling(methods["das-wave"]).value
+w_wave = bench.ceiling(methods["das-wave"], R).value
 paper_share = {name: HUGINN1[name]["GSM8K"][1] / most for name, most in
                (("DAS-Wave", w_wave), ("Mature-Spec", SEQ.gamma))}
 share = {w: ceilings.loc[w, "A / most accepted"] for w in data.WORKLOADS}
@@ -426,7 +426,7 @@ intervals = P.sweep_prompts >= MIN_UNITS["timing"]  # else too few prompts for o
 COLUMNS = ["speed-up", "low", "high", "A"] if intervals else ["speed-up", "A"]
 budget = pd.DataFrame([
     {"setting": name.split("=")[0], "value": int(name.split("=")[1]),
-     "w": bench.ceiling(config).value,
+     "w": bench.ceiling(config, R).value,
      **summary.loc[distinct[tuple(sorted(config.items()))], COLUMNS]}
     for name, config in sweep.items()])
 NAMES = {"updates": "updates k", "gamma": "block γ", "initial_width": "initial width"}

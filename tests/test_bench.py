@@ -8,11 +8,12 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv import profiles
+from looped_kv import generate, profiles
 from looped_kv.analysis.fits import interaction_effect
 from looped_kv.analysis.verdicts import AGREES, DISAGREES, IDENTICAL, INCONCLUSIVE, Claim
 from looped_kv.decoding import settings
 from looped_kv.experiments import bench
+from looped_kv.runtime.config import PRESETS
 
 SMALL_WAVE = {"gamma": 4, "rounds": 3, "initial_width": 2, "updates": 1}
 
@@ -28,7 +29,9 @@ def test_method_configs_use_one_vocabulary():
     assert all(c["method"] == name for name, c in configs.items())
     spec, mature = configs["self-spec"], configs["mature-spec"]
     assert (spec["draft_loops"], spec["gamma"]) == (mature["draft_loops"], mature["gamma"]) == (2, 3)
-    assert configs["das-wave"] == {"method": "das-wave", **settings.DasWave().schedule, "updates": 1}
+    # J left to the R decoded at (settings.default_rounds); the other fields of the paper's schedule, k changed
+    assert configs["das-wave"] == {"method": "das-wave", "gamma": 32, "initial_width": 2, "updates": 1, "carry": True}
+    assert bench.method_configs(wave={"rounds": 5})["das-wave"]["rounds"] == 5
     for kwargs, message in (({"draft_loops": 0}, "draft_loops must be >= 1"), ({"gamma": 0}, "gamma must be >= 1"),
                             ({"wave": {"width": 2}}, "wave must set only"), ({"wave": {"rounds": 0}}, "rounds")):
         with pytest.raises(ValueError, match=message):
@@ -36,13 +39,26 @@ def test_method_configs_use_one_vocabulary():
 
 
 def test_ceilings():
-    assert bench.ceiling({"method": "ar"}) is None
-    assert bench.ceiling({"method": "self-spec", "gamma": 8}) == bench.Ceiling("tau", 9, 1)
-    assert bench.ceiling({"method": "pld"}) == bench.Ceiling("tau", settings.PromptLookup.gamma + 1, 1)
-    assert bench.ceiling({"method": "das-wave", **SMALL_WAVE}) == bench.Ceiling("A", 4, 0)  # min(4, 2 + 3 - 1)
-    assert bench.ceiling({"method": "das-wave"}).value == 25  # the paper's gamma 32, J 24, W_init 2
+    assert bench.ceiling({"method": "ar"}, 32) is None
+    assert bench.ceiling({"method": "self-spec", "gamma": 8}, 32) == bench.Ceiling("tau", 9, 1)
+    assert bench.ceiling({"method": "pld"}, 32) == bench.Ceiling("tau", settings.PromptLookup.gamma + 1, 1)
+    assert bench.ceiling({"method": "das-wave", **SMALL_WAVE}, 32) == bench.Ceiling("A", 4, 0)  # min(4, 2 + 3 - 1)
+    assert bench.ceiling({"method": "das-wave"}, 32).value == 25  # the paper's gamma 32, J 24, W_init 2
+    assert bench.ceiling({"method": "das-wave"}, 8).value == 7  # J = 6 at Parcae's R = 8: 2 + 6 - 1
     with pytest.raises(ValueError, match="method must be one of"):
-        bench.ceiling({"method": "beam"})
+        bench.ceiling({"method": "beam"}, 32)
+
+
+def test_das_wave_rounds_follow_r_with_the_papers_24_at_32():
+    """J k stays the paper's 1.5 R loops of refinement (J = 24, k = 2 at R = 32); a given J is kept."""
+    assert [settings.default_rounds(R) for R in (1, 4, 8, 16, 32, 64)] == [1, 3, 6, 12, 24, 48]
+    assert settings.DasWave().schedule(8)["rounds"] == 6 and settings.DasWave(rounds=5).schedule(8)["rounds"] == 5
+    model = random_model("huginn", seed=0)  # R = 6: J = 4
+    out = generate(model, prompts(model)[:1], method="das-wave", max_new_tokens=6)
+    assert out.options["rounds"] == 4 and generate(model, prompts(model)[:1], method="das-wave", rounds=2,
+                                                   max_new_tokens=6).options["rounds"] == 2
+    with pytest.raises(ValueError, match=r"rounds must be an int or None, got 1\.5"):
+        settings.DasWave(rounds=1.5)
 
 
 def test_run_paired_and_summarize():
@@ -239,7 +255,8 @@ def test_every_profile_gives_the_carried_cells_room_to_verify():
         if name == "smoke":  # the fixture-sized profile: its numbers mean nothing
             continue
         wave = bench.method_configs(profile.ch05.draft_loops, profile.ch05.gamma)["das-wave"]
-        w = bench.ceiling(wave).value
+        model = "huginn-0125" if name == "tiny" else next(m for m in profiles.MODELS if name.startswith(m))
+        w = bench.ceiling(wave, PRESETS[model]().mean_recurrence).value
         assert profile.ch06.acceptance_tokens >= bench.MIN_VERIFICATIONS * w, name
 
 

@@ -266,11 +266,12 @@ def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[tupl
     if isinstance(config, PromptLookup):
         return [(config.gamma + 1, num_loops)]
     if isinstance(config, DasWave):
-        widths = [min(config.gamma, config.initial_width + j) for j in range(config.rounds)]
+        rounds = config.wave_rounds(num_loops)
+        widths = [min(config.gamma, config.initial_width + j) for j in range(rounds)]
         if compiled:
             widths = [refined_width(w, config.gamma) for w in widths]
         return ([(w, config.updates) for w in widths]
-                + [(proposal_width(config.gamma, config.rounds, config.initial_width), num_loops)])
+                + [(proposal_width(config.gamma, rounds, config.initial_width), num_loops)])
     return [(1, num_loops)]
 
 

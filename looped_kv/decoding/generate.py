@@ -26,7 +26,7 @@ def drafter(config: Decoding, num_loops: int) -> Drafter | None:
     if isinstance(config, PromptLookup):
         return NgramDrafts(gamma=config.gamma, ngram=config.ngram, exact=config.exact)
     if isinstance(config, DasWave):
-        return WaveDrafts(**config.schedule, reads=config.reads(num_loops), exact=config.exact)
+        return WaveDrafts(**config.schedule(num_loops), reads=config.reads(num_loops), exact=config.exact)
     return None
 
 
@@ -60,8 +60,8 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
       drafts verified at full depth;
     * ``"das-wave"`` (:class:`~looped_kv.decoding.settings.DasWave`): carried parallel refinement (DAS Section
       3.3) with ``gamma`` (default 32), ``rounds`` (J), ``initial_width`` (W_init), ``updates`` (k),
-      ``carry`` and ``prefix_reads`` (default ``"deep-kv"``); the defaults are the paper's Huginn configuration,
-      whatever R.
+      ``carry`` and ``prefix_reads`` (default ``"deep-kv"``); the defaults are the paper's Huginn configuration
+      at R = 32, with J following R (3R // 4: J k stays 1.5 R loops of refinement).
 
     Every method takes :class:`~looped_kv.decoding.settings.Decoding`'s options: ``cache`` names the verifier's
     cache policy (:func:`looped_kv.runtime.policy.make_policy`): ``"full"``, ``"deepest"``, ``"ripe"`` with

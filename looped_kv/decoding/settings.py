@@ -35,12 +35,23 @@ DISPLAY = {"ar": "greedy", "self-spec": "self-spec", "mature-spec": "Mature-Spec
 PAPER_LOOPS, PAPER_DRAFT_LOOPS = 32, 4
 #: :func:`default_draft_loops` in words, for help texts.
 DRAFT_LOOPS_DEFAULT = "R // 8, at least 1: the papers' 4 at R = 32"
+#: DAS-Wave's refinement rounds J at R = 32 (DAS Table 5, Huginn): J k = 48 loops of refinement, 1.5 R.
+PAPER_ROUNDS = 24
+#: :func:`default_rounds` in words, for help texts.
+ROUNDS_DEFAULT = "3R // 4, at least 1: the paper's 24 at R = 32"
 
 
 def default_draft_loops(num_loops: int) -> int:
     """d when ``draft_loops`` is not given: the papers' share of the R = ``num_loops`` loops, R * 4 / 32 = R // 8
     rounded down, at least 1 (4 at R = 32; 1 at Ouro's R = 4 and Parcae's R = 8)."""
     return max(1, num_loops * PAPER_DRAFT_LOOPS // PAPER_LOOPS)
+
+
+def default_rounds(num_loops: int) -> int:
+    """DAS-Wave's J when ``rounds`` is not given: the paper's share of the R = ``num_loops`` loops, R * 24 / 32 =
+    3R // 4, at least 1 (24 at R = 32; 6 at Parcae's R = 8; 3 at Ouro's R = 4), so that its J k refinement loops stay
+    1.5 R."""
+    return max(1, num_loops * PAPER_ROUNDS // PAPER_LOOPS)
 
 
 def check_method(method: str) -> str:
@@ -270,13 +281,13 @@ class PromptLookup(_Speculative):
 class DasWave(_Speculative):
     """``das-wave``: carried parallel refinement (DAS Section 3.3) with ``gamma``, ``rounds`` (J),
     ``initial_width`` (W_init), ``updates`` (k), ``carry`` and ``prefix_reads``; the defaults are the paper's
-    Huginn configuration (DAS Sec. 4.1, Table 5: gamma 32, J 24, W_init 2, k 2, carried states, deep K/V). None
-    depends on R: the table runs them on every checkpoint of R = 32, and a carried state may be refined past loop R
-    (J k = 48 there)."""
+    Huginn configuration (DAS Sec. 4.1, Table 5: gamma 32, J 24, W_init 2, k 2, carried states, deep K/V) at
+    R = 32. J follows R (None, the default: :func:`default_rounds`, 3R // 4), so that J k stays the paper's 1.5 R
+    loops of refinement; the others are widths and counts of tokens and loops per round, which do not depend on R."""
 
     method: ClassVar[str] = "das-wave"
     gamma: int = 32
-    rounds: int = 24
+    rounds: int | None = None
     initial_width: int = 2
     updates: int = 2
     carry: bool = True
@@ -284,7 +295,11 @@ class DasWave(_Speculative):
 
     @classmethod
     def _ints(cls) -> tuple[str, ...]:
-        return ("gamma", "rounds", "initial_width", "updates")
+        return ("gamma", "initial_width", "updates")
+
+    @classmethod
+    def _optional_ints(cls) -> tuple[str, ...]:
+        return (*super()._optional_ints(), "rounds")
 
     @classmethod
     def _flags(cls) -> tuple[str, ...]:
@@ -293,10 +308,13 @@ class DasWave(_Speculative):
     def reads(self, num_loops: int) -> PrefixReads:
         return make_prefix_reads(self.prefix_reads, num_loops)
 
-    @property
-    def schedule(self) -> dict[str, int | bool]:
-        """The proposal schedule: gamma, J, W_init, k and carry."""
-        return {name: getattr(self, name) for name in WAVE_KEYS}
+    def wave_rounds(self, num_loops: int) -> int:
+        """J at R = ``num_loops`` loops: ``rounds``, or by default :func:`default_rounds` of R."""
+        return default_rounds(num_loops) if self.rounds is None else self.rounds
+
+    def schedule(self, num_loops: int) -> dict[str, int | bool]:
+        """The proposal schedule at R = ``num_loops``: gamma, J, W_init, k and carry."""
+        return {**{name: getattr(self, name) for name in WAVE_KEYS}, "rounds": self.wave_rounds(num_loops)}
 
 
 WAVE_KEYS = ("gamma", "rounds", "initial_width", "updates", "carry")

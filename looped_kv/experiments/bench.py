@@ -64,7 +64,7 @@ from looped_kv.decoding.generate import drafter, generate
 from looped_kv.decoding.passes import capacity_bucket
 from looped_kv.decoding.prompts import check_prompts
 from looped_kv.decoding.result import Generation
-from looped_kv.decoding.settings import WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
+from looped_kv.decoding.settings import PAPER_LOOPS, WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
 from looped_kv.experiments.speed import frozen_heap
 from looped_kv.protocol.freeze import sha256
 from looped_kv.runtime.loading import resolve_source
@@ -113,8 +113,9 @@ def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
     unknown = sorted(set(wave or {}) - set(WAVE_KEYS))
     if unknown:
         raise ValueError(f"wave must set only {WAVE_KEYS}, got {unknown}")
-    schedule = {**DasWave().schedule, **(wave or {})}
-    check_wave(schedule["gamma"], schedule["rounds"], schedule["initial_width"], schedule["updates"])
+    given = DasWave(**(wave or {}))  # J None (not given): the R decoded at sets it (settings.default_rounds)
+    schedule = {name: getattr(given, name) for name in WAVE_KEYS if getattr(given, name) is not None}
+    check_wave(given.gamma, given.wave_rounds(PAPER_LOOPS), given.initial_width, given.updates)
     sequential = {"draft_loops": draft_loops, "gamma": gamma}
     return {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", **sequential},
             "mature-spec": {"method": "mature-spec", **sequential},
@@ -139,21 +140,22 @@ class Ceiling:
         return f"{self.statistic} <= {self.value}"
 
 
-def ceiling(config: dict) -> Ceiling | None:
-    """tau <= gamma + 1 for a sequential drafter, A <= w for DAS-Wave (DAS Eq. 5), None for greedy decoding."""
+def ceiling(config: dict, num_loops: int) -> Ceiling | None:
+    """tau <= gamma + 1 for a sequential drafter, A <= w for DAS-Wave (DAS Eq. 5; J at R = ``num_loops``), None for
+    greedy decoding."""
     method = settings.check_method(config.get("method", ""))
     if method == "ar":
         return None
     options = method_config(**config)
     if method == "das-wave":
-        return Ceiling("A", proposal_width(options.gamma, options.rounds, options.initial_width), 0)
+        return Ceiling("A", proposal_width(options.gamma, options.wave_rounds(num_loops), options.initial_width), 0)
     return Ceiling("tau", options.gamma + 1, 1)
 
 
-def _rows(out: Generation, key: Hashable, config: dict) -> list[dict]:
+def _rows(out: Generation, key: Hashable, config: dict, num_loops: int) -> list[dict]:
     """One row per prompt of a run: its tokens, verifications, A, G (= tau), the fraction of its ceiling reached by
     its statistic (tau or A), and ``share``: A over the most drafts one verification can accept (gamma, or w)."""
-    bound = ceiling(config)
+    bound = ceiling(config, num_loops)
     most = (bound.value - 1 if bound.statistic == "tau" else bound.value) if bound else float("nan")
     rows = []
     for i, (accepted, retained, new, stopped) in enumerate(
@@ -177,7 +179,7 @@ def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Ha
     for key, config in tqdm(methods.items(), desc="acceptance", disable=not progress, leave=False):
         if config.get("method") != "ar":
             out = generate(model, list(prompts), max_new_tokens=max_new_tokens, rows_per_chunk=rows_per_chunk, **config)
-            rows += _rows(out, key, config)
+            rows += _rows(out, key, config, model.config.mean_recurrence)
     return pd.DataFrame(rows)
 
 
@@ -258,7 +260,7 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
                 for key, config in methods.items():
                     source = "ar" if config.get("method") == "ar" else key
                     out, time_s = outs[source], float(np.median(times[source]))
-                    (row,) = _rows(out, key, config)
+                    (row,) = _rows(out, key, config, model.config.mean_recurrence)
                     rows.append({**row, "prompt": i, "mode": mode, "time_s": time_s,
                                  "tokens_per_s": out.num_new / time_s, "greedy_time_s": greedy_time,
                                  "greedy_tokens": reference.num_new,
@@ -603,7 +605,7 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
     configs = {name: config for name, config in method_configs(draft_loops, gamma).items() if name in methods}
     encoded = {workload: workload_prompts(model, workload, prompts, max_new_tokens, configs) for workload in workloads}
     pd.set_option("display.width", 250)
-    wave = DasWave().schedule
+    wave = DasWave().schedule(model.config.mean_recurrence)
     with measurement_mode() as record:
         print(f"model {model.source} on {model.device} ({str(model.dtype).removeprefix('torch.')}), R = "
               f"{model.config.mean_recurrence}; torch {record['torch']}, cuDNN attention: {record['cudnn_sdp']}; "

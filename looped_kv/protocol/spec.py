@@ -296,7 +296,7 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
             draft = chosen.get("draft_loops", default_draft_loops(num_loops)) if sequential else None
             check_speculation(policy, decoder_gamma(decoder, chosen), chosen.get("exact", True), draft)
         if decoder == "das-wave":
-            wave = DasWave().schedule | chosen
+            wave = DasWave().schedule(num_loops) | chosen
             check_wave(wave["gamma"], wave["rounds"], wave["initial_width"], wave["updates"])
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
