@@ -1002,6 +1002,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+#: How ``select`` chooses without ``--step``.
+BEST_EVALUATED = "the highest development answer accuracy at R = 32 among the kept evaluations"
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    if not (args.out / "checkpoint.pt").exists():
+        raise ValueError(f"--out {args.out} holds no checkpoint.pt: it must be a looped-kv train run folder")
+    step = train.best_evaluated(args.out) if args.step is None else args.step
+    outputs.check_folder(args.export, "--export", _exported_model, "an export replaces only a model that "
+                         "looped-kv train exported: config.json with its training record", args.force)
+    selected_by = BEST_EVALUATED if args.step is None else "--step"
+    print(f"step {step} ({selected_by})", flush=True)
+    train.export_evaluated(args.out, step, args.export, " ".join(["looped-kv select", *args.words]), selected_by)
+    return 0
+
+
+def _add_select(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("select", help="write the model a training run kept at one of its held-out evaluations",
+                       description="Write the model a looped-kv train run kept at one of its held-out evaluations "
+                                   "(OUT/evaluated), chosen on the development split: by default "
+                                   f"{BEST_EVALUATED}; --step names one. The run's files are only read.")
+    p.add_argument("--out", type=Path, required=True, help="the run folder (looped-kv train --out)")
+    p.add_argument("--export", type=Path, required=True, help="the folder to write the model to")
+    p.add_argument("--step", type=int, help="an evaluated step (default: the best, see above)")
+    p.add_argument("--force", action="store_true", help="write into an --export folder this command did not make")
+    p.set_defaults(func=cmd_select)
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train the shipped tiny model on CPU with Huginn's recipe; resumable "
                                      "(looped_kv.tiny.train)",
@@ -1089,10 +1117,10 @@ def parser() -> Parser:
     ap.add_argument("--debug", action="store_true", help="show an error's traceback (give it before the command)")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser,
                             metavar="{generate,bench,batched,memory,plan,batch,speed,pass-cost,pass-cost-check,gpu-check,"
-                                    "plan-check,train,gates,scout,chapter-times}")
+                                    "plan-check,train,select,gates,scout,chapter-times}")
     for add in (_add_generate, _add_bench, _add_batched, _add_memory, _add_plan, _add_batch, _add_speed,
-                _add_pass_cost, _add_pass_cost_check, _add_gpu_check, _add_plan_check, _add_train, _add_gates,
-                _add_scout, _add_chapter_times):
+                _add_pass_cost, _add_pass_cost_check, _add_gpu_check, _add_plan_check, _add_train, _add_select,
+                _add_gates, _add_scout, _add_chapter_times):
         add(sub)
     ap.commands = sub.choices
     return ap

@@ -185,6 +185,19 @@ def test_a_run_keeps_the_weights_of_every_evaluated_step_and_resumes_with_a_new_
     assert not torch.equal(load_file(tmp_path / "evaluated/step-000001.safetensors")["transformer.wte.weight"],
                            kept["transformer.wte.weight"])
 
+    run_files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    from looped_kv.cli import main
+
+    assert main(["select", "--out", str(tmp_path), "--export", str(tmp_path / "chosen"), "--step", "1"]) == 0
+    chosen = load(str(tmp_path / "chosen"), dtype=torch.float32).state_dict()
+    first = load_file(tmp_path / "evaluated/step-000001.safetensors")
+    assert all(torch.equal(first[k], chosen[k]) for k in first)
+    record = __import__("json").loads((tmp_path / "chosen/config.json").read_text())["training"]
+    assert (record["selected_step"], record["selected_by"]) == (1, "--step") and "chains_held_out" in record
+    assert all(p.read_bytes() == data for p, data in run_files.items())  # the run's own files only read
+    assert train.best_evaluated(tmp_path) in (1, 2)
+    assert main(["select", "--out", str(tmp_path), "--export", str(tmp_path / "x"), "--step", "7"]) == 2
+
     again = ["--out", str(tmp_path), "--resume", "--steps", "3", "--recurrence-follows-depth", "--min-recurrence", "3"]
     train.run(train_options(again), given=("steps", "recurrence_follows_depth", "min_recurrence"))
     log = __import__("json").loads((tmp_path / "training_log.json").read_text())

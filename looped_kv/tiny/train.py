@@ -424,6 +424,69 @@ def save_checkpoint(path: Path, state: dict) -> None:
     tmp.replace(path)
 
 
+def recorded_settings(args: Options) -> dict:
+    """A run's settings as ``settings.json`` and a written model's training record keep them (all but ``resume``)."""
+    return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
+            if key != "resume"}
+
+
+def development_sets(args: Options, tokenizer: PreTrainedTokenizerFast) -> tuple[dict[str, torch.Tensor], object]:
+    """The development split's text windows (problems and code) and chain programs, which every evaluation reads."""
+    windows = {name: text_rows([torch.tensor(tokenizer(t)["input_ids"])], 8, 256, torch.Generator().manual_seed(1))
+               for name, t in zip(("problems", "code"), corpus("dev", 400), strict=True)}
+    return windows, encode_chains(tokenizer, programs_of(shape(args), args.eval_programs, "dev"))
+
+
+def final_record(model: LoopedLM, windows: dict[str, torch.Tensor], chains) -> dict:
+    """What a written model's training record keeps of the development split: loss by loops on the text windows and
+    answer accuracy by depth bucket, at R = 1 .. 64."""
+    final_loops = (1, 2, 4, 8, 16, 32, 64)
+    record = {f"{name}_loss_by_loops": {str(r): v for r, v in loss_by_loops(model, w, final_loops).items()}
+              for name, w in windows.items()}
+    record["chains_held_out"] = held_out(model, chains, final_loops)
+    print(format_accuracy(record["chains_held_out"]), flush=True)
+    return record
+
+
+def best_evaluated(out: Path) -> int:
+    """The held-out evaluation whose weights the run in ``out`` kept with the highest development answer accuracy
+    at R = 32 (a tie: the later step). Selection reads the development split only."""
+    log = json.loads((out / "training_log.json").read_text())
+    scored = [(entry["held_out"]["32"]["accuracy"], entry["step"]) for entry in log
+              if "held_out" in entry and evaluated_weights(out, entry["step"]).exists()]
+    if not scored:
+        raise ValueError(f"{out} kept no weights at a held-out evaluation ({out / 'evaluated'} is empty or missing)")
+    return max(scored)[1]
+
+
+def export_evaluated(out: Path, step: int, export: Path, command: str, selected_by: str) -> None:
+    """Write the model the run in ``out`` kept at held-out evaluation ``step`` to ``export`` in the public format,
+    with the run's training record up to that step, the development figures the run's end computes, and the
+    selection (``selected_step``, ``selected_by``). The run's own files are only read."""
+    from safetensors.torch import load_file
+    from transformers import PreTrainedTokenizerFast
+
+    kept = evaluated_weights(out, step)
+    if not kept.exists():
+        raise ValueError(f"--step {step}: the run kept no weights there ({kept} does not exist)")
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
+    args = Options(**{**BEFORE_OPTION, **checkpoint["args"], "out": out, "resume": True, "export": export})
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(out))
+    model = build(args, len(tokenizer))
+    missing, unexpected = model.load_state_dict(load_file(kept), strict=False)
+    if set(missing) - {"lm_head.weight"} or unexpected:
+        raise ValueError(f"{kept} does not fit the run's model: missing {missing}, unexpected {unexpected}")
+    model.eval()
+    log = [entry for entry in checkpoint["log"] if entry["step"] <= step]
+    at = next(entry for entry in reversed(log) if "time_s" in entry)
+    curriculum = {"depth": at["chain_depth"], "raised": [r for r in checkpoint["curriculum"]["raised"] if r[0] <= step]}
+    training = {"command": command, "args": recorded_settings(args),
+                "parameters": sum(p.numel() for p in model.parameters()), "minutes": round(at["time_s"] / 60, 1),
+                "curriculum": curriculum, "selected_step": step, "selected_by": selected_by,
+                **final_record(model, *development_sets(args, tokenizer))}
+    write_model(export, model, tokenizer, training, log)
+
+
 def public_state(model: LoopedLM) -> dict[str, torch.Tensor]:
     """The weights as the public format stores them (the head is tied to the embedding)."""
     return {key: value.detach().contiguous() for key, value in model.state_dict().items() if key != "lm_head.weight"}
@@ -464,8 +527,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
-                if key != "resume"}
+    settings = recorded_settings(args)
     (args.out / "settings.json").write_text(json.dumps(settings, indent=1) + "\n")
     problems_train, code_train = corpus("train", 30_000)
     if checkpoint is None:
@@ -475,9 +537,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
     else:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(args.out))
     streams = [torch.tensor(tokenizer(t)["input_ids"]) for t in (problems_train, code_train)]
-    dev_windows = {name: text_rows([torch.tensor(tokenizer(t)["input_ids"])], 8, 256, torch.Generator().manual_seed(1))
-                   for name, t in zip(("problems", "code"), corpus("dev", 400), strict=True)}
-    dev_chains = encode_chains(tokenizer, programs_of(shape(args), args.eval_programs, "dev"))
+    dev_windows, dev_chains = development_sets(args, tokenizer)
 
     model = build(args, len(tokenizer))
     config = model.config
@@ -578,11 +638,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
             return
     bar.close()
     model.eval()
-    final_loops = (1, 2, 4, 8, 16, 32, 64)
-    record = {f"{name}_loss_by_loops": {str(r): v for r, v in loss_by_loops(model, w, final_loops).items()}
-              for name, w in dev_windows.items()}
-    record["chains_held_out"] = held_out(model, dev_chains, final_loops)
-    print(format_accuracy(record["chains_held_out"]), flush=True)
+    record = final_record(model, dev_windows, dev_chains)
     training = {
         "command": command,
         "args": settings,
