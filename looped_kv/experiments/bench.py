@@ -61,7 +61,8 @@ from looped_kv.analysis.verdicts import (
 from looped_kv.decoding import settings
 from looped_kv.decoding.das_wave import check_wave, proposal_width
 from looped_kv.decoding.generate import drafter, generate
-from looped_kv.decoding.passes import capacity_bucket
+from looped_kv.decoding.loop import PassLog
+from looped_kv.decoding.passes import PassRecord, capacity_bucket
 from looped_kv.decoding.prompts import check_prompts
 from looped_kv.decoding.result import Generation
 from looped_kv.decoding.settings import PAPER_LOOPS, WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
@@ -223,6 +224,36 @@ def check_rounds(repeats: int, modes: Sequence[str]) -> None:
         raise ValueError(f"modes must name some of {MODES}, got {list(modes)}")
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """One prompt's interleaved rounds (:func:`interleaved_rounds`): each arm's times, its first run and, observed,
+    the passes of its first run."""
+
+    times: dict[Hashable, list[float]]
+    first: dict[Hashable, Generation]
+    passes: dict[Hashable, list[PassRecord]]
+
+
+def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: dict[Hashable, dict], repeats: int,
+                       log_passes: bool = False, **options: object) -> Rounds:
+    """Each of ``arms`` (generate() settings by key, ``options`` added to every run) decodes ``ids`` once per round,
+    in ``repeats`` rounds: the arms in order in even rounds and reversed in odd ones, so that they are timed side by
+    side under the same conditions. ``log_passes`` keeps every pass of each arm's first run
+    (:class:`~looped_kv.decoding.loop.PassLog`)."""
+    times: dict[Hashable, list[float]] = {key: [] for key in arms}
+    first: dict[Hashable, Generation] = {}
+    passes: dict[Hashable, list[PassRecord]] = {}
+    for r in range(repeats):
+        for key in arms if r % 2 == 0 else list(arms)[::-1]:
+            log = PassLog() if log_passes else None
+            out = generate(model, ids, **{**options, **arms[key]}, **({"observer": log} if log else {}))
+            times[key].append(out.wall_time)
+            first.setdefault(key, out)
+            if log is not None:
+                passes.setdefault(key, log.passes)
+    return Rounds(times, first, passes)
+
+
 def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
                progress: bool = True, repeats: int = 1, modes: Sequence[str] = ("eager",)) -> pd.DataFrame:
     """Timing runs: every prompt alone, for each of ``modes`` (:data:`MODES`) in ``repeats`` interleaved rounds of
@@ -243,17 +274,10 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
             eager: tuple[Generation, float] | None = None  # eager greedy decoding's run and median time
             for mode in modes:
                 compiled = mode == "compiled"
-                times: dict[Hashable, list[float]] = {key: [] for key in keys}
-                outs: dict[Hashable, Generation] = {}
-                prefill: list[float] = []
-                for r in range(repeats):
-                    for key in [*keys, PREFILL] if r % 2 == 0 else [PREFILL, *keys[::-1]]:
-                        if key == PREFILL:  # the same prefill as every decoder's, and its first token
-                            prefill.append(generate(model, ids, max_new_tokens=1, compile=compiled).wall_time)
-                            continue
-                        out = generate(model, ids, max_new_tokens=max_new_tokens, compile=compiled, **configs[key])
-                        times[key].append(out.wall_time)
-                        outs.setdefault(key, out)
+                arms = {**{key: configs[key] for key in keys}, PREFILL: {"method": "ar", "max_new_tokens": 1}}
+                rounds = interleaved_rounds(model, ids, arms, repeats, max_new_tokens=max_new_tokens,
+                                            compile=compiled)  # the prefill arm: every decoder's, and its first token
+                times, outs, prefill = rounds.times, rounds.first, rounds.times[PREFILL]
                 reference, greedy_time = outs["ar"], float(np.median(times["ar"]))
                 if not compiled and eager is None:
                     eager = (reference, greedy_time)
@@ -299,17 +323,12 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[
                     for arm in arms.values():  # warm before any timed run
                         generate(model, prompts[0], **options, **arm)
                 for i, ids in enumerate(prompts):
-                    times: dict[str, list[float]] = {arm: [] for arm in arms}
-                    tokens = {}
-                    for r in range(repeats):
-                        for arm in arms if r % 2 == 0 else list(arms)[::-1]:
-                            out = generate(model, ids, **options, **arms[arm])
-                            times[arm].append(out.wall_time)
-                            tokens[arm] = out.tokens
+                    rounds = interleaved_rounds(model, ids, arms, repeats, **options)
                     rows.append({"method": key, "mode": mode, "prompt": i,
-                                 "greedy_time_s": float(np.median(times["greedy"])),
-                                 "sampled_time_s": float(np.median(times["sampled"])),
-                                 "same_tokens": bool(torch.equal(tokens["greedy"], tokens["sampled"]))})
+                                 "greedy_time_s": float(np.median(rounds.times["greedy"])),
+                                 "sampled_time_s": float(np.median(rounds.times["sampled"])),
+                                 "same_tokens": bool(torch.equal(rounds.first["greedy"].tokens,
+                                                                 rounds.first["sampled"].tokens))})
     runs = pd.DataFrame(rows)
     out = []
     for (key, mode), group in runs.groupby(["method", "mode"], sort=False):

@@ -40,13 +40,12 @@ from looped_kv.analysis.pass_cost import (
 )
 from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses
 from looped_kv.decoding.generate import generate
-from looped_kv.decoding.loop import PassLog
 from looped_kv.decoding.passes import Passes, capacity_bucket, new_cache
-from looped_kv.decoding.result import Generation
 from looped_kv.decoding.settings import default_draft_loops
 from looped_kv.experiments.bench import (
     check_rounds,
     check_weights,
+    interleaved_rounds,
     read_record,
     warm_up,
     weights_sha256,
@@ -257,21 +256,12 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     keys, rows = list(configs), []
     with frozen_heap():
         for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
-            times: dict[str, list[float]] = {key: [] for key in keys}
-            logs: dict[str, PassLog] = {}
-            outs: dict[str, Generation] = {}
-            for r in range(repeats):
-                for key in keys if r % 2 == 0 else keys[::-1]:
-                    log = PassLog()
-                    out = generate(model, ids, max_new_tokens=max_new_tokens, compile=compiled, observer=log,
-                                   **configs[key])
-                    times[key].append(out.wall_time)
-                    logs.setdefault(key, log)
-                    outs.setdefault(key, out)
+            rounds = interleaved_rounds(model, ids, configs, repeats, log_passes=True, max_new_tokens=max_new_tokens,
+                                        compile=compiled)
             for key in keys:
-                by_kind = predict_by_kind(cost, logs[key].passes)
-                rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": outs[key].num_new,
-                             "passes": len(logs[key].passes), "measured_s": float(np.median(times[key])),
+                by_kind = predict_by_kind(cost, rounds.passes[key])
+                rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": rounds.first[key].num_new,
+                             "passes": len(rounds.passes[key]), "measured_s": float(np.median(rounds.times[key])),
                              "predicted_s": sum(by_kind.values()),
                              **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
     return pd.DataFrame(rows)
