@@ -68,6 +68,7 @@ from looped_kv.analysis.verdicts import (
 from looped_kv.decoding.das_wave import DEEP_KV, refine
 from looped_kv.decoding.loop import accept
 from looped_kv.decoding.passes import new_cache, prefill
+from looped_kv.decoding.settings import DasWave
 from looped_kv.experiments import bench, components
 from looped_kv.runtime.policy import make_policy
 from looped_kv.workloads import data
@@ -91,8 +92,8 @@ print(workloads.preflight(model, profile))  # every prompt tokenized, held to th
 
 # %%
 methods = bench.method_configs(SEQ.draft_loops, SEQ.gamma)
-WAVE = {key: methods["das-wave"][key] for key in ("gamma", "rounds", "initial_width",
-                                            "updates")}  # the measured schedule
+SCHEDULE = DasWave().schedule(R)  # the measured schedule, at this model's R
+WAVE = {key: SCHEDULE[key] for key in ("gamma", "rounds", "initial_width", "updates")}
 ids = workloads.prompt_ids(model, profile, "problems", 1)[0]
 cache = new_cache(model, make_policy("full", R), 1, ids.shape[1] + WAVE["gamma"] + 2)
 with torch.no_grad():
