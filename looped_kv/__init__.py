@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from looped_kv.decoding.result import Generation
     from looped_kv.decoding.stream import stream
     from looped_kv.runtime.attention import CausalRouter, Site
-    from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
+    from looped_kv.runtime.cache import BlockBuffer, CachePass, PlaneCache
     from looped_kv.runtime.config import (
         LoopedConfig,
         huginn_0125,
@@ -39,7 +39,7 @@ _SOURCES = {
     "looped_kv.decoding.result": ("Generation",), "looped_kv.decoding.generate": ("generate",),
     "looped_kv.decoding.stream": ("stream",),
     "looped_kv.runtime.attention": ("CausalRouter", "Site"),
-    "looped_kv.runtime.cache": ("BlockBuffer", "BlockPass", "PlaneCache"),
+    "looped_kv.runtime.cache": ("BlockBuffer", "CachePass", "PlaneCache"),
     "looped_kv.runtime.config": ("LoopedConfig", "huginn_0125", "ouro_1_4b", "ouro_2_6b", "parcae_140m", "parcae_370m",
                                  "parcae_770m", "parcae_1_3b", "raven_llama", "raven_olmo", "raven_tinyllama"),
     "looped_kv.runtime.loading": ("load", "save"), "looped_kv.runtime.measurement": ("measurement_mode",),
@@ -50,7 +50,7 @@ _SOURCES = {
 _MODULE = {name: module for module, names in _SOURCES.items() for name in names}
 
 __all__ = [
-    "BlockBuffer", "BlockPass", "CachePolicy", "CausalRouter", "Generation", "LoopedConfig", "LoopedLM",
+    "BlockBuffer", "CachePass", "CachePolicy", "CausalRouter", "Generation", "LoopedConfig", "LoopedLM",
     "PlaneCache", "PrefixReads", "Site", "generate", "huginn_0125", "load", "m_deep", "m_full", "m_ripe",
     "make_policy", "make_prefix_reads", "measurement_mode", "memory_table", "ouro_1_4b", "ouro_2_6b", "parcae_1_3b",
     "parcae_140m", "parcae_370m", "parcae_770m", "policy_bytes", "raven_llama", "raven_olmo", "raven_tinyllama", "save",

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from looped_kv import CausalRouter, Site, make_policy
-from looped_kv.decoding.passes import new_cache, run_block
-from looped_kv.runtime.cache import BlockPass
+from looped_kv.decoding.passes import new_cache, run_pass
+from looped_kv.runtime.cache import CachePass
 
 
 def as_reference(model, logits: torch.Tensor) -> torch.Tensor:
@@ -94,11 +94,11 @@ def prefill_then_decode(model, ref, cache_name: str):
     """Prefill 8 tokens with a cache, then decode tokens 8..11 one at a time, 6 loops each."""
     ids, states = ref["input_ids"], ref["input_states"]
     cache = new_cache(model, make_policy(cache_name, 6), batch=2, capacity=12)
-    logits, _ = run_block(model, ids[:, :8], BlockPass(cache, range(0, 8)), 6, states[:, :8])
+    logits, _ = run_pass(model, ids[:, :8], CachePass(cache, range(0, 8)), 6, states[:, :8])
     cache.advance(8)
     steps = []
     for p in range(8, 12):
-        step_logits, _ = run_block(model, ids[:, p:p + 1], BlockPass(cache, range(p, p + 1)), 6, states[:, p:p + 1])
+        step_logits, _ = run_pass(model, ids[:, p:p + 1], CachePass(cache, range(p, p + 1)), 6, states[:, p:p + 1])
         cache.advance(1)
         steps.append(step_logits)
     return cache, logits, steps

@@ -17,8 +17,8 @@ from looped_kv.analysis.throughput import throughput_cells
 from looped_kv.decoding import compiled as compiled_step
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.loop import Drafter, Outcome, Proposal, accept, decode
-from looped_kv.decoding.passes import Passes, new_cache, prefill, prompt_logits, run_block
-from looped_kv.runtime.cache import BlockPass, PlaneCache
+from looped_kv.decoding.passes import Passes, new_cache, prefill, prompt_logits, run_pass
+from looped_kv.runtime.cache import CachePass, PlaneCache
 from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.policy import make_policy
 
@@ -106,12 +106,12 @@ def test_one_block_pass_matches_per_row_logits_and_bytes(cache, params):
     prompt_logits(model, batch, prompts, R)
     block = torch.randint(0, model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(4))
     positions = batch.lengths[:, None] + torch.arange(4)
-    logits, _ = run_block(model, block, BlockPass(batch, positions), R)
+    logits, _ = run_pass(model, block, CachePass(batch, positions), R)
     batch.advance(4)
     for i, prompt in enumerate(prompts):
         alone = new_cache(model, policy, 1, 16)
         prefill(model, alone, prompt[None], R)
-        expected, _ = run_block(model, block[i:i + 1], BlockPass(alone, range(len(prompt), len(prompt) + 4)), R)
+        expected, _ = run_pass(model, block[i:i + 1], CachePass(alone, range(len(prompt), len(prompt) + 4)), R)
         assert torch.allclose(logits[i], expected[0], rtol=0, atol=1e-12)
         assert batch.row_bytes()[i] == policy_bytes(model.config, policy, len(prompt) + 4, model.dtype)
     assert batch.allocated_bytes == 3 * policy_bytes(model.config, policy, 16, model.dtype)
@@ -122,8 +122,8 @@ def test_blocks_read_in_place_with_one_fused_attention_where_the_policy_allows(c
     model = random_model("huginn")
     policy = make_policy(cache, R, **({"k": 2} if cache == "first" else {}))
     cache_ = new_cache(model, policy, 1, 8)
-    assert BlockPass(cache_, range(0, 3)).in_plane == fused
-    assert not BlockPass(cache_, range(0, 3), store="buffer", buffer=None if False else _buffer(model)).in_plane
+    assert CachePass(cache_, range(0, 3)).in_plane == fused
+    assert not CachePass(cache_, range(0, 3), store="buffer", buffer=None if False else _buffer(model)).in_plane
 
 
 def _buffer(model):
@@ -326,7 +326,7 @@ def test_throughput_cells():
     (lambda m, p: throughput_cells(m, p, [0]), "batch_sizes must be"),
     (lambda m, p: throughput_cells(m, p, [1], beam=2), "options must be among"),
     (lambda m, p: throughput_cells(m, p, [1], "self-spec", "ripe", window=1, gamma=2), "W = 1 < gamma = 2"),
-    (lambda m, p: BlockPass(None, torch.zeros(1, 1, dtype=torch.long), store="disk"), "store must be one of"),
+    (lambda m, p: CachePass(None, torch.zeros(1, 1, dtype=torch.long), store="disk"), "store must be one of"),
 ])
 def test_bad_parameters(call, message):
     model = random_model("huginn")

@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 
 import looped_kv
 from looped_kv import make_policy
-from looped_kv.decoding.passes import new_cache, run_block
+from looped_kv.decoding.passes import new_cache, run_pass
 from looped_kv.runtime import exit_gate
-from looped_kv.runtime.cache import BlockPass
+from looped_kv.runtime.cache import CachePass
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import load, save
 
@@ -75,11 +75,11 @@ def prefill_then_decode(model, ref, policy: str = "full"):
     """Prefill 8 tokens into a cache, then decode tokens 8..11 one at a time, S loops each."""
     ids, S = ref["input_ids"], model.config.mean_recurrence
     cache = new_cache(model, make_policy(policy, S), batch=2, capacity=12)
-    logits, _ = run_block(model, ids[:, :8], BlockPass(cache, range(0, 8)), S)
+    logits, _ = run_pass(model, ids[:, :8], CachePass(cache, range(0, 8)), S)
     cache.advance(8)
     steps = []
     for p in range(8, 12):
-        step_logits, _ = run_block(model, ids[:, p:p + 1], BlockPass(cache, range(p, p + 1)), S)
+        step_logits, _ = run_pass(model, ids[:, p:p + 1], CachePass(cache, range(p, p + 1)), S)
         cache.advance(1)
         steps.append(step_logits)
     return cache, logits, steps

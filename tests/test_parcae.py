@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 import looped_kv
 from looped_kv import make_policy
-from looped_kv.decoding.passes import new_cache, run_block
+from looped_kv.decoding.passes import new_cache, run_pass
 from looped_kv.runtime.attention import CausalRouter, Site
-from looped_kv.runtime.cache import BlockPass
+from looped_kv.runtime.cache import CachePass
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import load, save
 from looped_kv.runtime.memory import m_deep, m_full, m_ripe, policy_bytes
@@ -92,11 +92,11 @@ def prefill_then_decode(model, ref, policy):
     initial states."""
     ids, states, R = ref["input_ids"], ref["input_states"], model.config.mean_recurrence
     cache = new_cache(model, policy, batch=2, capacity=12)
-    logits, _ = run_block(model, ids[:, :8], BlockPass(cache, range(0, 8)), R, states[:, :8])
+    logits, _ = run_pass(model, ids[:, :8], CachePass(cache, range(0, 8)), R, states[:, :8])
     cache.advance(8)
     steps = []
     for p in range(8, 12):
-        step, _ = run_block(model, ids[:, p:p + 1], BlockPass(cache, range(p, p + 1)), R, states[:, p:p + 1])
+        step, _ = run_pass(model, ids[:, p:p + 1], CachePass(cache, range(p, p + 1)), R, states[:, p:p + 1])
         cache.advance(1)
         steps.append(step)
     return cache, logits, steps
@@ -240,7 +240,7 @@ def test_cache_bytes_are_the_memory_equations_at_parcaes_layer_counts(dtype):
         policy = make_policy(name, R, **params)
         cache = new_cache(model, policy, batch=1, capacity=L)
         assert cache.allocated_bytes == policy_bytes(cfg, policy, L, dtype) == equation
-        logits, _ = run_block(model, ids, BlockPass(cache, range(0, L)), R)
+        logits, _ = run_pass(model, ids, CachePass(cache, range(0, L)), R)
         cache.advance(L)
         assert cache.nbytes == equation and torch.isfinite(logits).all()
 

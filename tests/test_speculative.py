@@ -14,8 +14,8 @@ from conftest import random_model
 import looped_kv
 from looped_kv.decoding.das_wave import DEEP_KV, proposal_width, refine
 from looped_kv.decoding.lookup import lookup_drafts
-from looped_kv.decoding.passes import new_cache, prefill, run_block, step
-from looped_kv.runtime.cache import BlockBuffer, BlockPass
+from looped_kv.decoding.passes import new_cache, prefill, run_pass, step
+from looped_kv.runtime.cache import BlockBuffer, CachePass
 from looped_kv.runtime.policy import make_policy
 from looped_kv.workloads import data
 
@@ -86,8 +86,8 @@ def test_proposition_1(family, window, gamma):
             prefill(model, cache, ids[:, :start], R)
         logits_seq = torch.cat([step(model, sequential, ids[:, t:t + 1], R) for t in range(start, ids.shape[1])], 1)
         buffer = BlockBuffer(model.config, R, batch=1, capacity=gamma + 1, dtype=model.dtype)
-        router = BlockPass(batched, range(start, start + gamma + 1), buffer=buffer, store="buffer")
-        logits_batch, _ = run_block(model, ids[:, start:], router, R)
+        router = CachePass(batched, range(start, start + gamma + 1), buffer=buffer, store="buffer")
+        logits_batch, _ = run_pass(model, ids[:, start:], router, R)
         batched.commit(buffer, gamma + 1)
         same_logits = torch.allclose(logits_batch, logits_seq, rtol=0, atol=1e-12)
         same_planes = all(torch.allclose(a, b, rtol=0, atol=1e-12)
@@ -164,7 +164,7 @@ def test_carry_continues_the_recurrence_of_the_first_position():
     L, rounds, updates = cache.length, 3, 2
 
     def first_guess(num_loops: int) -> int:
-        router = BlockPass(cache, range(L, L + 1), reads=DEEP_KV, store=None)
+        router = CachePass(cache, range(L, L + 1), reads=DEEP_KV, store=None)
         state = model.initial_state(torch.arange(L, L + 1), 1)
         logits = model(anchor, num_loops, state, positions=torch.arange(L, L + 1), router=router)
         return int(logits[0, -1].argmax())

@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 
 from looped_kv.decoding.loop import DecodeView, LogitsRecorder, Observer, Observers, Outcome, decode
-from looped_kv.decoding.passes import block_positions, new_buffer, new_cache, prompt_logits, run_block
+from looped_kv.decoding.passes import new_buffer, new_cache, pass_positions, prompt_logits, run_pass
 from looped_kv.decoding.sampling import Sampler
-from looped_kv.runtime.cache import BlockPass, PlaneCache
+from looped_kv.runtime.cache import CachePass, PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy
 
@@ -70,9 +70,9 @@ def draft_readouts(model: LoopedLM, cache: PlaneCache, pending: Tensor, depths: 
     """
     out = {}
     for spec, read in reads.items():
-        router = BlockPass(cache, block_positions(cache, 1), reads=read, store=None)
+        router = CachePass(cache, pass_positions(cache, 1), reads=read, store=None)
 
-        def read_out(r: int, state: Tensor, spec: object = spec, router: BlockPass = router) -> None:
+        def read_out(r: int, state: Tensor, spec: object = spec, router: CachePass = router) -> None:
             if r in depths and r < max(depths):
                 out[(r, spec)] = model.readout(state, router.positions, router, tokens=pending)[:, -1].argmax(-1)
 
@@ -135,9 +135,9 @@ class BlockChecks(Observer):
             part = self.sequences[row][self.prompt_lengths[row] + offset:][:n]
             tokens[i, :len(part)] = part
         R = view.cache.policy.num_loops
-        router = BlockPass(view.cache, block_positions(view.cache, n),
+        router = CachePass(view.cache, pass_positions(view.cache, n),
                            buffer=new_buffer(view.model, R, len(view.rows), n), store="buffer")
-        logits, _ = run_block(view.model, tokens, router, R)
+        logits, _ = run_pass(view.model, tokens, router, R)
         for i, row in enumerate(view.rows):
             if offset in self.starts[row]:
                 self.blocks[row][offset] = logits[i]

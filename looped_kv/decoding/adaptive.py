@@ -1,13 +1,13 @@
 """The passes of greedy decoding with adaptive depth per token (early exit; the criteria in
 :mod:`looped_kv.decoding.exits`).
 
-:func:`adaptive_pass` runs a block of tokens per row loop by loop through one block pass
-(:class:`~looped_kv.runtime.cache.BlockPass`, the decoders' own router over the cache), asking the row's criterion
+:func:`adaptive_pass` runs n tokens per row loop by loop through one cache pass
+(:class:`~looped_kv.runtime.cache.CachePass`, the decoders' own router over the cache), asking the row's criterion
 after each loop at one column (the prompt's last position in the prefill; the one token of a decoding step): a row
 whose criterion fires keeps its state and stops computing for itself. The batch runs on while any row does (as the
 reference's batched ``generate_with_adaptive_compute`` does), and :class:`HeldReads` holds every exited row's core
 keys and values at those of its exit (``exited_reads="last"``) or of its last kept plane (``"nearest-below"``): each
-loop past its exit writes them where that loop writes, in the cache and for the block's own reads, so that the planes
+loop past its exit writes them where that loop writes, in the cache and for the pass's own reads, so that the planes
 past a token's exit hold what the read policy says. When every row has exited, the loops left are written the same
 way without running them; the readout of each row's exit state then writes the coda's planes and gives the logits.
 
@@ -28,21 +28,21 @@ import torch
 from torch import Tensor
 
 from looped_kv.decoding.exits import ExitRule
-from looped_kv.decoding.passes import Passes, PassRecord, block_positions, check_empty
+from looped_kv.decoding.passes import Passes, PassRecord, check_empty, pass_positions
 from looped_kv.decoding.prompts import pad_prompts
 from looped_kv.decoding.result import Generation
 from looped_kv.runtime.attention import Site
-from looped_kv.runtime.cache import BlockPass, PlaneCache
+from looped_kv.runtime.cache import CachePass, PlaneCache
 from looped_kv.runtime.memory import exit_bytes
 from looped_kv.runtime.model import LoopedLM
 
 
 class HeldReads:
-    """A block pass's router that holds exited rows' core keys and values: at each core call, rows marked
+    """A cache pass's router that holds exited rows' core keys and values: at each core call, rows marked
     :attr:`exited` get the keys/values kept for that layer, and the call's keys/values are kept when its loop is one of
-    ``held_loops``. Every call then goes to ``router``, which reads the prefix and writes the block."""
+    ``held_loops``. Every call then goes to ``router``, which reads the prefix and writes the pass's tokens."""
 
-    def __init__(self, router: BlockPass, held_loops: frozenset[int]) -> None:
+    def __init__(self, router: CachePass, held_loops: frozenset[int]) -> None:
         self.router, self.held_loops = router, held_loops
         self.exited: Tensor | None = None  # (B,) bool
         self.held: dict[int, tuple[Tensor, Tensor]] = {}
@@ -65,7 +65,7 @@ class HeldReads:
             cache.write(self.router.writes, sites)
 
 
-def adaptive_pass(model: LoopedLM, tokens: Tensor, router: BlockPass, rule: ExitRule,
+def adaptive_pass(model: LoopedLM, tokens: Tensor, router: CachePass, rule: ExitRule,
                   column: Tensor) -> tuple[Tensor, Tensor]:
     """Run ``tokens`` (B, n) through the loops until each row's criterion fires at its ``column`` (B,), writing their
     planes through ``router`` (``store="cache"``). Returns the logits (B, n, V) of each row's exit states and the
@@ -116,7 +116,7 @@ class AdaptivePasses(Passes):
         check_empty(self.cache)
         ids, counts = pad_prompts(prompts)
         last = torch.tensor([len(p) - 1 for p in prompts], device=ids.device)
-        router = BlockPass(self.cache, range(0, ids.shape[1]), counts=counts)
+        router = CachePass(self.cache, range(0, ids.shape[1]), counts=counts)
         logits, loops = adaptive_pass(self.model, ids, router, self.rule, last)
         self._tell("prefill", ids.shape[1], int(loops.max()), 0)
         self.cache.advance(ids.shape[1] if counts is None else counts)
@@ -129,7 +129,7 @@ class AdaptivePasses(Passes):
         cache."""
         if tokens.shape[1] != 1:
             raise ValueError(f"early exit verifies one token per row (greedy decoding), got {tokens.shape[1]}")
-        router = BlockPass(self.cache, block_positions(self.cache, 1))
+        router = CachePass(self.cache, pass_positions(self.cache, 1))
         column = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
         logits, loops = adaptive_pass(self.model, tokens, router, self.rule, column)
         self._tell("verify", 1, int(loops.max()), self.cache.max_length)

@@ -1,7 +1,7 @@
 """Every decoder's passes on torch.compile'd steps with static shapes (gpt-fast style).
 
 :class:`CompiledPasses` gives the decode loop (:mod:`looped_kv.decoding.loop`) the passes of every method,
-each a traced function over the whole preallocated cache (:class:`~looped_kv.runtime.cache.StaticBlockPass`):
+each a traced function over the whole preallocated cache (:class:`~looped_kv.runtime.cache.StaticCachePass`):
 every attention call reads the whole capacity of the planes it reads under masks built from the row
 lengths on the device, plus the block's earlier drafts in the buffer and the block itself, in one softmax.
 So each tensor has one shape at every call, and a step is traced once per shape:
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from looped_kv.decoding.passes import Passes, PassRecord, capacity_bucket, check_empty, last_logits
 from looped_kv.decoding.prompts import pad_prompts
-from looped_kv.runtime.cache import BlockBuffer, PlaneCache, PrefillPass, StaticBlockPass
+from looped_kv.runtime.cache import BlockBuffer, PlaneCache, PrefillPass, StaticCachePass
 from looped_kv.runtime.model import LoopedLM, check_finite
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
 
@@ -58,7 +58,7 @@ def _forward(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, tok
     positions = lengths[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
     if offset is not None:
         positions = positions + offset
-    router = StaticBlockPass(cache, positions, lengths, planes, buffer=buffer, offset=offset, store=store)
+    router = StaticCachePass(cache, positions, lengths, planes, buffer=buffer, offset=offset, store=store)
     out = model(tokens, num_loops, state, positions=positions, router=router, return_state=True,
                 max_position=cache.capacity - 1, check=False)
     router.store_block()
@@ -98,7 +98,7 @@ def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor
     positions = lengths[:, None] + columns
     fresh = model.initial_state(positions, guesses.shape[0], last=cache.capacity - 1, tokens=guesses[:, :n])
     state = torch.where((columns < previous)[None, :, None], carried[:, :n], fresh)
-    router = StaticBlockPass(cache, positions, lengths, planes)
+    router = StaticCachePass(cache, positions, lengths, planes)
     logits, state = model(guesses[:, :n], num_loops, state, positions=positions, router=router,
                           return_state=True, max_position=cache.capacity - 1, check=False)
     active = columns < width

@@ -87,7 +87,7 @@ def wave(passes: Passes, anchor: Tensor, *, gamma: int, rounds: int, initial_wid
 
 def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, gamma: int, rounds: int, initial_width: int,
            updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
-    """:func:`wave` with eager block passes on ``cache`` (each row's anchor x_t pending at position L)."""
+    """:func:`wave` with eager cache passes on ``cache`` (each row's anchor x_t pending at position L)."""
     return wave(Passes(model, cache), anchor, gamma=gamma, rounds=rounds, initial_width=initial_width,
                 updates=updates, carry=carry, reads=reads, trace=trace)[0]
 

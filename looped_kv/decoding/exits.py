@@ -20,9 +20,9 @@ recurrent state after loop r (the loop's output, before any norm of the readout;
 * ``"fixed"``: r = ``threshold`` (an int in [1, R], no default).
 
 Every token exits by its own criterion, row by row of a batch: a row emits the same tokens in a batch as alone. The
-prompt is prefilled as one block per row and exits with its last position, whose logits choose the first new token
-(the reference's prefill exits as one block too; it averages the latent and cosine distances over the prompt's
-positions where this reads the last one). Each later token is a block of one.
+prompt is prefilled as one pass per row and exits with its last position, whose logits choose the first new token
+(the reference's prefill exits as one pass too; it averages the latent and cosine distances over the prompt's
+positions where this reads the last one). Each later token is a pass of one token.
 
 ``exited_reads`` says which plane a later token reads, at a loop r past a token's exit loop e, for that token's
 position (at every core layer); both are plane e (a plane the token computed) under the full cache:

@@ -15,7 +15,7 @@ emitted token is pending, the cache holds every processed token):
 5. a row stops at its budget or after the end-of-text token; stopped rows leave the batch (eager) or stay
    as padding whose results are ignored (compiled: the batch keeps its shape, so no step is traced again).
 
-The passes themselves come from :class:`~looped_kv.decoding.passes.Passes` (block passes reading the
+The passes themselves come from :class:`~looped_kv.decoding.passes.Passes` (cache passes reading the
 committed prefix) or :class:`~looped_kv.decoding.compiled.CompiledPasses` (torch.compile'd steps with static
 shapes), which share one interface: they own the cache's writes and a block buffer of the drafter's width, decide
 from the tokens they verify where those tokens' keys/values wait for the commit (one per row straight into the

@@ -3,7 +3,7 @@
 Convention (RIPE Algorithm 1): the cache holds the planes of every processed token; each row's last emitted token
 is *pending* (emitted, not yet processed). A decoder prefills B prompts of any lengths (right-padded; padding is
 never stored nor read, :func:`prompt_logits`), then runs passes of (B, n) tokens after each row's committed prefix
-through :class:`~looped_kv.runtime.cache.BlockPass` (:func:`run_block`, :func:`step`), in a cache of a bucketed
+through :class:`~looped_kv.runtime.cache.CachePass` (:func:`run_pass`, :func:`step`), in a cache of a bucketed
 capacity when compiled (:func:`capacity_bucket`).
 
 :class:`Passes` are the eager passes, reading each row's committed prefix in place;
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from looped_kv.decoding.prompts import pad_prompts
 from looped_kv.decoding.result import Generation
-from looped_kv.runtime.cache import BlockBuffer, BlockPass, PlaneCache
+from looped_kv.runtime.cache import BlockBuffer, CachePass, PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import ALIGNED, CachePolicy, PrefixReads
 
@@ -52,15 +52,15 @@ def capacity_bucket(need: int, block_size: int, smallest: int = 64) -> int:
     return next((b for b in capacity_buckets(block_size, smallest) if b >= need), block_size)
 
 
-def block_positions(cache: PlaneCache, n: int, offset: int = 0) -> range | Tensor:
-    """Positions of a block of n tokens after each row's committed prefix (and ``offset`` uncommitted ones)."""
+def pass_positions(cache: PlaneCache, n: int, offset: int = 0) -> range | Tensor:
+    """Positions of a pass of n tokens after each row's committed prefix (and ``offset`` uncommitted ones)."""
     if len(set(cache.host_lengths)) == 1:
         start = cache.host_lengths[0] + offset
         return range(start, start + n)
     return cache.lengths[:, None] + offset + torch.arange(n, device=cache.lengths.device)
 
 
-def run_block(model: LoopedLM, tokens: Tensor, router: BlockPass, num_loops: int,
+def run_pass(model: LoopedLM, tokens: Tensor, router: CachePass, num_loops: int,
               initial_state: Tensor | None = None, *, first_loop: int = 1) -> tuple[Tensor, Tensor]:
     """One pass of ``tokens`` (B, n) at ``router.positions`` through ``num_loops`` loops: (logits, final state)."""
     return model(tokens, num_loops, initial_state, positions=router.positions, router=router, first_loop=first_loop,
@@ -82,8 +82,8 @@ def prefill(model: LoopedLM, cache: PlaneCache, prompt: Tensor, num_loops: int,
     """
     check_empty(cache)
     n = prompt.shape[1]
-    router = BlockPass(cache, range(0, n), counts=lengths, record=record)
-    logits, _ = run_block(model, prompt, router, num_loops)
+    router = CachePass(cache, range(0, n), counts=lengths, record=record)
+    logits, _ = run_pass(model, prompt, router, num_loops)
     cache.advance(n if lengths is None else lengths)
     return logits
 
@@ -103,8 +103,8 @@ def last_logits(logits: Tensor, prompts: Sequence[Tensor]) -> Tensor:
 
 def step(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> Tensor:
     """Process ``tokens`` (B, n) after each row's prefix, committing their planes; returns logits (B, n, V)."""
-    router = BlockPass(cache, block_positions(cache, tokens.shape[1]))
-    logits, _ = run_block(model, tokens, router, num_loops)
+    router = CachePass(cache, pass_positions(cache, tokens.shape[1]))
+    logits, _ = run_pass(model, tokens, router, num_loops)
     cache.advance(tokens.shape[1])
     return logits
 
@@ -168,15 +168,15 @@ class Passes:
     def _run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
              store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:
         """:meth:`run`, told to no one (the eager refinement and verification are told as what they are)."""
-        router = BlockPass(self.cache, block_positions(self.cache, tokens.shape[1], offset), reads=reads,
+        router = CachePass(self.cache, pass_positions(self.cache, tokens.shape[1], offset), reads=reads,
                            buffer=self.buffer, offset=offset, store=store)
-        return run_block(self.model, tokens, router, num_loops, state, first_loop=first_loop)
+        return run_pass(self.model, tokens, router, num_loops, state, first_loop=first_loop)
 
     def initial_state(self, tokens: Tensor) -> Tensor:
         """The initial states of ``tokens`` (B, n) at the n positions after each row's committed prefix
         (B, n, n_embd), a new tensor (Ouro: their embedding)."""
         n = tokens.shape[1]
-        positions = block_positions(self.cache, n)
+        positions = pass_positions(self.cache, n)
         if isinstance(positions, range):
             positions = torch.arange(positions.start, positions.stop, device=self.cache.lengths.device)
             positions = positions.expand(self.cache.batch, -1)

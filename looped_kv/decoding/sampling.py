@@ -134,7 +134,8 @@ class Sampler:
                 raise ValueError(f"sampling needs one seed per row ({cache.batch}), got {len(self.seeds)}")
             keys = mix64(torch.tensor(self.seeds, dtype=torch.long, device=cache.lengths.device))
             # every row's uniforms, computed once: a run draws at its committed length (at most the capacity)
-            # plus a block, never past twice the capacity (a position past it fails the lookup, not silently)
+            # plus a verification block, never past twice the capacity (a position past it fails the lookup, not
+            # silently)
             span = torch.arange(2 * cache.capacity + 1, device=cache.lengths.device).expand(cache.batch, -1)
             self.table = torch.stack([uniforms(keys, span, stream) for stream in range(_STREAMS)])
         self.cache = cache

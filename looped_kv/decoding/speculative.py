@@ -1,7 +1,7 @@
 """Sequential self-speculative decoding (RIPE Algorithm 1; DAS Mature-Spec): the loop-draft drafter.
 
-One block: draft gamma tokens with d loops each, the i-th reading the committed prefix under a
-prefix read policy (kappa, nu) and the earlier drafts of the block; verify [x, y_1..y_gamma] in
+One verification cycle: draft gamma tokens with d loops each, the i-th reading the committed prefix under a
+prefix read policy (kappa, nu) and the earlier drafts of its verification block; verify [x, y_1..y_gamma] in
 one R-loop pass under the cache policy; accept the longest prefix on which drafts and verifier
 agree (greedy) plus the verifier's next token; commit only the verified tokens' planes. Rows
 accept and commit their own counts. With a block-independent cache policy (full, or RIPE with

@@ -1,4 +1,4 @@
-"""Plane caches in preallocated tensors, read in place, and the block pass every decoder runs.
+"""Plane caches in preallocated tensors, read in place, and the cache pass every decoder runs.
 
 A :class:`PlaneCache` holds, for B rows of one cache policy (:mod:`looped_kv.runtime.policy`):
 
@@ -10,19 +10,19 @@ A :class:`PlaneCache` holds, for B rows of one cache policy (:mod:`looped_kv.run
 * ``sink``: the other planes for the first ``sinks`` positions.
 
 Everything is allocated once, with one committed length per row, and written by index through one
-method, :meth:`PlaneCache.write`: the block passes, :meth:`PlaneCache.commit` (from a
+method, :meth:`PlaneCache.write`: the cache passes, :meth:`PlaneCache.commit` (from a
 :class:`BlockBuffer`), the compiled decoding steps and the analysis replays all store through it.
 
-A block pass routes one block of n new tokens per row (B, n) through every attention call of the model,
+A cache pass routes n new tokens per row (B, n) through every attention call of the model,
 and is two things: what each call *reads* (in one softmax, DAS Eq. 2-3: the row's committed prefix under
 the cache policy as modified by the prefix reads, the uncommitted tokens of the block, i.e. earlier
 drafts, at the same loop from a :class:`BlockBuffer`, and the block itself causally) and where it
-*writes* the block's keys and values (the cache, the buffer, or nowhere). :class:`BlockPass` is the eager
+*writes* the block's keys and values (the cache, the buffer, or nowhere). :class:`CachePass` is the eager
 pass: its reads are views of the committed prefix (no concatenation), its masks are built once per block
 and, where the policy lets it, the block is written into the plane its prefix is read from and the call is
 a single fused attention over that plane: for every policy at prelude and coda layers, and in the core
 for policies whose planes are each last written by their own loop (full, deepest, k-deepest, share) under
-aligned reads. :class:`StaticBlockPass` is the pass of a compiled step: the same reads over the whole
+aligned reads. :class:`StaticCachePass` is the pass of a compiled step: the same reads over the whole
 preallocated tensors with masks computed on the device, so that every tensor has one shape at every call;
 :class:`PrefillPass` is a compiled run's prefill, the prompts causally into the empty cache.
 """
@@ -304,11 +304,11 @@ class PlaneCache:
 
         Under the policy, loop r's keys/values go to plane r where it is kept, else to the ring and the sinks
         (the full-depth positions) where the policy holds them, else nowhere. ``plane`` writes core sites into that
-        kept plane instead (a block pass that reads the block's own columns there, see :class:`BlockPass`). Sites
+        kept plane instead (a cache pass that reads the block's own columns there, see :class:`CachePass`). Sites
         that fill a whole store (every edge layer, every kept plane, every ring and sink plane) are written to it
         as one stacked tensor: one scatter, in a compiled step one in-place index_put.
         """
-        if len(keys_values) == 1:  # a block pass writing one site (the eager hot path)
+        if len(keys_values) == 1:  # a cache pass writing one site (the eager hot path)
             ((site, (keys, values)),) = keys_values.items()
             if site.stage != "core" or plane is not None or site.loop in self.kept_slot:
                 target = (site.loop if plane is None else plane) if site.stage == "core" else None
@@ -424,8 +424,8 @@ def _causal_tail(n: int, offset: int, device: torch.device) -> Tensor:
     return torch.cat([torch.ones(n, offset, **like), torch.ones(n, n, **like).tril()], dim=1)
 
 
-class BlockPass:
-    """The eager block pass: router for one block of n new tokens per row at absolute ``positions``.
+class CachePass:
+    """The eager cache pass: router for one block of n new tokens per row at absolute ``positions``.
 
     ``positions`` is a ``range`` (every row at the same positions) or a (B, n) tensor (consecutive per
     row). What it reads, in one softmax per call: each row's committed prefix under the cache policy
@@ -532,8 +532,8 @@ class BlockPass:
         return keys, values
 
 
-class StaticBlockPass:
-    """The block pass of a compiled step: the reads and writes of :class:`BlockPass`, with static shapes.
+class StaticCachePass:
+    """The cache pass of a compiled step: the reads and writes of :class:`CachePass`, with static shapes.
 
     Each call reads the whole capacity of every prefix segment under a mask built from ``lengths`` (B,) on the
     device, the whole ``buffer`` under the mask column < ``offset`` (a 0-d tensor: earlier drafts of this

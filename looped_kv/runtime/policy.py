@@ -85,7 +85,7 @@ class CachePolicy:
             return ()
         return tuple(p for p in range(1, self.num_loops + 1) if p not in self.kept)
 
-    @cached_property  # read by every block pass
+    @cached_property  # read by every cache pass
     def in_own_plane(self) -> bool:
         """Whether every kept plane p is last written by loop p among the loops that read it (plane(r) = p).
 
