@@ -518,7 +518,7 @@ class LoopedLM(nn.Module):
     def forward(self, input_ids: Tensor, num_loops: int | None = None, initial_state: Tensor | str | None = None,
                 *, positions: Tensor | None = None, router: Router | None = None, first_loop: int = 1,
                 return_state: bool = False, max_position: int | None = None, check: bool = True,
-                each_loop: Callable[[int, Tensor], Tensor | None] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                each_loop: Callable[[int, Tensor], None] | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Logits for every position after ``num_loops`` loops (default: the config's mean recurrence).
 
         ``initial_state`` is a tensor (B, n, n_embd), ``"zeros"``, or None for the checkpoint's own
@@ -529,8 +529,7 @@ class LoopedLM(nn.Module):
         position, known to a decoder) and ``check=False`` (ids already validated) spare the device sync
         of the range checks and of a given initial state's finiteness check: the decoders' hot path.
         ``each_loop(r, state)`` sees the initial state (r = ``first_loop`` - 1) and the state s(r) after every loop
-        (B, n, n_embd): the one place a measurement reads the loops (a readout per loop, :meth:`readout`); it may
-        return a state to go on from instead (None: the same).
+        (B, n, n_embd): the one place a measurement reads the loops (a readout per loop, :meth:`readout`).
         """
         num_loops = self.config.mean_recurrence if num_loops is None else num_loops
         if isinstance(num_loops, bool) or not isinstance(num_loops, numbers.Integral) or num_loops < 1:
@@ -579,8 +578,7 @@ class LoopedLM(nn.Module):
                 if r >= first_loop:
                     state = self.loops(state, embedded, positions, router, range(r, r + 1), weights,
                                        finite=stayed_finite, tokens=input_ids)
-                changed = each_loop(r, state)
-                state = state if changed is None else changed
+                each_loop(r, state)
         if stayed_finite:  # before the readout, which checks the logits
             flags = torch.stack(stayed_finite).tolist()
             if not all(flags):
