@@ -71,6 +71,7 @@ from looped_kv.decoding.settings import (
     PromptLookup,
     SelfSpec,
     default_draft_loops,
+    every_option,
 )
 from looped_kv.experiments import bench, gpu_check, pass_cost, plan_check, speed, throughput
 from looped_kv.protocol import batches
@@ -200,10 +201,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError(f"model {args.model!r} has no tokenizer; generate needs one for text in and out")
     ids = model.tokenizer(text, return_tensors="pt").input_ids.to(model.device)
     flags = {"exact": False if args.inexact else None, "carry": False if args.no_carry else None}
-    options = {key: getattr(args, key) for key in ("num_loops", "window", "k", "sinks", "draft_loops", "gamma",
-                                                   "prefix_reads", "ngram", "rounds", "initial_width", "updates",
-                                                   "temperature", "top_k", "top_p", "min_p", "seed", "exit",
-                                                   "exit_threshold", "exited_reads")}
+    options = generate_options(args)
     printer = None if args.json else TextPrinter(model.tokenizer)
     out = generate(model, ids, method=args.method, cache=args.cache, max_new_tokens=args.max_new_tokens,
                    progress=args.progress, observer=printer, **options, **flags)
@@ -216,6 +214,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print("  ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in stats.items()),
               file=sys.stderr)
     return 0
+
+
+#: generate()'s options that ``looped-kv generate`` sets itself (the cache, the budget, the progress bar), from flags
+#: of another form (``--inexact``, ``--no-carry``), or leaves at their defaults.
+GENERATE_SET_APART = ("max_new_tokens", "cache", "progress", "exact", "carry", "stop_at_eos", "eos_token_id",
+                      "compile", "rows_per_chunk")
+
+
+def generate_options(args: argparse.Namespace) -> dict[str, object]:
+    """generate()'s options from the flags of the same names: every option of every method
+    (:func:`~looped_kv.decoding.settings.every_option`) but :data:`GENERATE_SET_APART`."""
+    return {name: getattr(args, name) for name in every_option() if name not in GENERATE_SET_APART}
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:

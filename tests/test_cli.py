@@ -296,3 +296,14 @@ def test_batch_commands_end_to_end(model_source, tmp_path, capsys):  # noqa: F81
     assert main(["batch", "compare", str(tmp_path / "a"), str(tmp_path)]) == 2
     assert main(["batch", "ledger", str(tmp_path / "a")]) == 2
     assert batches.verify(tmp_path / "a")
+
+
+def test_generate_takes_every_option_of_every_method_from_its_flags():
+    """A method option added to the settings dataclasses needs a flag of its name, or a place in GENERATE_SET_APART:
+    the command builds generate()'s options from the dataclass fields."""
+    from looped_kv.decoding.settings import every_option
+
+    args = looped_kv.cli.parser().parse_args(["generate", "hi", "--rounds", "3", "--top-k", "2"])
+    options = looped_kv.cli.generate_options(args)
+    assert set(options) == set(every_option()) - set(looped_kv.cli.GENERATE_SET_APART)
+    assert (options["rounds"], options["top_k"], options["draft_loops"]) == (3, 2, None)

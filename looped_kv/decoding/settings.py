@@ -324,6 +324,11 @@ CONFIGS: dict[str, type[Decoding]] = {cls.method: cls for cls in (Greedy, SelfSp
                                                                     DasWave)}
 
 
+def every_option() -> tuple[str, ...]:
+    """Every option of every method, each once, in the order the configs declare them."""
+    return tuple(dict.fromkeys(f.name for cls in CONFIGS.values() for f in fields(cls)))
+
+
 def options(method: str) -> tuple[str, ...]:
     """The options ``method`` takes."""
     return tuple(f.name for f in fields(CONFIGS[check_method(method)]))
