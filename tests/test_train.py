@@ -194,6 +194,7 @@ def test_a_run_keeps_the_weights_of_every_evaluated_step_and_resumes_with_a_new_
     assert all(torch.equal(first[k], chosen[k]) for k in first)
     record = __import__("json").loads((tmp_path / "chosen/config.json").read_text())["training"]
     assert (record["selected_step"], record["selected_by"]) == (1, "--step") and "chains_held_out" in record
+    assert record["curriculum"] == {"depth": 4, "raised": []}  # the start depth: two steps raise nothing
     assert all(p.read_bytes() == data for p, data in run_files.items())  # the run's own files only read
     assert train.best_evaluated(tmp_path) in (1, 2)
     assert main(["select", "--out", str(tmp_path), "--export", str(tmp_path / "x"), "--step", "7"]) == 2

@@ -479,7 +479,8 @@ def export_evaluated(out: Path, step: int, export: Path, command: str, selected_
     model.eval()
     log = [entry for entry in checkpoint["log"] if entry["step"] <= step]
     at = next(entry for entry in reversed(log) if "time_s" in entry)
-    curriculum = {"depth": at["chain_depth"], "raised": [r for r in checkpoint["curriculum"]["raised"] if r[0] <= step]}
+    raised = [list(r) for r in checkpoint["curriculum"]["raised"] if r[0] <= step]
+    curriculum = {"depth": raised[-1][1] if raised else args.start_depth, "raised": raised}
     training = {"command": command, "args": recorded_settings(args),
                 "parameters": sum(p.numel() for p in model.parameters()), "minutes": round(at["time_s"] / 60, 1),
                 "curriculum": curriculum, "selected_step": step, "selected_by": selected_by,
