@@ -98,6 +98,7 @@ class ForcedTokens(Sampler):
             self.forced[b, :len(s)] = s
 
     def keep(self, rows: list[int]) -> None:
+        super().keep(rows)
         self.forced = self.forced[rows]
 
     def _at(self, n: int, offset: int) -> Tensor:

@@ -246,7 +246,7 @@ def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: dict[Hashable, dict],
     for r in range(repeats):
         for key in arms if r % 2 == 0 else list(arms)[::-1]:
             log = PassLog() if log_passes else None
-            out = generate(model, ids, **{**options, **arms[key]}, **({"observer": log} if log else {}))
+            out = generate(model, ids, observer=log, **{**options, **arms[key]})
             times[key].append(out.wall_time)
             first.setdefault(key, out)
             if log is not None:
