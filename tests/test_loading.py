@@ -205,14 +205,24 @@ def test_missing_path_object_is_local(tmp_path):
 
 
 def test_training_defaults_are_the_shipped_recipe():
-    """`looped-kv train --out DIR` retrains the shipped model's recipe: every recorded argument is
-    the default, except where a sitting ran (threads, minutes, its length) and where the run was written; options
-    newer than the record default to what the record ran with (``train.BEFORE_OPTION``)."""
+    """`looped-kv train --out DIR` retrains the shipped model's first stage (``checkpoints/tiny-long``): every
+    argument it recorded is the default, except where a sitting ran (threads, minutes, its length) and where the run
+    was written; options newer than the record default to what it ran with (``train.BEFORE_OPTION``). The shipped
+    model continues that stage, and its recorded arguments are the stage's, changed as the training log's later
+    sittings say and in no other way."""
     from looped_kv.cli import train_options
     from looped_kv.tiny.train import BEFORE_OPTION
 
+    first = {**BEFORE_OPTION, **json.loads((TINY_DIR.parents[1] / "checkpoints/tiny-long/settings.json").read_text())}
     record = {**BEFORE_OPTION, **json.loads((TINY_DIR / "config.json").read_text())["training"]["args"]}
     defaults = vars(train_options(["--out", "runs/tiny"]))
     sitting = {"out", "export", "resume", "threads", "minutes", "steps"}
-    assert set(record) - sitting == set(defaults) - sitting
-    assert {k: record[k] for k in set(record) - sitting} == {k: defaults[k] for k in set(record) - sitting}
+    assert set(first) - sitting == set(defaults) - sitting == set(record) - sitting
+    assert {k: first[k] for k in set(first) - sitting} == {k: defaults[k] for k in set(first) - sitting}
+    continued = dict(first)
+    for entry in json.loads((TINY_DIR / "training_log.json").read_text()):
+        if "changed" in entry and entry["step"] >= first["steps"]:
+            for name, (before, after) in entry["changed"].items():
+                assert name in sitting or continued[name] == before, (entry["step"], name)
+                continued[name] = after
+    assert {k: continued[k] for k in set(record) - sitting} == {k: record[k] for k in set(record) - sitting}
