@@ -245,12 +245,14 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-loops", type=int, help=f"d, loops per draft (self-spec, mature-spec; default: "
                                                    f"{DRAFT_LOOPS_DEFAULT})")
     p.add_argument("--gamma", type=int, help=f"gamma, drafts per verification (self-spec, mature-spec, pld; default: "
-                                             f"{SelfSpec.gamma}; das-wave {DasWave.gamma})")
+                                             f"{SelfSpec.gamma})")
+    p.add_argument("--max-width", type=int, help=f"verifier capacity, DAS gamma: most proposals per verification "
+                                                f"(das-wave; default: {DasWave.max_width})")
     p.add_argument("--prefix-reads", choices=PREFIX_READS, help=f"drafts' prefix reads (self-spec default aligned, "
                                                                 f"deep-kv with cache ripe; das-wave default "
                                                                 f"{DasWave.prefix_reads})")
     p.add_argument("--inexact", action="store_true", help="allow block-dependent verification (cache with W < "
-                                                          "gamma; RIPE Proposition 1)")
+                                                          "gamma or max_width; RIPE Proposition 1)")
     p.add_argument("--ngram", type=int, help=f"n-gram length of prompt lookup (pld; default: {PromptLookup.ngram})")
     p.add_argument("--rounds", type=int, help=f"J, refinement rounds (das-wave; default: {ROUNDS_DEFAULT})")
     p.add_argument("--initial-width", type=int, help=f"W_init (das-wave; default: {DasWave.initial_width})")
@@ -311,7 +313,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                                    " process, stopping at end-of-text, in interleaved rounds. The speed-up is DAS Eq. "
                                    "(8), the mean over prompts of the tokens/s ratio to the paired greedy run, with a "
                                    "95% paired bootstrap interval; beside it, tau (sequential drafters) or A (das-"
-                                   "wave) as a fraction of its ceiling (gamma + 1, or w = min(gamma, W_init + J - 1)),"
+                                   "wave) as a fraction of its ceiling (gamma + 1, or w = min(max_width, W_init + J -"
+                                   " 1)),"
                                    " A and G (DAS Eq. 9-10). Per workload it prints the verdicts on 'Mature-Spec beats"
                                    " self-speculation' (acceptance, DAS Table 2; speed, DAS Table 1).")
     _model_options(p)

@@ -127,7 +127,7 @@ class Ch06:
     timing_repeats: int = 1  # interleaved timing rounds per prompt (a speed verdict needs 2)
     new_tokens: int = 32  # per timing run
     sweep_prompts: int = 2  # word problems, each decoded alone (DAS Tables 11-12 use GSM8K); intervals from 16
-    sweep: dict = field(default_factory=lambda: {"updates": (1, 2, 4, 8), "gamma": (8, 16, 32),
+    sweep: dict = field(default_factory=lambda: {"updates": (1, 2, 4, 8), "max_width": (8, 16, 32),
                                                  "initial_width": (1, 2, 4, 8)})
 
 
@@ -203,7 +203,7 @@ SMOKE = Profile(
               acceptance_prompts=2, acceptance_tokens=8, draft_loops=2, gamma=3, timing_prompts=1, new_tokens=6),
     ch06=Ch06(acceptance_prompts=2,
               acceptance_tokens=8, timing_prompts=1, new_tokens=6, sweep_prompts=1,
-              sweep={"updates": (1, 2), "gamma": (4,), "initial_width": (1, 2)}),
+              sweep={"updates": (1, 2), "max_width": (4,), "initial_width": (1, 2)}),
     ch07=Ch07(check_rows=2, batch_sizes=(1, 2), memory_batch_sizes=(1, 2, 3), new_tokens=6, prompts=3,
               draft_loops=2),
     ch08=Ch08(chain_programs=4, prompts_per_workload=2, new_tokens=6, fixed_loops=(1, 2, 3), share_k=2,

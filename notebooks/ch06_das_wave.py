@@ -32,9 +32,10 @@
 # 4. an independent full-depth verifier runs on $[x_t, y_1, \dots, y_{w-1}]$, accepts in
 #    order, emits its own token at the first mismatch, and keeps only verified planes.
 #
-# A block tests $w = \min(\gamma, W_\text{init} + J - 1)$ proposals, so one verification
-# accepts at most $w$ drafts: $w$ is the ceiling of the accepted length $A$ and of the
-# committed progress $G$. The verifier is the unchanged target. Whatever the proposal
+# A block tests $w = \min(\gamma, W_\text{init} + J - 1)$ proposals, $\gamma$ being the
+# verifier capacity (the option `max_width`), so one verification accepts at most $w$
+# drafts: $w$ is the ceiling of the accepted length $A$ and of the committed progress
+# $G$. The verifier is the unchanged target. Whatever the proposal
 # settings, the output is therefore greedy full-depth decoding (DAS Proposition 1;
 # `tests/test_speculative.py` checks this in float64).
 
@@ -93,9 +94,11 @@ print(workloads.preflight(model, profile))  # every prompt tokenized, held to th
 # %%
 methods = bench.method_configs(SEQ.draft_loops, SEQ.gamma)
 SCHEDULE = DasWave().schedule(R)  # the measured schedule, at this model's R
-WAVE = {key: SCHEDULE[key] for key in ("gamma", "rounds", "initial_width", "updates")}
+WAVE = {key: SCHEDULE[key]
+        for key in ("max_width", "rounds", "initial_width", "updates")}
 ids = workloads.prompt_ids(model, profile, "problems", 1)[0]
-cache = new_cache(model, make_policy("full", R), 1, ids.shape[1] + WAVE["gamma"] + 2)
+cache = new_cache(model, make_policy("full", R), 1,
+                  ids.shape[1] + WAVE["max_width"] + 2)
 with torch.no_grad():
     anchor = prefill(model, cache, ids, R)[:, -1:].argmax(-1)
     trace: list[torch.Tensor] = []
@@ -430,7 +433,8 @@ budget = pd.DataFrame([
      "w": bench.ceiling(config, R).value,
      **summary.loc[distinct[tuple(sorted(config.items()))], COLUMNS]}
     for name, config in sweep.items()])
-NAMES = {"updates": "updates k", "gamma": "block γ", "initial_width": "initial width"}
+NAMES = {"updates": "updates k", "max_width": "verifier capacity γ",
+         "initial_width": "initial width"}
 fig, axes = plt.subplots(2, len(P.sweep), figsize=book.WIDE, sharex="col")
 for col, (setting, frame) in enumerate(budget.groupby("setting", sort=False)):
     x = np.arange(len(frame))
@@ -464,9 +468,9 @@ def line(setting: str, symbol: str) -> str:
                if intervals else f" (on {P.sweep_prompts} prompts: no interval)."))
 
 
-book.md(" ".join(line(s, sym) for s, sym in (("updates", "$k$"), ("gamma", "$\\gamma$"),
-                                             ("initial_width", "$W_\\text{init}$"))
-                 if s in by)
+SYMBOLS = (("updates", "$k$"), ("max_width", "$\\gamma$"),
+           ("initial_width", "$W_\\text{init}$"))
+book.md(" ".join(line(s, sym) for s, sym in SYMBOLS if s in by)
         + " In the paper (DAS Sec. 4.4), on Huginn more updates raise $A$ and lower "
         "the speed-up: better-refined proposals decode faster only when their extra "
         "accepted tokens pay for the recurrent work that produced them.")

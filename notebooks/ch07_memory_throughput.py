@@ -277,7 +277,7 @@ if book.is_tiny(model):
 # %% tags=["remove-input"]
 if book.is_tiny(model):
     wave = DasWave()  # its verification width, Huginn schedule (DAS Eq. 5)
-    WIDTH = proposal_width(wave.gamma, wave.wave_rounds(R), wave.initial_width)
+    WIDTH = proposal_width(wave.max_width, wave.wave_rounds(R), wave.initial_width)
     relative = {m: cost.seconds(WIDTH, R, 256, m) / cost.seconds(1, R, 256, m)
                 for m in modes}
     text = (

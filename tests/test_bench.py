@@ -15,7 +15,7 @@ from looped_kv.decoding import settings
 from looped_kv.experiments import bench
 from looped_kv.runtime.config import PRESETS
 
-SMALL_WAVE = {"gamma": 4, "rounds": 3, "initial_width": 2, "updates": 1}
+SMALL_WAVE = {"max_width": 4, "rounds": 3, "initial_width": 2, "updates": 1}
 
 
 def prompts(model, lengths=(5, 3, 7)):
@@ -30,7 +30,8 @@ def test_method_configs_use_one_vocabulary():
     spec, mature = configs["self-spec"], configs["mature-spec"]
     assert (spec["draft_loops"], spec["gamma"]) == (mature["draft_loops"], mature["gamma"]) == (2, 3)
     # J left to the R decoded at (settings.default_rounds); the other fields of the paper's schedule, k changed
-    assert configs["das-wave"] == {"method": "das-wave", "gamma": 32, "initial_width": 2, "updates": 1, "carry": True}
+    assert configs["das-wave"] == {"method": "das-wave", "max_width": 32, "initial_width": 2, "updates": 1,
+                                   "carry": True}
     assert bench.method_configs(wave={"rounds": 5})["das-wave"]["rounds"] == 5
     for kwargs, message in (({"draft_loops": 0}, "draft_loops must be >= 1"), ({"gamma": 0}, "gamma must be >= 1"),
                             ({"wave": {"width": 2}}, "wave must set only"), ({"wave": {"rounds": 0}}, "rounds")):

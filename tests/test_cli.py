@@ -25,8 +25,8 @@ torch.set_num_threads(1)  # small models: more threads only add contention
 HELP = {
     (): ["generate", "bench", "batched", "memory", "batch", "speed", "gpu-check", "plan-check", "train", "select",
          "gates", "scout"],
-    ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--gamma", "--prefix-reads", "--inexact",
-                    "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
+    ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--gamma", "--max-width", "--prefix-reads",
+                    "--inexact", "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
     ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--draft-loops", "--gamma", "--model",
                  "--repeats", "--quiet", "Mature-Spec beats self-speculation"],
     ("batched",): ["looped-kv batched", "--batch-sizes", "--max-new-tokens", "--draft-loops", "--gamma", "--budget-mb",
@@ -248,7 +248,7 @@ def test_generate_text_in_text_out(model_source, capsys):  # noqa: F811
 
 def test_generate_samples_with_a_seed(model_source, capsys):  # noqa: F811
     """--temperature, --top-k/-p, --min-p and --seed reach every method: one seed, one completion."""
-    words = ["generate", "--model", model_source, "--method", "das-wave", "--gamma", "4", "--rounds", "2",
+    words = ["generate", "--model", model_source, "--method", "das-wave", "--max-width", "4", "--rounds", "2",
              "--max-new-tokens", "8", "--temperature", "1.5", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.01",
              "--json", "Question: Ava has 3 apples."]
     completions = []

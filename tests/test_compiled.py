@@ -30,7 +30,7 @@ from looped_kv.runtime.policy import make_prefix_reads
 
 R = 2
 METHODS = {"ar": {}, "self-spec": {"draft_loops": 1, "gamma": 3}, "mature-spec": {"draft_loops": 1, "gamma": 2},
-           "pld": {"gamma": 3, "ngram": 1}, "das-wave": {"gamma": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
+           "pld": {"gamma": 3, "ngram": 1}, "das-wave": {"max_width": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
 
 
 class CountingBackend:
@@ -178,7 +178,7 @@ def test_das_wave_rounds_share_one_trace_per_width_bucket(backend, model):
     widths = (1, 2, 3, 5, 7, 9, 13, 17, 25, 32)
     assert [compiled.refined_width(w, 32) for w in widths] == [2, 2, 3, 6, 8, 12, 16, 24, 32, 32]
     assert [compiled.refined_width(w, 5) for w in range(1, 6)] == [2, 2, 3, 4, 5]
-    options = dict(max_new_tokens=5, num_loops=R, stop_at_eos=False, compile=True, method="das-wave", gamma=5,
+    options = dict(max_new_tokens=5, num_loops=R, stop_at_eos=False, compile=True, method="das-wave", max_width=5,
                    rounds=5, initial_width=1, updates=2)
     before = backend.graphs
     traced = generate(model, prompts(model, (4,)), **options)

@@ -39,7 +39,7 @@ def test_retuned_configs_are_table_10s_schedules():
     for (policy, row), (name, config) in zip(papers.DAS_TABLE_10[papers.HUGINN].items(), configs.items(), strict=True):
         gamma, rounds, updates = row[:3]
         assert policy in name and config["carry"] is True
-        assert (config["gamma"], config["rounds"], config["updates"]) == (gamma, rounds, updates)
+        assert (config["max_width"], config["rounds"], config["updates"]) == (gamma, rounds, updates)
     assert configs["Parallel + carry (Deep V, retuned)"]["prefix_reads"] == "deep-v"
     with pytest.raises(ValueError, match="retunes"):
         components.retuned_configs(papers.RAVEN_OLMO)

@@ -32,7 +32,7 @@ SPECULATIVE = [("full", {}, True), ("ripe", {"window": 4}, True), ("ripe", {"win
                ("sinks", {"sinks": 2, "window": 4}, True), ("deepest", {}, False), ("ripe", {"window": 2}, False),
                ("share", {"k": 2}, False), ("k-deepest", {"k": 2}, False), ("first", {"k": 3}, False)]
 METHODS = {"self-spec": {"draft_loops": 2, "gamma": 3}, "mature-spec": {"draft_loops": 2, "gamma": 3},
-           "pld": {"gamma": 3, "ngram": 2}, "das-wave": {"gamma": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
+           "pld": {"gamma": 3, "ngram": 2}, "das-wave": {"max_width": 4, "rounds": 3, "initial_width": 2, "updates": 1}}
 
 
 @pytest.fixture(scope="module", params=["huginn", "raven", "raven-olmo", "ouro"])
@@ -68,7 +68,7 @@ def test_greedy_rows_are_greedy_alone(model, cache, params):
 def test_speculative_rows_are_the_row_alone_and_exact_ones_are_greedy(model, method, cache, params, exact):
     if model.config.family not in ("huginn", "ouro") and cache not in ("full", "ripe"):
         pytest.skip("every policy runs on Huginn and Ouro; the Raven families run the block-independent ones")
-    if method == "das-wave" and cache in ("ripe", "sinks") and params.get("window", 0) < METHODS[method]["gamma"]:
+    if method == "das-wave" and cache in ("ripe", "sinks") and params.get("window", 0) < METHODS[method]["max_width"]:
         exact = False
     prompts = ragged_prompts(model, seed=1)
     options = {**METHODS[method], "cache": cache, "exact": exact, **params}

@@ -67,7 +67,7 @@ def test_check_greedy_tokens_allows_only_near_ties_in_low_precision():
 
 @pytest.mark.parametrize("method, options", [
     ("ar", {}), ("self-spec", {"draft_loops": 1, "gamma": 3}), ("mature-spec", {"draft_loops": 2, "gamma": 2}),
-    ("pld", {"ngram": 1}), ("das-wave", {"gamma": 4, "rounds": 3})])
+    ("pld", {"ngram": 1}), ("das-wave", {"max_width": 4, "rounds": 3})])
 def test_rows_per_chunk_decodes_the_same_rows(model, method, options):
     """A batch decoded in row chunks (float64): the same tokens, statistics and cache bytes per row."""
     prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
@@ -100,7 +100,7 @@ def any_model(request):
 def test_every_method_runs_with_its_defaults(any_model, method):
     """generate(model, ids, method=m) with m's defaults on Ouro's fixture (R = 4) and a Huginn-style model (R = 32):
     every method emits greedy decoding's tokens, and the draft depth follows R. ``max_new_tokens`` keeps the
-    fixture's 64-position context in reach of DAS-Wave's gamma = 32."""
+    fixture's 64-position context in reach of DAS-Wave's max_width of 32."""
     ids = torch.tensor([[1, 5, 9, 2]])
     out = looped_kv.generate(any_model, ids, method=method, max_new_tokens=8)
     assert torch.equal(out.tokens, looped_kv.generate(any_model, ids, max_new_tokens=8).tokens), method

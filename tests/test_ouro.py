@@ -208,7 +208,8 @@ def test_initial_state_is_the_embedding():
 
 
 DECODERS = {"self-spec": {"draft_loops": 2, "gamma": 3}, "mature-spec": {"draft_loops": 1, "gamma": 3},
-            "pld": {"gamma": 3, "ngram": 2}, "das-wave": {"gamma": 3, "rounds": 3, "initial_width": 2, "updates": 1}}
+            "pld": {"gamma": 3, "ngram": 2},
+            "das-wave": {"max_width": 3, "rounds": 3, "initial_width": 2, "updates": 1}}
 POLICIES = [("full", {}, True), ("ripe", {"window": 3}, True), ("sinks", {"sinks": 1, "window": 3}, True),
             ("deepest", {}, False), ("k-deepest", {"k": 2}, False), ("share", {"k": 2}, False),
             ("first", {"k": 2}, False), ("ripe", {"window": 1}, False)]

@@ -106,7 +106,7 @@ def tiny():
 
 
 @pytest.mark.parametrize("method, options", [("ar", {}), ("self-spec", {"gamma": 3}), ("pld", {}),
-                                             ("das-wave", {"gamma": 8, "rounds": 4, "updates": 2})])
+                                             ("das-wave", {"max_width": 8, "rounds": 4, "updates": 2})])
 def test_predictions_sum_the_passes_a_real_decode_ran(tiny, method, options):
     ids = tiny.tokenizer("Question: Ann has 3 pens and buys 4 more. How many pens? Answer:",
                          return_tensors="pt").input_ids
@@ -156,7 +156,7 @@ def test_compiled_passes_log_their_capacity_and_width_buckets(traced):
     model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=2)
     ids = torch.randint(0, model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(0))
     log = PassLog()
-    out = generate(model, ids, method="das-wave", gamma=6, rounds=3, initial_width=3, updates=1, max_new_tokens=8,
+    out = generate(model, ids, method="das-wave", max_width=6, rounds=3, initial_width=3, updates=1, max_new_tokens=8,
                    num_loops=2, stop_at_eos=False, compile=True, observer=log)
     assert len(log.passes) == out.forward_passes and all(p.compiled for p in log.passes)
     assert log.passes[0] == PassRecord("prefill", 1, 7, 2, 0, True)
@@ -283,7 +283,7 @@ def test_the_check_prices_each_runs_own_passes(tiny):
     cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT)
     ids = [tiny.tokenizer(t, return_tensors="pt").input_ids for t in (
         "Question: Ann has 3 pens and buys 4 more. How many pens? Answer:", "a=3;b=a+2;c=b;d=c+1;e=d;x=e;f=x+4;y=f;")]
-    methods = {"self-spec": {"method": "self-spec", "gamma": 3}, "das-wave": {"method": "das-wave", "gamma": 8}}
+    methods = {"self-spec": {"method": "self-spec", "gamma": 3}, "das-wave": {"method": "das-wave", "max_width": 8}}
     runs = experiment.predictions(tiny, cost, ids, methods, max_new_tokens=6, repeats=2, progress=False)
     assert list(runs["method"]) == ["ar", "self-spec", "das-wave"] * 2 and (runs["measured_s"] > 0).all()
     for _, row in runs.iterrows():

@@ -20,7 +20,7 @@ SAMPLING = dict(temperature=0.05, top_k=6, top_p=0.95, min_p=0.02)  # the small 
 PROMPT = [18, 4, 18, 4]  # repeats: prompt lookup drafts from it
 METHODS = {"ar": {}, "self-spec": {"draft_loops": 1, "gamma": 3}, "mature-spec": {"draft_loops": 2, "gamma": 2},
            "pld": {"gamma": 3, "ngram": 1},
-           "das-wave": {"gamma": 4, "rounds": 2, "initial_width": 2, "updates": 2}}
+           "das-wave": {"max_width": 4, "rounds": 2, "initial_width": 2, "updates": 2}}
 
 
 def distributions(count: int, V: int, generator: torch.Generator) -> list[torch.Tensor]:

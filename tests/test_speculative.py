@@ -35,8 +35,8 @@ CONFIGS = [
     dict(method="self-spec", draft_loops=1, gamma=5, prefix_reads=(1, 3)),
     dict(method="mature-spec", draft_loops=4, gamma=6),
     dict(method="pld", gamma=5),
-    dict(method="das-wave", gamma=8, rounds=6, initial_width=2, updates=2),
-    dict(method="das-wave", gamma=6, rounds=4, initial_width=1, updates=1, carry=False, prefix_reads="aligned"),
+    dict(method="das-wave", max_width=8, rounds=6, initial_width=2, updates=2),
+    dict(method="das-wave", max_width=6, rounds=4, initial_width=1, updates=1, carry=False, prefix_reads="aligned"),
 ]
 
 
@@ -117,7 +117,9 @@ def test_exactness_needs_a_window_covering_the_block():
     ({"method": "self-spec", "gamma": 0}, "gamma must be >= 1"),
     ({"method": "self-spec", "prefix_reads": "shallow"}, "prefix_reads must be one of"),
     ({"method": "self-spec", "prefix_reads": (2, 6)}, "nu must be in"),
-    ({"method": "das-wave", "gamma": 1, "initial_width": 2}, "gamma must be >= initial_width"),
+    ({"method": "das-wave", "max_width": 1, "initial_width": 2},
+     r"max_width \(verifier capacity gamma\) must be >= initial_width"),
+    ({"method": "das-wave", "gamma": 8}, "method='das-wave' takes max_width"),
     ({"method": "das-wave", "rounds": 0}, r"rounds \(J\) must be >= 1"),
     ({"method": "das-wave", "updates": 0}, r"updates \(k, recurrent updates per round\) must be >= 1"),
     ({"method": "pld", "ngram": 0}, "ngram must be >= 1"),
@@ -149,12 +151,12 @@ def wave_setup(seed: int = 3, prompt: int = 6, R: int = 5):
 
 def test_refinement_widths_follow_the_schedule():
     model, cache, anchor, _ = wave_setup()
-    for gamma, rounds, initial_width in ((8, 4, 2), (4, 6, 1), (3, 2, 3)):
+    for max_width, rounds, initial_width in ((8, 4, 2), (4, 6, 1), (3, 2, 3)):
         trace: list[torch.Tensor] = []
-        proposals = refine(model, cache, anchor, gamma=gamma, rounds=rounds, initial_width=initial_width, updates=1,
-                           carry=True, reads=DEEP_KV, trace=trace)
-        assert [t.shape[1] for t in trace] == [min(gamma, initial_width + j) for j in range(rounds)]
-        assert proposals.shape[1] == proposal_width(gamma, rounds, initial_width)
+        proposals = refine(model, cache, anchor, max_width=max_width, rounds=rounds, initial_width=initial_width,
+                           updates=1, carry=True, reads=DEEP_KV, trace=trace)
+        assert [t.shape[1] for t in trace] == [min(max_width, initial_width + j) for j in range(rounds)]
+        assert proposals.shape[1] == proposal_width(max_width, rounds, initial_width)
 
 
 def test_carry_continues_the_recurrence_of_the_first_position():
@@ -172,17 +174,17 @@ def test_carry_continues_the_recurrence_of_the_first_position():
     assert first_guess(rounds * updates) != first_guess(updates)  # else the test could not tell them apart
     for carry, loops in ((True, rounds * updates), (False, updates)):
         trace: list[torch.Tensor] = []
-        refine(model, cache, anchor, gamma=4, rounds=rounds, initial_width=1, updates=updates, carry=carry,
+        refine(model, cache, anchor, max_width=4, rounds=rounds, initial_width=1, updates=updates, carry=carry,
                reads=DEEP_KV, trace=trace)
         assert int(trace[-1][0, 0]) == first_guess(loops), carry
 
 
 def test_das_wave_commits_no_bonus_token_when_every_proposal_is_accepted(tiny64):
-    gamma, rounds, initial_width = 4, 4, 2
-    w = proposal_width(gamma, rounds, initial_width)
+    max_width, rounds, initial_width = 4, 4, 2
+    w = proposal_width(max_width, rounds, initial_width)
     kinds = set()
     for ids in tiny_prompts(tiny64, 3, "problems"):
-        out = looped_kv.generate(tiny64, ids, max_new_tokens=40, method="das-wave", num_loops=16, gamma=gamma,
+        out = looped_kv.generate(tiny64, ids, max_new_tokens=40, method="das-wave", num_loops=16, max_width=max_width,
                                  rounds=rounds, initial_width=initial_width, updates=1)
         kinds |= {a == w for a in out.accepted}
         assert out.retained == [int(a < w) for a in out.accepted]

@@ -259,19 +259,19 @@ def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[tupl
     """The passes, as (tokens, loops), of one verification cycle of ``config``'s method at R = ``num_loops``, at their
     widest: greedy decoding one R-loop step; self-spec and Mature-Spec gamma one-token d-loop drafts and a verification
     of gamma + 1; prompt lookup a verification of gamma + 1 (its drafts cost no pass); DAS-Wave J rounds of k loops
-    over min(gamma, W_init + j) positions (compiled: their width bucket, :func:`~looped_kv.decoding.compiled.
-    refined_width`) and a verification of w = min(gamma, W_init + J - 1) (DAS Eq. 5)."""
+    over min(max_width, W_init + j) positions (compiled: their width bucket, :func:`~looped_kv.decoding.compiled.
+    refined_width`) and a verification of w = min(max_width, W_init + J - 1) (DAS Eq. 5)."""
     if isinstance(config, SelfSpec | MatureSpec):
         return [(1, config.draft_depth(num_loops))] * config.gamma + [(config.gamma + 1, num_loops)]
     if isinstance(config, PromptLookup):
         return [(config.gamma + 1, num_loops)]
     if isinstance(config, DasWave):
         rounds = config.wave_rounds(num_loops)
-        widths = [min(config.gamma, config.initial_width + j) for j in range(rounds)]
+        widths = [min(config.max_width, config.initial_width + j) for j in range(rounds)]
         if compiled:
-            widths = [refined_width(w, config.gamma) for w in widths]
+            widths = [refined_width(w, config.max_width) for w in widths]
         return ([(w, config.updates) for w in widths]
-                + [(proposal_width(config.gamma, rounds, config.initial_width), num_loops)])
+                + [(proposal_width(config.max_width, rounds, config.initial_width), num_loops)])
     return [(1, num_loops)]
 
 

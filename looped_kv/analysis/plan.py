@@ -335,13 +335,13 @@ def ch05(config: LoopedConfig, profile: Profile) -> ChapterPlan:
 def ch06(config: LoopedConfig, profile: Profile) -> ChapterPlan:
     p, m = profile.ch06, profile.dtype
     base = (Held(f"{m} weights", weights(config, m)),)
-    prompt, gamma = profile.prompt_tokens, max(DasWave.gamma, *p.sweep.get("gamma", ()))
+    prompt, width = profile.prompt_tokens, max(DasWave.max_width, *p.sweep.get("max_width", ()))
     accept = Step(f"DAS-Wave and the drafters, {p.acceptance_prompts} prompts",
                   (*base, *decode_step(config, _chunk(profile, p.acceptance_prompts), prompt, p.acceptance_tokens, m,
-                                gamma=gamma)))
+                                gamma=width)))
     timing = Step("timing and the sweep, one prompt at a time",
-                  (*base, *decode_step(config, 1, prompt, p.new_tokens, m, gamma=gamma)))
-    sizes = (f"{p.acceptance_prompts} prompts x {p.acceptance_tokens} tokens, gamma up to {gamma}; "
+                  (*base, *decode_step(config, 1, prompt, p.new_tokens, m, gamma=width)))
+    sizes = (f"{p.acceptance_prompts} prompts x {p.acceptance_tokens} tokens, max_width up to {width}; "
              f"{p.timing_prompts} timed, {p.sweep_prompts} in the sweep")
     return ChapterPlan("ch06", sizes, (accept, timing))
 

@@ -90,8 +90,8 @@ def _prefill(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int)
 
 def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor, previous: Tensor, width: Tensor,
             lengths: Tensor, num_loops: int, planes: tuple, n: int) -> tuple[Tensor, Tensor, Tensor]:
-    """One DAS-Wave round over the first ``n`` positions after the anchor (``guesses`` (B, gamma + 1), ``carried``
-    (B, gamma, n_embd)): positions < ``previous`` start from the ``carried`` states, the others from their initial
+    """One DAS-Wave round over the first ``n`` positions after the anchor (``guesses`` (B, max_width + 1), ``carried``
+    (B, max_width, n_embd)): positions < ``previous`` start from the ``carried`` states, the others from their initial
     states; guesses and states are kept for positions < ``width``, the rest pass through unchanged. Returns them and
     the round's logits (B, n, V)."""
     columns = torch.arange(n, device=guesses.device)
@@ -202,7 +202,7 @@ class CompiledPasses(Passes):
                reads: PrefixReads, first_loop: int) -> tuple[Tensor, Tensor, Tensor]:
         """:meth:`Passes.refine` on the first :func:`refined_width` positions, so that rounds of nearby widths share
         a trace and the positions past the bucket, inactive and read by no active one, cost nothing: (guesses
-        (B, gamma + 1), states (B, gamma, n_embd), the logits of the refined positions)."""
+        (B, max_width + 1), states (B, max_width, n_embd), the logits of the refined positions)."""
         if carried is None:
             B, n = guesses.shape
             carried = torch.zeros(B, n - 1, self.model.config.n_embd, dtype=self.model.dtype, device=guesses.device)
@@ -214,9 +214,9 @@ class CompiledPasses(Passes):
                     self.planes(reads, first_loop, num_loops), n)
 
 
-def refined_width(width: int, gamma: int) -> int:
+def refined_width(width: int, max_width: int) -> int:
     """The positions a compiled DAS-Wave round refines for ``width`` active ones: the first of 2, 3, 4, 6, 8, 12, 16,
-    24, 32, ... (:func:`~looped_kv.decoding.passes.capacity_buckets`' ladder) that holds them, at most gamma. The
-    rounds' widths min(gamma, W_init + j) (DAS Eq. 5) then cost at most a third more than their own, at a trace per
-    bucket met."""
-    return capacity_bucket(width, gamma, smallest=2)
+    24, 32, ... (:func:`~looped_kv.decoding.passes.capacity_buckets`' ladder) that holds them, at most ``max_width``
+    (gamma). The rounds' widths min(gamma, W_init + j) (DAS Eq. 5) then cost at most a third more than their own,
+    at a trace per bucket met."""
+    return capacity_bucket(width, max_width, smallest=2)

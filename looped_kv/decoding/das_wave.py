@@ -5,7 +5,8 @@ pending token at position L):
 
 1. Initialize: provisional guesses repeat the anchor; a newly active position starts from the
    checkpoint's initial state at its absolute position.
-2. Refine: for rounds j = 0..J-1, the first W_j = min(gamma, W_init + j) positions (Eq. 5)
+2. Refine: for rounds j = 0..J-1, the first W_j = min(max_width, W_init + j) positions (Eq. 5;
+   ``max_width`` is the verifier capacity gamma)
    receive k recurrent updates in parallel, reading the verified prefix at deep K/V (Eq. 6)
    and each other's current keys/values; the readout of position i updates guess i + 1.
 3. Carry: the updated latent states are kept for the next round (unless ``carry=False``);
@@ -37,42 +38,44 @@ DEEP_KV = PrefixReads("deep", "deep")
 GREEDY = Sampler()
 
 
-def check_wave(gamma: int, rounds: int, initial_width: int, updates: int) -> None:
+def check_wave(max_width: int, rounds: int, initial_width: int, updates: int) -> None:
     if initial_width < 1:
         raise ValueError(f"initial_width (W_init) must be >= 1, got {initial_width}")
-    if gamma < initial_width:
-        raise ValueError(f"gamma must be >= initial_width (W_init) = {initial_width}, got {gamma}")
+    if max_width < initial_width:
+        raise ValueError(f"max_width (verifier capacity gamma) must be >= initial_width (W_init) = {initial_width}, "
+                         f"got {max_width}")
     if rounds < 1:
         raise ValueError(f"rounds (J) must be >= 1, got {rounds}")
     if updates < 1:
         raise ValueError(f"updates (k, recurrent updates per round) must be >= 1, got {updates}")
 
 
-def proposal_width(gamma: int, rounds: int, initial_width: int) -> int:
-    """w: proposals one verification tests, the width of the last round, min(gamma, W_init + J - 1) (Eq. 5).
+def proposal_width(max_width: int, rounds: int, initial_width: int) -> int:
+    """w: proposals one verification tests, the width of the last round, min(gamma, W_init + J - 1) (Eq. 5), gamma
+    being the verifier capacity ``max_width``.
 
     It also bounds the tokens one verification commits: A < w accepted plus a correction, or all w."""
-    return min(gamma, initial_width + rounds - 1)
+    return min(max_width, initial_width + rounds - 1)
 
 
-def wave(passes: Passes, anchor: Tensor, *, gamma: int, rounds: int, initial_width: int, updates: int, carry: bool,
+def wave(passes: Passes, anchor: Tensor, *, max_width: int, rounds: int, initial_width: int, updates: int, carry: bool,
          reads: PrefixReads, trace: list[Tensor] | None = None,
          sampler: Sampler = GREEDY) -> tuple[Tensor, Tensor | None]:
     """Carried parallel refinement (DAS Eq. 5-6) of B rows; returns the proposals y_1..y_w (B, w) and their
     distributions q (B, w, V) (None when greedy).
 
-    Round j refines the first W_j = min(gamma, W_init + j) positions with k updates, reading the prefix per
+    Round j refines the first W_j = min(max_width, W_init + j) positions with k updates, reading the prefix per
     ``reads`` and each other's current keys/values (nothing is stored); position i's readout updates guess
     i + 1 (:meth:`~looped_kv.decoding.passes.Passes.refine`). With ``carry`` only the newly active positions start
     from their initial states. With ``trace``, each round's guesses after its readout (B, W_j) are appended to it.
     The rounds refine greedily; under sampling the last round's readout is the draft distribution q, and the
     proposals are drawn from it.
     """
-    guesses = anchor.expand(-1, gamma + 1).clone()  # guesses[:, i] conditions position L + i
+    guesses = anchor.expand(-1, max_width + 1).clone()  # guesses[:, i] conditions position L + i
     states: Tensor | None = None
     previous, q = 0, None
     for j in range(rounds):
-        width = min(gamma, initial_width + j)
+        width = min(max_width, initial_width + j)
         first_loop = 1 + (j * updates if carry else 0)
         guesses, states, logits = passes.refine(guesses, states if carry else None, previous if carry else 0, width,
                                                 updates, reads=reads, first_loop=first_loop)
@@ -85,10 +88,10 @@ def wave(passes: Passes, anchor: Tensor, *, gamma: int, rounds: int, initial_wid
     return guesses[:, 1:width + 1], q
 
 
-def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, gamma: int, rounds: int, initial_width: int,
+def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, max_width: int, rounds: int, initial_width: int,
            updates: int, carry: bool, reads: PrefixReads, trace: list[Tensor] | None = None) -> Tensor:
     """:func:`wave` with eager cache passes on ``cache`` (each row's anchor x_t pending at position L)."""
-    return wave(Passes(model, cache), anchor, gamma=gamma, rounds=rounds, initial_width=initial_width,
+    return wave(Passes(model, cache), anchor, max_width=max_width, rounds=rounds, initial_width=initial_width,
                 updates=updates, carry=carry, reads=reads, trace=trace)[0]
 
 
@@ -98,16 +101,17 @@ class WaveDrafts(Drafter):
 
     name = "das-wave"
 
-    def __init__(self, *, gamma: int, rounds: int, initial_width: int, updates: int, carry: bool,
+    def __init__(self, *, max_width: int, rounds: int, initial_width: int, updates: int, carry: bool,
                  reads: PrefixReads = DEEP_KV, exact: bool = True) -> None:
-        check_wave(gamma, rounds, initial_width, updates)
-        self.schedule = dict(gamma=gamma, rounds=rounds, initial_width=initial_width, updates=updates, carry=carry)
-        self.gamma, self.reads, self.exact = gamma, reads, exact
-        self.w = proposal_width(gamma, rounds, initial_width)
-        self.lookahead, self.width, self.passes_per_verification = gamma + 1, gamma, rounds + 1
+        check_wave(max_width, rounds, initial_width, updates)
+        self.schedule = dict(max_width=max_width, rounds=rounds, initial_width=initial_width, updates=updates,
+                             carry=carry)
+        self.max_width, self.reads, self.exact = max_width, reads, exact
+        self.w = proposal_width(max_width, rounds, initial_width)
+        self.lookahead, self.width, self.passes_per_verification = max_width + 1, max_width, rounds + 1
 
     def check(self, policy: CachePolicy) -> None:
-        check_speculation(policy, self.gamma, self.exact)
+        check_speculation(policy, self.max_width, self.exact)
         check_reads(policy, self.reads)
 
     def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:

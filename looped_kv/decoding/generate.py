@@ -59,21 +59,22 @@ def generate(model: LoopedLM, input_ids: Tensor | Sequence[Tensor], config: Deco
     * ``"pld"`` (:class:`~looped_kv.decoding.settings.PromptLookup`): prompt lookup decoding, ``ngram``-gram
       drafts verified at full depth;
     * ``"das-wave"`` (:class:`~looped_kv.decoding.settings.DasWave`): carried parallel refinement (DAS Section
-      3.3) with ``gamma`` (default 32), ``rounds`` (J), ``initial_width`` (W_init), ``updates`` (k),
-      ``carry`` and ``prefix_reads`` (default ``"deep-kv"``); the defaults are the paper's Huginn configuration
-      at R = 32, with J following R (3R // 4: J k stays 1.5 R loops of refinement).
+      3.3) with ``max_width`` (the verifier capacity gamma, default 32), ``rounds`` (J), ``initial_width``
+      (W_init), ``updates`` (k), ``carry`` and ``prefix_reads`` (default ``"deep-kv"``); the defaults are the
+      paper's Huginn configuration at R = 32, with J following R (3R // 4: J k stays 1.5 R loops of refinement).
 
     Every method takes :class:`~looped_kv.decoding.settings.Decoding`'s options: ``cache`` names the verifier's
     cache policy (:func:`looped_kv.runtime.policy.make_policy`): ``"full"``, ``"deepest"``, ``"ripe"`` with
     ``window``, ``"k-deepest"``/``"share"``/``"first"`` with ``k``, ``"sinks"``. Speculative methods require a
-    block-independent cache (full, or RIPE with window >= gamma; RIPE Proposition 1) unless ``exact=False``.
-    ``num_loops`` defaults to the model's mean recurrence. A row stops after ``max_new_tokens`` (an int, or one per
-    prompt) or after emitting the end-of-text token (``eos_token_id``, default the tokenizer's) unless
-    ``stop_at_eos=False``. ``compile=True`` runs every method's passes on torch.compile'd steps with static shapes
-    and its prefill on one trace for every prompt length (:mod:`looped_kv.decoding.compiled`). ``rows_per_chunk``
-    decodes a large batch in row chunks of at most that many rows (one chunk's cache in memory at a time); the rows
-    emit the same tokens either way. An option the method does not take is refused; ``observer``
-    (:class:`~looped_kv.decoding.loop.Observer`) sees every verification and every model pass.
+    block-independent cache (full, or RIPE with window >= gamma, or DAS-Wave's max_width; RIPE Proposition 1)
+    unless ``exact=False``. ``num_loops`` defaults to the model's mean recurrence. A row stops after
+    ``max_new_tokens`` (an int, or one per prompt) or after emitting the end-of-text token (``eos_token_id``,
+    default the tokenizer's) unless ``stop_at_eos=False``. ``compile=True`` runs every method's passes on
+    torch.compile'd steps with static shapes and its prefill on one trace for every prompt length
+    (:mod:`looped_kv.decoding.compiled`). ``rows_per_chunk`` decodes a large batch in row chunks of at most that many
+    rows (one chunk's cache in memory at a time); the rows emit the same tokens either way. An option the method
+    does not take is refused; ``observer`` (:class:`~looped_kv.decoding.loop.Observer`) sees every verification and
+    every model pass.
 
     Every method samples with ``temperature`` > 0 (default 0: greedy decoding), ``top_k``, ``top_p`` and ``min_p``,
     with randomness from ``seed`` (an int s: row i draws with seed s + i; or one per prompt): a row emits the same

@@ -186,7 +186,7 @@ class Passes:
     def refine(self, guesses: Tensor, carried: Tensor | None, previous: int, width: int, num_loops: int, *,
                reads: PrefixReads, first_loop: int) -> tuple[Tensor, Tensor, Tensor]:
         """One DAS-Wave round (DAS Eq. 5-6; :func:`~looped_kv.decoding.das_wave.wave`) over the first ``width``
-        positions after each row's anchor, whose guesses are ``guesses`` (B, gamma + 1): ``num_loops`` recurrent
+        positions after each row's anchor, whose guesses are ``guesses`` (B, max_width + 1): ``num_loops`` recurrent
         updates from loop ``first_loop`` on, reading the prefix per ``reads`` and each other's current keys/values
         (nothing is stored). Positions < ``previous`` start from the ``carried`` states of the last round (None:
         nothing carried), the others from their initial states.

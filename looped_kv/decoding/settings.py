@@ -208,15 +208,10 @@ class Greedy(Decoding):
 
 @dataclass(frozen=True, kw_only=True)
 class _Speculative(Decoding):
-    """Options of the drafters that verify at full depth: ``gamma`` drafts per verification, ``exact``
-    (refuse a block-dependent cache, RIPE Proposition 1)."""
+    """Options of the methods that verify proposals at full depth: ``exact`` (refuse a block-dependent cache, RIPE
+    Proposition 1)."""
 
-    gamma: int = 4
     exact: bool = True
-
-    @classmethod
-    def _ints(cls) -> tuple[str, ...]:
-        return ("gamma",)
 
     @classmethod
     def _flags(cls) -> tuple[str, ...]:
@@ -224,7 +219,18 @@ class _Speculative(Decoding):
 
 
 @dataclass(frozen=True, kw_only=True)
-class _LoopDrafted(_Speculative):
+class _Drafted(_Speculative):
+    """Options of the sequential drafters: ``gamma`` drafts per verification."""
+
+    gamma: int = 4
+
+    @classmethod
+    def _ints(cls) -> tuple[str, ...]:
+        return ("gamma",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LoopDrafted(_Drafted):
     """Options of the drafters whose drafts run the model's first loops: ``draft_loops`` (d, in [1, R - 1]; None,
     the default: :func:`default_draft_loops` of the R decoded at, the papers' d = 4 at R = 32)."""
 
@@ -265,7 +271,7 @@ class MatureSpec(_LoopDrafted):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PromptLookup(_Speculative):
+class PromptLookup(_Drafted):
     """``pld``: prompt lookup decoding, up to ``gamma`` drafts copied after the last ``ngram``-gram's latest earlier
     occurrence (Saxena, 2023), verified at full depth."""
 
@@ -279,14 +285,15 @@ class PromptLookup(_Speculative):
 
 @dataclass(frozen=True, kw_only=True)
 class DasWave(_Speculative):
-    """``das-wave``: carried parallel refinement (DAS Section 3.3) with ``gamma``, ``rounds`` (J),
-    ``initial_width`` (W_init), ``updates`` (k), ``carry`` and ``prefix_reads``; the defaults are the paper's
-    Huginn configuration (DAS Sec. 4.1, Table 5: gamma 32, J 24, W_init 2, k 2, carried states, deep K/V) at
-    R = 32. J follows R (None, the default: :func:`default_rounds`, 3R // 4), so that J k stays the paper's 1.5 R
-    loops of refinement; the others are widths and counts of tokens and loops per round, which do not depend on R."""
+    """``das-wave``: carried parallel refinement (DAS Section 3.3) with ``max_width`` (the verifier capacity gamma,
+    DAS Appendix B.2), ``rounds`` (J), ``initial_width`` (W_init), ``updates`` (k), ``carry`` and
+    ``prefix_reads``; the defaults are the paper's Huginn configuration (DAS Sec. 4.1, Table 5: gamma 32, J 24,
+    W_init 2, k 2, carried states, deep K/V) at R = 32. J follows R (None, the default: :func:`default_rounds`,
+    3R // 4), so that J k stays the paper's 1.5 R loops of refinement; the others are widths and counts of tokens
+    and loops per round, which do not depend on R."""
 
     method: ClassVar[str] = "das-wave"
-    gamma: int = 32
+    max_width: int = 32
     rounds: int | None = None
     initial_width: int = 2
     updates: int = 2
@@ -295,7 +302,7 @@ class DasWave(_Speculative):
 
     @classmethod
     def _ints(cls) -> tuple[str, ...]:
-        return ("gamma", "initial_width", "updates")
+        return ("max_width", "initial_width", "updates")
 
     @classmethod
     def _optional_ints(cls) -> tuple[str, ...]:
@@ -313,11 +320,11 @@ class DasWave(_Speculative):
         return default_rounds(num_loops) if self.rounds is None else self.rounds
 
     def schedule(self, num_loops: int) -> dict[str, int | bool]:
-        """The proposal schedule at R = ``num_loops``: gamma, J, W_init, k and carry."""
+        """The proposal schedule at R = ``num_loops``: max_width (gamma), J, W_init, k and carry."""
         return {**{name: getattr(self, name) for name in WAVE_KEYS}, "rounds": self.wave_rounds(num_loops)}
 
 
-WAVE_KEYS = ("gamma", "rounds", "initial_width", "updates", "carry")
+WAVE_KEYS = ("max_width", "rounds", "initial_width", "updates", "carry")
 #: Greedy decoding's early-exit options.
 EXIT_OPTIONS = ("exit", "exit_threshold", "exited_reads")
 CONFIGS: dict[str, type[Decoding]] = {cls.method: cls for cls in (Greedy, SelfSpec, MatureSpec, PromptLookup,
@@ -347,6 +354,9 @@ def method_config(method: str = "ar", **given: object) -> Decoding:
             if name in EXIT_OPTIONS:
                 raise ValueError(f"{name}={value!r} runs with method='ar' only: early exit under the speculation of "
                                  f"method={method!r} is not proven exact")
+            if name == "gamma" and method == "das-wave":
+                raise ValueError("method='das-wave' takes max_width (its verifier capacity, DAS Appendix B.2's gamma), "
+                                 "not gamma (drafts per verification of self-spec, mature-spec and pld)")
             if name == "prefix_reads" and method == "mature-spec":
                 raise ValueError("method='mature-spec' reads the prefix at deep K/V; use method='self-spec' with "
                                  "prefix_reads for other read policies")

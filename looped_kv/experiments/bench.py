@@ -22,11 +22,11 @@ Methods are named by :data:`looped_kv.decoding.settings.METHODS` (``ar``, ``self
 ``mature-spec``, ``pld``, ``das-wave``) and configured by their dataclasses there;
 :data:`~looped_kv.decoding.settings.DISPLAY` labels tables only. Each drafter's acceptance has a
 ceiling: tau <= gamma + 1 for the sequential drafters (self-spec, mature-spec, pld) and A <= w for
-DAS-Wave, w = min(gamma, W_init + J - 1) (DAS Eq. 5). Every verdict here goes through
-:func:`looped_kv.analysis.verdicts.verdict`: a timing verdict needs 16 prompts timed in interleaved
-repeats; arms with different ceilings are compared as shares of their ceilings (``share``: A over the
-most drafts one verification can accept) or by speed, never by raw A (:func:`acceptance_verdict`
-refuses it).
+DAS-Wave, w = min(max_width, W_init + J - 1) (DAS Eq. 5; max_width is its verifier capacity gamma). Every
+verdict here goes through :func:`looped_kv.analysis.verdicts.verdict`: a timing verdict needs 16 prompts timed
+in interleaved repeats; arms with different ceilings are compared as shares of their ceilings (``share``: A over
+the most drafts one verification can accept) or by speed, never by raw A (:func:`acceptance_verdict` refuses
+it).
 
     looped-kv bench --workloads problems --prompts 32 --max-new-tokens 128
 """
@@ -116,7 +116,7 @@ def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
         raise ValueError(f"wave must set only {WAVE_KEYS}, got {unknown}")
     given = DasWave(**(wave or {}))  # J None (not given): the R decoded at sets it (settings.default_rounds)
     schedule = {name: getattr(given, name) for name in WAVE_KEYS if getattr(given, name) is not None}
-    check_wave(given.gamma, given.wave_rounds(PAPER_LOOPS), given.initial_width, given.updates)
+    check_wave(given.max_width, given.wave_rounds(PAPER_LOOPS), given.initial_width, given.updates)
     sequential = {"draft_loops": draft_loops, "gamma": gamma}
     return {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", **sequential},
             "mature-spec": {"method": "mature-spec", **sequential},
@@ -149,7 +149,7 @@ def ceiling(config: dict, num_loops: int) -> Ceiling | None:
         return None
     options = method_config(**config)
     if method == "das-wave":
-        return Ceiling("A", proposal_width(options.gamma, options.wave_rounds(num_loops), options.initial_width), 0)
+        return Ceiling("A", proposal_width(options.max_width, options.wave_rounds(num_loops), options.initial_width), 0)
     return Ceiling("tau", options.gamma + 1, 1)
 
 

@@ -107,7 +107,7 @@ def retuned_configs(model: str = HUGINN, wave: dict | None = None) -> dict[str, 
     configs = {}
     for policy, row in DAS_TABLE_10[model].items():
         cell = dict(zip(DAS_TABLE_10_COLUMNS, row, strict=True))
-        schedule = method_configs(wave={**(wave or {}), "gamma": cell["gamma"], "rounds": cell["J"],
+        schedule = method_configs(wave={**(wave or {}), "max_width": cell["gamma"], "rounds": cell["J"],
                                         "updates": cell["k"], "carry": True})["das-wave"]
         configs[f"Parallel + carry ({policy}, retuned)"] = {**schedule, "prefix_reads": reads[policy]}
     return configs

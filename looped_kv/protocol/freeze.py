@@ -86,7 +86,8 @@ def check_runnable(spec: BatchSpec) -> None:
     if spec.mode == "substitution" and spec.tokens > context:
         raise ValueError(f"spec.tokens {spec.tokens} is {beyond}")
     # a drafting decoder's cache holds a draft block and its anchor beyond the prompt and the new tokens
-    margins = [(f"{where}.gamma", arm.gamma + 1) for where, arm in arms if arm.gamma is not None]
+    margins = [(f"{where}.{'max_width' if arm.decoder == 'das-wave' else 'gamma'}", arm.verify_width + 1)
+               for where, arm in arms if arm.verify_width is not None]
     for i, prompt_set in enumerate(spec.prompt_sets):
         for j, text in enumerate(prompt_set.texts):
             n = len(tokenizer(text).input_ids)
@@ -104,7 +105,8 @@ def check_runnable(spec: BatchSpec) -> None:
             for field, margin in margins:
                 if n + spec.max_new_tokens + margin > context:
                     raise ValueError(f"{field}: {where} has {n} tokens; with spec.max_new_tokens = "
-                                     f"{spec.max_new_tokens} and a draft block of gamma + 1 = {margin} the cache holds "
+                                     f"{spec.max_new_tokens} and a draft block of {field.rsplit('.', 1)[1]} + 1 = "
+                                     f"{margin} the cache holds "
                                      f"{n + spec.max_new_tokens + margin} positions, {beyond}")
 
 

@@ -56,7 +56,7 @@ METHOD_OPTIONS = {
     "self-spec": ("draft_loops", "gamma", "prefix_reads", "exact"),
     "mature-spec": ("draft_loops", "gamma", "exact"),
     "pld": ("gamma", "ngram", "exact"),
-    "das-wave": ("gamma", "rounds", "initial_width", "updates", "carry", "prefix_reads", "exact"),
+    "das-wave": ("max_width", "rounds", "initial_width", "updates", "carry", "prefix_reads", "exact"),
 }
 SPEC_KEYS = {"batch", "name", "question", "model", "revision", "dtype", "num_loops", "mode", "seed", "cudnn_sdp",
              "threads", "prompts", "tokens", "decoded", "softmax", "max_new_tokens", "reference", "tail_kl", "arms",
@@ -86,17 +86,21 @@ class Arm:
     options: dict[str, Any] = field(default_factory=dict)  # generate keywords of the decoder
 
     @property
-    def gamma(self) -> int | None:
-        """gamma of a drafting decoder arm (its option, else the decoder's default); None for other arms."""
-        return decoder_gamma(self.decoder, self.options) if self.kind == "decoder" else None
+    def verify_width(self) -> int | None:
+        """The most proposals one verification of a drafting decoder arm tests (:func:`verify_width`); None for
+        other arms."""
+        return verify_width(self.decoder, self.options) if self.kind == "decoder" else None
 
 
-def decoder_gamma(decoder: str, options: dict[str, Any]) -> int | None:
-    """A decoder's gamma: ``options["gamma"]``, else the default of :mod:`looped_kv.decoding.settings`; None for
-    decoders that draft nothing (greedy decoding, replay)."""
+def verify_width(decoder: str, options: dict[str, Any]) -> int | None:
+    """The most proposals one verification of ``decoder`` tests: gamma, or DAS-Wave's ``max_width`` (its verifier
+    capacity gamma), from ``options``, else the default of :mod:`looped_kv.decoding.settings`; None for decoders that
+    draft nothing (greedy decoding, replay)."""
     if decoder in ("ar", "replay"):
         return None
-    return options.get("gamma", DasWave.gamma if decoder == "das-wave" else SelfSpec.gamma)
+    if decoder == "das-wave":
+        return options.get("max_width", DasWave.max_width)
+    return options.get("gamma", SelfSpec.gamma)
 
 
 @dataclass(frozen=True)
@@ -294,10 +298,10 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
         if decoder != "ar":
             sequential = decoder in ("self-spec", "mature-spec")
             draft = chosen.get("draft_loops", default_draft_loops(num_loops)) if sequential else None
-            check_speculation(policy, decoder_gamma(decoder, chosen), chosen.get("exact", True), draft)
+            check_speculation(policy, verify_width(decoder, chosen), chosen.get("exact", True), draft)
         if decoder == "das-wave":
             wave = DasWave().schedule(num_loops) | chosen
-            check_wave(wave["gamma"], wave["rounds"], wave["initial_width"], wave["updates"])
+            check_wave(wave["max_width"], wave["rounds"], wave["initial_width"], wave["updates"])
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     return Arm(name, "decoder", precision, cache=cache, decoder=decoder, options=chosen)

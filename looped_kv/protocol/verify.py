@@ -182,7 +182,7 @@ def frozen_problems(root: Path, table: dict[str, Any], run: Any) -> list[str]:
 
 def _decoder_problem(spec: BatchSpec, record: dict) -> str | None:
     """A decoder record's counts against its accepted drafts (tau: accepted drafts plus at most one token)."""
-    accepted, gamma = record["accepted"], spec.arm(record["arm"]).gamma
+    accepted, width = record["accepted"], spec.arm(record["arm"]).verify_width
     mean = sum(accepted) / len(accepted) if accepted else None
     if record["verifications"] != len(accepted):
         return f"verifications {record['verifications']} but {len(accepted)} accepted counts"
@@ -190,8 +190,9 @@ def _decoder_problem(spec: BatchSpec, record: dict) -> str | None:
         return f"A = {record['A']} but its accepted drafts give {mean}"
     if (record["tau"] is None) != (mean is None) or (mean is not None and not mean <= record["tau"] <= mean + 1):
         return f"tau = {record['tau']} does not lie in [A, A + 1]"
-    if any(a > (gamma or 0) for a in accepted) or not 1 <= len(record["new_tokens"]) <= spec.max_new_tokens:
-        return f"accepted drafts beyond gamma {gamma}, or new tokens beyond max_new_tokens {spec.max_new_tokens}"
+    if any(a > (width or 0) for a in accepted) or not 1 <= len(record["new_tokens"]) <= spec.max_new_tokens:
+        return (f"accepted drafts beyond the verification width {width}, or new tokens beyond max_new_tokens "
+                f"{spec.max_new_tokens}")
     return None
 
 
