@@ -24,7 +24,6 @@ from looped_kv.decoding.loop import decode
 from looped_kv.decoding.passes import Passes, capacity_bucket, capacity_buckets, new_cache
 from looped_kv.decoding.speculative import LoopDrafts
 from looped_kv.experiments import bench, speed
-from looped_kv.runtime.cache import PrefillPass
 from looped_kv.runtime.loading import load
 from looped_kv.runtime.policy import make_prefix_reads
 
@@ -105,14 +104,16 @@ def test_float32_passes_trace_whole_and_emit_the_eager_tokens(backend, model, me
     assert all(torch.equal(a, b) for a, b in zip(eager.sequences, traced.sequences, strict=True)), method
 
 
-@pytest.mark.parametrize("cache", ["full", "deepest"])
-def test_the_compiled_prefill_stores_the_eager_planes_in_one_trace_for_every_length(backend, model, cache):
+@pytest.mark.parametrize("cache, params", [("full", {}), ("deepest", {}), ("ripe", {"window": 4}),
+                                           ("sinks", {"sinks": 3, "window": 4})])
+def test_the_compiled_prefill_stores_the_eager_planes_in_one_trace_for_every_length(backend, model, cache, params):
     """Ragged prompts of new lengths into caches of new capacities: the eager prefill's logits and planes at every
-    row's own positions (the padding past them is never read), one trace for the first and none after it."""
-    policy = make_policy(cache, R)
+    row's own positions (the padding past them is never read), its ring slots and sinks (rows shorter and longer
+    than the window and the sinks), one trace for the first and none after it."""
+    policy = make_policy(cache, R, **params)
     torch._dynamo.reset()  # earlier tests' compiled runs may have traced this prefill already
     graphs = [backend.graphs]
-    for lengths, capacity in (((5, 3), 64), ((17, 30), 96), ((2, 41), 160)):
+    for lengths, capacity in (((5, 2), 64), ((17, 30), 96), ((2, 41), 160)):
         ids = prompts(model, lengths)
         eager, static = (new_cache(model, policy, 2, capacity) for _ in range(2))
         expected = Passes(model, eager).prefill(ids)
@@ -124,6 +125,17 @@ def test_the_compiled_prefill_stores_the_eager_planes_in_one_trace_for_every_len
             for row, length in enumerate(lengths):
                 torch.testing.assert_close(mine.select(-4, row)[..., :length, :],
                                            theirs.select(-4, row)[..., :length, :], rtol=0, atol=1e-12)
+        held = static.ring_positions() >= 0
+        for mine, theirs in zip(static.ring, eager.ring, strict=True):
+            for row in range(2):
+                torch.testing.assert_close(mine.select(-4, row)[..., held[row], :],
+                                           theirs.select(-4, row)[..., held[row], :], rtol=0, atol=1e-12)
+        for mine, theirs in zip(static.sink, eager.sink, strict=True):
+            for row, length in enumerate(lengths):
+                torch.testing.assert_close(mine.select(-4, row)[..., :length, :],
+                                           theirs.select(-4, row)[..., :length, :], rtol=0, atol=1e-12)
+        if params:
+            assert held.sum() and static.ring[0].abs().sum() > 0
     assert graphs[1] == graphs[0] + 1 and graphs[3] == graphs[2] == graphs[1]
 
 
@@ -132,12 +144,6 @@ def test_the_compiled_prefill_refuses_a_cache_that_holds_tokens(model):
     cache.advance([3])
     with pytest.raises(ValueError, match="prefill needs an empty cache, got rows of lengths"):
         compiled.CompiledPasses(model, cache).prefill(prompts(model, (4,)))
-
-
-def test_a_prefill_pass_refuses_a_cache_with_a_ring(model):
-    ring = new_cache(model, make_policy("ripe", R, window=2), 1, 64)
-    with pytest.raises(ValueError, match="a PrefillPass writes no ring or sinks"):
-        PrefillPass(ring, 4)
 
 
 def test_new_prompt_lengths_reuse_the_trace_of_their_capacity_bucket(backend, model):

@@ -8,7 +8,7 @@ So each tensor has one shape at every call, and a step is traced once per shape:
 
 * the prefill (:class:`~looped_kv.runtime.cache.PrefillPass`) runs the right-padded prompts causally into the
   empty cache, traced with the prompt length and the capacity as dynamic sizes: one trace for every prompt
-  length (eager under a policy with a ring or sinks);
+  length, under every policy (each row's last W positions go to the ring, its first to the sinks);
 * greedy steps and verification blocks (one token, gamma + 1 or DAS-Wave's w, all R loops) write their
   keys and values into the cache at each row's next positions through
   :meth:`~looped_kv.runtime.cache.PlaneCache.write`, past the committed length until the commit
@@ -78,11 +78,12 @@ def _verify(model, cache, buffer, tokens, lengths, offset, state, num_loops, pla
     return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store)
 
 
-def _prefill(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> Tensor:
-    """The prompts (B, n), right-padded, through ``num_loops`` loops into an empty cache: logits (B, n, V)."""
+def _prefill(model: LoopedLM, cache: PlaneCache, tokens: Tensor, lengths: Tensor, num_loops: int) -> Tensor:
+    """The prompts (B, n), right-padded, of ``lengths`` (B,) tokens, through ``num_loops`` loops into an empty cache:
+    logits (B, n, V)."""
     n = tokens.shape[1]
     positions = torch.arange(n, device=tokens.device).expand(tokens.shape[0], -1)
-    router = PrefillPass(cache, n)
+    router = PrefillPass(cache, n, lengths)
     logits = model(tokens, num_loops, positions=positions, router=router, max_position=n - 1, check=False)
     router.store_block()
     return logits
@@ -146,17 +147,16 @@ class CompiledPasses(Passes):
         self._planes: dict[tuple, tuple] = {}
 
     def prefill(self, prompts: list[Tensor]) -> Tensor:
-        """The prompts' pass into the empty cache, one trace for every prompt length (:class:`PrefillPass`); eager
-        under a policy with a ring or sinks."""
-        if self.cache.ring_size or self.cache.sink_size:
-            return super().prefill(prompts)
+        """The prompts' pass into the empty cache, one trace for every prompt length (:class:`PrefillPass`)."""
         check_empty(self.cache)
         ids, _ = pad_prompts(prompts)
+        lengths = torch.tensor([len(p) for p in prompts], device=ids.device)
         self._tell("prefill", ids.shape[1], self.policy.num_loops, 0)
         torch._dynamo.maybe_mark_dynamic(ids, 1)
         for planes in (*self.cache.edge, *self.cache.core):
             torch._dynamo.maybe_mark_dynamic(planes, planes.dim() - 2)  # the capacity
-        logits = traced(_prefill, ids.device, dynamic=True)(self.model, self.cache, ids, self.policy.num_loops)
+        step = traced(_prefill, ids.device, dynamic=True)
+        logits = step(self.model, self.cache, ids, lengths, self.policy.num_loops)
         if self.model.dtype == torch.float16:
             check_finite(logits, "the logits of the compiled prefill")
         self.cache.advance([len(p) for p in prompts])

@@ -281,6 +281,24 @@ class PlaneCache:
         writes = self.plan_writes(positions)
         return RowWrites(main, writes.ring, writes.sink)
 
+    def prefill_writes(self, n: int, lengths: Tensor) -> RowWrites:
+        """Every column of right-padded prompts (B, n) of ``lengths`` real tokens into an empty cache, built without
+        a device sync or a data-dependent shape (a compiled prefill): the main entries as one slice of [0, n); ring
+        slot s of row b takes the position it holds after the prompt (:meth:`ring_positions`; none yet: kept as it
+        is), sink slot j position j (past the prompts: kept)."""
+        main = _Scatter(None, None, None, span=(0, n))
+        if not (self.ring_size or self.sink_size):
+            return RowWrites(main, main, main)
+        B, device = lengths.shape[0], lengths.device
+        held = self.ring_positions(lengths).reshape(-1)  # (B * W,): position each slot holds, row by row
+        slots = torch.arange(self.ring_size, device=device)
+        ring = _Scatter(torch.arange(B, device=device).repeat_interleave(self.ring_size), held.clamp(0, n - 1),
+                        slots.repeat(B), valid=held >= 0)
+        sinks = torch.arange(self.sink_size, device=device)
+        sink = _Scatter(torch.arange(B, device=device).repeat_interleave(self.sink_size),
+                        sinks.clamp(max=n - 1).repeat(B), sinks.repeat(B), valid=(sinks < n).repeat(B))
+        return RowWrites(main, ring, sink)
+
     def static_writes(self, positions: Tensor) -> RowWrites:
         """Every column of a block at ``positions`` (B, n), built without a device sync or a data-dependent
         shape (a compiled step). The ring and the sinks take one token per row (n = 1): then no two entries
@@ -582,19 +600,19 @@ class StaticCachePass:
 
 
 class PrefillPass:
-    """The prefill of a compiled run: B right-padded prompts (B, n) into an empty cache without a ring or sinks.
+    """The prefill of a compiled run: B right-padded prompts (B, n) of ``lengths`` (B,) real tokens into an empty
+    cache.
 
     Every call attends causally within the prompts (an empty cache has no prefix: SDPA's causal kernel), and
-    :meth:`store_block` writes every site's keys/values at positions [0, n) of every row, as one slice per store.
+    :meth:`store_block` writes every site's keys/values at positions [0, n) of every row, as one slice per store,
+    and each row's last W positions into the ring and its first into the sinks (:meth:`PlaneCache.prefill_writes`).
     A row's columns past its own prompt hold padding until its later tokens overwrite them, and no read reaches
     them before: every read is masked by the row lengths. Nothing depends on n but tensor sizes, so a trace with
     a dynamic n serves prompts of every length.
     """
 
-    def __init__(self, cache: PlaneCache, n: int) -> None:
-        if cache.ring_size or cache.sink_size:
-            raise ValueError(f"a PrefillPass writes no ring or sinks; cache policy {cache.policy.name} has them")
-        self.cache, self.n = cache, n
+    def __init__(self, cache: PlaneCache, n: int, lengths: Tensor) -> None:
+        self.cache, self.n, self.lengths = cache, n, lengths
         self.new: dict[Site, tuple[Tensor, Tensor]] = {}
 
     def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
@@ -603,4 +621,4 @@ class PrefillPass:
 
     def store_block(self) -> None:
         """Write the prompts' keys/values into the cache (call after the model pass)."""
-        self.cache.write(self.cache.span_writes(0, self.n), self.new)
+        self.cache.write(self.cache.prefill_writes(self.n, self.lengths), self.new)
