@@ -281,7 +281,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.gamma, args.methods, args.workloads,
-                        args.repeats)
+                        args.repeats, args.caches)
     config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
     model = _load(args)
@@ -298,7 +298,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   f"per method, {args.prompts} prompts x {args.repeats} interleaved rounds\n{table.to_string()}")
         return 0
     measured = bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops,
-                            args.gamma, progress=not args.quiet, repeats=args.repeats, modes=args.modes)
+                            args.gamma, progress=not args.quiet, repeats=args.repeats, modes=args.modes,
+                            caches=args.caches)
     if args.record is not None:
         bench.write_record(args.record, measured, args.model, " ".join(["looped-kv", "bench", *args.words]))
         print(f"recorded in {args.record}")
@@ -333,6 +334,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gamma", type=int, default=SelfSpec.gamma,
                    help=f"gamma of self-spec, mature-spec and pld (default: {SelfSpec.gamma}); das-wave runs "
                         f"looped_kv.decoding.settings.DasWave")
+    p.add_argument("--caches", nargs="+", default=[], choices=list(bench.CACHE_ARMS),
+                   help="also greedy decoding under these caches (ripe: W = 8), timed against the full cache's "
+                        "(default: none)")
     p.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES,
                    help="eager passes, compiled steps (compile=True), or both side by side (default: both)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

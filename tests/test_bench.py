@@ -84,6 +84,20 @@ def test_run_paired_and_summarize():
         bench.run_paired(model, prompts(model), methods, max_new_tokens=8, progress=False, repeats=0)
 
 
+def test_cache_arms_are_greedy_decoding_timed_against_the_full_caches():
+    """--caches: greedy decoding under RIPE and the deepest plane, each paired with greedy decoding on the full cache
+    (the paired greedy run's tokens are the full cache's, so the speed-up is the smaller cache's speed ratio)."""
+    model = random_model("huginn", seed=5, mean_recurrence=4)
+    arms = {bench.cache_key(c): bench.CACHE_ARMS[c] for c in ("ripe", "deepest")}
+    assert list(arms) == ["greedy, ripe(8)", "greedy, deepest"]
+    runs = bench.run_paired(model, prompts(model), {"ar": {"method": "ar"}, **arms}, max_new_tokens=8, progress=False,
+                            repeats=2)
+    assert list(pd.unique(runs["method"])) == ["ar", *arms] and (runs["verifications"] == 0).all()
+    ripe, greedy = (runs[runs["method"] == key] for key in ("greedy, ripe(8)", "ar"))
+    assert np.allclose(ripe["greedy_time_s"].to_numpy(), greedy["time_s"].to_numpy())
+    assert (ripe["time_s"].to_numpy() != greedy["time_s"].to_numpy()).all()  # timed on its own, not greedy's copy
+
+
 def test_sampling_overhead_pairs_each_method_with_itself_on_greedys_tokens():
     """Issue 41's sampling budget is measured, not asserted: each method greedily and with the sampler's whole path
     at top-k 1, interleaved per prompt, so both emit the same tokens and the ratio is the sampler's cost."""
@@ -267,7 +281,9 @@ def test_check_options_name_the_option_and_the_value():
     bench.check_options(**good)
     for change, message in (({"prompts": 1}, "--prompts must be >= 2"), ({"gamma": 0}, "--gamma must be >= 1, got 0"),
                             ({"methods": ["greedy"]}, "--methods must name some of"),
-                            ({"workloads": []}, "--workloads must name some of")):
+                            ({"workloads": []}, "--workloads must name some of"),
+                            ({"caches": ["full"]},
+                             r"--caches must name some of \('ripe', 'deepest'\), got \['full'\]")):
         with pytest.raises(ValueError, match=message):
             bench.check_options(**{**good, **change})
     with pytest.raises(ValueError, match=r"--draft-loops must be in \[1, 31\]"):
@@ -357,3 +373,16 @@ def test_the_recorded_bench_is_the_shipped_models():
     for workload, r in runs.items():
         assert set(r["mode"]) == {"eager", "compiled"}, workload
         assert r["prompt"].nunique() >= 16 and (r["repeats"] >= 2).all(), workload
+
+
+def test_the_recorded_cache_bench_is_the_shipped_models():
+    """Chapter 7 reads book/data's cache bench: the shipped weights, the committed command, greedy decoding under
+    RIPE and the deepest plane each timed beside the full cache's on 16 prompts per workload, eager and compiled."""
+    header, runs = bench.read_record(bench.CACHES_RECORD)
+    assert header["weights_sha256"] == bench.weights_sha256("tiny")
+    assert header["command"].startswith("looped-kv bench --methods ar --caches ripe deepest ")
+    for workload, r in runs.items():
+        assert set(r["method"]) == {"ar", "greedy, ripe(8)", "greedy, deepest"}, workload
+        assert set(r["mode"]) == {"eager", "compiled"} and r["prompt"].nunique() >= 16, workload
+        arms = r[r["method"] != "ar"]
+        assert (r["repeats"] >= 2).all() and (arms["time_s"] != arms["greedy_time_s"]).all()

@@ -124,6 +124,17 @@ def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
             "das-wave": {"method": "das-wave", **schedule}}
 
 
+#: Greedy decoding under the smaller caches, timed against greedy decoding with the full cache (``--caches``): RIPE
+#: at chapter 7's window and the deepest plane alone (RIPE Sec. 3).
+CACHE_ARMS = {"ripe": {"method": "ar", "cache": "ripe", "window": 8}, "deepest": {"method": "ar", "cache": "deepest"}}
+
+
+def cache_key(cache: str) -> str:
+    """A cache arm's key in the runs: greedy decoding under ``cache`` (:data:`CACHE_ARMS`), e.g. "greedy, ripe(8)"."""
+    arm = CACHE_ARMS[cache]
+    return f"greedy, {cache}" + (f"({arm['window']})" if "window" in arm else "")
+
+
 def label(key: Hashable) -> str:
     """A method's table label (:data:`~looped_kv.decoding.settings.DISPLAY`), or the key itself."""
     return settings.DISPLAY.get(key, str(key)) if isinstance(key, str) else str(key)
@@ -266,7 +277,7 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
     generate(model, prompts[0], max_new_tokens=4)  # warm-up
     if "compiled" in modes:
         warm_up(model, prompts, methods, max_new_tokens, progress)
-    keys = ["ar", *(key for key, c in methods.items() if c.get("method") != "ar")]
+    keys = ["ar", *(key for key in methods if key != "ar")]
     configs = {"ar": {"method": "ar"}, **methods}
     rows = []
     with frozen_heap():
@@ -282,8 +293,7 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
                 if not compiled and eager is None:
                     eager = (reference, greedy_time)
                 for key, config in methods.items():
-                    source = "ar" if config.get("method") == "ar" else key
-                    out, time_s = outs[source], float(np.median(times[source]))
+                    out, time_s = outs[key], float(np.median(times[key]))
                     (row,) = _rows(out, key, config, model.config.mean_recurrence)
                     rows.append({**row, "prompt": i, "mode": mode, "time_s": time_s,
                                  "tokens_per_s": out.num_new / time_s, "greedy_time_s": greedy_time,
@@ -569,7 +579,7 @@ def interaction_verdict(runs: pd.DataFrame) -> Verdict:
 
 
 def check_options(prompts: int, max_new_tokens: int, draft_loops: int | None, gamma: int, methods: Sequence[str],
-                  workloads: Sequence[str], repeats: int = 2) -> None:
+                  workloads: Sequence[str], repeats: int = 2, caches: Sequence[str] = ()) -> None:
     """The bench's arguments, before any model is loaded: one-line ValueErrors naming the option and the value
     (``draft_loops`` None: the default for the model's R)."""
     if prompts < 2:
@@ -583,6 +593,9 @@ def check_options(prompts: int, max_new_tokens: int, draft_loops: int | None, ga
         bad = [n for n in names if n not in allowed]
         if bad or not names:
             raise ValueError(f"{flag} must name some of {allowed}, got {list(names)}")
+    bad = [c for c in caches if c not in CACHE_ARMS]
+    if bad:
+        raise ValueError(f"--caches must name some of {tuple(CACHE_ARMS)}, got {list(caches)}")
 
 
 def check_model(model_loops: int, draft_loops: int | None) -> None:
@@ -610,18 +623,20 @@ def workload_prompts(model: LoopedLM, workload: str, prompts: int, max_new_token
 
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
            draft_loops: int | None = None, gamma: int = SelfSpec.gamma, progress: bool = True,
-           n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES) -> dict[str, object]:
+           n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES,
+           caches: Sequence[str] = ()) -> dict[str, object]:
     """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts
     (each decoded alone, stopping at end-of-text, in ``repeats`` interleaved rounds), eager and compiled side by side
     (``modes``), tau or A as a fraction of its ceiling, the best compiled speculative method against compiled greedy
     decoding, and the verdicts on "Mature-Spec beats self-speculation", measured with cuDNN attention off
     (:func:`looped_kv.runtime.measurement.measurement_mode`). Every prompt is checked before decoding. Returns what
     :func:`write_record` keeps: the measurement's environment and each workload's timing runs."""
-    check_options(prompts, max_new_tokens, draft_loops, gamma, methods, workloads, repeats)
+    check_options(prompts, max_new_tokens, draft_loops, gamma, methods, workloads, repeats, caches)
     check_model(model.config.mean_recurrence, draft_loops)
     if draft_loops is None:
         draft_loops = settings.default_draft_loops(model.config.mean_recurrence)
     configs = {name: config for name, config in method_configs(draft_loops, gamma).items() if name in methods}
+    configs |= {cache_key(cache): CACHE_ARMS[cache] for cache in caches}
     encoded = {workload: workload_prompts(model, workload, prompts, max_new_tokens, configs) for workload in workloads}
     pd.set_option("display.width", 250)
     wave = DasWave().schedule(model.config.mean_recurrence)
@@ -666,6 +681,9 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
 
 #: The shipped tiny model's recorded bench, read by chapters 5 and 6 (``looped-kv bench --record``).
 RECORD = Path(__file__).resolve().parent.parent.parent / "book" / "data" / "bench-tiny.json"
+#: The shipped model's greedy decoding under the smaller caches against the full cache's (chapter 7):
+#: ``looped-kv bench --methods ar --caches ripe deepest ... --record`` (its command is in the file).
+CACHES_RECORD = RECORD.with_name("bench-caches-tiny.json")
 
 
 def weights_sha256(source: str | Path) -> str:
