@@ -132,6 +132,10 @@ def test_bad_substitution_spec_names_the_field(tmp_path, change, message):
     ({"name": "x", "cache": "ripe"}, "cache='ripe' needs window"),
     ({"name": "x", "precision": "int8"}, "precision must be one of"),
     ({"name": "x", "decoder": "pld", "draft_loops": 2}, "unknown keys ['draft_loops']"),
+    ({"name": "x", "decoder": "das-wave", "gamma": 8}, "unknown keys ['gamma']"),
+    ({"name": "x", "decoder": "das-wave", "max_width": "8"}, "max_width must be an int, got '8' (str)"),
+    ({"name": "x", "decoder": "das-wave", "carry": "yes"}, "carry must be"),
+    ({"name": "x", "decoder": "pld", "ngram": 0}, "ngram must be >= 1, got 0"),
     ({"name": "reference"}, "reserved"),
 ])
 def test_bad_generation_arm_names_the_field(tmp_path, arm, message):

@@ -20,7 +20,7 @@ import yaml
 from looped_kv.analysis.replay import paper_region
 from looped_kv.book import DTYPES
 from looped_kv.decoding.das_wave import check_wave
-from looped_kv.decoding.settings import METHODS, DasWave, SelfSpec, default_draft_loops
+from looped_kv.decoding.settings import METHODS, DasWave, SelfSpec, default_draft_loops, method_config, options
 from looped_kv.decoding.speculative import check_speculation
 from looped_kv.runtime.policy import make_policy, make_prefix_reads
 
@@ -51,13 +51,9 @@ ARM_METRICS = {
     "replay": ("kl_first", "kl_mean", "max_kl", "tail", "flips", "agree_first"),
     "decoder": ("same_as_greedy", "tau", "A", "verifications"),
 }
-METHOD_OPTIONS = {
-    "ar": (),
-    "self-spec": ("draft_loops", "gamma", "prefix_reads", "exact"),
-    "mature-spec": ("draft_loops", "gamma", "exact"),
-    "pld": ("gamma", "ngram", "exact"),
-    "das-wave": ("max_width", "rounds", "initial_width", "updates", "carry", "prefix_reads", "exact"),
-}
+#: A decoder arm's options: its method's own (:mod:`looped_kv.decoding.settings`), without those every method shares
+#: (the cache, the budget, sampling: a batch spec sets them once) and greedy decoding's early exits.
+METHOD_OPTIONS = {method: tuple(name for name in options(method) if name not in options("ar")) for method in METHODS}
 SPEC_KEYS = {"batch", "name", "question", "model", "revision", "dtype", "num_loops", "mode", "seed", "cudnn_sdp",
              "threads", "prompts", "tokens", "decoded", "softmax", "max_new_tokens", "reference", "tail_kl", "arms",
              "metrics", "decision_rules", "predictions"}
@@ -281,19 +277,14 @@ def _arm(raw: Any, i: int, mode: str, num_loops: int, dtype: str) -> Arm:
     if decoder == "replay":
         return Arm(name, "replay", precision, cache=cache)
     chosen = {key: raw[key] for key in options if raw.get(key) is not None}
-    for key in ("draft_loops", "gamma", "ngram", "rounds", "initial_width", "updates"):
-        if key in chosen:
-            _get(chosen, key, where, int)
-    if chosen.get("ngram", 1) < 1:
-        raise ValueError(f"{where}.ngram must be >= 1, got {chosen['ngram']}")
-    for key in ("exact", "carry"):
-        if key in chosen:
-            _get(chosen, key, where, bool)
+    if isinstance(chosen.get("prefix_reads"), list):
+        chosen["prefix_reads"] = tuple(chosen["prefix_reads"])
     policy = make_policy(cache["cache"], num_loops, **{key: value for key, value in cache.items() if key != "cache"})
     try:
+        method_config(decoder, **chosen)  # every option's type, as generate() checks it
+        if chosen.get("ngram", 1) < 1:
+            raise ValueError(f"ngram must be >= 1, got {chosen['ngram']}")
         if "prefix_reads" in chosen:
-            reads = chosen["prefix_reads"]
-            chosen["prefix_reads"] = tuple(reads) if isinstance(reads, list) else reads
             make_prefix_reads(chosen["prefix_reads"], num_loops)
         if decoder != "ar":
             sequential = decoder in ("self-spec", "mature-spec")
