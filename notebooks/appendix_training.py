@@ -39,7 +39,8 @@
 # loss on chain rows counts the query lines only, since the bindings are random. The
 # chains follow a curriculum on the deepest query, raised whenever development accuracy
 # on the deepest queries allowed passes a threshold. `looped-kv train`
-# retrains it and resumes with `--resume`.
+# retrains it and resumes with `--resume`; a later sitting may change the recipe (the
+# log says where), and `looped-kv select` writes one evaluated step as the model.
 
 # %% tags=["remove-cell"]
 import subprocess
@@ -129,7 +130,10 @@ def change(entry: dict) -> str:
 book.md(f"The run took {recipe['minutes']:.0f} minutes of wall-clock time over "
         f"{steps.index.max():,} steps. "
         + (" ".join(map(change, changes)) if changes else "")
-        + f" The curriculum ended at depth {recipe['curriculum']['depth']}.")
+        + f" The curriculum ended at depth {recipe['curriculum']['depth']}."
+        + (f" The shipped weights are those of step {recipe['selected_step']:,}: "
+           f"{recipe['selected_by']}, on the development split (`looped-kv select`)."
+           if "selected_step" in recipe else ""))
 
 # %% [markdown]
 # ## Held-out accuracy by depth and loops
@@ -162,7 +166,10 @@ book.table(accuracy.T.assign(queries=pd.Series(held["queries"])), digits=2)
 # state settles slowly (as Huginn-0125's planes do, RIPE Table 7), and shallow drafts
 # are neither always right nor useless. They are measured on the evaluation split by the
 # command below and recorded in the model's `config.json`; `tests/test_gates.py`
-# recomputes the answer and ripening figures.
+# recomputes the answer and ripening figures. The answer gates read the workload the
+# decoding chapters need, dense in answers (several chains per program, every one
+# queried: `looped_kv.workloads.data.multichain_programs`), not the single chains of the
+# table above; the shipped model was trained on single chains only.
 
 # %%
 gates = config["gates"]

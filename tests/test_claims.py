@@ -138,6 +138,10 @@ def test_e_b_is_fitted_only_where_the_regions_overlap_above_the_floor():
     assert v.label == INCONCLUSIVE and v.blocked and "e^b is not identified" in v.reason
     with pytest.raises(ValueError, match="missing"):
         claims.identify_sensitivity(grid_rows().drop(columns="plane"), 1e-12)
+    # e^b identified across texts, but no text with 2 planes in each region (bf16: most rows at the floor)
+    thin = replace(found, rows=found.rows.groupby(["text", "region"]).head(1))
+    v = claims.text_b_verdict(thin)
+    assert v.label == INCONCLUSIVE and v.n == 0 and "no text has identifying rows of 2 or more planes" in v.reason
 
 
 def test_eq6_per_text_within_a_factor_of_two():

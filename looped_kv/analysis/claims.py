@@ -283,6 +283,10 @@ def text_b_verdict(identification: Identification, claim: Claim = DEEP_B) -> Ver
     rows = identification.rows
     counts = rows.groupby(["text", "region"])["plane"].nunique().unstack(fill_value=0)
     usable = counts[(counts >= 2).all(axis=1)].index
+    if usable.empty:
+        return Verdict(claim, float("nan"), float("nan"), float("nan"), 0, INCONCLUSIVE,
+                       "cannot discriminate on this model: no text has identifying rows of 2 or more planes in "
+                       "each region, so no text has its own b", units="texts")
     b = text_region_coefficients(rows[rows["text"].isin(usable)])
     return verdict(claim, b.to_numpy(), null=0.0, units="texts")
 
