@@ -413,16 +413,16 @@ def cache_ratio(mode: str, key: str) -> str:
     part = part[part["method"] == key]
     s = mean_speedup(part["greedy_time_s"], part["time_s"], part["greedy_tokens"],
                      part["new_tokens"], n_boot=2000)
-    n = part["prompt"].nunique()
-    return f"{s.estimate:.2f}x [{s.low:.2f}, {s.high:.2f}] ({n} prompts)"
+    return f"{s.estimate:.2f}x [{s.low:.2f}, {s.high:.2f}] {mode}"
 
 
 RIPE_KEY = bench.cache_key("ripe")
-book.md(f"Measured on {cache_where}. On word problems RIPE (W = "
+n_timed = cache_timing["eager"]["problems"]["prompt"].nunique()
+book.md(f"Source: {cache_where}. On {n_timed} word problems RIPE (W = "
         f"{bench.CACHE_ARMS['ripe']['window']}) decodes at "
-        + " and ".join(f"{cache_ratio(mode, RIPE_KEY)} the full cache's speed {mode}"
-                       for mode in cache_timing)
-        + ", end to end (mean of per-prompt ratios, paired bootstrap interval).")
+        + " and ".join(cache_ratio(mode, RIPE_KEY) for mode in cache_timing)
+        + " the full cache's speed, end to end (mean of per-prompt ratios, paired "
+        "bootstrap interval).")
 
 # %% [markdown]
 # ## Peak memory against the memory model (RIPE Figure 3)

@@ -341,7 +341,7 @@ def test_freeze_refuses_what_cannot_run(tmp_path, overrides, texts, message):
     ({"tail_kl": -0.5}, "spec.tail_kl must be a KL >= 0"),
     ({"arms": [{"name": "deepest", "cache": "deepest"},
                {"name": "spec", "decoder": "self-spec", "gamma": 2, "draft_loops": 2},
-               {"name": "pld", "decoder": "pld", "ngram": 0}]}, "arms[2] (pld).ngram must be >= 1, got 0"),
+               {"name": "pld", "decoder": "pld", "ngram": 0}]}, "arms[2] (pld): ngram must be >= 1, got 0"),
     (SUBSTITUTION | {"tokens": -5}, "spec.tokens must be >= 2"),
 ])
 def test_negative_or_zero_sizes_are_refused_naming_the_field(tmp_path, change, message):
