@@ -677,6 +677,8 @@ def cmd_speed(args: argparse.Namespace) -> int:
         raise ValueError(f"--methods must include ar (the baseline of every ratio), got {args.methods}")
     if args.reference is not None and not args.reference.is_dir():
         raise ValueError(f"--reference {args.reference} is not a folder (a checkout of seal-rg/recurrent-pretraining)")
+    if args.reference is not None:
+        speed.check_transformers()
     block_size = LoopedConfig.from_file(TINY_DIR / "config.json").block_size
     if args.prompt + args.new_tokens > block_size:
         raise ValueError(f"--prompt + --new-tokens must be <= {block_size}, got {args.prompt + args.new_tokens}")

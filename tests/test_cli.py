@@ -307,3 +307,12 @@ def test_generate_takes_every_option_of_every_method_from_its_flags():
     options = looped_kv.cli.generate_options(args)
     assert set(options) == set(every_option()) - set(looped_kv.cli.GENERATE_SET_APART)
     assert (options["rounds"], options["top_k"], options["draft_loops"]) == (3, 2, None)
+
+
+def test_the_reference_comparison_refuses_a_transformers_it_cannot_run_under():
+    """The Huginn reference code calls a transformers 4 internal: under 5 the comparison stops in one line first."""
+    from looped_kv.experiments import speed
+
+    speed.check_transformers("4.57.6")
+    with pytest.raises(ValueError, match=r"runs under transformers < 5 .* found transformers 5\.25\.0; run this"):
+        speed.check_transformers("5.25.0")

@@ -109,6 +109,23 @@ def import_reference(checkout: Path):
     return modeling.RavenForCausalLM, modeling.RavenConfig
 
 
+#: The transformers versions the reference code runs under: its generate_minimal calls
+#: ``_get_initial_cache_position``, which transformers 5 removed.
+REFERENCE_TRANSFORMERS = "transformers < 5"
+
+
+def check_transformers(version: str | None = None) -> None:
+    """Refuse, in one line and before any work, a transformers the reference code cannot run under."""
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    if int(version.split(".")[0]) >= 5:
+        raise ValueError(f"--reference: the Huginn reference code runs under {REFERENCE_TRANSFORMERS} (it calls "
+                         f"_get_initial_cache_position, removed in transformers 5), found transformers {version}; "
+                         f"run this command from an environment with pip install '{REFERENCE_TRANSFORMERS}'")
+
+
 def reference_model(checkout: Path, folder: Path, config: LoopedConfig, num_loops: int):
     """The reference's model of the same checkpoint, decoding with ``num_loops`` loops (its mean recurrence)."""
     from safetensors.torch import load_file
