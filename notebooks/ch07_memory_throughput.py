@@ -396,7 +396,7 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # time, eager and compiled:
 
 # %%
-CACHE_ARMS = {"ar": {"method": "ar"}}  # greedy decoding with the full cache
+CACHE_ARMS = {"ar": {"method": "ar"}}  # greedy, full cache
 for cache in ("ripe", "deepest"):
     CACHE_ARMS[bench.cache_key(cache)] = bench.CACHE_ARMS[cache]
 live = {}  # the shipped model reads the recorded bench; others time here
