@@ -47,6 +47,8 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
@@ -59,16 +61,13 @@ from looped_kv.analysis import plan
 from looped_kv.analysis.pass_cost import MODES, STATISTICS
 from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
-from looped_kv.decoding.exits import CRITERIA, EXITED_READS, EXITS
+from looped_kv.decoding import settings
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.loop import Observer
 from looped_kv.decoding.settings import (
     DRAFT_LOOPS_DEFAULT,
     METHODS,
-    ROUNDS_DEFAULT,
-    DasWave,
     Greedy,
-    PromptLookup,
     SelfSpec,
     default_draft_loops,
     every_option,
@@ -81,7 +80,7 @@ from looped_kv.runtime.loading import TINY_DIR, load, model_config, resolve_sour
 from looped_kv.runtime.measurement import check_device
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
-from looped_kv.runtime.policy import CACHE_POLICIES, PREFIX_READS, make_policy
+from looped_kv.runtime.policy import CACHE_POLICIES, make_policy
 from looped_kv.tiny import gates, scout, train
 from looped_kv.workloads import data
 
@@ -222,6 +221,15 @@ GENERATE_SET_APART = ("max_new_tokens", "cache", "progress", "exact", "carry", "
                       "compile", "rows_per_chunk")
 
 
+def _option_type(name: str) -> Callable[[str], object]:
+    """How a method option's flag reads its text, from the settings field's annotation: a real number as written
+    (an int where it is one: argmax's and fixed exit's thresholds), an int, or a name."""
+    annotation = str(next(f.type for cls in settings.CONFIGS.values() for f in fields(cls) if f.name == name))
+    if annotation.startswith("float"):
+        return _number
+    return int if annotation.startswith("int") else str
+
+
 def generate_options(args: argparse.Namespace) -> dict[str, object]:
     """generate()'s options from the flags of the same names: every option of every method
     (:func:`~looped_kv.decoding.settings.every_option`) but :data:`GENERATE_SET_APART`."""
@@ -235,42 +243,16 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", help="prompt text, or '-' to read it from stdin")
     _model_options(p)
     p.add_argument("--method", default="ar", choices=METHODS, help="decoder (default: ar, greedy decoding)")
-    p.add_argument("--cache", default="full", choices=CACHE_POLICIES, help="verifier's cache policy (default: full)")
-    p.add_argument("--window", type=int, help="RIPE window W (cache ripe or sinks)")
-    p.add_argument("--k", type=int, help="planes for k-deepest / share / first")
-    p.add_argument("--sinks", type=int, help="full-depth start positions (cache sinks, or ripe)")
-    p.add_argument("--num-loops", type=int, help="R (default: the model's mean recurrence)")
+    p.add_argument("--cache", default="full", choices=CACHE_POLICIES, help=settings.option_help("cache"))
     p.add_argument("--max-new-tokens", type=int, default=Greedy.max_new_tokens,
-                   help=f"tokens to generate (default: {Greedy.max_new_tokens})")
-    p.add_argument("--draft-loops", type=int, help=f"d, loops per draft (self-spec, mature-spec; default: "
-                                                   f"{DRAFT_LOOPS_DEFAULT})")
-    p.add_argument("--gamma", type=int, help=f"gamma, drafts per verification (self-spec, mature-spec, pld; default: "
-                                             f"{SelfSpec.gamma})")
-    p.add_argument("--max-width", type=int, help=f"verifier capacity, DAS gamma: most proposals per verification "
-                                                f"(das-wave; default: {DasWave.max_width})")
-    p.add_argument("--prefix-reads", choices=PREFIX_READS, help=f"drafts' prefix reads (self-spec default aligned, "
-                                                                f"deep-kv with cache ripe; das-wave default "
-                                                                f"{DasWave.prefix_reads})")
-    p.add_argument("--inexact", action="store_true", help="allow block-dependent verification (cache with W < "
-                                                          "gamma or max_width; RIPE Proposition 1)")
-    p.add_argument("--ngram", type=int, help=f"n-gram length of prompt lookup (pld; default: {PromptLookup.ngram})")
-    p.add_argument("--rounds", type=int, help=f"J, refinement rounds (das-wave; default: {ROUNDS_DEFAULT})")
-    p.add_argument("--initial-width", type=int, help=f"W_init (das-wave; default: {DasWave.initial_width})")
-    p.add_argument("--updates", type=int, help=f"updates per round, DAS k (das-wave; default: {DasWave.updates})")
-    p.add_argument("--no-carry", action="store_true", help="do not carry refined states (das-wave)")
-    p.add_argument("--temperature", type=float, help=f"sampling temperature (default: {Greedy.temperature}, greedy "
-                                                     f"decoding); every method samples exactly")
-    p.add_argument("--top-k", type=int, help="sample from the k most probable tokens")
-    p.add_argument("--top-p", type=float, help="sample from the most probable tokens whose mass reaches p")
-    p.add_argument("--min-p", type=float, help="sample from the tokens with at least min-p times the top probability")
-    p.add_argument("--seed", type=int, help="sampling seed (default: one drawn from torch's global generator)")
-    p.add_argument("--exit", choices=EXITS, help="adaptive depth per token (method ar): each token stops at the first "
-                                                 "loop where this criterion fires (default: none, all R loops)")
-    defaults = ", ".join(f"{name} {c.default:g}" for name, c in CRITERIA.items() if c.default is not None)
-    p.add_argument("--exit-threshold", type=_number, help=f"the exit criterion's threshold (default: {defaults}; gate: "
-                                                          f"the checkpoint's; fixed: the loop, needed)")
-    p.add_argument("--exited-reads", choices=EXITED_READS, help="the plane later tokens read past a token's exit "
-                                                                "(default: last)")
+                   help=settings.option_help("max_new_tokens"))
+    for name in every_option():  # every method's options, each with its help text from the settings
+        if name not in GENERATE_SET_APART:
+            p.add_argument(f"--{name.replace('_', '-')}", type=_option_type(name), choices=settings.CHOICES.get(name),
+                           help=settings.option_help(name))
+    for flag, name in (("--inexact", "exact"), ("--no-carry", "carry")):
+        p.add_argument(flag, action="store_true",
+                       help=f"do not {settings.MEANING[name]} ({', '.join(settings.takers(name))})")
     p.add_argument("--json", action="store_true", help="print one JSON object (prompt, completion, stats)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     p.set_defaults(func=cmd_generate)
@@ -335,8 +317,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help=f"gamma of self-spec, mature-spec and pld (default: {SelfSpec.gamma}); das-wave runs "
                         f"looped_kv.decoding.settings.DasWave")
     p.add_argument("--caches", nargs="+", default=[], choices=list(bench.CACHE_ARMS),
-                   help="also greedy decoding under these caches (ripe: W = 8), timed against the full cache's "
-                        "(default: none)")
+                   help="also greedy decoding under these caches (ripe: W = 8; sinks: 4 sinks and W = 8), timed "
+                        "against the full cache's (default: none)")
     p.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES,
                    help="eager passes, compiled steps (compile=True), or both side by side (default: both)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -961,7 +943,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="single: one chain per program; multi: several contiguous chains, each queried once, with "
                         "a dense query line (the decoding workload); multi-lookup: those alternating with lookup "
                         "drills; lookup: the drills alone, up to 4 names per step of the curriculum's cap; "
-                        "multi-all: drills and multichain programs that ask every variable")
+                        "multi-all: drills and multichain programs that ask every variable; multi-positional: "
+                        "multichain programs whose query line holds each chain's answer alone, in order (7;3;)")
     p.add_argument("--value-first", action="store_true",
                    help="write each binding after its expression (3=a;a+4=b;), in every layout but single")
     p.add_argument("--decay-from", type=int, default=0, help="step at which the cosine learning-rate decay starts; "

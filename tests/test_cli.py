@@ -257,7 +257,7 @@ def test_generate_samples_with_a_seed(model_source, capsys):  # noqa: F811
         completions.append(json.loads(capsys.readouterr().out)["completion"])
     assert completions[0] == completions[1] != completions[2]
     assert main([*words[:-2], "--top-p", "0", words[-1]]) == 2
-    assert "top_p must be a number in (0, 1] or None, got 0.0" in capsys.readouterr().err
+    assert "top_p must be a number in (0, 1] or None, got 0\n" in capsys.readouterr().err
 
 
 def test_bench_prints_speedups_ceilings_and_the_mature_spec_verdicts(model_source, capsys):  # noqa: F811
@@ -307,6 +307,28 @@ def test_generate_takes_every_option_of_every_method_from_its_flags():
     options = looped_kv.cli.generate_options(args)
     assert set(options) == set(every_option()) - set(looped_kv.cli.GENERATE_SET_APART)
     assert (options["rounds"], options["top_k"], options["draft_loops"]) == (3, 2, None)
+
+
+def test_generate_flags_and_their_help_come_from_the_settings():
+    """Each method option's flag reads its type and choices from the settings field and prints settings.option_help:
+    what it is, the methods that take it, and the method's own default."""
+    from looped_kv.decoding import settings
+
+    generate = next(a for a in looped_kv.cli.parser()._subparsers._group_actions[0].choices.items()
+                    if a[0] == "generate")[1]
+    flags = {a.dest: a for a in generate._actions}
+    for name in set(settings.every_option()) - set(looped_kv.cli.GENERATE_SET_APART):
+        assert flags[name].help == settings.option_help(name), name
+        assert flags[name].choices == settings.CHOICES.get(name), name
+    assert settings.option_help("ngram") == "n-gram length of prompt lookup (pld; default: 3)"
+    assert settings.option_help("gamma").endswith(f"(self-spec, mature-spec, pld; default: {settings.SelfSpec.gamma})")
+    assert "das-wave; default: 32" in settings.option_help("max_width")
+    args = looped_kv.cli.parser().parse_args(["generate", "hi", "--exit", "argmax", "--exit-threshold", "5",
+                                              "--temperature", "0.7", "--prefix-reads", "deep-v", "--seed", "3"])
+    assert (args.exit_threshold, args.temperature, args.prefix_reads, args.seed) == (5, 0.7, "deep-v", 3)
+    assert isinstance(args.exit_threshold, int)  # argmax's threshold is a loop count
+    with pytest.raises(ValueError, match="name must be an option of some method"):
+        settings.option_help("gama")
 
 
 def test_the_reference_comparison_refuses_a_transformers_it_cannot_run_under():

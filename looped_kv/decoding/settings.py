@@ -23,9 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from looped_kv.decoding.exits import ExitRule, check_exit, exit_rule
+from looped_kv.decoding.exits import CRITERIA, EXITED_READS, EXITS, ExitRule, check_exit, exit_rule
 from looped_kv.runtime.config import LoopedConfig
-from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy, make_prefix_reads
+from looped_kv.runtime.policy import (
+    CACHE_POLICIES,
+    PREFIX_READS,
+    CachePolicy,
+    PrefixReads,
+    make_policy,
+    make_prefix_reads,
+)
 
 METHODS = ("ar", "self-spec", "mature-spec", "pld", "das-wave")
 DISPLAY = {"ar": "greedy", "self-spec": "self-spec", "mature-spec": "Mature-Spec", "pld": "prompt lookup",
@@ -329,6 +336,77 @@ WAVE_KEYS = ("max_width", "rounds", "initial_width", "updates", "carry")
 EXIT_OPTIONS = ("exit", "exit_threshold", "exited_reads")
 CONFIGS: dict[str, type[Decoding]] = {cls.method: cls for cls in (Greedy, SelfSpec, MatureSpec, PromptLookup,
                                                                     DasWave)}
+
+
+#: What each option is, in a few words: the command line's help texts (:func:`option_help` adds the methods that
+#: take it and its default).
+MEANING = {
+    "max_new_tokens": "tokens to generate",
+    "cache": "the verifier's cache policy",
+    "num_loops": "R, the loops per token",
+    "window": "W, the full-depth recent positions of cache ripe or sinks",
+    "k": "the planes cache k-deepest, share or first keeps",
+    "sinks": "the full-depth start positions of cache sinks or ripe",
+    "stop_at_eos": "stop a row after end-of-text",
+    "eos_token_id": "the end-of-text token",
+    "compile": "run every pass on torch.compile'd steps",
+    "rows_per_chunk": "decode a batch in row chunks of at most this many rows",
+    "progress": "show a progress bar",
+    "temperature": "sampling temperature; every method samples exactly",
+    "top_k": "sample from the k most probable tokens",
+    "top_p": "sample from the most probable tokens whose mass reaches p",
+    "min_p": "sample from the tokens with at least min-p times the top probability",
+    "seed": "sampling seed; row i draws with seed + i",
+    "exit": "adaptive depth per token: each token stops at the first loop where this criterion fires",
+    "exit_threshold": "the exit criterion's threshold",
+    "exited_reads": "the plane later tokens read past a token's exit",
+    "exact": "refuse a block-dependent cache, one whose W is below a verification's width (RIPE Proposition 1)",
+    "gamma": "drafts per verification",
+    "draft_loops": "d, loops per draft",
+    "prefix_reads": "the drafts' prefix reads",
+    "ngram": "n-gram length of prompt lookup",
+    "max_width": "verifier capacity, DAS gamma: most proposals per verification",
+    "rounds": "J, refinement rounds",
+    "initial_width": "W_init, the first round's width",
+    "updates": "k, updates per round",
+    "carry": "carry refined states to the next verification",
+}
+#: The allowed values of the options that name one.
+CHOICES = {"cache": CACHE_POLICIES, "prefix_reads": PREFIX_READS, "exit": EXITS, "exited_reads": EXITED_READS}
+#: Defaults said in words: those that follow R or the model.
+DEFAULT_WORDS = {
+    "num_loops": "the model's mean recurrence",
+    "draft_loops": DRAFT_LOOPS_DEFAULT,
+    "rounds": ROUNDS_DEFAULT,
+    "eos_token_id": "the tokenizer's",
+    "prefix_reads": "aligned for self-spec (deep-kv with cache ripe), deep-kv for das-wave",
+    "seed": "one drawn from torch's global generator",
+    "exit": "none, all R loops",
+    "exit_threshold": ", ".join(f"{name} {c.default:g}" for name, c in CRITERIA.items() if c.default is not None)
+                      + "; gate: the checkpoint's; fixed: the loop, needed",
+    "exited_reads": "last",
+    "temperature": "0, greedy decoding",
+}
+
+
+def takers(name: str) -> tuple[str, ...]:
+    """The methods that take option ``name``."""
+    return tuple(method for method in METHODS if name in options(method))
+
+
+def option_help(name: str) -> str:
+    """Option ``name``'s help text: what it is (:data:`MEANING`), the methods that take it when not every method
+    does, and its default (a method's own field default, or :data:`DEFAULT_WORDS`)."""
+    if name not in every_option():
+        raise ValueError(f"name must be an option of some method ({', '.join(every_option())}), got {name!r}")
+    methods = takers(name)
+    where = "" if len(methods) == len(METHODS) else ", ".join(methods)
+    if name in DEFAULT_WORDS:
+        default = DEFAULT_WORDS[name]
+    else:
+        values = {next(f.default for f in fields(CONFIGS[m]) if f.name == name) for m in methods}
+        default = "none" if values == {None} else ", ".join(sorted(map(str, values)))
+    return f"{MEANING[name]} ({where + '; ' if where else ''}default: {default})"
 
 
 def every_option() -> tuple[str, ...]:
