@@ -845,11 +845,13 @@ def cmd_plan_check(args: argparse.Namespace) -> int:
     unknown = [c for c in args.chapters if c not in plan_check.RUNS]
     if unknown:
         raise ValueError(f"--chapters must be among {tuple(plan_check.RUNS)}, got {unknown}")
+    if args.resume and (args.out is None or not args.out.is_file()):
+        raise ValueError(f"--resume continues the record in --out, which must be an existing file, got {args.out}")
     if args.out is not None:
-        outputs.check_file(args.out, "--out", args.force)
+        outputs.check_file(args.out, "--out", args.force or args.resume)
     config = configs[args.model]() if args.model in configs else LoopedConfig.from_file(path)
     plan_check.run(args.model, config, profile=args.profile, device=args.device, chapters=args.chapters,
-                   out=args.out)
+                   out=args.out, resume=args.resume)
     return 0
 
 
@@ -863,8 +865,11 @@ def _add_plan_check(sub: argparse._SubParsersAction) -> None:
                                                    "GPU found)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--chapters", nargs="+", default=list(plan_check.RUNS), help="chapters to run (default: all)")
-    p.add_argument("--out", type=Path, default=None, help="write the record as JSON here (a new file)")
+    p.add_argument("--out", type=Path, default=None, help="write the record as JSON here (a new file), after every "
+                                                           "chapter")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--resume", action="store_true", help="continue the record in --out (the same model and "
+                                                         "profile): keep its chapters and add the others")
     p.set_defaults(func=cmd_plan_check)
 
 

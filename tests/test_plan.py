@@ -116,6 +116,39 @@ def test_plan_check_records_a_run_and_checks_its_options(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_plan_check_records_each_chapter_as_it_ends_and_resumes(tmp_path, capsys, monkeypatch):
+    """A long run keeps what it measured: the record is written after every chapter, and --resume runs only the
+    chapters the record lacks (an existing record of another model or profile is refused, and left as it is)."""
+    out = tmp_path / "check.json"
+    ran = []
+    measured_peak = plan_check.measured_peak
+
+    def counted(model, profile, chapter):
+        ran.append(chapter)
+        if chapter == "ch05":
+            raise KeyboardInterrupt  # stopped in the second chapter
+        return measured_peak(model, profile, chapter)
+
+    monkeypatch.setattr(plan_check, "measured_peak", counted)
+    words = ["plan-check", "--model", "tiny", "--device", "cpu", "--out", str(out)]
+    assert main([*words, "--chapters", "ch07", "ch05"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert [r["chapter"] for r in json.loads(out.read_text())["chapters"]] == ["ch07"]
+    assert main([*words, "--chapters", "ch07", "ch05"]) == 2  # an existing record: left untouched
+    assert "exists and is left untouched" in capsys.readouterr().err
+    monkeypatch.setattr(plan_check, "measured_peak", lambda *a: (ran.append(a[2]), measured_peak(*a))[1])
+    ran.clear()
+    assert main([*words, "--chapters", "ch07", "ch08", "--resume"]) == 0
+    assert ran == ["ch08"]
+    assert [r["chapter"] for r in json.loads(out.read_text())["chapters"]] == ["ch07", "ch08"]
+    before = out.read_text()
+    assert main([*words, "--resume", "--profile", "smoke"]) == 2
+    assert "records model 'tiny' at profile 'tiny', not 'tiny' at 'smoke'" in capsys.readouterr().err
+    assert out.read_text() == before
+    assert main(["plan-check", "--model", "tiny", "--device", "cpu", "--resume"]) == 2
+    assert "--resume continues the record in --out, which must be an existing file" in capsys.readouterr().err
+
+
 def test_plan_check_runs_an_ouro_config_on_the_cpu_at_a_small_profile(tmp_path, capsys):
     """The GPU check of the T4 profiles (the commands of looped_kv.experiments.plan_check's docstring) runs on a CPU
     with a fixture-sized Ouro config (its context raised for the smoke profile's prompts) and the smoke profile."""

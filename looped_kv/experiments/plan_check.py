@@ -221,8 +221,9 @@ def measured_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> t
 
 
 def check(model: LoopedLM, profile: profiles.Profile, chapters: list[str] | None = None,
-          progress: bool = True) -> pd.DataFrame:
-    """Predicted against measured peak per chapter (bytes, their ratio) and each run's seconds."""
+          progress: bool = True, each: Callable[[pd.DataFrame], None] | None = None) -> pd.DataFrame:
+    """Predicted against measured peak per chapter (bytes, their ratio) and each run's seconds; ``each`` is called
+    with the table so far after every chapter (a long run keeps what it measured)."""
     chapters = chapters or list(RUNS)
     unknown = [c for c in chapters if c not in RUNS]
     if unknown:
@@ -233,22 +234,42 @@ def check(model: LoopedLM, profile: profiles.Profile, chapters: list[str] | None
         predicted = predicted_peak(model, profile, chapter)
         rows.append({"chapter": chapter, "predicted bytes": predicted, "measured bytes": peak,
                      "predicted / measured": predicted / peak, "seconds": seconds})
+        if each is not None:
+            each(pd.DataFrame(rows).set_index("chapter"))
     return pd.DataFrame(rows).set_index("chapter")
 
 
+def recorded(out: Path, model_name: str, profile: str) -> list[dict]:
+    """The chapters an earlier run of the same model and profile recorded in ``out`` (``--resume``)."""
+    record = json.loads(out.read_text())
+    if (record.get("model"), record.get("profile")) != (model_name, profile):
+        raise ValueError(f"--resume: {out} records model {record.get('model')!r} at profile "
+                         f"{record.get('profile')!r}, not {model_name!r} at {profile!r}; choose another --out")
+    return record["chapters"]
+
+
 def run(model_name: str, config: LoopedConfig, profile: str | None = None, device: str = "cpu",
-        chapters: list[str] | None = None, out: Path | None = None) -> None:
+        chapters: list[str] | None = None, out: Path | None = None, resume: bool = False) -> None:
     """Check ``config`` (the model given as ``model_name``) with random weights at ``profile`` (default: the
-    model's for the GPU found) and print the table; write the record as JSON to ``out`` if given."""
+    model's for the GPU found) and print the table; write the record as JSON to ``out`` if given, after every
+    chapter. With ``resume``, ``out`` holds an earlier run of the same model and profile: its chapters are kept and
+    not run again, and the new ones are added."""
     from looped_kv.experiments.gpu_check import random_model
 
     gpu = profiles.detect_gpu() if device.startswith("cuda") else None
     chosen = profiles.PROFILES[profile or profiles.name_for(config, model_name, gpu.card if gpu else None)]
+    earlier = recorded(out, model_name, chosen.name) if resume else []
+    done = {row["chapter"] for row in earlier}
+    chapters = [c for c in (chapters or list(RUNS)) if c not in done]
+
+    def write(table: pd.DataFrame) -> None:
+        if out is not None:
+            rows = earlier + table.reset_index().to_dict("records")
+            record = {"model": model_name, "profile": chosen.name, "date": date.today().isoformat(),
+                      "environment": settings, "chapters": rows}
+            out.write_text(json.dumps(record, indent=1) + "\n")
+
     with measurement_mode() as settings:
         model = random_model(config, device, _dtype(chosen.dtype))
-        table = check(model, chosen, chapters)
+        table = check(model, chosen, chapters, each=write)
     print(table.to_string(float_format=lambda x: f"{x:.3g}"))
-    if out is not None:
-        record = {"model": model_name, "profile": chosen.name, "date": date.today().isoformat(),
-                  "environment": settings, "chapters": table.reset_index().to_dict("records")}
-        out.write_text(json.dumps(record, indent=1) + "\n")
