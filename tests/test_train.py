@@ -45,6 +45,26 @@ def test_multichain_programs_ask_each_chain_once_with_dense_answers():
         data.multichain_programs(1, max_depth=0)
 
 
+def test_positional_multichain_programs_answer_each_chain_in_order_without_names():
+    """The multi-positional layout: the same programs, each chain's answer alone on the query line in chain order
+    (7;3;), so a query is found by its place; its answers are located after the newline or the previous separator."""
+    from looped_kv.analysis.depth import encode_chains
+
+    named = data.multichain_programs(20, "dev", max_depth=8)
+    positional = data.multichain_programs(20, "dev", max_depth=8, positional=True)
+    for a, b in zip(named, positional, strict=True):
+        assert (a.program, a.queries) == (b.program, b.queries) and b.positional
+        assert b.text == f"{b.program}\n" + "".join(f"{q.value};" for q in b.queries) + "\n"
+    assert train.programs_of({"layout": "multi-positional", "value_first": False}, 20, "dev", max_depth=8) == positional
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(TINY_DIR)
+    batch = encode_chains(tokenizer, positional[:3])
+    assert [tokenizer.decode([int(t)]) for t in batch.answers] == [q.value for p in positional[:3] for q in p.queries]
+    cues = [tokenizer.decode([int(batch.ids[r, i])]) for r, i in zip(batch.rows, batch.positions, strict=True)]
+    assert set(cues) == {"\n", ";"}
+    with pytest.raises(ValueError, match="ask_all and positional cannot both be set"):
+        data.multichain_programs(1, ask_all=True, positional=True)
+
+
 def test_lookup_drills_ask_every_name_once_in_a_random_order():
     drills = data.lookup_programs(50, "dev")
     in_order = 0

@@ -139,7 +139,16 @@ RECIPES.update({
     "long-lr3e-4": ("the shipped run, 5% of steps at 64 loops, its fixed mean recurrence of 16, the learning rate "
                     "decaying from 3e-4", [*_LONG, "--lr", "3e-4"]),
 })
-STARTS = {**{name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
+#: The long run's end (``checkpoints/tiny-long-2``), the shipped model's run.
+LONG_RUN_2 = Path("checkpoints/tiny-long-2")
+RECIPES["multi-positional"] = (
+    "continue the long run (tiny-long-2) on multichain programs whose query line holds each chain's answer alone, "
+    "in the chains' order (7;3;): every multichain recipe with names on the query line stayed at chance on 2-step "
+    "chains, and this one asks for a chain's answer by its place, as one chain's query is found, with no lookup by "
+    "name; the curriculum restarted at depth 2, the run's mix and learning rate, 5% of steps at 64 loops",
+    ["--chain-layout", "multi-positional", "--deep-share", "0.05", "--start-depth", "2", "--depth-step", "2"])
+STARTS = {"multi-positional": LONG_RUN_2,
+          **{name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
                                          "lookup-drills")},
           **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")},
           **{name: MULTI_RUN for name in ("value-first", "value-first-drills")},

@@ -73,8 +73,9 @@ BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "value_first": F
 #: :data:`LOOKUP_NAMES_PER_DEPTH` names per step of the curriculum's cap (a curriculum on the lookup's size); or
 #: drills alternating with multichain programs that ask every variable (each binding's value an answer). Every layout
 #: but ``single`` may write each binding after its expression (``--value-first``: ``3=a;a+4=b;``), so that a name's
-#: position is where its value can be known.
-CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all")
+#: position is where its value can be known; or multichain programs whose query line holds each chain's answer alone,
+#: in the chains' order (``multi-positional``: ``7;3;``, no names).
+CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all", "multi-positional")
 LOOKUP_NAMES_PER_DEPTH = 4
 #: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
 DEEP_LOOPS = 64
@@ -254,7 +255,7 @@ def renamed(program: data.ChainProgram, names: dict[str, str]) -> data.ChainProg
     """The same program with its variables renamed (``names``: old to new)."""
     table = str.maketrans(names)
     queries = tuple(data.ChainQuery(q.variable.translate(table), q.value, q.depth) for q in program.queries)
-    return data.ChainProgram(program.program.translate(table), queries, program.dense)
+    return data.ChainProgram(program.program.translate(table), queries, program.dense, program.positional)
 
 
 def chain_rows(tokenizer: PreTrainedTokenizerFast, rows: int, seq: int, step: int, max_depth: int,
@@ -345,8 +346,9 @@ def lookup_sizes(max_depth: int) -> tuple[int, int]:
 def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int = data.CHAIN_DEPTH) -> list:
     """``n`` chain programs of a split in the layout ``shape`` names (:func:`shape`)."""
     options = {key: value for key, value in shape.items() if key != "layout"}
-    if shape["layout"] == "multi":
-        return data.multichain_programs(n, split, seed=seed, max_depth=max_depth, **options)
+    if shape["layout"] in ("multi", "multi-positional"):
+        return data.multichain_programs(n, split, seed=seed, max_depth=max_depth,
+                                        positional=shape["layout"] == "multi-positional", **options)
     if shape["layout"] in ("multi-lookup", "multi-all"):  # drills and multichain programs in turn
         drills = data.lookup_programs(n, split, seed, **options)
         chains = data.multichain_programs(n, split, seed, max_depth, ask_all=shape["layout"] == "multi-all", **options)

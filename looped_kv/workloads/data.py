@@ -131,19 +131,24 @@ class ChainProgram:
     """A program of variable bindings and its queries: ``text`` is what the model reads and writes.
 
     ``dense``: the query line writes each query as its variable and its digit (``x7y3``: half the continuation's
-    tokens are answers) instead of ``x?7;``."""
+    tokens are answers) instead of ``x?7;``. ``positional``: it writes the answers alone, in the queries' order
+    (``7;3;``), so a query is known by its place on the line, not by a name."""
 
     program: str
     queries: tuple[ChainQuery, ...]
     dense: bool = False
+    positional: bool = False
 
     def cue(self, query: ChainQuery) -> str:
-        """The text before a query's answer: the position that predicts the answer is its last token."""
+        """The text before a query's answer: the position that predicts the answer is its last token (with
+        ``positional``, the token before: the newline or the previous answer's separator)."""
+        if self.positional:
+            return ""
         return query.variable if self.dense else f"{query.variable}?"
 
     def answer(self, query: ChainQuery) -> str:
         """A query's answer digit, with the separator that follows it."""
-        return query.value if self.dense else f"{query.value};"
+        return query.value if self.dense and not self.positional else f"{query.value};"
 
     @property
     def answers(self) -> str:
@@ -220,7 +225,7 @@ def _binding(variable: str, expression: str, value_first: bool) -> str:
 
 
 def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = False,
-                        value_first: bool = False) -> ChainProgram:
+                        value_first: bool = False, positional: bool = False) -> ChainProgram:
     """One program of several contiguous value-changing chains, each queried once at its last variable.
 
     Chain lengths (the queries' depths) are drawn log-uniformly in 1..max_depth, P(d) proportional to
@@ -232,8 +237,11 @@ def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = Fals
     ``ask_all`` (a training layout) asks every variable instead, in a random order, of at most
     :data:`ASK_ALL_BINDINGS` (so chains of at most as many): each binding's value is then an answer, its depth its
     place in its chain. ``value_first`` writes each binding after its expression (``3=a;a+4=b;``), so a name's
-    position in the program is where its value can be known.
+    position in the program is where its value can be known. ``positional`` writes each chain's answer alone, in
+    the chains' order (``7;3;``): the answer line names no variable.
     """
+    if ask_all and positional:
+        raise ValueError("ask_all and positional cannot both be set: asking every variable needs their names")
     names = iter(rng.sample(CHAIN_NAMES, len(CHAIN_NAMES)))
     budget, lines, queries = ASK_ALL_BINDINGS if ask_all else MULTICHAIN_BINDINGS, [], []
     max_depth = min(max_depth, budget)  # a first chain always fits
@@ -255,20 +263,22 @@ def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = Fals
         queries += chain if ask_all else chain[-1:]
     if ask_all:
         rng.shuffle(queries)
-    return ChainProgram("".join(lines), tuple(queries), dense=True)
+    return ChainProgram("".join(lines), tuple(queries), dense=True, positional=positional)
 
 
 def multichain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH,
-                        ask_all: bool = False, value_first: bool = False) -> list[ChainProgram]:
+                        ask_all: bool = False, value_first: bool = False,
+                        positional: bool = False) -> list[ChainProgram]:
     """``n`` multichain programs of a split (:func:`_multichain_program`): the decoding workload dense in answers
     that need depth, each answer a digit (chance :data:`CHAIN_CHANCE`) after its variable (``x7y3``); with
-    ``ask_all``, the training layout that asks every variable; with ``value_first``, bindings written ``a+4=b;``."""
+    ``ask_all``, the training layout that asks every variable; with ``value_first``, bindings written ``a+4=b;``;
+    with ``positional``, the chains' answers alone in the chains' order (``7;3;``)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not 1 <= max_depth <= CHAIN_DEPTH:
         raise ValueError(f"max_depth must be in [1, {CHAIN_DEPTH}], got {max_depth}")
-    return [_multichain_program(random.Random(f"multichain/{split}/{seed}/{i}"), max_depth, ask_all, value_first)
-            for i in range(n)]
+    return [_multichain_program(random.Random(f"multichain/{split}/{seed}/{i}"), max_depth, ask_all, value_first,
+                                positional) for i in range(n)]
 
 
 def _lookup_program(rng: random.Random, sizes: tuple[int, int], value_first: bool = False) -> ChainProgram:
