@@ -101,6 +101,9 @@ def test_cache_bytes_equal_the_memory_equations(family, dtype):
         policy = make_policy(name, R, **params)
         cache = new_cache(model, policy, batch=1, capacity=L)
         assert cache.allocated_bytes == policy_bytes(cfg, policy, L, dtype)
+        # RIPE's scratch: W + 1 slots of the kept plane per core layer, keys and values (none with sinks)
+        gap = min(params["window"], L) + 1 if name == "ripe" and "sinks" not in params else 0
+        assert cache.scratch_bytes == gap * 2 * cfg.n_core * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize
         prefill(model, cache, torch.randint(0, cfg.vocab_size, (1, L)), R)
         assert cache.nbytes == (policy_bytes(cfg, policy, L, dtype) if equation is None else equation)
 

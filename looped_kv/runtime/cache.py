@@ -98,15 +98,23 @@ class PlaneCache:
         self.kept_slot = {p: i for i, p in enumerate(policy.kept)}
         self.extra_slot = {p: i for i, p in enumerate(policy.extra)}
         n_edge = config.n_prelude + config.n_coda
-        self.edge = [torch.zeros(n_edge, batch, H, capacity, D, **like) for _ in range(2)]
-        self.core = [torch.zeros(n_core, len(policy.kept), batch, H, capacity, D, **like) for _ in range(2)]
         n_extra = len(policy.extra)
         self.ring_size = min(policy.window, capacity) if n_extra else 0  # positions p < capacity <= W never wrap
         self.sink_size = min(policy.sinks, capacity) if n_extra else 0
+        # RIPE (one kept plane, a ring, no sinks): W + 1 scratch slots before position 0 of the kept plane, where a
+        # one-token pass puts the ring's plane and itself to read them beside the kept plane in one fused call
+        self.gap = self.ring_size + 1 if self.ring_size and not self.sink_size and len(policy.kept) == 1 else 0
+        self.edge = [torch.zeros(n_edge, batch, H, capacity, D, **like) for _ in range(2)]
+        self.core_base = [torch.zeros(n_core, len(policy.kept), batch, H, self.gap + capacity, D, **like)
+                          for _ in range(2)]
+        self.core = [t.narrow(-2, self.gap, capacity) for t in self.core_base]  # position p at index p
         self.ring = [torch.zeros(n_core, n_extra, batch, H, self.ring_size, D, **like) for _ in range(2)]
         self.sink = [torch.zeros(n_core, n_extra, batch, H, self.sink_size, D, **like) for _ in range(2)]
         self._views: dict[tuple, Tensor] = {}  # plane_tensor's views, made once per site (the hot path)
+        # the storage the memory equations count at capacity (Eq. 3 / 10), and RIPE's scratch slots beside it
         self.allocated_bytes = sum(t.numel() * t.element_size() for t in self._tensors())
+        self.scratch_bytes = sum(t.numel() * t.element_size() for t in self.core_base) - sum(
+            t.numel() * t.element_size() for t in self.core)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.edge[0].device)
         self.host_lengths = [0] * batch  # the same, on the host: read without a device sync
 
@@ -157,12 +165,13 @@ class PlaneCache:
         rows = list(rows)
         if not rows or rows != sorted(set(rows)) or rows[0] < 0 or rows[-1] >= self.batch:
             raise ValueError(f"rows must be increasing indices in [0, {self.batch}), at least one, got {rows}")
-        for tensors in (self.edge, self.core, self.ring, self.sink):
+        for tensors in (self.edge, self.core_base, self.ring, self.sink):
             for i, t in enumerate(tensors):  # the batch dimension is -4 in every plane tensor
                 for dst, src in enumerate(rows):
                     if dst != src:
                         t.select(-4, dst).copy_(t.select(-4, src))
                 tensors[i] = t.narrow(-4, 0, len(rows))
+        self.core = [t.narrow(-2, self.gap, self.capacity) for t in self.core_base]
         self._views.clear()
         self.host_lengths = [self.host_lengths[i] for i in rows]
         self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.lengths.device)
@@ -194,6 +203,17 @@ class PlaneCache:
             raise ValueError(f"plane {plane} is not stored for every position by cache policy {self.policy.name} "
                              f"(kept planes {self.policy.kept})")
         return self.core[which][site.layer, self.kept_slot[plane]]
+
+    def gapped(self, site: Site) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """A core site's kept plane with the scratch slots before it (:attr:`gap`: the ring's W, then one new
+        token), keys and values (B, H, gap + capacity, D), and the ring's keys and values of the site's own loop
+        (None at a kept loop), views made once per site."""
+        key = ("gap", site.layer, site.loop)
+        if key not in self._views:
+            ring = self.extra_slot.get(site.loop)
+            self._views[key] = (self.core_base[0][site.layer, 0], self.core_base[1][site.layer, 0],
+                                *((None, None) if ring is None else (t[site.layer, ring] for t in self.ring)))
+        return self._views[key]
 
     def _own(self, which: int, layer: int, plane: int, kind: str, lengths: Tensor) -> Tensor:
         """A plane read only at full-depth positions: the ring or the sinks slot (or a kept plane there)."""
@@ -277,6 +297,9 @@ class PlaneCache:
         main = _Scatter(None, None, None, span=(start, stop))
         if not (self.ring_size or self.sink_size):
             return RowWrites(main, main, main)  # ring and sinks hold nothing: never written
+        slot = start % max(self.ring_size, 1)
+        if not self.sink_size and slot + stop - start <= self.ring_size:  # ring slots in a row; no sinks to write
+            return RowWrites(main, _Scatter(None, None, None, span=(slot, slot + stop - start)), main)
         positions = torch.arange(start, stop, device=self.lengths.device).expand(self.batch, -1)
         writes = self.plan_writes(positions)
         return RowWrites(main, writes.ring, writes.sink)
@@ -495,6 +518,14 @@ class CachePass:
             self.writes = cache.span_writes(*span) if span is not None else \
                 cache.plan_writes(self.positions, None if self.in_plane else counts)
         self._masks: dict[tuple[str, ...], list[Tensor | None]] = {}
+        # RIPE, one token per row past a full window: the ring's plane and the token itself are copied into the
+        # scratch slots before the kept plane (PlaneCache.gap) and read with it in one fused call (see attend_gapped)
+        self.gapped = (cache is not None and cache.gap > 0 and n == 1 and offset == 0 and store in ("cache", None)
+                       and reads == ALIGNED and softmax_dtype is None
+                       and min(cache.host_lengths) >= cache.ring_size)
+        self._gap_masks: dict[int, Tensor | None] = {}
+        if self.gapped:
+            self.gap_stop = cache.gap + cache.max_length
         if self.in_plane:  # each call reads [0, stop) of its plane: the prefix, then the block (see attend)
             self.stop = cache.max_length + n
             self.plane_mask = self._plane_mask()
@@ -527,10 +558,42 @@ class CachePass:
             plane_values = self.cache.plane_tensor(1, site, plane).narrow(2, 0, self.stop)
             return attend(queries, plane_keys, plane_values, self.plane_mask, causal=self.causal,
                           softmax_dtype=self.softmax_dtype)
-        out = attend_segments(queries, self._reads(site, keys, values), self.softmax_dtype)
+        if self.gapped and site.stage == "core":
+            out = self.attend_gapped(site, queries, keys, values)
+        else:
+            out = attend_segments(queries, self._reads(site, keys, values), self.softmax_dtype)
         if self.store == "cache":
             self.cache.write(self.writes, {site: (keys, values)})
         return out
+
+    def attend_gapped(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        """RIPE's read of one new token in one fused call (the same keys as :meth:`_reads`, in another order, which
+        attention ignores). Loop r < R reads the window at plane r from the ring, the token, then the positions
+        before the window at plane R: the ring's W slots are copied into the scratch slots before the kept plane,
+        the token after them, and the call reads [0, gap + L - W). Loop R reads every position at plane R:
+        [W, gap + L). Rows of other lengths mask the positions past their own."""
+        W = self.cache.ring_size
+        base_keys, base_values, ring_keys, ring_values = self.cache.gapped(site)
+        if ring_keys is not None:  # loop r < R: the ring at plane r (aligned reads), else plane R everywhere
+            base_keys.narrow(2, 0, W).copy_(ring_keys)
+            base_values.narrow(2, 0, W).copy_(ring_values)
+        base_keys.narrow(2, W, 1).copy_(keys)
+        base_values.narrow(2, W, 1).copy_(values)
+        start, behind = (0, W) if ring_keys is not None else (W, 0)  # behind: window positions not read at plane R
+        stop = self.gap_stop - behind
+        return attend(queries, base_keys[:, :, start:stop], base_values[:, :, start:stop],
+                      self._gap_mask(start, behind))
+
+    def _gap_mask(self, start: int, behind: int) -> Tensor | None:
+        """Which slots of [start, gap + longest row - behind) each row reads: the scratch, then its own positions."""
+        lengths = self.cache.host_lengths
+        if len(set(lengths)) == 1:
+            return None
+        if start not in self._gap_masks:
+            gap, device = self.cache.gap, self.cache.lengths.device
+            j = torch.arange(start, gap + max(lengths) - behind, device=device)
+            self._gap_masks[start] = (j < gap + self.cache.lengths[:, None] - behind)[:, None, None]
+        return self._gap_masks[start]
 
     def _reads(self, site: Site, keys: Tensor, values: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
         """What the call reads: the prefix segments, then the uncommitted tokens and the block (one segment)."""
