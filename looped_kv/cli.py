@@ -266,6 +266,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         args.repeats, args.caches)
     config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
+    if args.record is not None:  # before the measurement: a long run never ends on a file it may not write
+        outputs.check_file(args.record, "--record", args.force)
     model = _load(args)
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
@@ -327,7 +329,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                         "at top-k 1, so both emit the same tokens), in interleaved rounds; issue 41's budget is 5%%")
     p.add_argument("--record", type=Path, help="also save the runs with the command, commit, machine, date and the "
                                                f"weights' digest, which the chapters read (the shipped model's: "
-                                               f"{bench.RECORD.relative_to(bench.RECORD.parents[2])})")
+                                               f"{bench.RECORD.relative_to(bench.RECORD.parents[2])}; a new file)")
+    p.add_argument("--force", action="store_true", help="overwrite --record if it exists")
     p.set_defaults(func=cmd_bench)
 
 

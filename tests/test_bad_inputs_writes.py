@@ -115,6 +115,25 @@ def test_gpu_check_keeps_an_existing_file(tmp_path, no_work, capsys):
     assert out.read_text() == "mine"
 
 
+def test_bench_keeps_an_existing_record_and_probes_it_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """--record is checked before anything is loaded or timed: an existing file is left untouched unless --force, and
+    a place it cannot be written is refused first."""
+    from looped_kv.experiments import bench
+
+    def work(*args, **kwargs):
+        raise AssertionError("the bench started before --record was checked")
+
+    monkeypatch.setattr(bench, "report", work)
+    monkeypatch.setattr("looped_kv.cli._load", work)
+    out = tmp_path / "bench.json"
+    out.write_text("mine")
+    refused(["bench", "--record", str(out)], f"--record {out} exists and is left untouched", capsys)
+    assert out.read_text() == "mine"
+    refused(["bench", "--record", str(tmp_path / "no" / "bench.json")], "does not exist or is not writable", capsys)
+    with pytest.raises(AssertionError, match="the bench started"):  # --force: the check passes, the work starts
+        main(["--debug", "bench", "--record", str(out), "--force"])
+
+
 @pytest.mark.parametrize("where", ["proc", "file"])
 def test_plan_check_out_is_probed_before_the_model_is_built(tmp_path, no_work, capsys, where):
     if where == "proc" and not Path("/proc/self").is_dir():
