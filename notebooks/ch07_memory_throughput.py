@@ -388,8 +388,9 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # RIPE reads fewer bytes per step than the full cache, yet in the throughput table it
 # decodes more slowly on this CPU. Each of its attention calls reads three segments,
 # the deepest plane, the ring of recent positions at the call's own loop and the new
-# token, and joins their scores into one softmax. The full cache reads one contiguous
-# plane with one fused kernel. At this model's width a call moves a few kilobytes, so
+# token, and joins their scores into one softmax (the sinks cache, four full-depth
+# positions at the start beside the same window, reads four). The full cache reads one
+# contiguous plane with one fused kernel. At this model's width a call moves a few kilobytes, so
 # the extra small operators cost more than the bytes saved. Compiled, each call's
 # segments fuse into one kernel, and the prefill runs compiled for every cache. Greedy
 # decoding under each cache is timed side by side with the full cache's, one prompt at a
@@ -397,7 +398,7 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 
 # %%
 CACHE_ARMS = {"ar": {"method": "ar"}}  # greedy, full cache
-for cache in ("ripe", "deepest"):
+for cache in bench.CACHE_ARMS:  # ripe, deepest, sinks
     CACHE_ARMS[bench.cache_key(cache)] = bench.CACHE_ARMS[cache]
 live = {}  # the shipped model reads the recorded bench; others time here
 if not book.is_tiny(model):
@@ -418,13 +419,17 @@ def cache_ratio(mode: str, key: str) -> str:
     return f"{s.estimate:.2f}x [{s.low:.2f}, {s.high:.2f}] {mode}"
 
 
-RIPE_KEY = bench.cache_key("ripe")
+def cache_ratios(cache: str) -> str:
+    return " and ".join(cache_ratio(mode, bench.cache_key(cache)) for mode in cache_timing)
+
+
 n_timed = cache_timing["eager"]["problems"]["prompt"].nunique()
+SINKS_ARM = bench.CACHE_ARMS["sinks"]
 book.md(f"Source: {cache_where}. On {n_timed} word problems RIPE (W = "
-        f"{bench.CACHE_ARMS['ripe']['window']}) decodes at "
-        + " and ".join(cache_ratio(mode, RIPE_KEY) for mode in cache_timing)
-        + " the full cache's speed, end to end (mean of per-prompt ratios, paired "
-        "bootstrap interval).")
+        f"{bench.CACHE_ARMS['ripe']['window']}) decodes at {cache_ratios('ripe')} "
+        f"the full cache's speed, and the sinks cache ({SINKS_ARM['sinks']} sinks, W = "
+        f"{SINKS_ARM['window']}) at {cache_ratios('sinks')}, end to end (mean of "
+        "per-prompt ratios, paired bootstrap interval).")
 
 # %% [markdown]
 # ## Peak memory against the memory model (RIPE Figure 3)

@@ -85,11 +85,11 @@ def test_run_paired_and_summarize():
 
 
 def test_cache_arms_are_greedy_decoding_timed_against_the_full_caches():
-    """--caches: greedy decoding under RIPE and the deepest plane, each paired with greedy decoding on the full cache
-    (the paired greedy run's tokens are the full cache's, so the speed-up is the smaller cache's speed ratio)."""
+    """--caches: greedy decoding under RIPE, the deepest plane and sinks, each paired with greedy decoding on the full
+    cache (the paired greedy run's tokens are the full cache's, so the speed-up is the smaller cache's speed ratio)."""
     model = random_model("huginn", seed=5, mean_recurrence=4)
-    arms = {bench.cache_key(c): bench.CACHE_ARMS[c] for c in ("ripe", "deepest")}
-    assert list(arms) == ["greedy, ripe(8)", "greedy, deepest"]
+    arms = {bench.cache_key(c): bench.CACHE_ARMS[c] for c in ("ripe", "deepest", "sinks")}
+    assert list(arms) == ["greedy, ripe(8)", "greedy, deepest", "greedy, sinks(4, 8)"]
     runs = bench.run_paired(model, prompts(model), {"ar": {"method": "ar"}, **arms}, max_new_tokens=8, progress=False,
                             repeats=2)
     assert list(pd.unique(runs["method"])) == ["ar", *arms] and (runs["verifications"] == 0).all()
@@ -377,12 +377,13 @@ def test_the_recorded_bench_is_the_shipped_models():
 
 def test_the_recorded_cache_bench_is_the_shipped_models():
     """Chapter 7 reads book/data's cache bench: the shipped weights, the committed command, greedy decoding under
-    RIPE and the deepest plane each timed beside the full cache's on 16 prompts per workload, eager and compiled."""
+    RIPE, the deepest plane and sinks each timed beside the full cache's on 16 prompts per workload, eager and
+    compiled."""
     header, runs = bench.read_record(bench.CACHES_RECORD)
     assert header["weights_sha256"] == bench.weights_sha256("tiny")
-    assert header["command"].startswith("looped-kv bench --methods ar --caches ripe deepest ")
+    assert header["command"].startswith("looped-kv bench --methods ar --caches ripe deepest sinks ")
     for workload, r in runs.items():
-        assert set(r["method"]) == {"ar", "greedy, ripe(8)", "greedy, deepest"}, workload
+        assert set(r["method"]) == {"ar", *map(bench.cache_key, bench.CACHE_ARMS)}, workload
         assert set(r["mode"]) == {"eager", "compiled"} and r["prompt"].nunique() >= 16, workload
         arms = r[r["method"] != "ar"]
         assert (r["repeats"] >= 2).all() and (arms["time_s"] != arms["greedy_time_s"]).all()

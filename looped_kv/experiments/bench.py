@@ -125,14 +125,18 @@ def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
 
 
 #: Greedy decoding under the smaller caches, timed against greedy decoding with the full cache (``--caches``): RIPE
-#: at chapter 7's window and the deepest plane alone (RIPE Sec. 3).
-CACHE_ARMS = {"ripe": {"method": "ar", "cache": "ripe", "window": 8}, "deepest": {"method": "ar", "cache": "deepest"}}
+#: at chapter 7's window, the deepest plane alone (RIPE Sec. 3), and the deepest plane with StreamingLLM's 4
+#: attention sinks at full depth beside the same window (the sinks policy, RIPE Sec. 5.1's "+ sinks" arm).
+CACHE_ARMS = {"ripe": {"method": "ar", "cache": "ripe", "window": 8}, "deepest": {"method": "ar", "cache": "deepest"},
+              "sinks": {"method": "ar", "cache": "sinks", "sinks": 4, "window": 8}}
 
 
 def cache_key(cache: str) -> str:
-    """A cache arm's key in the runs: greedy decoding under ``cache`` (:data:`CACHE_ARMS`), e.g. "greedy, ripe(8)"."""
+    """A cache arm's key in the runs: greedy decoding under ``cache`` (:data:`CACHE_ARMS`) with its sinks and window,
+    e.g. "greedy, ripe(8)" or "greedy, sinks(4, 8)"."""
     arm = CACHE_ARMS[cache]
-    return f"greedy, {cache}" + (f"({arm['window']})" if "window" in arm else "")
+    sizes = [str(arm[name]) for name in ("sinks", "window") if name in arm]
+    return f"greedy, {cache}" + (f"({', '.join(sizes)})" if sizes else "")
 
 
 def label(key: Hashable) -> str:
@@ -682,7 +686,7 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
 #: The shipped tiny model's recorded bench, read by chapters 5 and 6 (``looped-kv bench --record``).
 RECORD = Path(__file__).resolve().parent.parent.parent / "book" / "data" / "bench-tiny.json"
 #: The shipped model's greedy decoding under the smaller caches against the full cache's (chapter 7):
-#: ``looped-kv bench --methods ar --caches ripe deepest ... --record`` (its command is in the file).
+#: ``looped-kv bench --methods ar --caches ripe deepest sinks ... --record`` (its command is in the file).
 CACHES_RECORD = RECORD.with_name("bench-caches-tiny.json")
 
 
