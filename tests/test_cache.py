@@ -238,3 +238,40 @@ def test_unused_policy_parameters_may_be_none():
 
 def test_layer_token_bytes():
     assert layer_token_bytes(huginn_0125(), "bf16") == 2 * 55 * 96 * 2
+
+
+@pytest.mark.parametrize("family", ["huginn", "ouro", "parcae"])
+def test_ripes_fused_one_token_read_is_the_three_segment_read(family, monkeypatch):
+    """Eager RIPE steps one token per row with the ring's plane and the token copied into the kept plane's scratch
+    slots, read in one fused call. In float64 it gives the three-segment softmax's logits and stores the same planes,
+    for one row and for rows of different lengths, over steps that wrap the ring."""
+    from looped_kv.runtime import cache as cache_module
+
+    model = random_model(family, seed=3).to(torch.float64)
+    R, W = 5, 3
+    policy = make_policy("ripe", R, window=W)
+    lengths = torch.tensor([7, 4, 9])
+    prompts = torch.randint(0, model.config.vocab_size, (3, 9))
+    steps = torch.randint(0, model.config.vocab_size, (3, 5))
+    init = cache_module.CachePass.__init__
+
+    def run(fused: bool, rows: slice) -> tuple[list[torch.Tensor], PlaneCache]:
+        def chosen(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            fused_here.append(self.gapped)
+            self.gapped = self.gapped and fused
+
+        fused_here: list[bool] = []
+        monkeypatch.setattr(cache_module.CachePass, "__init__", chosen)
+        cache = new_cache(model, policy, len(range(3)[rows]), 16)
+        prefill(model, cache, prompts[rows], R, lengths=lengths[rows])
+        logits = [step(model, cache, steps[rows, i:i + 1], R) for i in range(steps.shape[1])]
+        assert all(fused_here[1:]) and cache.scratch_bytes > 0  # every step could take the fused read
+        return logits, cache
+
+    for rows in (slice(0, 1), slice(0, 3)):
+        (fused, a), (segments, b) = run(True, rows), run(False, rows)
+        for x, y in zip(fused, segments, strict=True):
+            assert torch.allclose(x, y, rtol=0, atol=1e-12)
+        for x, y in zip([*a.core, *a.ring], [*b.core, *b.ring], strict=True):
+            assert torch.allclose(x, y, rtol=0, atol=1e-12)
