@@ -385,16 +385,19 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # %% [markdown]
 # ## One sequence: RIPE's step against the full cache's
 #
-# RIPE reads fewer bytes per step than the full cache, yet in the throughput table it
-# decodes more slowly on this CPU. Each of its attention calls reads three segments,
-# the deepest plane, the ring of recent positions at the call's own loop and the new
-# token, and joins their scores into one softmax (the sinks cache, four full-depth
-# positions at the start beside the same window, reads four). The full cache reads one
-# contiguous plane with one fused kernel. At this model's width a call moves a few kilobytes, so
-# the extra small operators cost more than the bytes saved. Compiled, each call's
-# segments fuse into one kernel, and the prefill runs compiled for every cache. Greedy
-# decoding under each cache is timed side by side with the full cache's, one prompt at a
-# time, eager and compiled:
+# RIPE reads fewer bytes per step than the full cache, but at this model's width a call
+# moves a few kilobytes, so what a step costs on a CPU is its number of small operators.
+# The full cache reads one contiguous plane with one fused kernel. At loop r < R, RIPE
+# reads the ring of the W most recent positions at plane r, the new token, and the
+# older positions at plane R. Eager, a one-token step copies the ring and the token into
+# W + 1 scratch slots in front of the deepest plane and reads them with it in one fused
+# kernel, at the price of small copies (the ring and the token, keys and values) that
+# the full cache does not make. The sinks
+# cache, four full-depth positions at the start beside the same window, still joins
+# three segments in one softmax: its sinks lie inside the deepest plane, so no
+# contiguous range holds them. Compiled, each call's segments fuse into one kernel, and
+# the prefill runs compiled for every cache. Greedy decoding under each cache is timed
+# side by side with the full cache's, one prompt at a time, eager and compiled:
 
 # %%
 CACHE_ARMS = {"ar": {"method": "ar"}}  # greedy, full cache
@@ -420,7 +423,8 @@ def cache_ratio(mode: str, key: str) -> str:
 
 
 def cache_ratios(cache: str) -> str:
-    return " and ".join(cache_ratio(mode, bench.cache_key(cache)) for mode in cache_timing)
+    key = bench.cache_key(cache)
+    return " and ".join(cache_ratio(mode, key) for mode in cache_timing)
 
 
 n_timed = cache_timing["eager"]["problems"]["prompt"].nunique()
