@@ -854,7 +854,7 @@ def cmd_plan_check(args: argparse.Namespace) -> int:
         outputs.check_file(args.out, "--out", args.force or args.resume)
     config = configs[args.model]() if args.model in configs else LoopedConfig.from_file(path)
     plan_check.run(args.model, config, profile=args.profile, device=args.device, chapters=args.chapters,
-                   out=args.out, resume=args.resume)
+                   out=args.out, resume=args.resume, command=" ".join(["looped-kv", "plan-check", *args.words]))
     return 0
 
 

@@ -140,13 +140,29 @@ def test_plan_check_records_each_chapter_as_it_ends_and_resumes(tmp_path, capsys
     ran.clear()
     assert main([*words, "--chapters", "ch07", "ch08", "--resume"]) == 0
     assert ran == ["ch08"]
-    assert [r["chapter"] for r in json.loads(out.read_text())["chapters"]] == ["ch07", "ch08"]
+    rows = json.loads(out.read_text())["chapters"]
+    assert [r["chapter"] for r in rows] == ["ch07", "ch08"]
+    assert rows[1]["command"] == " ".join(["looped-kv", *words, "--chapters", "ch07", "ch08", "--resume"])
     before = out.read_text()
     assert main([*words, "--resume", "--profile", "smoke"]) == 2
     assert "records model 'tiny' at profile 'tiny', not 'tiny' at 'smoke'" in capsys.readouterr().err
     assert out.read_text() == before
     assert main(["plan-check", "--model", "tiny", "--device", "cpu", "--resume"]) == 2
     assert "--resume continues the record in --out, which must be an existing file" in capsys.readouterr().err
+
+
+def test_the_recorded_cpu_run_at_parcae_140m_is_within_a_quarter_of_the_plan():
+    """book/data's CPU run (random weights at parcae-140m's dimensions, its laptop profile, this repository's 2-core
+    machine): every chapter it recorded peaked within 25% of the plan's host memory, and the command is the
+    docstring's."""
+    record = json.loads((ROOT / "book" / "data" / "plan-check-parcae-140m-cpu.json").read_text())
+    assert (record["model"], record["profile"]) == ("parcae-140m", "parcae-140m-cpu")
+    assert "--model parcae-140m --device cpu --out book/data/plan-check-parcae-140m-cpu.json" in plan_check.__doc__
+    assert record["chapters"] and {"threads", "torch"} <= set(record["environment"])
+    for row in record["chapters"]:
+        assert row["chapter"] in plan_check.RUNS and row["seconds"] > 0 and row["commit"] and row["date"]
+        assert row["command"].startswith("looped-kv plan-check --model parcae-140m --device cpu ")
+        assert 0.75 <= row["predicted / measured"] <= 1.25, row
 
 
 def test_plan_check_runs_an_ouro_config_on_the_cpu_at_a_small_profile(tmp_path, capsys):

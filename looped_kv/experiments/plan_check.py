@@ -22,7 +22,11 @@ profile defaults to the model's for the GPU found; name a T4 profile to check it
         --out book/data/plan-check-raven-tinyllama-t4.json
 
 ``--model`` also takes a checkpoint folder or a config.json (random weights of that config): the same command runs
-on a CPU with a fixture-sized model and the ``smoke`` profile.
+on a CPU with a fixture-sized model and the ``smoke`` profile. On a CPU, the laptop route of issue 42: every
+chapter's run at parcae-140m's dimensions with its CPU profile, its seconds and peak host memory recorded after each
+chapter (``--resume`` continues a stopped run):
+
+    looped-kv plan-check --model parcae-140m --device cpu --out book/data/plan-check-parcae-140m-cpu.json
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from looped_kv.analysis.ripe import acceptance_by_cache, replay_records
 from looped_kv.decoding.generate import generate
 from looped_kv.experiments import bench
 from looped_kv.runtime.config import LoopedConfig
-from looped_kv.runtime.measurement import measurement_mode
+from looped_kv.runtime.measurement import measurement_mode, source_commit
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import make_policy
 
@@ -249,24 +253,26 @@ def recorded(out: Path, model_name: str, profile: str) -> list[dict]:
 
 
 def run(model_name: str, config: LoopedConfig, profile: str | None = None, device: str = "cpu",
-        chapters: list[str] | None = None, out: Path | None = None, resume: bool = False) -> None:
+        chapters: list[str] | None = None, out: Path | None = None, resume: bool = False,
+        command: str = "looped-kv plan-check") -> None:
     """Check ``config`` (the model given as ``model_name``) with random weights at ``profile`` (default: the
     model's for the GPU found) and print the table; write the record as JSON to ``out`` if given, after every
-    chapter. With ``resume``, ``out`` holds an earlier run of the same model and profile: its chapters are kept and
-    not run again, and the new ones are added."""
+    chapter, with the ``command`` and the commit of each chapter's run. With ``resume``, ``out`` holds an earlier run
+    of the same model and profile: its chapters are kept and not run again, and the new ones are added."""
     from looped_kv.experiments.gpu_check import random_model
 
     gpu = profiles.detect_gpu() if device.startswith("cuda") else None
     chosen = profiles.PROFILES[profile or profiles.name_for(config, model_name, gpu.card if gpu else None)]
     earlier = recorded(out, model_name, chosen.name) if resume else []
+    commit = source_commit()
     done = {row["chapter"] for row in earlier}
     chapters = [c for c in (chapters or list(RUNS)) if c not in done]
 
     def write(table: pd.DataFrame) -> None:
         if out is not None:
-            rows = earlier + table.reset_index().to_dict("records")
-            record = {"model": model_name, "profile": chosen.name, "date": date.today().isoformat(),
-                      "environment": settings, "chapters": rows}
+            rows = earlier + [{**row, "command": command, "commit": commit, "date": date.today().isoformat()}
+                              for row in table.reset_index().to_dict("records")]
+            record = {"model": model_name, "profile": chosen.name, "environment": settings, "chapters": rows}
             out.write_text(json.dumps(record, indent=1) + "\n")
 
     with measurement_mode() as settings:
