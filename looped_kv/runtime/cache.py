@@ -22,7 +22,9 @@ pass: its reads are views of the committed prefix (no concatenation), its masks 
 and, where the policy lets it, the block is written into the plane its prefix is read from and the call is
 a single fused attention over that plane: for every policy at prelude and coda layers, and in the core
 for policies whose planes are each last written by their own loop (full, deepest, k-deepest, share) under
-aligned reads. :class:`StaticCachePass` is the pass of a compiled step: the same reads over the whole
+aligned reads. Under RIPE a one-token pass copies the ring's plane and itself into W + 1 scratch slots in front
+of the kept plane (:attr:`PlaneCache.gap`) and reads them with it in one fused attention as well.
+:class:`StaticCachePass` is the pass of a compiled step: the same reads over the whole
 preallocated tensors with masks computed on the device, so that every tensor has one shape at every call;
 :class:`PrefillPass` is a compiled run's prefill, the prompts causally into the empty cache.
 """
