@@ -65,6 +65,25 @@ def test_positional_multichain_programs_answer_each_chain_in_order_without_names
         data.multichain_programs(1, ask_all=True, positional=True)
 
 
+def test_the_chain_count_curriculum_asks_at_most_its_cap_of_chains_from_the_last():
+    """The multi-count layout: positional answers from the last chain to the first, at most the curriculum's cap of
+    chains, so that at a cap of 1 a program is one chain asked at its last variable (a one-chain program's query)."""
+    whole = data.multichain_programs(30, "dev")
+    one = train.programs_of({"layout": "multi-count", "value_first": False}, 30, "dev", max_depth=1)
+    three = train.programs_of({"layout": "multi-count", "value_first": False}, 30, "dev", max_depth=3)
+    for full, a, b in zip(whole, one, three, strict=True):
+        last_bound = a.program.rstrip(";").split(";")[-1].split("=")[0]
+        assert len(a.queries) == 1 and a.positional and a.queries[0].variable == last_bound
+        assert a.program == full.program[:len(a.program)] and a.queries[0] == full.queries[0]
+        assert b.queries == tuple(reversed(full.queries[:len(b.queries)])) and 1 <= len(b.queries) <= 3
+        assert b.text == f"{b.program}\n" + "".join(f"{q.value};" for q in b.queries) + "\n"
+    assert max(len(p.queries) for p in three) == 3
+    held_out = train.programs_of({"layout": "multi-count", "value_first": False}, 30, "dev")  # the cap at its end
+    assert [p.queries for p in held_out] == [tuple(reversed(p.queries)) for p in whole]
+    with pytest.raises(ValueError, match="max_chains must be None or >= 1"):
+        data.multichain_programs(1, max_chains=0)
+
+
 def test_lookup_drills_ask_every_name_once_in_a_random_order():
     drills = data.lookup_programs(50, "dev")
     in_order = 0

@@ -147,7 +147,13 @@ RECIPES["multi-positional"] = (
     "chains, and this one asks for a chain's answer by its place, as one chain's query is found, with no lookup by "
     "name; the curriculum restarted at depth 2, the run's mix and learning rate, 5% of steps at 64 loops",
     ["--chain-layout", "multi-positional", "--deep-share", "0.05", "--start-depth", "2", "--depth-step", "2"])
-STARTS = {"multi-positional": LONG_RUN_2,
+RECIPES["multi-count"] = (
+    "continue the long run (tiny-long-2) on multichain programs whose query line holds each chain's answer alone, "
+    "from the last chain to the first (3;7;), with a curriculum on the number of chains: one at first (the one-chain "
+    "programs the model answers, its query without the name), one more each time the development accuracy at 32 "
+    "loops reaches 0.6; multi-positional stayed at chance even on its first answer with every chain at once",
+    ["--chain-layout", "multi-count", "--deep-share", "0.05", "--start-depth", "1", "--depth-step", "1"])
+STARTS = {"multi-positional": LONG_RUN_2, "multi-count": LONG_RUN_2,
           **{name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
                                          "lookup-drills")},
           **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")},

@@ -74,8 +74,13 @@ BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "value_first": F
 #: drills alternating with multichain programs that ask every variable (each binding's value an answer). Every layout
 #: but ``single`` may write each binding after its expression (``--value-first``: ``3=a;a+4=b;``), so that a name's
 #: position is where its value can be known; or multichain programs whose query line holds each chain's answer alone,
-#: in the chains' order (``multi-positional``: ``7;3;``, no names).
-CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all", "multi-positional")
+#: in the chains' order (``multi-positional``: ``7;3;``, no names); or those asked from the last chain to the first,
+#: with at most as many chains as the curriculum's cap (``multi-count``: a curriculum on the number of chains, whose
+#: first answer is a one-chain program's).
+CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all", "multi-positional", "multi-count")
+#: The layouts whose curriculum cap counts something other than a query's depth (names, chains): their development
+#: check reads every query.
+CAP_NOT_DEPTH = ("lookup", "multi-count")
 LOOKUP_NAMES_PER_DEPTH = 4
 #: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
 DEEP_LOOPS = 64
@@ -310,10 +315,13 @@ class Curriculum:
 
     def check(self, loops: Loops, step: int, autocast) -> float:
         """Accuracy at ``--curriculum-loops`` on development queries in the top half of the cap (programs drawn
-        at the cap); raise the cap if it reaches ``--advance-at``."""
+        at the cap; every query where the cap is not a depth, :data:`CAP_NOT_DEPTH`); raise the cap if it reaches
+        ``--advance-at``."""
         programs = programs_of(shape(self.args), 128, "dev", seed=self.depth, max_depth=self.depth)
         dev = encode_chains(self.tokenizer, programs)
         keep = dev.depths > min(self.depth // 2, int(dev.depths.max()) - 1)  # drills: every query is depth 1
+        if self.args.chain_layout in CAP_NOT_DEPTH:
+            keep = torch.ones_like(keep)
         hits = quick_hits(loops, dev, (self.args.curriculum_loops,), autocast)[self.args.curriculum_loops]
         accuracy = float(hits[keep].mean())
         if accuracy >= self.args.advance_at and self.depth < data.CHAIN_DEPTH:
@@ -353,6 +361,9 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
         drills = data.lookup_programs(n, split, seed, **options)
         chains = data.multichain_programs(n, split, seed, max_depth, ask_all=shape["layout"] == "multi-all", **options)
         return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
+    if shape["layout"] == "multi-count":  # at most as many chains as the curriculum's cap, the last asked first
+        return data.multichain_programs(n, split, seed=seed, positional=True, max_chains=max_depth, last_first=True,
+                                        **options)
     if shape["layout"] == "lookup":  # drills alone, their size following the curriculum's cap
         return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth), **options)
     return data.chain_programs(n, split, seed=seed, max_depth=max_depth, **options)

@@ -225,7 +225,8 @@ def _binding(variable: str, expression: str, value_first: bool) -> str:
 
 
 def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = False,
-                        value_first: bool = False, positional: bool = False) -> ChainProgram:
+                        value_first: bool = False, positional: bool = False, max_chains: int | None = None,
+                        last_first: bool = False) -> ChainProgram:
     """One program of several contiguous value-changing chains, each queried once at its last variable.
 
     Chain lengths (the queries' depths) are drawn log-uniformly in 1..max_depth, P(d) proportional to
@@ -238,17 +239,21 @@ def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = Fals
     :data:`ASK_ALL_BINDINGS` (so chains of at most as many): each binding's value is then an answer, its depth its
     place in its chain. ``value_first`` writes each binding after its expression (``3=a;a+4=b;``), so a name's
     position in the program is where its value can be known. ``positional`` writes each chain's answer alone, in
-    the chains' order (``7;3;``): the answer line names no variable.
+    the chains' order (``7;3;``): the answer line names no variable. ``max_chains`` ends the program after that
+    many chains; ``last_first`` asks the chains from the last to the first (the last chain's query is a one-chain
+    program's).
     """
     if ask_all and positional:
         raise ValueError("ask_all and positional cannot both be set: asking every variable needs their names")
     names = iter(rng.sample(CHAIN_NAMES, len(CHAIN_NAMES)))
     budget, lines, queries = ASK_ALL_BINDINGS if ask_all else MULTICHAIN_BINDINGS, [], []
     max_depth = min(max_depth, budget)  # a first chain always fits
-    while True:
+    chains = 0
+    while max_chains is None or chains < max_chains:
         depth = min(max_depth, int(math.exp(rng.random() * math.log(max_depth + 1))))
         if depth > budget:
             break
+        chains += 1
         budget -= depth
         value = rng.randrange(10)
         variable = next(names)
@@ -263,22 +268,28 @@ def _multichain_program(rng: random.Random, max_depth: int, ask_all: bool = Fals
         queries += chain if ask_all else chain[-1:]
     if ask_all:
         rng.shuffle(queries)
+    if last_first:
+        queries.reverse()
     return ChainProgram("".join(lines), tuple(queries), dense=True, positional=positional)
 
 
 def multichain_programs(n: int, split: str = "train", seed: int = 0, max_depth: int = CHAIN_DEPTH,
                         ask_all: bool = False, value_first: bool = False,
-                        positional: bool = False) -> list[ChainProgram]:
+                        positional: bool = False, max_chains: int | None = None,
+                        last_first: bool = False) -> list[ChainProgram]:
     """``n`` multichain programs of a split (:func:`_multichain_program`): the decoding workload dense in answers
     that need depth, each answer a digit (chance :data:`CHAIN_CHANCE`) after its variable (``x7y3``); with
     ``ask_all``, the training layout that asks every variable; with ``value_first``, bindings written ``a+4=b;``;
-    with ``positional``, the chains' answers alone in the chains' order (``7;3;``)."""
+    with ``positional``, the chains' answers alone in the chains' order (``7;3;``); with ``max_chains``, at most
+    that many chains; with ``last_first``, the chains asked from the last."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not 1 <= max_depth <= CHAIN_DEPTH:
         raise ValueError(f"max_depth must be in [1, {CHAIN_DEPTH}], got {max_depth}")
+    if max_chains is not None and max_chains < 1:
+        raise ValueError(f"max_chains must be None or >= 1, got {max_chains}")
     return [_multichain_program(random.Random(f"multichain/{split}/{seed}/{i}"), max_depth, ask_all, value_first,
-                                positional) for i in range(n)]
+                                positional, max_chains, last_first) for i in range(n)]
 
 
 def _lookup_program(rng: random.Random, sizes: tuple[int, int], value_first: bool = False) -> ChainProgram:
