@@ -280,6 +280,11 @@ def execution_seconds(notebook: Path, cells: list[dict] | None = None) -> float:
     return total
 
 
+def _title(cells: list[dict]) -> str:
+    return next(line.removeprefix("# ") for c in cells if c["cell_type"] == "markdown"
+                for line in "".join(c["source"]).splitlines() if line.startswith("# "))
+
+
 def chapter_times(folder: Path) -> str:
     """A Markdown table of each executed page's time (:func:`execution_seconds`) in ``folder``: what the intro shows
     as the time a chapter takes on a CPU with the tiny model, as last executed."""
@@ -287,7 +292,23 @@ def chapter_times(folder: Path) -> str:
     for name in NOTEBOOKS:
         path = folder / f"{name}.ipynb"
         cells = _cells(path)
-        title = next(line.removeprefix("# ") for c in cells if c["cell_type"] == "markdown"
-                     for line in "".join(c["source"]).splitlines() if line.startswith("# "))
-        lines.append(f"| {title} | {execution_seconds(path, cells) / 60:.1f} |")
+        lines.append(f"| {_title(cells)} | {execution_seconds(path, cells) / 60:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def cpu_run_table(record: dict, folder: Path) -> str:
+    """A Markdown table of a recorded CPU run of ``looped-kv plan-check`` (its JSON ``record``): per chapter, the
+    minutes its memory-relevant calls took, their peak host memory and the plan's, in GB (10^9 bytes); a chapter the
+    record lacks says so. Page titles come from the notebooks in ``folder``."""
+    rows = {row["chapter"]: row for row in record["chapters"]}
+    lines = ["| page | minutes | peak GB | plan GB | plan / peak |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name in NOTEBOOKS:
+        chapter = name.split("_")[0]
+        if not chapter.startswith("ch"):
+            continue
+        title = _title(_cells(folder / f"{name}.ipynb"))
+        row = rows.get(chapter)
+        lines.append(f"| {title} | not recorded | | | |" if row is None else
+                     f"| {title} | {row['seconds'] / 60:.1f} | {row['measured bytes'] / 1e9:.2f} | "
+                     f"{row['predicted bytes'] / 1e9:.2f} | {row['predicted / measured']:.2f} |")
     return "\n".join(lines) + "\n"

@@ -952,7 +952,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                         "a dense query line (the decoding workload); multi-lookup: those alternating with lookup "
                         "drills; lookup: the drills alone, up to 4 names per step of the curriculum's cap; "
                         "multi-all: drills and multichain programs that ask every variable; multi-positional: "
-                        "multichain programs whose query line holds each chain's answer alone, in order (7;3;)")
+                        "multichain programs whose query line holds each chain's answer alone, in order (7;3;); "
+                        "multi-count: those asked from the last chain, at most as many chains as the curriculum's cap")
     p.add_argument("--value-first", action="store_true",
                    help="write each binding after its expression (3=a;a+4=b;), in every layout but single")
     p.add_argument("--decay-from", type=int, default=0, help="step at which the cosine learning-rate decay starts; "
@@ -1109,9 +1110,16 @@ def _add_scout(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_chapter_times(args: argparse.Namespace) -> int:
+    import json
+
     from looped_kv import book
 
-    print(book.chapter_times(Path(args.notebooks)), end="")
+    if args.cpu_run is None:
+        print(book.chapter_times(Path(args.notebooks)), end="")
+        return 0
+    if not args.cpu_run.is_file():
+        raise ValueError(f"--cpu-run must be a record of looped-kv plan-check (a JSON file), got {args.cpu_run}")
+    print(book.cpu_run_table(json.loads(args.cpu_run.read_text()), Path(args.notebooks)), end="")
     return 0
 
 
@@ -1119,6 +1127,9 @@ def _add_chapter_times(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chapter-times", help="the minutes each executed chapter took, from the timing its executor "
                                              "recorded (a Markdown table; book/data/chapter-times.md keeps it)")
     p.add_argument("--notebooks", default="notebooks", help="the folder of the executed .ipynb files")
+    p.add_argument("--cpu-run", type=Path, default=None,
+                   help="instead, the minutes and peak host memory of each chapter's run in this record of "
+                        "looped-kv plan-check (book/data/cpu-run-parcae-140m.md keeps parcae-140m's)")
     p.set_defaults(func=cmd_chapter_times)
 
 

@@ -51,6 +51,27 @@ def test_the_intros_chapter_times_are_the_executed_notebooks(capsys):
     assert "data/chapter-times.md" in (ROOT / "book" / "intro.md").read_text()
 
 
+def test_the_cpu_route_table_is_the_recorded_parcae_run(capsys, tmp_path):
+    """book/gpu.md's table of minutes and GB per chapter for parcae-140m on a CPU is what ``looped-kv chapter-times
+    --cpu-run`` prints from the committed record; a chapter the record lacks reads "not recorded"."""
+    record = ROOT / "book" / "data" / "plan-check-parcae-140m-cpu.json"
+    assert main(["chapter-times", "--cpu-run", str(record)]) == 0
+    table = capsys.readouterr().out
+    kept = ROOT / "book" / "data" / "cpu-run-parcae-140m.md"
+    assert table == kept.read_text(), \
+        f"regenerate it: looped-kv chapter-times --cpu-run {record.relative_to(ROOT)} > {kept.relative_to(ROOT)}"
+    assert "data/cpu-run-parcae-140m.md" in (ROOT / "book" / "gpu.md").read_text()
+    rows = json.loads(record.read_text())["chapters"]
+    first = rows[0]
+    assert f"| {first['seconds'] / 60:.1f} | {first['measured bytes'] / 1e9:.2f} |" in table
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({**json.loads(record.read_text()), "chapters": rows[:1]}))
+    assert main(["chapter-times", "--cpu-run", str(partial)]) == 0
+    assert capsys.readouterr().out.count("not recorded") == 7
+    assert main(["chapter-times", "--cpu-run", str(tmp_path / "none.json")]) == 2
+    assert "--cpu-run must be a record" in capsys.readouterr().err
+
+
 def test_a_notebook_without_recorded_timing_is_refused(tmp_path):
     notebook = {"cells": [{"cell_type": "code", "source": ["1 + 1"], "metadata": {}, "outputs": []}]}
     (tmp_path / "x.ipynb").write_text(json.dumps(notebook))
