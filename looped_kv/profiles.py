@@ -255,15 +255,20 @@ PARCAE = replace(RAVEN, name="parcae-140m",
                  ch08=replace(RAVEN.ch08, fixed_loops=(1, 2, 4, 6), share_k=2))
 
 
+#: A laptop's memory (GB) that every chapter of the CPU profiles of Parcae-140M and -370M fits (``looped-kv plan``).
+LAPTOP_GB = 16
+
+
 def _cpu(profile: Profile) -> Profile:
     """A laptop-CPU version of a model's profile: float32 weights and caches, the shipped tiny model's sizes per
-    chapter (the chapters' defaults) with the model's own loop counts and draft depths, and the papers' prompts."""
+    chapter (the chapters' defaults) with the model's own loop counts and draft depths, and the papers' prompts;
+    chapter 4 replays 4 trajectories at a time (36 at once held 34 GB at Parcae-140M's dimensions)."""
     p = profile
     return replace(p, name=f"{p.name}-cpu", dtype="float32", rows_per_chunk=4,
                    ch01=replace(Ch01(), loops=p.ch01.loops, shallow_loops=p.ch01.shallow_loops,
                                 draft_depths=p.ch01.draft_depths, chain_tokens=p.ch01.chain_tokens),
                    ch02=Ch02(), ch03=Ch03(),
-                   ch04=replace(Ch04(), draft_loops=p.ch04.draft_loops, stop_at_eos=True),
+                   ch04=replace(Ch04(), draft_loops=p.ch04.draft_loops, stop_at_eos=True, replay_batch=4),
                    ch05=replace(Ch05(), draft_loops=p.ch05.draft_loops, draft_depths=p.ch05.draft_depths),
                    ch06=Ch06(), ch07=replace(Ch07(), draft_loops=p.ch07.draft_loops),
                    ch08=replace(Ch08(), fixed_loops=p.ch08.fixed_loops, share_k=p.ch08.share_k))

@@ -335,3 +335,7 @@ def test_parcae_has_a_profile_per_card_and_one_for_a_laptop_cpu(monkeypatch):
     assert set(profiles.ON_CPU) == {m for m in profiles.BY_CARD if m.startswith("parcae-")}
     assert profiles.for_model(Namespace(config=ouro_1_4b(), source="x"), None) is profiles.BY_CARD["ouro-1.4b"]["40gb"]
     assert all(plan.card_table("t4").loc[m, "fits"] for m in profiles.ON_CPU)  # and every chapter fits a T4
+    for model in ("parcae-140m", "parcae-370m"):  # and a laptop: every chapter's peak, host and device together
+        config, on_cpu = PRESETS[model](), profiles.ON_CPU[model]
+        peaks = {ch: max(s.bytes(None) for s in make(config, on_cpu).steps) for ch, make in plan.CHAPTERS.items()}
+        assert max(peaks.values()) <= profiles.LAPTOP_GB * 1e9, (model, peaks)
