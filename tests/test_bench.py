@@ -26,13 +26,14 @@ def prompts(model, lengths=(5, 3, 7)):
 def test_method_configs_use_one_vocabulary():
     configs = bench.method_configs(draft_loops=2, gamma=3, wave={"updates": 1})
     assert tuple(configs) == settings.METHODS
-    assert all(c["method"] == name for name, c in configs.items())
+    assert all(isinstance(c, settings.CONFIGS[name]) and c.method == name for name, c in configs.items())
     spec, mature = configs["self-spec"], configs["mature-spec"]
-    assert (spec["draft_loops"], spec["gamma"]) == (mature["draft_loops"], mature["gamma"]) == (2, 3)
+    assert (spec.draft_loops, spec.gamma) == (mature.draft_loops, mature.gamma) == (2, 3)
+    assert configs["pld"] == settings.PromptLookup(gamma=3) and configs["ar"] == settings.Greedy()
     # J left to the R decoded at (settings.default_rounds); the other fields of the paper's schedule, k changed
-    assert configs["das-wave"] == {"method": "das-wave", "max_width": 32, "initial_width": 2, "updates": 1,
-                                   "carry": True}
-    assert bench.method_configs(wave={"rounds": 5})["das-wave"]["rounds"] == 5
+    assert configs["das-wave"] == settings.DasWave(max_width=32, initial_width=2, updates=1, carry=True)
+    assert configs["das-wave"].rounds is None
+    assert bench.method_configs(wave={"rounds": 5})["das-wave"].rounds == 5
     for kwargs, message in (({"draft_loops": 0}, "draft_loops must be >= 1"), ({"gamma": 0}, "gamma must be >= 1"),
                             ({"wave": {"width": 2}}, "wave must set only"), ({"wave": {"rounds": 0}}, "rounds")):
         with pytest.raises(ValueError, match=message):
@@ -40,14 +41,13 @@ def test_method_configs_use_one_vocabulary():
 
 
 def test_ceilings():
-    assert bench.ceiling({"method": "ar"}, 32) is None
-    assert bench.ceiling({"method": "self-spec", "gamma": 8}, 32) == bench.Ceiling("tau", 9, 1)
-    assert bench.ceiling({"method": "pld"}, 32) == bench.Ceiling("tau", settings.PromptLookup.gamma + 1, 1)
-    assert bench.ceiling({"method": "das-wave", **SMALL_WAVE}, 32) == bench.Ceiling("A", 4, 0)  # min(4, 2 + 3 - 1)
-    assert bench.ceiling({"method": "das-wave"}, 32).value == 25  # the paper's gamma 32, J 24, W_init 2
-    assert bench.ceiling({"method": "das-wave"}, 8).value == 7  # J = 6 at Parcae's R = 8: 2 + 6 - 1
-    with pytest.raises(ValueError, match="method must be one of"):
-        bench.ceiling({"method": "beam"}, 32)
+    assert bench.ceiling(settings.Greedy(), 32) is None
+    assert bench.ceiling(settings.SelfSpec(gamma=8), 32) == bench.Ceiling("tau", 9, 1)
+    assert bench.ceiling(settings.MatureSpec(gamma=2), 32) == bench.Ceiling("tau", 3, 1)
+    assert bench.ceiling(settings.PromptLookup(), 32) == bench.Ceiling("tau", settings.PromptLookup.gamma + 1, 1)
+    assert bench.ceiling(settings.DasWave(**SMALL_WAVE), 32) == bench.Ceiling("A", 4, 0)  # min(4, 2 + 3 - 1)
+    assert bench.ceiling(settings.DasWave(), 32).value == 25  # the paper's gamma 32, J 24, W_init 2
+    assert bench.ceiling(settings.DasWave(), 8).value == 7  # J = 6 at Parcae's R = 8: 2 + 6 - 1
 
 
 def test_das_wave_rounds_follow_r_with_the_papers_24_at_32():
@@ -64,8 +64,8 @@ def test_das_wave_rounds_follow_r_with_the_papers_24_at_32():
 
 def test_run_paired_and_summarize():
     model = random_model("huginn", seed=5, mean_recurrence=4)
-    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 2, "gamma": 3},
-               "das-wave": {"method": "das-wave", **SMALL_WAVE}}
+    methods = {"ar": settings.Greedy(), "self-spec": settings.SelfSpec(draft_loops=2, gamma=3),
+               "das-wave": settings.DasWave(**SMALL_WAVE)}
     runs = bench.run_paired(model, prompts(model), methods, max_new_tokens=8, progress=False, repeats=2)
     assert len(runs) == 9 and runs["same_as_greedy"].all() and (runs["repeats"] == 2).all()
     greedy = runs[runs["method"] == "ar"]
@@ -90,7 +90,7 @@ def test_cache_arms_are_greedy_decoding_timed_against_the_full_caches():
     model = random_model("huginn", seed=5, mean_recurrence=4)
     arms = {bench.cache_key(c): bench.CACHE_ARMS[c] for c in ("ripe", "deepest", "sinks")}
     assert list(arms) == ["greedy, ripe(8)", "greedy, deepest", "greedy, sinks(4, 8)"]
-    runs = bench.run_paired(model, prompts(model), {"ar": {"method": "ar"}, **arms}, max_new_tokens=8, progress=False,
+    runs = bench.run_paired(model, prompts(model), {"ar": settings.Greedy(), **arms}, max_new_tokens=8, progress=False,
                             repeats=2)
     assert list(pd.unique(runs["method"])) == ["ar", *arms] and (runs["verifications"] == 0).all()
     ripe, greedy = (runs[runs["method"] == key] for key in ("greedy, ripe(8)", "ar"))
@@ -102,8 +102,8 @@ def test_sampling_overhead_pairs_each_method_with_itself_on_greedys_tokens():
     """Issue 41's sampling budget is measured, not asserted: each method greedily and with the sampler's whole path
     at top-k 1, interleaved per prompt, so both emit the same tokens and the ratio is the sampler's cost."""
     model = random_model("huginn", seed=5, mean_recurrence=4)
-    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 2, "gamma": 3},
-               "pld": {"method": "pld", "gamma": 3, "ngram": 2}, "das-wave": {"method": "das-wave", **SMALL_WAVE}}
+    methods = {"ar": settings.Greedy(), "self-spec": settings.SelfSpec(draft_loops=2, gamma=3),
+               "pld": settings.PromptLookup(gamma=3, ngram=2), "das-wave": settings.DasWave(**SMALL_WAVE)}
     table = bench.sampling_overhead(model, prompts(model), methods, max_new_tokens=6, repeats=2, progress=False,
                                     n_boot=200)
     assert list(table.index) == [("greedy", "eager"), ("self-spec", "eager"), ("prompt lookup", "eager"),
@@ -125,12 +125,12 @@ def test_compiled_sampling_overhead_traces_every_prompts_capacity_before_timing(
     class Out:
         wall_time, tokens = 1.0, torch.zeros(1, 2, dtype=torch.long)
 
-    def fake_generate(m, ids, **options):
+    def fake_generate(m, ids, config, **options):
         calls.append(("run", options["compile"]))
         return Out()
 
     monkeypatch.setattr(bench, "generate", fake_generate)
-    table = bench.sampling_overhead(model, prompts(model), {"ar": {"method": "ar"}}, 6, repeats=2,
+    table = bench.sampling_overhead(model, prompts(model), {"ar": settings.Greedy()}, 6, repeats=2,
                                     modes=("compiled",), progress=False, n_boot=200)
     assert calls[0] == ("warm", 3, ["greedy", "sampled"]) and all(c == ("run", True) for c in calls[1:])
     assert list(table.index) == [("greedy", "compiled")]
@@ -138,8 +138,8 @@ def test_compiled_sampling_overhead_traces_every_prompts_capacity_before_timing(
 
 def test_batched_acceptance_equals_decoding_each_prompt_alone():
     model = random_model("raven", seed=6, mean_recurrence=4)
-    methods = {"mature-spec": {"method": "mature-spec", "draft_loops": 1, "gamma": 3},
-               "das-wave": {"method": "das-wave", **SMALL_WAVE}}
+    methods = {"mature-spec": settings.MatureSpec(draft_loops=1, gamma=3),
+               "das-wave": settings.DasWave(**SMALL_WAVE)}
     batched = bench.acceptance_runs(model, prompts(model), methods, max_new_tokens=7)
     alone = bench.run_paired(model, prompts(model), methods, max_new_tokens=7, progress=False)
     columns = ["prompt", "method", "new_tokens", "verifications", "A", "G", "of ceiling"]
@@ -218,7 +218,7 @@ def test_arms_with_different_ceilings_are_not_compared_by_raw_a():
 
 def test_factorial_cells_and_interaction_verdict():
     cells = bench.factorial_configs(SMALL_WAVE)
-    assert len(cells) == 8 and cells[(1, 1, 1)]["carry"] and cells[(0, 1, 0)]["prefix_reads"] == "deep-k"
+    assert len(cells) == 8 and cells[(1, 1, 1)].carry and cells[(0, 1, 0)].prefix_reads == "deep-k"
     rng = np.random.default_rng(2)
     n, w = 40, 25
     base = {cell: 2 + 2 * sum(cell) + rng.normal(0, 0.3, n) for cell in cells}
@@ -283,7 +283,7 @@ def test_check_options_name_the_option_and_the_value():
                             ({"methods": ["greedy"]}, "--methods must name some of"),
                             ({"workloads": []}, "--workloads must name some of"),
                             ({"caches": ["full"]},
-                             r"--caches must name some of \('ripe', 'deepest'\), got \['full'\]")):
+                             r"--caches must name some of \('ripe', 'deepest', 'sinks'\), got \['full'\]")):
         with pytest.raises(ValueError, match=message):
             bench.check_options(**{**good, **change})
     with pytest.raises(ValueError, match=r"--draft-loops must be in \[1, 31\]"):

@@ -22,6 +22,7 @@ from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
 from looped_kv.decoding.loop import decode
 from looped_kv.decoding.passes import Passes, capacity_bucket, capacity_buckets, new_cache
+from looped_kv.decoding.settings import Greedy, SelfSpec
 from looped_kv.decoding.speculative import LoopDrafts
 from looped_kv.experiments import bench, speed
 from looped_kv.runtime.loading import load
@@ -213,7 +214,7 @@ def test_stopped_rows_kept_as_padding_change_nothing(model, method):
 
 
 def test_bench_times_eager_and_compiled_side_by_side(backend, model):
-    methods = {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", "draft_loops": 1, "gamma": 3}}
+    methods = {"ar": Greedy(), "self-spec": SelfSpec(draft_loops=1, gamma=3)}
     ids = [p[None] for p in prompts(model, (5, 6))]
     runs = bench.run_paired(model, ids, methods, max_new_tokens=5, progress=False, modes=bench.MODES)
     assert len(runs) == 2 * 2 * 2 and runs["same_as_greedy"].all()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ import looped_kv
 from looped_kv import papers
 from looped_kv.analysis import claims
 from looped_kv.analysis.verdicts import AGREES, DISAGREES, INCONCLUSIVE
+from looped_kv.decoding.settings import Greedy
 from looped_kv.experiments import bench, components
 from looped_kv.workloads import data
 
@@ -28,19 +31,19 @@ def test_component_configs_are_table_8s_rows():
     sequential = bench.method_configs(4, 8)
     assert configs["Sequential (Aligned)"] == sequential["self-spec"]
     assert configs["Sequential (Deep K/V)"] == sequential["mature-spec"]
-    assert configs["Parallel + carry (Deep K/V)"] == {**sequential["das-wave"], "prefix_reads": "deep-kv"}
+    assert configs["Parallel + carry (Deep K/V)"] == replace(sequential["das-wave"], prefix_reads="deep-kv")
     no_carry = configs["Parallel, no carry (Aligned)"]
-    assert no_carry["carry"] is False and no_carry["prefix_reads"] == "aligned"
-    assert configs["Parallel + carry (Deep V)"]["prefix_reads"] == "deep-v"
+    assert no_carry.carry is False and no_carry.prefix_reads == "aligned"
+    assert configs["Parallel + carry (Deep V)"].prefix_reads == "deep-v"
 
 
 def test_retuned_configs_are_table_10s_schedules():
     configs = components.retuned_configs()
     for (policy, row), (name, config) in zip(papers.DAS_TABLE_10[papers.HUGINN].items(), configs.items(), strict=True):
         gamma, rounds, updates = row[:3]
-        assert policy in name and config["carry"] is True
-        assert (config["max_width"], config["rounds"], config["updates"]) == (gamma, rounds, updates)
-    assert configs["Parallel + carry (Deep V, retuned)"]["prefix_reads"] == "deep-v"
+        assert policy in name and config.carry is True
+        assert (config.max_width, config.rounds, config.updates) == (gamma, rounds, updates)
+    assert configs["Parallel + carry (Deep V, retuned)"].prefix_reads == "deep-v"
     with pytest.raises(ValueError, match="retunes"):
         components.retuned_configs(papers.RAVEN_OLMO)
 
@@ -48,9 +51,9 @@ def test_retuned_configs_are_table_10s_schedules():
 def test_table_14_configs_scale_the_depths():
     at_32 = components.table_14_configs(32, 8)
     rows = papers.DAS_TABLE_14
-    assert [c["draft_loops"] for c in at_32.values()] == [row[0] for row in rows.values()]
-    assert at_32["Mature-Spec"]["method"] == "mature-spec" and at_32["Self-speculative"]["method"] == "self-spec"
-    assert [c["draft_loops"] for c in components.table_14_configs(4, 3).values()] == [1, 1]
+    assert [c.draft_loops for c in at_32.values()] == [row[0] for row in rows.values()]
+    assert at_32["Mature-Spec"].method == "mature-spec" and at_32["Self-speculative"].method == "self-spec"
+    assert [c.draft_loops for c in components.table_14_configs(4, 3).values()] == [1, 1]
 
 
 def test_draft_times_time_the_proposals_alone(tiny):
@@ -61,7 +64,7 @@ def test_draft_times_time_the_proposals_alone(tiny):
     assert (times["d"].tolist()) == [8, 8, 4, 4]
     assert times["draft ms/token"].tolist() == pytest.approx((times["draft ms"] / times["new_tokens"]).tolist())
     with pytest.raises(ValueError, match="drafts nothing"):
-        components.draft_times(tiny, prompts(tiny, 1), {"ar": {"method": "ar"}}, 4)
+        components.draft_times(tiny, prompts(tiny, 1), {"ar": Greedy()}, 4)
 
 
 def test_deep_kv_over_deep_v_verdicts(tiny):

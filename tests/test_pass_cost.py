@@ -283,13 +283,13 @@ def test_the_check_prices_each_runs_own_passes(tiny):
     cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT)
     ids = [tiny.tokenizer(t, return_tensors="pt").input_ids for t in (
         "Question: Ann has 3 pens and buys 4 more. How many pens? Answer:", "a=3;b=a+2;c=b;d=c+1;e=d;x=e;f=x+4;y=f;")]
-    methods = {"self-spec": {"method": "self-spec", "gamma": 3}, "das-wave": {"method": "das-wave", "max_width": 8}}
+    methods = {"self-spec": SelfSpec(gamma=3), "das-wave": DasWave(max_width=8)}
     runs = experiment.predictions(tiny, cost, ids, methods, max_new_tokens=6, repeats=2, progress=False)
     assert list(runs["method"]) == ["ar", "self-spec", "das-wave"] * 2 and (runs["measured_s"] > 0).all()
     for _, row in runs.iterrows():
         log = PassLog()
-        config = {"method": "ar"} if row["method"] == "ar" else methods[row["method"]]
-        out = generate(tiny, ids[row["prompt"]], max_new_tokens=6, observer=log, **config)
+        config = Greedy() if row["method"] == "ar" else methods[row["method"]]
+        out = generate(tiny, ids[row["prompt"]], config, max_new_tokens=6, observer=log)
         assert row["passes"] == len(log.passes) and row["new_tokens"] == out.num_new
         assert row["predicted_s"] == pytest.approx(pass_cost.predict_seconds(cost, log.passes), rel=1e-12)
     table = pass_cost.compare(runs)
@@ -330,7 +330,7 @@ def test_the_check_keeps_an_existing_file_and_refuses_a_missing_cost(tmp_path, c
 def test_the_check_records_its_runs_with_the_machine(tiny, tmp_path, monkeypatch, capsys):
     cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"date": "2026-12-04"})
     out = tmp_path / "check.json"
-    runs = experiment.check(tiny, cost, ["chains"], 2, 6, {"pld": {"method": "pld"}}, out, "tiny",
+    runs = experiment.check(tiny, cost, ["chains"], 2, 6, {"pld": PromptLookup()}, out, "tiny",
                             "looped-kv pass-cost-check --out check.json", repeats=1, progress=False)
     header, read = experiment.read_check(out)
     assert header["command"] == "looped-kv pass-cost-check --out check.json" and header["environment"]["cpu"]

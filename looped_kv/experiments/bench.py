@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -65,7 +65,16 @@ from looped_kv.decoding.loop import PassLog
 from looped_kv.decoding.passes import PassRecord, capacity_bucket
 from looped_kv.decoding.prompts import check_prompts
 from looped_kv.decoding.result import Generation
-from looped_kv.decoding.settings import PAPER_LOOPS, WAVE_KEYS, DasWave, PromptLookup, SelfSpec, method_config
+from looped_kv.decoding.settings import (
+    PAPER_LOOPS,
+    WAVE_KEYS,
+    DasWave,
+    Decoding,
+    Greedy,
+    PromptLookup,
+    SelfSpec,
+    method_config,
+)
 from looped_kv.experiments.speed import frozen_heap
 from looped_kv.protocol.freeze import sha256
 from looped_kv.runtime.loading import resolve_source
@@ -98,8 +107,9 @@ PREFILL = "prefill"
 
 
 def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
-                   wave: dict | None = None) -> dict[str, dict]:
-    """generate() settings of every method of :data:`~looped_kv.decoding.settings.METHODS`.
+                   wave: dict | None = None) -> dict[str, Decoding]:
+    """The config (:mod:`~looped_kv.decoding.settings`) of every method of
+    :data:`~looped_kv.decoding.settings.METHODS`, keyed by method.
 
     Self-spec and Mature-Spec draft ``draft_loops`` (d; None: generate's default for the R decoded at,
     :func:`~looped_kv.decoding.settings.default_draft_loops`) loops and verify ``gamma`` drafts at a time, so that
@@ -114,28 +124,25 @@ def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
     unknown = sorted(set(wave or {}) - set(WAVE_KEYS))
     if unknown:
         raise ValueError(f"wave must set only {WAVE_KEYS}, got {unknown}")
-    given = DasWave(**(wave or {}))  # J None (not given): the R decoded at sets it (settings.default_rounds)
-    schedule = {name: getattr(given, name) for name in WAVE_KEYS if getattr(given, name) is not None}
-    check_wave(given.max_width, given.wave_rounds(PAPER_LOOPS), given.initial_width, given.updates)
-    sequential = {"draft_loops": draft_loops, "gamma": gamma}
-    return {"ar": {"method": "ar"}, "self-spec": {"method": "self-spec", **sequential},
-            "mature-spec": {"method": "mature-spec", **sequential},
-            "pld": {"method": "pld", "gamma": gamma, "ngram": PromptLookup.ngram},
-            "das-wave": {"method": "das-wave", **schedule}}
+    schedule = DasWave(**(wave or {}))  # J None (not given): the R decoded at sets it (settings.default_rounds)
+    check_wave(schedule.max_width, schedule.wave_rounds(PAPER_LOOPS), schedule.initial_width, schedule.updates)
+    return {"ar": Greedy(), "self-spec": method_config("self-spec", draft_loops=draft_loops, gamma=gamma),
+            "mature-spec": method_config("mature-spec", draft_loops=draft_loops, gamma=gamma),
+            "pld": PromptLookup(gamma=gamma), "das-wave": schedule}
 
 
 #: Greedy decoding under the smaller caches, timed against greedy decoding with the full cache (``--caches``): RIPE
 #: at chapter 7's window, the deepest plane alone (RIPE Sec. 3), and the deepest plane with StreamingLLM's 4
 #: attention sinks at full depth beside the same window (the sinks policy, RIPE Sec. 5.1's "+ sinks" arm).
-CACHE_ARMS = {"ripe": {"method": "ar", "cache": "ripe", "window": 8}, "deepest": {"method": "ar", "cache": "deepest"},
-              "sinks": {"method": "ar", "cache": "sinks", "sinks": 4, "window": 8}}
+CACHE_ARMS = {"ripe": Greedy(cache="ripe", window=8), "deepest": Greedy(cache="deepest"),
+              "sinks": Greedy(cache="sinks", sinks=4, window=8)}
 
 
 def cache_key(cache: str) -> str:
     """A cache arm's key in the runs: greedy decoding under ``cache`` (:data:`CACHE_ARMS`) with its sinks and window,
     e.g. "greedy, ripe(8)" or "greedy, sinks(4, 8)"."""
     arm = CACHE_ARMS[cache]
-    sizes = [str(arm[name]) for name in ("sinks", "window") if name in arm]
+    sizes = [str(size) for size in (arm.sinks, arm.window) if size is not None]
     return f"greedy, {cache}" + (f"({', '.join(sizes)})" if sizes else "")
 
 
@@ -156,19 +163,16 @@ class Ceiling:
         return f"{self.statistic} <= {self.value}"
 
 
-def ceiling(config: dict, num_loops: int) -> Ceiling | None:
+def ceiling(config: Decoding, num_loops: int) -> Ceiling | None:
     """tau <= gamma + 1 for a sequential drafter, A <= w for DAS-Wave (DAS Eq. 5; J at R = ``num_loops``), None for
     greedy decoding."""
-    method = settings.check_method(config.get("method", ""))
-    if method == "ar":
-        return None
-    options = method_config(**config)
-    if method == "das-wave":
-        return Ceiling("A", proposal_width(options.max_width, options.wave_rounds(num_loops), options.initial_width), 0)
-    return Ceiling("tau", options.gamma + 1, 1)
+    if isinstance(config, DasWave):
+        return Ceiling("A", proposal_width(config.max_width, config.wave_rounds(num_loops), config.initial_width), 0)
+    gamma = getattr(config, "gamma", None)
+    return None if gamma is None else Ceiling("tau", gamma + 1, 1)
 
 
-def _rows(out: Generation, key: Hashable, config: dict, num_loops: int) -> list[dict]:
+def _rows(out: Generation, key: Hashable, config: Decoding, num_loops: int) -> list[dict]:
     """One row per prompt of a run: its tokens, verifications, A, G (= tau), the fraction of its ceiling reached by
     its statistic (tau or A), and ``share``: A over the most drafts one verification can accept (gamma, or w)."""
     bound = ceiling(config, num_loops)
@@ -187,19 +191,20 @@ def _rows(out: Generation, key: Hashable, config: dict, num_loops: int) -> list[
     return rows
 
 
-def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
+def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding],
+                    max_new_tokens: int,
                     progress: bool = False, rows_per_chunk: int | None = None) -> pd.DataFrame:
     """Each drafting method decodes all ``prompts`` as one batch (in row chunks of at most ``rows_per_chunk`` rows); one
     row per (prompt, method) (see :func:`_rows`)."""
     rows = []
     for key, config in tqdm(methods.items(), desc="acceptance", disable=not progress, leave=False):
-        if config.get("method") != "ar":
-            out = generate(model, list(prompts), max_new_tokens=max_new_tokens, rows_per_chunk=rows_per_chunk, **config)
+        if config.method != "ar":
+            out = generate(model, list(prompts), config, max_new_tokens=max_new_tokens, rows_per_chunk=rows_per_chunk)
             rows += _rows(out, key, config, model.config.mean_recurrence)
     return pd.DataFrame(rows)
 
 
-def acceptance_by_temperature(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict],
+def acceptance_by_temperature(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding],
                               max_new_tokens: int, temperatures: Sequence[float], seed: int = 0,
                               rows_per_chunk: int | None = None) -> pd.DataFrame:
     """:func:`acceptance_runs` of every method at each of ``temperatures`` (0: greedy decoding), sampling with
@@ -208,26 +213,26 @@ def acceptance_by_temperature(model: LoopedLM, prompts: Sequence[Tensor], method
     prompt, method)."""
     if not temperatures or any(not (isinstance(t, int | float) and 0 <= t < float("inf")) for t in temperatures):
         raise ValueError(f"temperatures must be numbers >= 0, got {list(temperatures)}")
-    runs = [acceptance_runs(model, prompts, {key: {**config, "temperature": float(t), "seed": seed}
+    runs = [acceptance_runs(model, prompts, {key: replace(config, temperature=float(t), seed=seed)
                                              for key, config in methods.items()},
                             max_new_tokens, rows_per_chunk=rows_per_chunk).assign(temperature=float(t))
             for t in temperatures]
     return pd.concat(runs, ignore_index=True)
 
 
-def warm_up(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
+def warm_up(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding], max_new_tokens: int,
             progress: bool = False) -> None:
     """Trace every method's compiled steps for every cache capacity the prompts need (one prompt per capacity
     bucket, :func:`~looped_kv.decoding.passes.capacity_bucket`), so that no timed run compiles."""
     first: dict[int, Tensor] = {}
     for ids in prompts:
         for config in methods.values():
-            decoder = drafter(method_config(**config), model.config.mean_recurrence)
+            decoder = drafter(config, model.config.mean_recurrence)
             need = ids.shape[-1] + max_new_tokens + (0 if decoder is None else decoder.lookahead)
             first.setdefault(capacity_bucket(need, model.config.block_size), ids)
-    runs = [(ids, config) for ids in first.values() for config in ({"method": "ar"}, *methods.values())]
+    runs = [(ids, config) for ids in first.values() for config in (Greedy(), *methods.values())]
     for ids, config in tqdm(runs, desc="compiling", disable=not progress, leave=False):
-        generate(model, ids, max_new_tokens=max_new_tokens, compile=True, **config)
+        generate(model, ids, config, max_new_tokens=max_new_tokens, compile=True)
 
 
 def check_rounds(repeats: int, modes: Sequence[str]) -> None:
@@ -249,9 +254,9 @@ class Rounds:
     passes: dict[Hashable, list[PassRecord]]
 
 
-def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: dict[Hashable, dict], repeats: int,
+def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: Mapping[Hashable, Decoding], repeats: int,
                        log_passes: bool = False, **options: object) -> Rounds:
-    """Each of ``arms`` (generate() settings by key, ``options`` added to every run) decodes ``ids`` once per round,
+    """Each of ``arms`` (configs by key, changed by ``options`` in every run) decodes ``ids`` once per round,
     in ``repeats`` rounds: the arms in order in even rounds and reversed in odd ones, so that they are timed side by
     side under the same conditions. ``log_passes`` keeps every pass of each arm's first run
     (:class:`~looped_kv.decoding.loop.PassLog`)."""
@@ -261,7 +266,7 @@ def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: dict[Hashable, dict],
     for r in range(repeats):
         for key in arms if r % 2 == 0 else list(arms)[::-1]:
             log = PassLog() if log_passes else None
-            out = generate(model, ids, observer=log, **{**options, **arms[key]})
+            out = generate(model, ids, arms[key], observer=log, **options)
             times[key].append(out.wall_time)
             first.setdefault(key, out)
             if log is not None:
@@ -269,7 +274,7 @@ def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: dict[Hashable, dict],
     return Rounds(times, first, passes)
 
 
-def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
+def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding], max_new_tokens: int,
                progress: bool = True, repeats: int = 1, modes: Sequence[str] = ("eager",)) -> pd.DataFrame:
     """Timing runs: every prompt alone, for each of ``modes`` (:data:`MODES`) in ``repeats`` interleaved rounds of
     greedy decoding and each method (the order reversed every other round), modes one after the other prompt by
@@ -282,16 +287,16 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
     if "compiled" in modes:
         warm_up(model, prompts, methods, max_new_tokens, progress)
     keys = ["ar", *(key for key in methods if key != "ar")]
-    configs = {"ar": {"method": "ar"}, **methods}
+    configs = {"ar": Greedy(), **methods}
     rows = []
     with frozen_heap():
         for i, ids in enumerate(tqdm(prompts, desc="prompts", disable=not progress, leave=False)):
             eager: tuple[Generation, float] | None = None  # eager greedy decoding's run and median time
             for mode in modes:
                 compiled = mode == "compiled"
-                arms = {**{key: configs[key] for key in keys}, PREFILL: {"method": "ar", "max_new_tokens": 1}}
-                rounds = interleaved_rounds(model, ids, arms, repeats, max_new_tokens=max_new_tokens,
-                                            compile=compiled)  # the prefill arm: every decoder's, and its first token
+                arms = {**{key: replace(configs[key], max_new_tokens=max_new_tokens) for key in keys},
+                        PREFILL: Greedy(max_new_tokens=1)}  # the prefill arm: every decoder's, and its first token
+                rounds = interleaved_rounds(model, ids, arms, repeats, compile=compiled)
                 times, outs, prefill = rounds.times, rounds.first, rounds.times[PREFILL]
                 reference, greedy_time = outs["ar"], float(np.median(times["ar"]))
                 if not compiled and eager is None:
@@ -312,12 +317,13 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashabl
 
 #: The sampler of :func:`sampling_overhead`: its whole path (processing, per-row draws, the speculative sampling rule)
 #: with the top 1 token kept, so a sampled run emits greedy decoding's tokens and verifies the same drafts.
-ARGMAX_SAMPLING = {"temperature": 1.0, "top_k": 1, "seed": 0}
+ARGMAX_SAMPLING = {"temperature": 1.0, "top_k": 1, "seed": 0}  # Decoding's sampling options
 #: Issue 41's budget for the sampler: at most 5% over greedy decoding of the same method.
 SAMPLING_BUDGET = 1.05
 
 
-def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[Hashable, dict], max_new_tokens: int,
+def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding],
+                      max_new_tokens: int,
                       repeats: int = 2, modes: Sequence[str] = ("eager",), progress: bool = True,
                       n_boot: int = 2000) -> pd.DataFrame:
     """What sampling costs over greedy decoding, per method and mode: each prompt decoded alone by the method
@@ -329,13 +335,13 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: dict[
     with frozen_heap():
         for key, config in tqdm(methods.items(), desc="sampling overhead", disable=not progress, leave=False):
             for mode in modes:
-                arms = {"greedy": config, "sampled": {**config, **ARGMAX_SAMPLING}}
+                arms = {"greedy": config, "sampled": replace(config, **ARGMAX_SAMPLING)}
                 options = dict(max_new_tokens=max_new_tokens, compile=mode == "compiled")
                 if mode == "compiled":  # every capacity bucket the prompts need, traced before any timed run
                     warm_up(model, prompts, arms, max_new_tokens)
                 else:
                     for arm in arms.values():  # warm before any timed run
-                        generate(model, prompts[0], **options, **arm)
+                        generate(model, prompts[0], arm, **options)
                 for i, ids in enumerate(prompts):
                     rounds = interleaved_rounds(model, ids, arms, repeats, **options)
                     rows.append({"method": key, "mode": mode, "prompt": i,
@@ -531,11 +537,11 @@ def mature_spec_verdicts(timing: pd.DataFrame, acceptance: pd.DataFrame | None =
 # -- the carry x K x V factorial (DAS Table 9, Eq. 11) ----------------------------------------------------------
 
 
-def factorial_configs(wave: dict | None = None) -> dict[tuple[int, int, int], dict]:
-    """DAS-Wave settings of the eight cells (carry, deep K, deep V) at one schedule (default DasWave's)."""
+def factorial_configs(wave: dict | None = None) -> dict[tuple[int, int, int], DasWave]:
+    """DAS-Wave configs of the eight cells (carry, deep K, deep V) at one schedule (default DasWave's)."""
     schedule = method_configs(wave=wave)["das-wave"]
-    return {(carry, deep_k, deep_v): {**schedule, "carry": bool(carry),
-                                      "prefix_reads": FACTORIAL_READS[(deep_k, deep_v)]}
+    return {(carry, deep_k, deep_v): replace(schedule, carry=bool(carry),
+                                             prefix_reads=FACTORIAL_READS[(deep_k, deep_v)])
             for carry in (0, 1) for deep_k in (0, 1) for deep_v in (0, 1)}
 
 
@@ -610,10 +616,10 @@ def check_model(model_loops: int, draft_loops: int | None) -> None:
 
 
 def workload_prompts(model: LoopedLM, workload: str, prompts: int, max_new_tokens: int,
-                     configs: Mapping[Hashable, dict]) -> list[Tensor]:
+                     configs: Mapping[Hashable, Decoding]) -> list[Tensor]:
     """A workload's first ``prompts`` evaluation prompts, tokenized, each checked to leave room in the context for
     ``max_new_tokens`` and the largest verification block of ``configs``; at least 2 (paired intervals)."""
-    margin = max(config.get("gamma", 0) + 1 for config in configs.values())
+    margin = max(getattr(config, "gamma", 0) + 1 for config in configs.values())
     encoded = [model.tokenizer(p, return_tensors="pt").input_ids.to(model.device)
                for p in data.prompts(workload, prompts, "eval")]
     if len(encoded) < 2:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import replace
 
 import pandas as pd
 import torch
@@ -26,7 +27,7 @@ from looped_kv.analysis.verdicts import BOOK_MINIMUM, Claim, Verdict
 from looped_kv.decoding.generate import drafter
 from looped_kv.decoding.loop import decode_rows
 from looped_kv.decoding.prompts import eos_id
-from looped_kv.decoding.settings import PAPER_LOOPS, method_config
+from looped_kv.decoding.settings import PAPER_LOOPS, DasWave, Decoding, SelfSpec
 from looped_kv.experiments.bench import (
     SPEED,
     TOKENS,
@@ -58,9 +59,9 @@ DEEP_KV_FASTER = Claim("sequential drafts reading deep K/V (Mature-Spec) decode 
                        minimum_source=SPEED)
 
 
-def deep_v_config(draft_loops: int | None, gamma: int) -> dict:
+def deep_v_config(draft_loops: int | None, gamma: int) -> SelfSpec:
     """Self-speculation with Deep V (Mature-V) prefix reads at Mature-Spec's ``draft_loops`` and ``gamma``."""
-    return {**method_configs(draft_loops, gamma)["self-spec"], "prefix_reads": "deep-v"}
+    return replace(method_configs(draft_loops, gamma)["self-spec"], prefix_reads="deep-v")
 
 
 def deep_kv_over_deep_v_verdicts(timing: pd.DataFrame, acceptance: pd.DataFrame) -> dict[str, Verdict]:
@@ -88,17 +89,17 @@ def component_name(row: tuple[str, str]) -> str:
     return f"{row[0]} ({row[1]})"
 
 
-def component_configs(draft_loops: int | None, gamma: int, wave: dict | None = None) -> dict[str, dict]:
-    """The generate() settings of DAS Table 8's seven rows, keyed by :func:`component_name`: sequential drafts at
+def component_configs(draft_loops: int | None, gamma: int, wave: dict | None = None) -> dict[str, Decoding]:
+    """The configs of DAS Table 8's seven rows, keyed by :func:`component_name`: sequential drafts at
     ``draft_loops`` and ``gamma`` (the paper's sequential rows draft at depth 4), parallel rows at DAS-Wave's
     schedule updated by ``wave``."""
     sequential = method_configs(draft_loops, gamma)
     cells = factorial_configs(wave)
-    return {component_name(row): dict(sequential[source] if isinstance(source, str) else cells[source])
+    return {component_name(row): sequential[source] if isinstance(source, str) else cells[source]
             for row, source in COMPONENTS.items()}
 
 
-def retuned_configs(model: str = HUGINN, wave: dict | None = None) -> dict[str, dict]:
+def retuned_configs(model: str = HUGINN, wave: dict | None = None) -> dict[str, DasWave]:
     """The carried Aligned and Deep V controls of DAS Table 10 at the (gamma, J, k) the paper retuned them to on
     ``model``, the rest of DAS-Wave's schedule (updated by ``wave``) unchanged; keyed "carry, Aligned (retuned)"."""
     if model not in DAS_TABLE_10:
@@ -109,11 +110,11 @@ def retuned_configs(model: str = HUGINN, wave: dict | None = None) -> dict[str, 
         cell = dict(zip(DAS_TABLE_10_COLUMNS, row, strict=True))
         schedule = method_configs(wave={**(wave or {}), "max_width": cell["gamma"], "rounds": cell["J"],
                                         "updates": cell["k"], "carry": True})["das-wave"]
-        configs[f"Parallel + carry ({policy}, retuned)"] = {**schedule, "prefix_reads": reads[policy]}
+        configs[f"Parallel + carry ({policy}, retuned)"] = replace(schedule, prefix_reads=reads[policy])
     return configs
 
 
-def table_14_configs(num_loops: int, gamma: int) -> dict[str, dict]:
+def table_14_configs(num_loops: int, gamma: int) -> dict[str, Decoding]:
     """DAS Table 14's two sequential drafters at R = ``num_loops``, verifying ``gamma`` drafts at a time: depth-8
     self-speculation with aligned reads and depth-4 Mature-Spec, keyed as the table's rows, with the depths scaled
     as the papers' d = 4 of R = 32 is (:func:`~looped_kv.decoding.settings.default_draft_loops`'s share, at least 1;
@@ -131,7 +132,7 @@ def _synchronize(model: LoopedLM) -> None:
         torch.cuda.synchronize(model.device)
 
 
-def draft_times(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, dict],
+def draft_times(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding],
                 max_new_tokens: int) -> pd.DataFrame:
     """DAS Table 14's proposal cost: every prompt decoded alone by each drafting method, with the wall-clock time
     spent in the drafter's proposals (prefill and verification excluded; synchronised on a GPU).
@@ -141,8 +142,8 @@ def draft_times(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Has
     method comes first.
     """
     rows = []
-    for key, options in methods.items():
-        config = method_config(**{**options, "max_new_tokens": max_new_tokens})
+    for key, method in methods.items():
+        config = replace(method, max_new_tokens=max_new_tokens)
         policy = config.check(model.config.block_size, model.config.mean_recurrence)
         eos = eos_id(model, config.eos_token_id, config.stop_at_eos)
         for i, ids in enumerate([prompts[0], *prompts]):

@@ -41,7 +41,7 @@ from looped_kv.analysis.pass_cost import (
 from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.passes import Passes, capacity_bucket, new_cache
-from looped_kv.decoding.settings import default_draft_loops
+from looped_kv.decoding.settings import Decoding, Greedy, default_draft_loops
 from looped_kv.experiments.bench import (
     check_rounds,
     check_weights,
@@ -237,10 +237,10 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
 
 
 @torch.no_grad()
-def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor], methods: Mapping[str, dict],
+def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor], methods: Mapping[str, Decoding],
                 max_new_tokens: int, repeats: int = 2, mode: str = "eager", progress: bool = True) -> pd.DataFrame:
     """Each method's measured decoding time against the pass-cost model's prediction: every prompt decoded alone by
-    greedy decoding and each of ``methods`` (generate() settings by name) in ``repeats`` interleaved rounds (the
+    greedy decoding and each of ``methods`` (configs by name) in ``repeats`` interleaved rounds (the
     order reversed every other round), each run's passes logged (:class:`~looped_kv.decoding.loop.PassLog`). One row
     per (prompt, method): the median measured seconds, the predicted seconds (:func:`~looped_kv.analysis.pass_cost.
     predict_seconds`: every pass the run made, and the model's prefill), the prediction per kind of pass and the new
@@ -248,7 +248,7 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     check_rounds(repeats, (mode,))
     check_mode(cost, mode)
     compiled = mode == "compiled"
-    configs = {"ar": {"method": "ar"}, **{k: c for k, c in methods.items() if c.get("method") != "ar"}}
+    configs = {"ar": Greedy(), **{k: c for k, c in methods.items() if c.method != "ar"}}
     if compiled:  # every capacity bucket the prompts need, traced before any timed run
         warm_up(model, prompts, configs, max_new_tokens, progress)
     else:
@@ -268,7 +268,7 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
 
 
 def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: int, max_new_tokens: int,
-          methods: Mapping[str, dict], out: Path, source: str, command: str, repeats: int = 2,
+          methods: Mapping[str, Decoding], out: Path, source: str, command: str, repeats: int = 2,
           mode: str = "eager", progress: bool = True) -> dict[str, pd.DataFrame]:
     """Run :func:`predictions` on each workload's first ``prompts`` evaluation prompts, print predicted / measured
     per method (:func:`~looped_kv.analysis.pass_cost.compare`) and record the runs in ``out`` (checked by the caller)

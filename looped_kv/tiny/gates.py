@@ -43,6 +43,7 @@ from looped_kv.analysis.measure import row_tau
 from looped_kv.analysis.planes import ripening_curves, ripening_rates, workload_batch
 from looped_kv.analysis.verdicts import bca_interval
 from looped_kv.decoding.generate import generate
+from looped_kv.decoding.settings import Greedy
 from looped_kv.experiments.bench import run_paired
 from looped_kv.profiles import TINY
 from looped_kv.prose import change
@@ -194,7 +195,7 @@ def measure(model: LoopedLM, programs: int = 512, prompts: int = 32, timed: int 
                 f"tau d={DEEP_DRAFT} - tau d={SHALLOW_DRAFT}, 95% low": low,
                 f"tau d={DEEP_DRAFT} - tau d={SHALLOW_DRAFT}, 95% high": high}
     bar.update()
-    timing = run_paired(model, [i[None] for i in ids[:timed]], {"ar": {"method": "ar"}}, budget, progress=False,
+    timing = run_paired(model, [i[None] for i in ids[:timed]], {"ar": Greedy()}, budget, progress=False,
                         repeats=2, modes=("compiled",))
     figures["prefill share of compiled greedy"] = timing["prefill_time_s"].sum() / timing["greedy_time_s"].sum()
     bar.update()
