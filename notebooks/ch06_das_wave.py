@@ -42,6 +42,7 @@
 # %% tags=["remove-cell"]
 import subprocess
 import sys
+from dataclasses import replace
 
 if "google.colab" in sys.modules:  # on Colab: install, then choose what fits the GPU
     PACKAGE = "looped-kv[book,papers] @ git+https://github.com/looped-kv/looped-kv"
@@ -222,8 +223,8 @@ book.md(
 # itself).
 
 # %%
-cells = bench.factorial_configs()  # (carry, deep K, deep V) -> DAS-Wave settings
-assert cells[(1, 1, 1)] == {**methods["das-wave"], "prefix_reads": "deep-kv"}
+cells = bench.factorial_configs()  # (carry, deep K, deep V) -> DAS-Wave config
+assert cells[(1, 1, 1)] == replace(methods["das-wave"], prefix_reads="deep-kv")
 batched = {w: bench.acceptance_runs(model, prompts,
                                     {"mature-spec": methods["mature-spec"], **cells},
                                     P.acceptance_tokens,
@@ -417,11 +418,11 @@ book.md(
 
 # %%
 base = methods["das-wave"]
-sweep = {f"{setting}={v}": {**base, setting: v}
+sweep = {f"{setting}={v}": replace(base, **{setting: v})
          for setting, values in P.sweep.items() for v in values}
 distinct = {}  # one run per distinct configuration, named by its first sweep point
 for name, config in sweep.items():
-    distinct.setdefault(tuple(sorted(config.items())), name)
+    distinct.setdefault(config, name)
 runs = bench.run_paired(model, eval_prompts["problems"][:P.sweep_prompts],
                         {name: sweep[name] for name in distinct.values()}, P.new_tokens,
                         progress=False, repeats=P.timing_repeats)
@@ -431,7 +432,7 @@ COLUMNS = ["speed-up", "low", "high", "A"] if intervals else ["speed-up", "A"]
 budget = pd.DataFrame([
     {"setting": name.split("=")[0], "value": int(name.split("=")[1]),
      "w": bench.ceiling(config, R).value,
-     **summary.loc[distinct[tuple(sorted(config.items()))], COLUMNS]}
+     **summary.loc[distinct[config], COLUMNS]}
     for name, config in sweep.items()])
 NAMES = {"updates": "updates k", "max_width": "verifier capacity γ",
          "initial_width": "initial width"}

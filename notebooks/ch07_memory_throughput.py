@@ -52,7 +52,7 @@ from looped_kv.analysis.fits import mean_speedup
 from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.analysis.verdicts import claim_summary, interval_table, tally
 from looped_kv.decoding.das_wave import proposal_width
-from looped_kv.decoding.settings import DasWave
+from looped_kv.decoding.settings import DasWave, Greedy
 from looped_kv.experiments import bench, gpu_check
 from looped_kv.experiments import pass_cost as pass_cost_runs
 from looped_kv.runtime.memory import m_deep, m_full, memory_table
@@ -400,7 +400,7 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # side by side with the full cache's, one prompt at a time, eager and compiled:
 
 # %%
-CACHE_ARMS = {"ar": {"method": "ar"}}  # greedy, full cache
+CACHE_ARMS = {"ar": Greedy()}  # greedy, full cache
 for cache in bench.CACHE_ARMS:  # ripe, deepest, sinks
     CACHE_ARMS[bench.cache_key(cache)] = bench.CACHE_ARMS[cache]
 live = {}  # the shipped model reads the recorded bench; others time here
@@ -430,9 +430,9 @@ def cache_ratios(cache: str) -> str:
 n_timed = cache_timing["eager"]["problems"]["prompt"].nunique()
 SINKS_ARM = bench.CACHE_ARMS["sinks"]
 book.md(f"Source: {cache_where}. On {n_timed} word problems RIPE (W = "
-        f"{bench.CACHE_ARMS['ripe']['window']}) decodes at {cache_ratios('ripe')} "
-        f"the full cache's speed, and the sinks cache ({SINKS_ARM['sinks']} sinks, W = "
-        f"{SINKS_ARM['window']}) at {cache_ratios('sinks')}, end to end (mean of "
+        f"{bench.CACHE_ARMS['ripe'].window}) decodes at {cache_ratios('ripe')} "
+        f"the full cache's speed, and the sinks cache ({SINKS_ARM.sinks} sinks, W = "
+        f"{SINKS_ARM.window}) at {cache_ratios('sinks')}, end to end (mean of "
         "per-prompt ratios, paired bootstrap interval).")
 
 # %% [markdown]
