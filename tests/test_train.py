@@ -80,6 +80,10 @@ def test_the_chain_count_curriculum_asks_at_most_its_cap_of_chains_from_the_last
     assert max(len(p.queries) for p in three) == 3
     held_out = train.programs_of({"layout": "multi-count", "value_first": False}, 30, "dev")  # the cap at its end
     assert [p.queries for p in held_out] == [tuple(reversed(p.queries)) for p in whole]
+    named = train.programs_of({"layout": "multi-count-named", "value_first": False}, 30, "dev", max_depth=3)
+    for a, b in zip(three, named, strict=True):
+        assert (a.program, a.queries) == (b.program, b.queries)
+        assert b.text == f"{b.program}\n" + "".join(f"{q.variable}?{q.value};" for q in b.queries) + "\n"
     with pytest.raises(ValueError, match="max_chains must be None or >= 1"):
         data.multichain_programs(1, max_chains=0)
 

@@ -153,7 +153,11 @@ RECIPES["multi-count"] = (
     "programs the model answers, its query without the name), one more each time the development accuracy at 32 "
     "loops reaches 0.6; multi-positional stayed at chance even on its first answer with every chain at once",
     ["--chain-layout", "multi-count", "--deep-share", "0.05", "--start-depth", "1", "--depth-step", "1"])
-STARTS = {"multi-positional": LONG_RUN_2, "multi-count": LONG_RUN_2,
+RECIPES["multi-count-named"] = (
+    "multi-count with each chain asked by its name as a one-chain program is (x?3;y?7;, the last chain first): its "
+    "first stage is the shipped model's own skill, where multi-count's unnamed query fell to 0.13-0.28",
+    ["--chain-layout", "multi-count-named", "--deep-share", "0.05", "--start-depth", "1", "--depth-step", "1"])
+STARTS = {"multi-positional": LONG_RUN_2, "multi-count": LONG_RUN_2, "multi-count-named": LONG_RUN_2,
           **{name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
                                          "lookup-drills")},
           **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")},

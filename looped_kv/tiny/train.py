@@ -34,7 +34,7 @@ import random
 import sys
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,11 +76,13 @@ BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "value_first": F
 #: position is where its value can be known; or multichain programs whose query line holds each chain's answer alone,
 #: in the chains' order (``multi-positional``: ``7;3;``, no names); or those asked from the last chain to the first,
 #: with at most as many chains as the curriculum's cap (``multi-count``: a curriculum on the number of chains, whose
-#: first answer is a one-chain program's).
-CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all", "multi-positional", "multi-count")
+#: first answer is a one-chain program's); or the same curriculum with each chain asked by its name as a one-chain
+#: program is (``multi-count-named``: ``x?3;y?7;``).
+CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all", "multi-positional", "multi-count",
+                 "multi-count-named")
 #: The layouts whose curriculum cap counts something other than a query's depth (names, chains): their development
 #: check reads every query.
-CAP_NOT_DEPTH = ("lookup", "multi-count")
+CAP_NOT_DEPTH = ("lookup", "multi-count", "multi-count-named")
 LOOKUP_NAMES_PER_DEPTH = 4
 #: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
 DEEP_LOOPS = 64
@@ -361,9 +363,11 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
         drills = data.lookup_programs(n, split, seed, **options)
         chains = data.multichain_programs(n, split, seed, max_depth, ask_all=shape["layout"] == "multi-all", **options)
         return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
-    if shape["layout"] == "multi-count":  # at most as many chains as the curriculum's cap, the last asked first
-        return data.multichain_programs(n, split, seed=seed, positional=True, max_chains=max_depth, last_first=True,
-                                        **options)
+    if shape["layout"] in ("multi-count", "multi-count-named"):  # at most the cap's chains, the last asked first
+        named = shape["layout"] == "multi-count-named"
+        programs = data.multichain_programs(n, split, seed=seed, positional=not named, max_chains=max_depth,
+                                            last_first=True, **options)
+        return [replace(p, dense=False) for p in programs] if named else programs
     if shape["layout"] == "lookup":  # drills alone, their size following the curriculum's cap
         return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth), **options)
     return data.chain_programs(n, split, seed=seed, max_depth=max_depth, **options)
