@@ -1111,8 +1111,6 @@ def _add_scout(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_chapter_times(args: argparse.Namespace) -> int:
-    import json
-
     from looped_kv import book
 
     if args.cpu_run is None:

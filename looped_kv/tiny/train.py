@@ -321,9 +321,10 @@ class Curriculum:
         ``--advance-at``."""
         programs = programs_of(shape(self.args), 128, "dev", seed=self.depth, max_depth=self.depth)
         dev = encode_chains(self.tokenizer, programs)
-        keep = dev.depths > min(self.depth // 2, int(dev.depths.max()) - 1)  # drills: every query is depth 1
         if self.args.chain_layout in CAP_NOT_DEPTH:
-            keep = torch.ones_like(keep)
+            keep = torch.ones_like(dev.depths, dtype=torch.bool)
+        else:  # the multi-lookup layout's drills: every query is depth 1
+            keep = dev.depths > min(self.depth // 2, int(dev.depths.max()) - 1)
         hits = quick_hits(loops, dev, (self.args.curriculum_loops,), autocast)[self.args.curriculum_loops]
         accuracy = float(hits[keep].mean())
         if accuracy >= self.args.advance_at and self.depth < data.CHAIN_DEPTH:
