@@ -954,7 +954,9 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                         "multi-all: drills and multichain programs that ask every variable; multi-positional: "
                         "multichain programs whose query line holds each chain's answer alone, in order (7;3;); "
                         "multi-count: those asked from the last chain, at most as many chains as the curriculum's cap; "
-                        "multi-count-named: the same, each chain asked by its name (x?3;)")
+                        "multi-count-named: the same, each chain asked by its name (x?3;); "
+                        "multi-count-named-drills: those alternating with lookup drills of up to 4 names per chain of "
+                        "the cap")
     p.add_argument("--value-first", action="store_true",
                    help="write each binding after its expression (3=a;a+4=b;), in every layout but single")
     p.add_argument("--decay-from", type=int, default=0, help="step at which the cosine learning-rate decay starts; "

@@ -88,6 +88,25 @@ def test_the_chain_count_curriculum_asks_at_most_its_cap_of_chains_from_the_last
         data.multichain_programs(1, max_chains=0)
 
 
+def test_named_chains_with_drills_alternate_and_are_measured_on_the_chains_alone():
+    """multi-count-named-drills: lookup drills of 2 to 4 names per chain of the cap in every other program, the
+    named chains in the others; its development check and held-out figures read the named chains alone."""
+    shape = {"layout": "multi-count-named-drills", "value_first": False}
+    mixed = train.programs_of(shape, 20, "dev", max_depth=2)
+    named = train.programs_of({**shape, "layout": "multi-count-named"}, 20, "dev", max_depth=2)
+    drills = data.lookup_programs(20, "dev", sizes=train.lookup_sizes(2))
+    assert mixed[0::2] == drills[0::2] and mixed[1::2] == named[1::2]
+    assert all(2 <= len(p.queries) <= 8 and {q.depth for q in p.queries} == {1} for p in mixed[0::2])
+    assert train.measured(shape) == {**shape, "layout": "multi-count-named"}
+    assert train.measured({"layout": "single"}) == {"layout": "single"}
+
+
+def test_later_queries_are_those_after_their_programs_first():
+    rows = torch.tensor([0, 0, 0, 1, 2, 2])
+    assert train.later_queries(rows).tolist() == [False, True, True, False, False, True]
+    assert train.later_queries(torch.tensor([], dtype=torch.long)).tolist() == []
+
+
 def test_lookup_drills_ask_every_name_once_in_a_random_order():
     drills = data.lookup_programs(50, "dev")
     in_order = 0

@@ -157,7 +157,16 @@ RECIPES["multi-count-named"] = (
     "multi-count with each chain asked by its name as a one-chain program is (x?3;y?7;, the last chain first): its "
     "first stage is the shipped model's own skill, where multi-count's unnamed query fell to 0.13-0.28",
     ["--chain-layout", "multi-count-named", "--deep-share", "0.05", "--start-depth", "1", "--depth-step", "1"])
-STARTS = {"multi-positional": LONG_RUN_2, "multi-count": LONG_RUN_2, "multi-count-named": LONG_RUN_2,
+#: The long run of multi-count-named (``checkpoints/tiny-count-named``).
+COUNT_NAMED_RUN = Path("checkpoints/tiny-count-named")
+RECIPES["count-named-drills"] = (
+    "continue the long run of multi-count-named with lookup drills (names bound to digits, asked in a random order, "
+    "2 to 4 names per chain of the cap) in every other program: its curriculum stayed at two chains for 2,700 steps, "
+    "the last chain's query right and the earlier chain's, asked by its name, at chance: the model reads the chain "
+    "before the query line and never learned a lookup by name",
+    ["--chain-layout", "multi-count-named-drills", "--deep-share", "0.05", "--depth-step", "1"])
+STARTS = {"count-named-drills": COUNT_NAMED_RUN,
+          "multi-positional": LONG_RUN_2, "multi-count": LONG_RUN_2, "multi-count-named": LONG_RUN_2,
           **{name: LONG_RUN for name in ("multi", "multi-shallow", "multi-shallow-chains-only", "multi-lookup",
                                          "lookup-drills")},
           **{name: LOOKUP_RUN for name in ("lookup-then-multi", "lookup-then-multi-all")},

@@ -77,12 +77,16 @@ BEFORE_OPTION = {"mix_from_depth": 1, "chain_layout": "single", "value_first": F
 #: in the chains' order (``multi-positional``: ``7;3;``, no names); or those asked from the last chain to the first,
 #: with at most as many chains as the curriculum's cap (``multi-count``: a curriculum on the number of chains, whose
 #: first answer is a one-chain program's); or the same curriculum with each chain asked by its name as a one-chain
-#: program is (``multi-count-named``: ``x?3;y?7;``).
+#: program is (``multi-count-named``: ``x?3;y?7;``); or those alternating with lookup drills of 2 to 4 names per chain
+#: of the cap (``multi-count-named-drills``), whose development check and held-out figures read the chains alone.
 CHAIN_LAYOUTS = ("single", "multi", "multi-lookup", "lookup", "multi-all", "multi-positional", "multi-count",
-                 "multi-count-named")
+                 "multi-count-named", "multi-count-named-drills")
 #: The layouts whose curriculum cap counts something other than a query's depth (names, chains): their development
 #: check reads every query.
-CAP_NOT_DEPTH = ("lookup", "multi-count", "multi-count-named")
+CAP_NOT_DEPTH = ("lookup", "multi-count", "multi-count-named", "multi-count-named-drills")
+#: The layouts whose development check and held-out figures read another layout's programs: the chains without the
+#: drills that alternate with them.
+MEASURED_AS = {"multi-count-named-drills": "multi-count-named"}
 LOOKUP_NAMES_PER_DEPTH = 4
 #: The loop count of the steps ``--deep-share`` draws: twice the inference R, so more loops than R are trained.
 DEEP_LOOPS = 64
@@ -319,7 +323,7 @@ class Curriculum:
         """Accuracy at ``--curriculum-loops`` on development queries in the top half of the cap (programs drawn
         at the cap; every query where the cap is not a depth, :data:`CAP_NOT_DEPTH`); raise the cap if it reaches
         ``--advance-at``."""
-        programs = programs_of(shape(self.args), 128, "dev", seed=self.depth, max_depth=self.depth)
+        programs = programs_of(measured(shape(self.args)), 128, "dev", seed=self.depth, max_depth=self.depth)
         dev = encode_chains(self.tokenizer, programs)
         if self.args.chain_layout in CAP_NOT_DEPTH:
             keep = torch.ones_like(dev.depths, dtype=torch.bool)
@@ -349,6 +353,11 @@ def shape(args: Options) -> dict:
     return {"layout": "single", "max_chains": args.chains, "interleave": args.interleave}
 
 
+def measured(shape: dict) -> dict:
+    """The shape whose programs a run's development check and held-out figures read (:data:`MEASURED_AS`)."""
+    return {**shape, "layout": MEASURED_AS.get(shape["layout"], shape["layout"])}
+
+
 def lookup_sizes(max_depth: int) -> tuple[int, int]:
     """The least and most names of the ``lookup`` layout's drills at curriculum cap ``max_depth``."""
     return 2, min(data.MULTICHAIN_BINDINGS, LOOKUP_NAMES_PER_DEPTH * max_depth)  # max_depth >= 1: at least 4
@@ -369,6 +378,10 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
         programs = data.multichain_programs(n, split, seed=seed, positional=not named, max_chains=max_depth,
                                             last_first=True, **options)
         return [replace(p, dense=False) for p in programs] if named else programs
+    if shape["layout"] == "multi-count-named-drills":  # drills of the cap's size and the named chains in turn
+        drills = data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth), **options)
+        chains = programs_of({**shape, "layout": "multi-count-named"}, n, split, seed, max_depth)
+        return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
     if shape["layout"] == "lookup":  # drills alone, their size following the curriculum's cap
         return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth), **options)
     return data.chain_programs(n, split, seed=seed, max_depth=max_depth, **options)
@@ -411,12 +424,23 @@ def by_bucket(hits: dict[int, torch.Tensor], depths: torch.Tensor) -> dict:
 
 @torch.no_grad()
 def held_out(model: LoopedLM, chains, loops: tuple[int, ...]) -> dict:
-    """The recorded figures: float32 answer accuracy by depth bucket and R (``answer_hits``), and answer loss."""
+    """The recorded figures: float32 answer accuracy by depth bucket and R (``answer_hits``), answer loss, and the
+    accuracy of the queries after their program's first (``later queries``: on a query line asked from the last
+    chain, those that need a lookup by name of an earlier chain)."""
     hits = answer_hits(model, chains, loops)
     out = by_bucket({R: torch.tensor(rows["hit"].to_numpy()) for R, rows in hits.groupby("loops")}, chains.depths)
+    later = later_queries(chains.rows).numpy()
+    out["queries"]["later queries"] = int(later.sum())
     for R, rows in hits.groupby("loops"):
         out[str(R)]["answer_loss"] = float(rows["nll"].mean())
+        if later.any():
+            out[str(R)]["later queries"] = float(rows["hit"].to_numpy()[later].mean())
     return out
+
+
+def later_queries(rows: torch.Tensor) -> torch.Tensor:
+    """Which queries (in program order, ``rows`` each one's program) come after their program's first."""
+    return torch.cat([torch.zeros(min(len(rows), 1), dtype=torch.bool), rows[1:] == rows[:-1]])
 
 
 def format_accuracy(record: dict) -> str:
@@ -452,7 +476,7 @@ def development_sets(args: Options, tokenizer: PreTrainedTokenizerFast) -> tuple
     """The development split's text windows (problems and code) and chain programs, which every evaluation reads."""
     windows = {name: text_rows([torch.tensor(tokenizer(t)["input_ids"])], 8, 256, torch.Generator().manual_seed(1))
                for name, t in zip(("problems", "code"), corpus("dev", 400), strict=True)}
-    return windows, encode_chains(tokenizer, programs_of(shape(args), args.eval_programs, "dev"))
+    return windows, encode_chains(tokenizer, programs_of(measured(shape(args)), args.eval_programs, "dev"))
 
 
 def final_record(model: LoopedLM, windows: dict[str, torch.Tensor], chains) -> dict:
