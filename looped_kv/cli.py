@@ -400,6 +400,32 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
 # -- plan -----------------------------------------------------------------------------------------------------------
 
 
+def _profile_words(profile: profiles.Profile) -> str:
+    return (f"{profile.dtype}; {workloads.SOURCES[profile.workloads]}, prompts up to {profile.prompt_tokens} "
+            f"tokens, {profile.rows_per_chunk or 'all'} rows per chunk")
+
+
+def _plan_on_cpu(args: argparse.Namespace, model: str, config: LoopedConfig) -> int:
+    """``looped-kv plan`` for a CPU run: each chapter's peak of all the memory it holds against --host-memory."""
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, model, None)]
+    plans = plan.chapter_plans(config, profile)
+    table = plan.host_table(plans, args.host_memory * plan.GB)
+    heading = f"{model} at profile {profile.name} ({_profile_words(profile)}) on a CPU with {args.host_memory:g} GB"
+    too_large = plan.host_steps_beyond(plans, args.host_memory * plan.GB)
+    shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
+    print(f"{heading}:")
+    print(shown.drop(columns="sizes").to_string(float_format=lambda x: f"{x:.1f}"))
+    for name, sizes in table["sizes"].items():
+        print(f"  {name}: {sizes}")
+    for line in too_large:
+        print(f"  does not fit: {line}")
+    missing = list(table.index[~table["fits"]])
+    if missing:
+        print(f"{', '.join(missing)} need more than {args.host_memory:g} GB of memory")
+        return 1
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.card is not None:
         if args.card not in profiles.CARDS:
@@ -411,15 +437,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     if not args.gpu_memory > 0:
         raise ValueError(f"--gpu-memory must be > 0 (GB), got {args.gpu_memory}")
+    if not args.host_memory > 0:
+        raise ValueError(f"--host-memory must be > 0 (GB), got {args.host_memory}")
     if args.profile is not None and args.profile not in profiles.PROFILES:
         raise ValueError(f"--profile must be one of {tuple(profiles.PROFILES)}, got {args.profile!r}")
-    config = model_config(args.model, "--model")
+    on_cpu = args.device == "cpu" or (args.device is None and args.profile in profiles.CPU_PROFILES)
+    model = args.model or profiles.MODEL_OF.get(args.profile, "huginn-0125")
+    config = model_config(model, "--model")
+    if on_cpu:
+        return _plan_on_cpu(args, model, config)
     card = profiles.card_for(args.gpu_memory)
-    profile = profiles.PROFILES[args.profile or profiles.name_for(config, args.model, card)]
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, model, card)]
     plans = plan.chapter_plans(config, profile)
     table = plan.plan_table(plans, args.gpu_memory * plan.GB)
-    heading = (f"{args.model} at profile {profile.name} ({profile.dtype}; {workloads.SOURCES[profile.workloads]}, "
-               f"prompts up to {profile.prompt_tokens} tokens, {profile.rows_per_chunk or 'all'} rows per chunk) on a "
+    heading = (f"{model} at profile {profile.name} ({_profile_words(profile)}) on a "
                f"{args.gpu_memory:g} GB GPU, {plan.GPU_RESERVE / plan.GB:g} GB kept free")
     too_large = plan.steps_beyond(plans, args.gpu_memory * plan.GB)
     if args.markdown:
@@ -447,11 +478,15 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
                                    "(looped_kv.profiles): weights in each dtype, replay records, caches and the "
                                    "working set of a forward pass. Prints each chapter's predicted peak GPU and "
                                    "host memory and whether it fits; exits 1 if any chapter does not.")
-    p.add_argument("--model", default="huginn-0125", help=f"one of {tuple(PRESETS)}, 'tiny', a checkpoint "
-                                                          f"folder, a config.json or a hub id (default: huginn-0125)")
+    p.add_argument("--model", help=f"one of {tuple(PRESETS)}, 'tiny', a checkpoint folder, a config.json or a hub id "
+                                   f"(default: the model --profile is sized for, else huginn-0125)")
     p.add_argument("--gpu-memory", type=float, default=40.0, help="GPU memory in GB (default: 40, an A100-40GB)")
+    p.add_argument("--device", choices=("cuda", "cpu"), help="where the chapters run (default: cpu for a CPU "
+                                                             "profile, else cuda); on cpu every byte is host memory")
+    p.add_argument("--host-memory", type=float, default=float(profiles.LAPTOP_GB),
+                   help=f"on cpu, the machine's memory in GB (default: {profiles.LAPTOP_GB}, a laptop)")
     p.add_argument("--profile", help=f"run profile, one of {tuple(profiles.PROFILES)} (default: the model's for "
-                                     f"a GPU of this memory: looped_kv.profiles.BY_CARD)")
+                                     f"a GPU of this memory, looped_kv.profiles.BY_CARD, or on cpu its CPU profile)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (book/data/ keeps one)")
     p.add_argument("--card", help=f"instead: every published model's profile and peaks on a GPU class, one of "
                                   f"{tuple(profiles.CARDS)} (a Markdown table; book/data/ keeps one per card)")

@@ -341,6 +341,11 @@ ON_CPU: dict[str, Profile] = {model: _cpu(BY_CARD[model][DEFAULT_CARD]) for mode
 PROFILES = {"tiny": TINY, "smoke": SMOKE, **{p.name: p for cards in BY_CARD.values() for p in cards.values()},
             **{p.name: p for p in ON_CPU.values()}}
 MODELS = tuple(BY_CARD)
+#: profile name -> the published model it is sized for (every profile of BY_CARD and ON_CPU).
+MODEL_OF = {**{p.name: model for model, cards in BY_CARD.items() for p in cards.values()},
+            **{p.name: model for model, p in ON_CPU.items()}}
+#: The CPU profiles' names (``looped-kv plan`` sizes them against a laptop's memory).
+CPU_PROFILES = tuple(p.name for p in ON_CPU.values())
 
 
 def _shown(value: object) -> str:

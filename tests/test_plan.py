@@ -17,7 +17,7 @@ from looped_kv.analysis import plan
 from looped_kv.book import DTYPES
 from looped_kv.cli import main
 from looped_kv.experiments import plan_check
-from looped_kv.runtime.config import LoopedConfig, huginn_0125
+from looped_kv.runtime.config import PRESETS, LoopedConfig, huginn_0125
 from looped_kv.runtime.model import LoopedLM
 
 ROOT = Path(__file__).parent.parent
@@ -208,6 +208,23 @@ def test_huginn_on_a_24gb_l4_names_each_step_that_does_not_fit(capsys):
     assert "at profile huginn-0125-l4" in out and out.count(" yes ") == 7
     assert "  does not fit: ch04, replay through the float32 arm (the precision floor), 1 at a time: " in out
     assert "ch04 need more than 24 GB" in out
+
+
+def test_a_cpu_profile_is_planned_against_host_memory(capsys):
+    """looped-kv plan at a CPU profile sizes the profile's own model on a CPU: one column of every byte a chapter
+    holds (weights included), against --host-memory (default a 16 GB laptop), not a GPU's."""
+    assert main(["plan", "--profile", "parcae-140m-cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("parcae-140m at profile parcae-140m-cpu (float32;") and "on a CPU with 16 GB:" in out
+    assert "GPU GB" not in out and out.count(" yes ") == 8
+    config, profile = PRESETS["parcae-140m"](), profiles.ON_CPU["parcae-140m"]
+    ch04 = max(s.bytes(None) for s in plan.CHAPTERS["ch04"](config, profile).steps) / 1e9
+    assert re.search(rf"^ch04 +{ch04:.1f} +yes", out, re.M)
+    assert main(["plan", "--model", "parcae-140m", "--device", "cpu", "--host-memory", "4"]) == 1
+    out = capsys.readouterr().out
+    assert "at profile parcae-140m-cpu" in out and "  does not fit: ch04, " in out and "need more than 4 GB" in out
+    assert main(["plan", "--host-memory", "-2"]) == 2
+    assert "--host-memory must be > 0" in capsys.readouterr().err
 
 
 def test_plan_reads_a_config_folder_and_checks_its_options(tmp_path, capsys):

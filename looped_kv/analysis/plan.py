@@ -409,6 +409,21 @@ def steps_beyond(plans: dict[str, ChapterPlan], gpu_bytes: float) -> list[str]:
             if step.bytes(GPU) + GPU_RESERVE > gpu_bytes]
 
 
+def host_table(plans: dict[str, ChapterPlan], host_bytes: float) -> pd.DataFrame:
+    """A CPU run's :func:`plan_table`: one row per chapter with its predicted peak memory (GB; every byte the run
+    holds, weights included, since a CPU run keeps device and host tensors in one memory), the step at that peak,
+    and whether it fits ``host_bytes``."""
+    rows = [{"chapter": name, "GB": p.peak(None) / GB, "fits": p.peak(None) <= host_bytes,
+             "peak at": p.peak_step(None).name, "sizes": p.sizes} for name, p in plans.items()]
+    return pd.DataFrame(rows).set_index("chapter")
+
+
+def host_steps_beyond(plans: dict[str, ChapterPlan], host_bytes: float) -> list[str]:
+    """:func:`steps_beyond` for a CPU run of ``host_bytes``: each step whose bytes, all of them, do not fit."""
+    return [f"{name}, {step.name}: {step.bytes(None) / GB:.1f} GB" for name, p in plans.items() for step in p.steps
+            if step.bytes(None) > host_bytes]
+
+
 def markdown(table: pd.DataFrame) -> str:
     """:func:`plan_table` as a Markdown table (the GPU page includes one)."""
     lines = ["| chapter | GPU GB | host GB | fits | GPU peak at | sizes |", "| --- | ---: | ---: | --- | --- | --- |"]
