@@ -413,28 +413,27 @@ def mean_recurrence(args: Options, depth: int) -> int:
     return max(args.min_recurrence, min(args.mean_recurrence, depth + args.backprop))
 
 
-def by_bucket(hits: dict[int, torch.Tensor], depths: torch.Tensor) -> dict:
-    """Accuracy overall and by depth bucket for each R, with chance and each bucket's query count."""
-    buckets = {b: (depths >= lo) & (depths <= hi) for b, (lo, hi) in DEPTH_BUCKETS.items()}
-    out: dict = {"chance": data.CHAIN_CHANCE, "queries": {b: int(m.sum()) for b, m in buckets.items()}}
+def by_bucket(hits: dict[int, torch.Tensor], chains) -> dict:
+    """Accuracy overall, by depth bucket and on the ``later queries`` (those after their program's first: on a query
+    line asked from the last chain, the ones that need a lookup by name of an earlier chain) for each R, with chance
+    and each group's query count."""
+    depths = chains.depths
+    groups = {b: (depths >= lo) & (depths <= hi) for b, (lo, hi) in DEPTH_BUCKETS.items()}
+    groups["later queries"] = later_queries(chains.rows)
+    out: dict = {"chance": data.CHAIN_CHANCE, "queries": {b: int(m.sum()) for b, m in groups.items()}}
     for R, h in hits.items():
-        out[str(R)] = {"accuracy": float(h.mean()), **{b: float(h[m].mean()) for b, m in buckets.items() if m.any()}}
+        out[str(R)] = {"accuracy": float(h.mean()), **{b: float(h[m].mean()) for b, m in groups.items() if m.any()}}
     return out
 
 
 @torch.no_grad()
 def held_out(model: LoopedLM, chains, loops: tuple[int, ...]) -> dict:
-    """The recorded figures: float32 answer accuracy by depth bucket and R (``answer_hits``), answer loss, and the
-    accuracy of the queries after their program's first (``later queries``: on a query line asked from the last
-    chain, those that need a lookup by name of an earlier chain)."""
+    """The recorded figures: float32 answer accuracy by depth bucket and R (``answer_hits``, :func:`by_bucket`), and
+    answer loss."""
     hits = answer_hits(model, chains, loops)
-    out = by_bucket({R: torch.tensor(rows["hit"].to_numpy()) for R, rows in hits.groupby("loops")}, chains.depths)
-    later = later_queries(chains.rows).numpy()
-    out["queries"]["later queries"] = int(later.sum())
+    out = by_bucket({R: torch.tensor(rows["hit"].to_numpy()) for R, rows in hits.groupby("loops")}, chains)
     for R, rows in hits.groupby("loops"):
         out[str(R)]["answer_loss"] = float(rows["nll"].mean())
-        if later.any():
-            out[str(R)]["later queries"] = float(rows["hit"].to_numpy()[later].mean())
     return out
 
 
@@ -664,7 +663,7 @@ def run(args: Options, given: Collection[str] = (), command: str = COMMAND) -> N
         out_of_time = args.minutes and time.perf_counter() - sitting > 60 * args.minutes
         if step % args.eval_every == 0 or last or out_of_time:
             model.eval()
-            entry["held_out"] = by_bucket(quick_hits(loops, dev_chains, EVAL_LOOPS, autocast), dev_chains.depths)
+            entry["held_out"] = by_bucket(quick_hits(loops, dev_chains, EVAL_LOOPS, autocast), dev_chains)
             model.train()
             tqdm.write(f"step {step} (depth cap {curriculum.depth}): {format_accuracy(entry['held_out'])}")
             kept = evaluated_weights(args.out, step)
