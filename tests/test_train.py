@@ -228,6 +228,20 @@ def test_a_continuing_scouts_minutes_are_its_own_sittings():
     assert all(minutes <= 60 for minutes in recorded.values()), recorded
 
 
+def test_a_long_run_needs_depth_on_deep_queries_and_lookups_on_later_ones():
+    """The scouting rule: deep buckets at R = 16 beat R = 4 and chance by the margin; where a record has the later
+    queries' accuracy (programs of several queries), they must beat chance too (a first query alone is not a dense
+    workload)."""
+    from looped_kv.tiny import scout
+
+    deep = {"13-16": 0.4, "17-24": 0.4, "25-32": 0.4}
+    held = {"chance": 0.1, "4": {"13-16": 0.1, "17-24": 0.1, "25-32": 0.1}, "16": dict(deep)}
+    assert scout.earns_long_run({"held_out": held})
+    assert not scout.earns_long_run({"held_out": {**held, "16": {**deep, "later queries": 0.12}}})
+    assert scout.earns_long_run({"held_out": {**held, "16": {**deep, "later queries": 0.2}}})
+    assert not scout.earns_long_run({"held_out": {**held, "4": deep}})  # no gain from depth
+
+
 def test_a_run_keeps_the_weights_of_every_evaluated_step_and_resumes_with_a_new_recurrence(tmp_path):
     """Every held-out evaluation leaves its weights in OUT/evaluated (a step is chosen on the development split after
     the run), and a resumed run may make its mean recurrence follow the curriculum (the long run's change)."""
