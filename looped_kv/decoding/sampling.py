@@ -54,9 +54,10 @@ def uniforms(keys: Tensor, positions: Tensor, stream: int) -> Tensor:
 
 def draw(weights: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF draws (...,) from non-negative ``weights`` (..., V) (any positive total) with uniforms ``u`` (...,)
-    in [0, 1 - 2**-52]; a token of weight 0 is never drawn."""
+    in [0, 1 - 2**-52]: the number of cumulative weights at or below u times the total (the CDF never decreases), so
+    a token of weight 0 is never drawn."""
     cdf = weights.double().cumsum(-1)
-    return (cdf <= (u * cdf[..., -1])[..., None]).sum(-1)
+    return torch.searchsorted(cdf, (u * cdf[..., -1])[..., None], right=True)[..., 0]
 
 
 def acceptance(p_x: Tensor, q_x: Tensor) -> Tensor:
@@ -102,6 +103,52 @@ def speculate(p: Tensor, drafts: Tensor, q: Tensor | None, lengths: Tensor | Non
     return targets
 
 
+def process(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+            min_p: float | None) -> Tensor:
+    """The processed distributions (..., V) of ``logits``: divided by ``temperature``, the ``top_k`` largest kept
+    (on the logits, before the softmax), then ``top_p`` and ``min_p`` cut from the probabilities and what is left
+    renormalised."""
+    logits = logits.float() if logits.dtype.itemsize < 4 else logits
+    if temperature != 1:
+        logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        logits = logits.masked_fill(logits < logits.topk(top_k, -1).values[..., -1:], -torch.inf)
+    probs = torch.softmax(logits, -1)
+    cut = False
+    if top_p is not None and top_p < 1:
+        ranked = probs.sort(-1, descending=True).values
+        before = ranked.cumsum(-1) - ranked  # the mass of the more probable tokens
+        count = (before < top_p * ranked.sum(-1, keepdim=True)).sum(-1, keepdim=True)
+        probs, cut = probs.masked_fill(probs < ranked.gather(-1, count - 1), 0), True
+    if min_p:
+        probs, cut = probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0), True
+    return probs / probs.sum(-1, keepdim=True) if cut else probs
+
+
+def _at(table: Tensor, lengths: Tensor, offset: int, n: int) -> Tensor:
+    """Rows' uniforms (B, n) in one stream's ``table`` (B, positions) at ``offset`` .. past their ``lengths``."""
+    return table.gather(1, lengths[:, None] + offset + torch.arange(n, device=lengths.device))
+
+
+def pick(logits: Tensor, table: Tensor, lengths: Tensor, offset: int, temperature: float, top_k: int | None,
+         top_p: float | None, min_p: float | None) -> tuple[Tensor, Tensor]:
+    """Draws (B, n) from the processed distributions of ``logits`` (B, n, V), and those distributions, with one
+    stream's uniforms at ``offset`` past each row's committed ``lengths``."""
+    probs = process(logits, temperature, top_k, top_p, min_p)
+    return draw(probs, _at(table, lengths, offset, logits.shape[1])), probs
+
+
+def verify(logits: Tensor, drafts: Tensor, q: Tensor | None, offered: Tensor | None, table: Tensor,
+           lengths: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+           min_p: float | None) -> Tensor:
+    """:func:`speculate` on the processed distributions of the verifier's ``logits`` (B, n, V), with the uniforms of
+    the acceptance tests (none without drafts) and of the verifier's draws (``table`` (streams, B, positions)) one
+    past each row's ``lengths``."""
+    m, u_draw = drafts.shape[1], _at(table[TARGET], lengths, 1, logits.shape[1])
+    u_accept = _at(table[ACCEPT], lengths, 1, m) if m else u_draw  # without drafts, none is read
+    return speculate(process(logits, temperature, top_k, top_p, min_p), drafts, q, offered, u_accept, u_draw)
+
+
 def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
     """One seed per row: ``seed`` + i for row i of an int, the given ones, or (None) an int drawn from torch's global
     generator (``torch.manual_seed`` fixes it)."""
@@ -122,6 +169,7 @@ class Sampler:
     def __init__(self, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                  min_p: float | None = None, seeds: Sequence[int] = ()) -> None:
         self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
+        self.options = (temperature, top_k, top_p, min_p)
         self.seeds = list(seeds)
         self.greedy = temperature == 0
         self.cache: PlaneCache | None = None
@@ -132,11 +180,12 @@ class Sampler:
         if not self.greedy:
             if len(self.seeds) != cache.batch:
                 raise ValueError(f"sampling needs one seed per row ({cache.batch}), got {len(self.seeds)}")
-            keys = mix64(torch.tensor(self.seeds, dtype=torch.long, device=cache.lengths.device))
+            device = cache.lengths.device
+            keys = mix64(torch.tensor(self.seeds, dtype=torch.long, device=device))
             # every row's uniforms, computed once: a run draws at its committed length (at most the capacity)
             # plus a verification block, never past twice the capacity (a position past it fails the lookup, not
             # silently)
-            span = torch.arange(2 * cache.capacity + 1, device=cache.lengths.device).expand(cache.batch, -1)
+            span = torch.arange(2 * cache.capacity + 1, device=device).expand(cache.batch, -1)
             self.table = torch.stack([uniforms(keys, span, stream) for stream in range(_STREAMS)])
         self.cache = cache
 
@@ -146,43 +195,25 @@ class Sampler:
             self.table = self.table[:, rows]
 
     def probabilities(self, logits: Tensor) -> Tensor:
-        """The processed distributions (..., V) of ``logits``: temperature, top-k, top-p, min-p, renormalised."""
-        logits = logits.float() if logits.dtype.itemsize < 4 else logits
-        probs = torch.softmax(logits / self.temperature, -1)
-        if self.top_k is not None and self.top_k < probs.shape[-1]:
-            probs = probs.masked_fill(probs < probs.topk(self.top_k, -1).values[..., -1:], 0)
-        if self.top_p is not None and self.top_p < 1:
-            ranked = probs.sort(-1, descending=True).values
-            before = ranked.cumsum(-1) - ranked  # the mass of the more probable tokens
-            count = (before < self.top_p * ranked.sum(-1, keepdim=True)).sum(-1, keepdim=True)
-            probs = probs.masked_fill(probs < ranked.gather(-1, count - 1), 0)
-        if self.min_p:
-            probs = probs.masked_fill(probs < self.min_p * probs.amax(-1, keepdim=True), 0)
-        return probs / probs.sum(-1, keepdim=True)
-
-    def _uniforms(self, n: int, offset: int, stream: int) -> Tensor:
-        positions = self.cache.lengths[:, None] + offset + torch.arange(n, device=self.cache.lengths.device)
-        return self.table[stream].gather(1, positions)
+        """The processed distributions (..., V) of ``logits`` (:func:`process`)."""
+        return process(logits, *self.options)
 
     def first(self, logits: Tensor) -> Tensor:
         """Each row's first new token (B, 1) from the prefill's ``logits`` (B, V) of its prompt's last position."""
         if self.greedy:
             return logits.argmax(-1, keepdim=True)
-        return draw(self.probabilities(logits[:, None]), self._uniforms(1, 0, TARGET))
+        return pick(logits[:, None], self.table[TARGET], self.cache.lengths, 0, *self.options)[0]
 
     def draft(self, logits: Tensor, offset: int) -> tuple[Tensor, Tensor | None]:
         """Drafts (B, n) from ``logits`` (B, n, V) of the positions ``offset``.. after each row's pending token, and
         their distributions q (None when greedy)."""
         if self.greedy:
             return logits.argmax(-1), None
-        q = self.probabilities(logits)
-        return draw(q, self._uniforms(logits.shape[1], offset, DRAFT)), q
+        return pick(logits, self.table[DRAFT], self.cache.lengths, offset, *self.options)
 
     def targets(self, logits: Tensor, drafts: Tensor, q: Tensor | None, lengths: Tensor | None) -> Tensor:
         """The verifier's tokens (B, n) from its ``logits`` (B, n, V) over the pending token and the ``drafts``:
         greedy, its argmax; sampled, :func:`speculate` (the drafts each row accepts, then its drawn token)."""
         if self.greedy:
             return logits.argmax(-1)
-        n, m = logits.shape[1], drafts.shape[1]
-        return speculate(self.probabilities(logits), drafts, q, lengths, self._uniforms(m, 1, ACCEPT),
-                         self._uniforms(n, 1, TARGET))
+        return verify(logits, drafts, q, lengths, self.table, self.cache.lengths, *self.options)
