@@ -101,8 +101,8 @@ def test_cache_bytes_equal_the_memory_equations(family, dtype):
         policy = make_policy(name, R, **params)
         cache = new_cache(model, policy, batch=1, capacity=L)
         assert cache.allocated_bytes == policy_bytes(cfg, policy, L, dtype)
-        # RIPE's scratch: W + 1 slots of the kept plane per core layer, keys and values (none with sinks)
-        gap = min(params["window"], L) + 1 if name == "ripe" and "sinks" not in params else 0
+        # RIPE's and the sinks policy's scratch: S + W + 1 slots of the kept plane per core layer, keys and values
+        gap = min(params.get("sinks", 0), L) + min(params.get("window", 0), L) + 1 if name in ("ripe", "sinks") else 0
         assert cache.scratch_bytes == gap * 2 * cfg.n_core * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize
         prefill(model, cache, torch.randint(0, cfg.vocab_size, (1, L)), R)
         assert cache.nbytes == (policy_bytes(cfg, policy, L, dtype) if equation is None else equation)
@@ -241,16 +241,21 @@ def test_layer_token_bytes():
 
 
 @pytest.mark.parametrize("family", ["huginn", "ouro", "parcae"])
-def test_ripes_fused_one_token_read_is_the_three_segment_read(family, monkeypatch):
-    """Eager RIPE steps one token per row with the ring's plane and the token copied into the kept plane's scratch
-    slots, read in one fused call. In float64 it gives the three-segment softmax's logits and stores the same planes,
-    for one row and for rows of different lengths, over steps that wrap the ring."""
+@pytest.mark.parametrize("name, params, lengths", [("ripe", {"window": 3}, [7, 4, 9]),
+                                                   ("sinks", {"sinks": 2, "window": 3}, [7, 5, 9]),
+                                                   ("sinks", {"sinks": 3}, [7, 3, 9]),
+                                                   ("ripe", {"window": 2, "sinks": 1}, [7, 3, 9])])
+def test_the_fused_one_token_read_is_the_segment_read(family, name, params, lengths, monkeypatch):
+    """Eager RIPE and sinks steps take one token per row with the sinks' and the ring's plane and the token copied
+    into the kept plane's scratch slots, read in one fused call. In float64 it gives the segment softmax's logits and
+    stores the same planes, for one row and for rows of different lengths (the shortest at S + W), over steps that
+    wrap the ring."""
     from looped_kv.runtime import cache as cache_module
 
     model = random_model(family, seed=3).to(torch.float64)
-    R, W = 5, 3
-    policy = make_policy("ripe", R, window=W)
-    lengths = torch.tensor([7, 4, 9])
+    R = 5
+    policy = make_policy(name, R, **params)
+    lengths = torch.tensor(lengths)
     prompts = torch.randint(0, model.config.vocab_size, (3, 9))
     steps = torch.randint(0, model.config.vocab_size, (3, 5))
     init = cache_module.CachePass.__init__
@@ -273,5 +278,5 @@ def test_ripes_fused_one_token_read_is_the_three_segment_read(family, monkeypatc
         (fused, a), (segments, b) = run(True, rows), run(False, rows)
         for x, y in zip(fused, segments, strict=True):
             assert torch.allclose(x, y, rtol=0, atol=1e-12)
-        for x, y in zip([*a.core, *a.ring], [*b.core, *b.ring], strict=True):
+        for x, y in zip([*a.core, *a.ring, *a.sink], [*b.core, *b.ring, *b.sink], strict=True):
             assert torch.allclose(x, y, rtol=0, atol=1e-12)

@@ -22,8 +22,9 @@ pass: its reads are views of the committed prefix (no concatenation), its masks 
 and, where the policy lets it, the block is written into the plane its prefix is read from and the call is
 a single fused attention over that plane: for every policy at prelude and coda layers, and in the core
 for policies whose planes are each last written by their own loop (full, deepest, k-deepest, share) under
-aligned reads. Under RIPE a one-token pass copies the ring's plane and itself into W + 1 scratch slots in front
-of the kept plane (:attr:`PlaneCache.gap`) and reads them with it in one fused attention as well.
+aligned reads. Under RIPE and the sinks policy a one-token pass copies the sinks' and the ring's plane and itself
+into S + W + 1 scratch slots in front of the kept plane (:attr:`PlaneCache.gap`) and reads them with it in one
+fused attention as well.
 :class:`StaticCachePass` is the pass of a compiled step: the same reads over the whole
 preallocated tensors with masks computed on the device, so that every tensor has one shape at every call;
 :class:`PrefillPass` is a compiled run's prefill, the prompts causally into the empty cache.
@@ -103,9 +104,11 @@ class PlaneCache:
         n_extra = len(policy.extra)
         self.ring_size = min(policy.window, capacity) if n_extra else 0  # positions p < capacity <= W never wrap
         self.sink_size = min(policy.sinks, capacity) if n_extra else 0
-        # RIPE (one kept plane, a ring, no sinks): W + 1 scratch slots before position 0 of the kept plane, where a
-        # one-token pass puts the ring's plane and itself to read them beside the kept plane in one fused call
-        self.gap = self.ring_size + 1 if self.ring_size and not self.sink_size and len(policy.kept) == 1 else 0
+        # RIPE and sinks (one kept plane, a ring and/or sinks): S + W + 1 scratch slots before position 0 of the kept
+        # plane, where a one-token pass puts the sinks' and the ring's plane and itself to read them beside the kept
+        # plane in one fused call
+        full_depth = self.sink_size + self.ring_size
+        self.gap = full_depth + 1 if full_depth and len(policy.kept) == 1 else 0
         self.edge = [torch.zeros(n_edge, batch, H, capacity, D, **like) for _ in range(2)]
         self.core_base = [torch.zeros(n_core, len(policy.kept), batch, H, self.gap + capacity, D, **like)
                           for _ in range(2)]
@@ -206,15 +209,15 @@ class PlaneCache:
                              f"(kept planes {self.policy.kept})")
         return self.core[which][site.layer, self.kept_slot[plane]]
 
-    def gapped(self, site: Site) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        """A core site's kept plane with the scratch slots before it (:attr:`gap`: the ring's W, then one new
-        token), keys and values (B, H, gap + capacity, D), and the ring's keys and values of the site's own loop
-        (None at a kept loop), views made once per site."""
+    def gapped(self, site: Site) -> tuple[Tensor, Tensor, tuple[Tensor, ...] | None]:
+        """A core site's kept plane with the scratch slots before it (:attr:`gap`: the sinks' S, the ring's W, then
+        one new token), keys and values (B, H, gap + capacity, D), and the sinks' and the ring's keys and values of
+        the site's own loop (None at a kept loop), views made once per site."""
         key = ("gap", site.layer, site.loop)
         if key not in self._views:
-            ring = self.extra_slot.get(site.loop)
-            self._views[key] = (self.core_base[0][site.layer, 0], self.core_base[1][site.layer, 0],
-                                *((None, None) if ring is None else (t[site.layer, ring] for t in self.ring)))
+            slot = self.extra_slot.get(site.loop)
+            own = None if slot is None else tuple(t[site.layer, slot] for t in (*self.sink, *self.ring))
+            self._views[key] = (self.core_base[0][site.layer, 0], self.core_base[1][site.layer, 0], own)
         return self._views[key]
 
     def _own(self, which: int, layer: int, plane: int, kind: str, lengths: Tensor) -> Tensor:
@@ -520,11 +523,12 @@ class CachePass:
             self.writes = cache.span_writes(*span) if span is not None else \
                 cache.plan_writes(self.positions, None if self.in_plane else counts)
         self._masks: dict[tuple[str, ...], list[Tensor | None]] = {}
-        # RIPE, one token per row past a full window: the ring's plane and the token itself are copied into the
-        # scratch slots before the kept plane (PlaneCache.gap) and read with it in one fused call (see attend_gapped)
+        # RIPE and sinks, one token per row past the sinks and a full window: the sinks' and the ring's plane and the
+        # token itself are copied into the scratch slots before the kept plane (PlaneCache.gap) and read with it in
+        # one fused call (see attend_gapped)
         self.gapped = (cache is not None and cache.gap > 0 and n == 1 and offset == 0 and store in ("cache", None)
                        and reads == ALIGNED and softmax_dtype is None
-                       and min(cache.host_lengths) >= cache.ring_size)
+                       and min(cache.host_lengths) >= cache.sink_size + cache.ring_size)
         self._gap_masks: dict[int, Tensor | None] = {}
         if self.gapped:
             self.gap_stop = cache.gap + cache.max_length
@@ -569,32 +573,40 @@ class CachePass:
         return out
 
     def attend_gapped(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
-        """RIPE's read of one new token in one fused call (the same keys as :meth:`_reads`, in another order, which
-        attention ignores). Loop r < R reads the window at plane r from the ring, the token, then the positions
-        before the window at plane R: the ring's W slots are copied into the scratch slots before the kept plane,
-        the token after them, and the call reads [0, gap + L - W). Loop R reads every position at plane R:
-        [W, gap + L). Rows of other lengths mask the positions past their own."""
-        W = self.cache.ring_size
-        base_keys, base_values, ring_keys, ring_values = self.cache.gapped(site)
-        if ring_keys is not None:  # loop r < R: the ring at plane r (aligned reads), else plane R everywhere
-            base_keys.narrow(2, 0, W).copy_(ring_keys)
-            base_values.narrow(2, 0, W).copy_(ring_values)
-        base_keys.narrow(2, W, 1).copy_(keys)
-        base_values.narrow(2, W, 1).copy_(values)
-        start, behind = (0, W) if ring_keys is not None else (W, 0)  # behind: window positions not read at plane R
+        """RIPE's and the sinks policy's read of one new token in one fused call (the same keys as :meth:`_reads`, in
+        another order, which attention ignores). Loop r < R reads the sinks and the window at plane r, the token,
+        then the positions between them at plane R: the sinks' S and the ring's W slots are copied into the scratch
+        slots before the kept plane, the token after them, and the call reads [0, gap + L - W) but the kept plane's
+        first S positions. Loop R reads every position at plane R: [S + W, gap + L). Rows of other lengths mask the
+        positions past their own."""
+        S, W = self.cache.sink_size, self.cache.ring_size
+        base_keys, base_values, own = self.cache.gapped(site)
+        if own is not None:  # loop r < R: the sinks and the ring at plane r (aligned reads), else plane R everywhere
+            sink_keys, sink_values, ring_keys, ring_values = own
+            base_keys.narrow(2, 0, S).copy_(sink_keys)
+            base_values.narrow(2, 0, S).copy_(sink_values)
+            base_keys.narrow(2, S, W).copy_(ring_keys)
+            base_values.narrow(2, S, W).copy_(ring_values)
+        base_keys.narrow(2, S + W, 1).copy_(keys)
+        base_values.narrow(2, S + W, 1).copy_(values)
+        start, behind = (0, W) if own is not None else (S + W, 0)  # behind: window positions not read at plane R
         stop = self.gap_stop - behind
         return attend(queries, base_keys[:, :, start:stop], base_values[:, :, start:stop],
                       self._gap_mask(start, behind))
 
     def _gap_mask(self, start: int, behind: int) -> Tensor | None:
-        """Which slots of [start, gap + longest row - behind) each row reads: the scratch, then its own positions."""
-        lengths = self.cache.host_lengths
-        if len(set(lengths)) == 1:
+        """Which slots of [start, gap + longest row - behind) each row reads: the scratch, then its own positions
+        (at loop r < R, not the kept plane's first S: the sinks' positions, read at plane r from the scratch)."""
+        lengths, gap = self.cache.host_lengths, self.cache.gap
+        hole = self.cache.sink_size if start == 0 else 0
+        if len(set(lengths)) == 1 and not hole:
             return None
         if start not in self._gap_masks:
-            gap, device = self.cache.gap, self.cache.lengths.device
-            j = torch.arange(start, gap + max(lengths) - behind, device=device)
-            self._gap_masks[start] = (j < gap + self.cache.lengths[:, None] - behind)[:, None, None]
+            j = torch.arange(start, gap + max(lengths) - behind, device=self.cache.lengths.device)
+            keep = j < gap + self.cache.lengths[:, None] - behind
+            if hole:
+                keep = keep & ((j < gap) | (j >= gap + hole))
+            self._gap_masks[start] = keep[:, None, None]
         return self._gap_masks[start]
 
     def _reads(self, site: Site, keys: Tensor, values: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
