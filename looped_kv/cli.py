@@ -405,15 +405,10 @@ def _profile_words(profile: profiles.Profile) -> str:
             f"tokens, {profile.rows_per_chunk or 'all'} rows per chunk")
 
 
-def _plan_on_cpu(args: argparse.Namespace, model: str, config: LoopedConfig) -> int:
-    """``looped-kv plan`` for a CPU run: each chapter's peak of all the memory it holds against --host-memory."""
-    profile = profiles.PROFILES[args.profile or profiles.name_for(config, model, None)]
-    plans = plan.chapter_plans(config, profile)
-    table = plan.host_table(plans, args.host_memory * plan.GB)
-    heading = f"{model} at profile {profile.name} ({_profile_words(profile)}) on a CPU with {args.host_memory:g} GB"
-    too_large = plan.host_steps_beyond(plans, args.host_memory * plan.GB)
-    shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
+def _print_plan(heading: str, table: pd.DataFrame, too_large: list[str], beyond: str) -> int:
+    """Print a plan's table, each chapter's sizes and each step that does not fit; 1 if a chapter does not."""
     print(f"{heading}:")
+    shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
     print(shown.drop(columns="sizes").to_string(float_format=lambda x: f"{x:.1f}"))
     for name, sizes in table["sizes"].items():
         print(f"  {name}: {sizes}")
@@ -421,9 +416,19 @@ def _plan_on_cpu(args: argparse.Namespace, model: str, config: LoopedConfig) -> 
         print(f"  does not fit: {line}")
     missing = list(table.index[~table["fits"]])
     if missing:
-        print(f"{', '.join(missing)} need more than {args.host_memory:g} GB of memory")
+        print(f"{', '.join(missing)} need more than {beyond}")
         return 1
     return 0
+
+
+def _plan_on_cpu(args: argparse.Namespace, model: str, config: LoopedConfig) -> int:
+    """``looped-kv plan`` for a CPU run: each chapter's peak of all the memory it holds against --host-memory."""
+    profile = profiles.PROFILES[args.profile or profiles.name_for(config, model, None)]
+    plans = plan.chapter_plans(config, profile)
+    return _print_plan(f"{model} at profile {profile.name} ({_profile_words(profile)}) on a CPU with "
+                       f"{args.host_memory:g} GB", plan.host_table(plans, args.host_memory * plan.GB),
+                       plan.steps_beyond(plans, args.host_memory * plan.GB, where=None),
+                       f"{args.host_memory:g} GB of memory")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -458,18 +463,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if too_large:
             print("\nSteps that do not fit:\n\n" + "".join(f"* {line}\n" for line in too_large), end="")
         return 0 if table["fits"].all() else 1
-    print(f"{heading}:")
-    shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
-    print(shown.drop(columns="sizes").to_string(float_format=lambda x: f"{x:.1f}"))
-    for name, sizes in table["sizes"].items():
-        print(f"  {name}: {sizes}")
-    missing = list(table.index[~table["fits"]])
-    if missing:
-        for line in too_large:
-            print(f"  does not fit: {line}")
-        print(f"{', '.join(missing)} need more than {args.gpu_memory:g} GB; choose a larger GPU or a smaller profile")
-        return 1
-    return 0
+    return _print_plan(heading, table, too_large,
+                       f"{args.gpu_memory:g} GB; choose a larger GPU or a smaller profile")
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:

@@ -402,11 +402,12 @@ def plan_table(plans: dict[str, ChapterPlan], gpu_bytes: float) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("chapter")
 
 
-def steps_beyond(plans: dict[str, ChapterPlan], gpu_bytes: float) -> list[str]:
-    """One line per step that does not fit a GPU of ``gpu_bytes`` (with :data:`GPU_RESERVE` kept free), chapter by
-    chapter: what it is and its GPU GB."""
-    return [f"{name}, {step.name}: {step.bytes(GPU) / GB:.1f} GB" for name, p in plans.items() for step in p.steps
-            if step.bytes(GPU) + GPU_RESERVE > gpu_bytes]
+def steps_beyond(plans: dict[str, ChapterPlan], budget: float, where: str | None = GPU) -> list[str]:
+    """One line per step that does not fit ``budget`` bytes, chapter by chapter: what it is and its GB. On a GPU
+    (``where`` GPU) its GPU bytes with :data:`GPU_RESERVE` kept free; on a CPU (None) every byte it holds."""
+    reserve = GPU_RESERVE if where == GPU else 0
+    return [f"{name}, {step.name}: {step.bytes(where) / GB:.1f} GB" for name, p in plans.items() for step in p.steps
+            if step.bytes(where) + reserve > budget]
 
 
 def host_table(plans: dict[str, ChapterPlan], host_bytes: float) -> pd.DataFrame:
@@ -416,12 +417,6 @@ def host_table(plans: dict[str, ChapterPlan], host_bytes: float) -> pd.DataFrame
     rows = [{"chapter": name, "GB": p.peak(None) / GB, "fits": p.peak(None) <= host_bytes,
              "peak at": p.peak_step(None).name, "sizes": p.sizes} for name, p in plans.items()]
     return pd.DataFrame(rows).set_index("chapter")
-
-
-def host_steps_beyond(plans: dict[str, ChapterPlan], host_bytes: float) -> list[str]:
-    """:func:`steps_beyond` for a CPU run of ``host_bytes``: each step whose bytes, all of them, do not fit."""
-    return [f"{name}, {step.name}: {step.bytes(None) / GB:.1f} GB" for name, p in plans.items() for step in p.steps
-            if step.bytes(None) > host_bytes]
 
 
 def markdown(table: pd.DataFrame) -> str:
