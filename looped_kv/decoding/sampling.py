@@ -168,8 +168,7 @@ class Sampler:
 
     def __init__(self, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                  min_p: float | None = None, seeds: Sequence[int] = ()) -> None:
-        self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
-        self.options = (temperature, top_k, top_p, min_p)
+        self.options = (temperature, top_k, top_p, min_p)  # process()'s, in its order
         self.seeds = list(seeds)
         self.greedy = temperature == 0
         self.cache: PlaneCache | None = None
@@ -180,12 +179,11 @@ class Sampler:
         if not self.greedy:
             if len(self.seeds) != cache.batch:
                 raise ValueError(f"sampling needs one seed per row ({cache.batch}), got {len(self.seeds)}")
-            device = cache.lengths.device
-            keys = mix64(torch.tensor(self.seeds, dtype=torch.long, device=device))
+            keys = mix64(torch.tensor(self.seeds, dtype=torch.long, device=cache.lengths.device))
             # every row's uniforms, computed once: a run draws at its committed length (at most the capacity)
             # plus a verification block, never past twice the capacity (a position past it fails the lookup, not
             # silently)
-            span = torch.arange(2 * cache.capacity + 1, device=device).expand(cache.batch, -1)
+            span = torch.arange(2 * cache.capacity + 1, device=cache.lengths.device).expand(cache.batch, -1)
             self.table = torch.stack([uniforms(keys, span, stream) for stream in range(_STREAMS)])
         self.cache = cache
 

@@ -363,6 +363,11 @@ def lookup_sizes(max_depth: int) -> tuple[int, int]:
     return 2, min(data.MULTICHAIN_BINDINGS, LOOKUP_NAMES_PER_DEPTH * max_depth)  # max_depth >= 1: at least 4
 
 
+def alternating(drills: list, chains: list) -> list:
+    """Two lists of programs of one length in turn: the even places from ``drills``, the odd from ``chains``."""
+    return [(drills if i % 2 == 0 else chains)[i] for i in range(len(drills))]
+
+
 def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int = data.CHAIN_DEPTH) -> list:
     """``n`` chain programs of a split in the layout ``shape`` names (:func:`shape`)."""
     options = {key: value for key, value in shape.items() if key != "layout"}
@@ -372,7 +377,7 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
     if shape["layout"] in ("multi-lookup", "multi-all"):  # drills and multichain programs in turn
         drills = data.lookup_programs(n, split, seed, **options)
         chains = data.multichain_programs(n, split, seed, max_depth, ask_all=shape["layout"] == "multi-all", **options)
-        return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
+        return alternating(drills, chains)
     if shape["layout"] in ("multi-count", "multi-count-named"):  # at most the cap's chains, the last asked first
         named = shape["layout"] == "multi-count-named"
         programs = data.multichain_programs(n, split, seed=seed, positional=not named, max_chains=max_depth,
@@ -381,7 +386,7 @@ def programs_of(shape: dict, n: int, split: str, seed: int = 0, max_depth: int =
     if shape["layout"] == "multi-count-named-drills":  # drills of the cap's size and the named chains in turn
         drills = data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth), **options)
         chains = programs_of({**shape, "layout": "multi-count-named"}, n, split, seed, max_depth)
-        return [(drills if i % 2 == 0 else chains)[i] for i in range(n)]
+        return alternating(drills, chains)
     if shape["layout"] == "lookup":  # drills alone, their size following the curriculum's cap
         return data.lookup_programs(n, split, seed, sizes=lookup_sizes(max_depth), **options)
     return data.chain_programs(n, split, seed=seed, max_depth=max_depth, **options)
