@@ -582,11 +582,10 @@ class CachePass:
         S, W = self.cache.sink_size, self.cache.ring_size
         base_keys, base_values, own = self.cache.gapped(site)
         if own is not None:  # loop r < R: the sinks and the ring at plane r (aligned reads), else plane R everywhere
-            sink_keys, sink_values, ring_keys, ring_values = own
-            base_keys.narrow(2, 0, S).copy_(sink_keys)
-            base_values.narrow(2, 0, S).copy_(sink_values)
-            base_keys.narrow(2, S, W).copy_(ring_keys)
-            base_values.narrow(2, S, W).copy_(ring_values)
+            for at, size, (own_keys, own_values) in ((0, S, own[:2]), (S, W, own[2:])):
+                if size:  # RIPE has no sinks, a sinks policy may have no window: no empty copies in the hot path
+                    base_keys.narrow(2, at, size).copy_(own_keys)
+                    base_values.narrow(2, at, size).copy_(own_values)
         base_keys.narrow(2, S + W, 1).copy_(keys)
         base_values.narrow(2, S + W, 1).copy_(values)
         start, behind = (0, W) if own is not None else (S + W, 0)  # behind: window positions not read at plane R
