@@ -264,6 +264,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     bench.check_options(args.prompts, args.max_new_tokens, args.draft_loops, args.gamma, args.methods, args.workloads,
                         args.repeats, args.caches)
+    if args.sampling_overhead and (args.caches or args.deep_v):
+        raise ValueError("--caches and --deep-v add arms to the speed bench, not to --sampling-overhead; drop them")
     config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
     if args.record is not None:  # before the measurement: a long run never ends on a file it may not write
@@ -283,7 +285,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     measured = bench.report(model, args.workloads, args.prompts, args.max_new_tokens, args.methods, args.draft_loops,
                             args.gamma, progress=not args.quiet, repeats=args.repeats, modes=args.modes,
-                            caches=args.caches)
+                            caches=args.caches, deep_v=args.deep_v)
     if args.record is not None:
         bench.write_record(args.record, measured, args.model, " ".join(["looped-kv", "bench", *args.words]))
         print(f"recorded in {args.record}")
@@ -321,6 +323,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--caches", nargs="+", default=[], choices=list(bench.CACHE_ARMS),
                    help="also greedy decoding under these caches (ripe: W = 8; sinks: 4 sinks and W = 8), timed "
                         "against the full cache's (default: none)")
+    p.add_argument("--deep-v", action="store_true",
+                   help="also self-speculation with Deep V (Mature-V) prefix reads at self-spec's d and gamma, the "
+                        "arm DAS Table 7 sets against Mature-Spec's deep K/V reads")
     p.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES,
                    help="eager passes, compiled steps (compile=True), or both side by side (default: both)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

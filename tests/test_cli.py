@@ -28,7 +28,7 @@ HELP = {
     ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--gamma", "--max-width", "--prefix-reads",
                     "--inexact", "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
     ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--draft-loops", "--gamma", "--model",
-                 "--repeats", "--quiet", "Mature-Spec beats self-speculation"],
+                 "--repeats", "--quiet", "--deep-v", "Mature-Spec beats self-speculation"],
     ("batched",): ["looped-kv batched", "--batch-sizes", "--max-new-tokens", "--draft-loops", "--gamma", "--budget-mb",
                    "--memory-batch-sizes", "--fit-on", "--device"],
     ("memory",): ["--model", "--context", "--dtype", "--num-loops", "--windows", "--batch-size"],
@@ -155,6 +155,8 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["bench", "--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["bench", "--methods", "greedy"], "argument --methods: invalid choice: 'greedy'"),
     (["bench", "--model", "./no-such-folder"], "--model './no-such-folder'"),
+    (["bench", "--sampling-overhead", "--deep-v"], "--caches and --deep-v add arms to the speed bench, not to "
+                                                   "--sampling-overhead"),
     pytest.param(["generate", "--device", "cuda", "hi"], "--device 'cuda': no cuda device is available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
     (["batched", "--fit-on", "1", "9"], "--fit-on must name at least 2 distinct values of --memory-batch-sizes"),
@@ -262,9 +264,9 @@ def test_generate_samples_with_a_seed(model_source, capsys):  # noqa: F811
 
 def test_bench_prints_speedups_ceilings_and_the_mature_spec_verdicts(model_source, capsys):  # noqa: F811
     assert main(["bench", "--model", model_source, "--workloads", "problems", "--prompts", "2", "--max-new-tokens",
-                 "4", "--methods", "ar", "self-spec", "mature-spec", "--quiet", "--modes", "eager"]) == 0
+                 "4", "--methods", "ar", "self-spec", "mature-spec", "--deep-v", "--quiet", "--modes", "eager"]) == 0
     out = capsys.readouterr().out
-    for text in ("speed-up", "of ceiling", "greedy", "self-spec", "Mature-Spec", "2/2", "tau <= 5",
+    for text in ("speed-up", "of ceiling", "greedy", "self-spec", "Mature-Spec", "self-spec, deep V", "2/2", "tau <= 5",
                  "Mature-Spec beats self-speculation, acceptance: inconclusive", "too few units (2 prompts",
                  "Mature-Spec beats self-speculation, speed: "):
         assert text in out, text

@@ -69,7 +69,7 @@ def test_draft_times_time_the_proposals_alone(tiny):
 
 def test_deep_kv_over_deep_v_verdicts(tiny):
     methods = {"mature-spec": bench.method_configs(4, 4)["mature-spec"],
-               components.DEEP_V_SPEC: components.deep_v_config(4, 4)}
+               bench.DEEP_V_SPEC: bench.deep_v_config(4, 4)}
     ids = prompts(tiny, 2)
     acceptance = bench.acceptance_runs(tiny, ids, methods, 12)
     timing = bench.run_paired(tiny, ids[:1], methods, 8, progress=False)

@@ -131,6 +131,15 @@ def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
             "pld": PromptLookup(gamma=gamma), "das-wave": schedule}
 
 
+#: The key (and table label) of sequential self-speculation with Deep V prefix reads (``--deep-v``; DAS Table 7).
+DEEP_V_SPEC = "self-spec, deep V"
+
+
+def deep_v_config(draft_loops: int | None, gamma: int) -> SelfSpec:
+    """Self-speculation with Deep V (Mature-V) prefix reads at Mature-Spec's ``draft_loops`` and ``gamma``."""
+    return replace(method_configs(draft_loops, gamma)["self-spec"], prefix_reads="deep-v")
+
+
 #: Greedy decoding under the smaller caches, timed against greedy decoding with the full cache (``--caches``): RIPE
 #: at chapter 7's window, the deepest plane alone (RIPE Sec. 3), and the deepest plane with StreamingLLM's 4
 #: attention sinks at full depth beside the same window (the sinks policy, RIPE Sec. 5.1's "+ sinks" arm).
@@ -634,7 +643,7 @@ def workload_prompts(model: LoopedLM, workload: str, prompts: int, max_new_token
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
            draft_loops: int | None = None, gamma: int = SelfSpec.gamma, progress: bool = True,
            n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES,
-           caches: Sequence[str] = ()) -> dict[str, object]:
+           caches: Sequence[str] = (), deep_v: bool = False) -> dict[str, object]:
     """Print, per workload, every method's speed-up over paired greedy decoding on ``prompts`` evaluation prompts
     (each decoded alone, stopping at end-of-text, in ``repeats`` interleaved rounds), eager and compiled side by side
     (``modes``), tau or A as a fraction of its ceiling, the best compiled speculative method against compiled greedy
@@ -647,6 +656,8 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
         draft_loops = settings.default_draft_loops(model.config.mean_recurrence)
     configs = {name: config for name, config in method_configs(draft_loops, gamma).items() if name in methods}
     configs |= {cache_key(cache): CACHE_ARMS[cache] for cache in caches}
+    if deep_v:
+        configs[DEEP_V_SPEC] = deep_v_config(draft_loops, gamma)
     encoded = {workload: workload_prompts(model, workload, prompts, max_new_tokens, configs) for workload in workloads}
     pd.set_option("display.width", 250)
     wave = DasWave().schedule(model.config.mean_recurrence)

@@ -1,7 +1,8 @@
 """DAS's component diagnostics on the model at hand: the configurations of its appendix tables, and draft timing.
 
 * Table 7 (Appendix C.2): sequential self-speculation with Deep V (Mature-V) prefix reads against Deep K/V
-  (Mature-Spec): :data:`DEEP_V_SPEC` names the Deep V decoder in a chapter's methods (:func:`deep_v_config`), and
+  (Mature-Spec): :data:`~looped_kv.experiments.bench.DEEP_V_SPEC` names the Deep V decoder in a chapter's methods
+  and the bench's (:func:`~looped_kv.experiments.bench.deep_v_config`; ``looped-kv bench --deep-v``), and
   :func:`deep_kv_over_deep_v_verdicts` gives the paper's claim "joint Deep K/V gives the larger speedup and accepted
   length" its two paired verdicts.
 * Table 8 (Appendix C.3): the seven fixed-setting components, by (procedure, prefix policy) as the paper names them
@@ -27,8 +28,9 @@ from looped_kv.analysis.verdicts import BOOK_MINIMUM, Claim, Verdict
 from looped_kv.decoding.generate import drafter
 from looped_kv.decoding.loop import decode_rows
 from looped_kv.decoding.prompts import eos_id
-from looped_kv.decoding.settings import PAPER_LOOPS, DasWave, Decoding, SelfSpec
+from looped_kv.decoding.settings import PAPER_LOOPS, DasWave, Decoding
 from looped_kv.experiments.bench import (
+    DEEP_V_SPEC,
     SPEED,
     TOKENS,
     acceptance_verdict,
@@ -46,9 +48,6 @@ from looped_kv.papers import (
 )
 from looped_kv.runtime.model import LoopedLM
 
-#: The key (and table label) of sequential self-speculation with Deep V prefix reads in a chapter's methods.
-DEEP_V_SPEC = "self-spec, deep V"
-
 #: DAS Sec. C.2 and Table 7: at the same draft depth, joint Deep K/V reads accept more drafts than Deep V alone.
 DEEP_KV_ACCEPTS_MORE = Claim("sequential drafts reading deep K/V (Mature-Spec) accept more per verification than "
                              "drafts reading deep V alone (same d and gamma)", "DAS Sec. C.2, Table 7",
@@ -57,11 +56,6 @@ DEEP_KV_ACCEPTS_MORE = Claim("sequential drafts reading deep K/V (Mature-Spec) a
 DEEP_KV_FASTER = Claim("sequential drafts reading deep K/V (Mature-Spec) decode faster than drafts reading deep V "
                        "alone", "DAS Sec. C.2, Table 7", scale="log-ratio", minimum=BOOK_MINIMUM["ratio"],
                        minimum_source=SPEED)
-
-
-def deep_v_config(draft_loops: int | None, gamma: int) -> SelfSpec:
-    """Self-speculation with Deep V (Mature-V) prefix reads at Mature-Spec's ``draft_loops`` and ``gamma``."""
-    return replace(method_configs(draft_loops, gamma)["self-spec"], prefix_reads="deep-v")
 
 
 def deep_kv_over_deep_v_verdicts(timing: pd.DataFrame, acceptance: pd.DataFrame) -> dict[str, Verdict]:
