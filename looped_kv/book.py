@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -293,6 +294,69 @@ def chapter_times(folder: Path) -> str:
         path = folder / f"{name}.ipynb"
         cells = _cells(path)
         lines.append(f"| {_title(cells)} | {execution_seconds(path, cells) / 60:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+class _TableRows(HTMLParser):
+    """The text of every cell of every HTML table, by table and row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr" and self.tables:
+            self.tables[-1].append([])
+        elif tag in ("th", "td") and self.tables and self.tables[-1]:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("th", "td") and self._cell is not None:
+            self.tables[-1][-1].append(" ".join("".join(self._cell).split()))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+#: The columns a chapter's verdict table (:func:`looped_kv.analysis.verdicts.interval_table`) has, in any order.
+VERDICT_COLUMNS = ("verdict", "estimate [interval]", "n")
+
+
+def verdicts(notebook: Path) -> pd.DataFrame:
+    """Every verdict an executed chapter shows in its verdict tables (the tables with :data:`VERDICT_COLUMNS`, as
+    :func:`~looped_kv.analysis.verdicts.interval_table` draws them): one row each, indexed by its name, with the
+    label, the estimate with its interval, and n."""
+    rows = {}
+    for cell in _cells(notebook):
+        for output in cell.get("outputs", []):
+            parser = _TableRows()
+            parser.feed("".join(output.get("data", {}).get("text/html", "")))
+            for header, *body in (t for t in parser.tables if t):
+                if not set(VERDICT_COLUMNS) <= set(header):
+                    continue
+                at = [header.index(c) for c in VERDICT_COLUMNS]
+                rows |= {row[0]: [row[i] for i in at] for row in body}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=list(VERDICT_COLUMNS)).rename_axis("claim")
+
+
+def verdict_listing(notebooks: list[Path]) -> str:
+    """A Markdown table of every verdict of the executed ``notebooks`` (:func:`verdicts`): chapter (its number),
+    claim, verdict, estimate [interval] and n, in the order given; a chapter that decides nothing adds no row."""
+    lines = ["| chapter | claim | verdict | estimate [interval] | n |", "| ---: | --- | --- | --- | ---: |"]
+    for path in notebooks:
+        cells = _cells(path)
+        if any(c["cell_type"] == "code" and c["source"] and c.get("execution_count") is None for c in cells):
+            raise ValueError(f"{path} has code cells that never ran; execute it first")
+        title = _title(cells)
+        title = title.split(". ", 1)[0] if title[0].isdigit() else title
+        table = verdicts(path)
+        lines += [f"| {title} | {name} | {row['verdict']} | {row['estimate [interval]']} | {row['n']} |"
+                  for name, row in table.iterrows()]
     return "\n".join(lines) + "\n"
 
 

@@ -410,8 +410,15 @@ def _profile_words(profile: profiles.Profile) -> str:
             f"tokens, {profile.rows_per_chunk or 'all'} rows per chunk")
 
 
-def _print_plan(heading: str, table: pd.DataFrame, too_large: list[str], beyond: str) -> int:
-    """Print a plan's table, each chapter's sizes and each step that does not fit; 1 if a chapter does not."""
+def _print_plan(heading: str, table: pd.DataFrame, too_large: list[str], beyond: str, as_markdown: bool) -> int:
+    """Print a plan's table (as Markdown, or with each chapter's sizes below it) and each step that does not fit; 1
+    if a chapter does not fit."""
+    missing = list(table.index[~table["fits"]])
+    if as_markdown:
+        print(f"{heading}:\n\n{plan.markdown(table)}", end="")
+        if too_large:
+            print("\nSteps that do not fit:\n\n" + "".join(f"* {line}\n" for line in too_large), end="")
+        return 1 if missing else 0
     print(f"{heading}:")
     shown = table.assign(fits=table["fits"].map({True: "yes", False: "NO"}))
     print(shown.drop(columns="sizes").to_string(float_format=lambda x: f"{x:.1f}"))
@@ -419,7 +426,6 @@ def _print_plan(heading: str, table: pd.DataFrame, too_large: list[str], beyond:
         print(f"  {name}: {sizes}")
     for line in too_large:
         print(f"  does not fit: {line}")
-    missing = list(table.index[~table["fits"]])
     if missing:
         print(f"{', '.join(missing)} need more than {beyond}")
         return 1
@@ -433,7 +439,7 @@ def _plan_on_cpu(args: argparse.Namespace, model: str, config: LoopedConfig) -> 
     return _print_plan(f"{model} at profile {profile.name} ({_profile_words(profile)}) on a CPU with "
                        f"{args.host_memory:g} GB", plan.host_table(plans, args.host_memory * plan.GB),
                        plan.steps_beyond(plans, args.host_memory * plan.GB, where=None),
-                       f"{args.host_memory:g} GB of memory")
+                       f"{args.host_memory:g} GB of memory", args.markdown)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -458,18 +464,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _plan_on_cpu(args, model, config)
     card = profiles.card_for(args.gpu_memory)
     profile = profiles.PROFILES[args.profile or profiles.name_for(config, model, card)]
-    plans = plan.chapter_plans(config, profile)
-    table = plan.plan_table(plans, args.gpu_memory * plan.GB)
-    heading = (f"{model} at profile {profile.name} ({_profile_words(profile)}) on a "
-               f"{args.gpu_memory:g} GB GPU, {plan.GPU_RESERVE / plan.GB:g} GB kept free")
-    too_large = plan.steps_beyond(plans, args.gpu_memory * plan.GB)
-    if args.markdown:
-        print(f"{heading}:\n\n{plan.markdown(table)}", end="")
-        if too_large:
-            print("\nSteps that do not fit:\n\n" + "".join(f"* {line}\n" for line in too_large), end="")
-        return 0 if table["fits"].all() else 1
-    return _print_plan(heading, table, too_large,
-                       f"{args.gpu_memory:g} GB; choose a larger GPU or a smaller profile")
+    plans, gpu_bytes = plan.chapter_plans(config, profile), args.gpu_memory * plan.GB
+    return _print_plan(f"{model} at profile {profile.name} ({_profile_words(profile)}) on a "
+                       f"{args.gpu_memory:g} GB GPU, {plan.GPU_RESERVE / plan.GB:g} GB kept free",
+                       plan.plan_table(plans, gpu_bytes), plan.steps_beyond(plans, gpu_bytes),
+                       f"{args.gpu_memory:g} GB; choose a larger GPU or a smaller profile", args.markdown)
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:
@@ -1169,15 +1168,37 @@ def _add_chapter_times(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_chapter_times)
 
 
+# -- verdicts -------------------------------------------------------------------------------------------------------
+
+
+def cmd_verdicts(args: argparse.Namespace) -> int:
+    from looped_kv import book
+
+    paths = args.notebooks or [Path("notebooks") / f"{name}.ipynb" for name in book.NOTEBOOKS if name.startswith("ch")]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ValueError(f"NOTEBOOK must be executed .ipynb files, not found: {', '.join(missing)}")
+    print(book.verdict_listing(paths), end="")
+    return 0
+
+
+def _add_verdicts(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verdicts", help="every verdict the executed chapters show, as a Markdown table (chapter, "
+                                        "claim, verdict, estimate [interval], n), to compare executions")
+    p.add_argument("notebooks", nargs="*", type=Path, metavar="NOTEBOOK",
+                   help="executed chapters (.ipynb; default: the book's chapters in notebooks/)")
+    p.set_defaults(func=cmd_verdicts)
+
+
 def parser() -> Parser:
     ap = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--debug", action="store_true", help="show an error's traceback (give it before the command)")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser,
                             metavar="{generate,bench,batched,memory,plan,batch,speed,pass-cost,pass-cost-check,gpu-check,"
-                                    "plan-check,train,select,gates,scout,chapter-times}")
+                                    "plan-check,train,select,gates,scout,chapter-times,verdicts}")
     for add in (_add_generate, _add_bench, _add_batched, _add_memory, _add_plan, _add_batch, _add_speed,
                 _add_pass_cost, _add_pass_cost_check, _add_gpu_check, _add_plan_check, _add_train, _add_select,
-                _add_gates, _add_scout, _add_chapter_times):
+                _add_gates, _add_scout, _add_chapter_times, _add_verdicts):
         add(sub)
     ap.commands = sub.choices
     return ap

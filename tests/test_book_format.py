@@ -81,3 +81,37 @@ def test_a_notebook_without_recorded_timing_is_refused(tmp_path):
                                                       "shell.execute_reply": "2026-12-03T10:00:02.0Z"}
     (tmp_path / "x.ipynb").write_text(json.dumps(notebook))
     assert book.execution_seconds(tmp_path / "x.ipynb") == 1.5
+
+
+def test_looped_kv_verdicts_lists_what_the_chapters_verdict_tables_show(tmp_path, capsys):
+    """The verdicts listing reads back every row of a chapter's verdict table as the page shows it (label, estimate
+    with its interval, n), skips the chapter's other tables, and refuses a chapter that never ran."""
+    import nbformat
+    import numpy as np
+
+    from looped_kv.analysis.verdicts import Claim, interval_table, verdict
+
+    rng = np.random.default_rng(0)
+    b = rng.normal(3.0, 1.0, 40)
+    claim = Claim("A beats B", "Paper Table 1", minimum=0.1, minimum_source="the test's smallest effect")
+    shown = {"problems: A vs B": verdict(claim, b + 0.5 + rng.normal(0, 0.1, 40), b),
+             "code: A vs B": verdict(claim, b[:20] - 0.5, b[:20])}
+    html = book.table(interval_table(shown)).to_html()
+    other = book.table(pd.DataFrame({"tokens/s": [1.0, 2.0]})).to_html()
+    cell = nbformat.v4.new_code_cell("display(table)", execution_count=1, outputs=[
+        nbformat.v4.new_output("display_data", data={"text/html": h, "text/plain": "<Styler>"}) for h in (other, html)])
+    chapter = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 9. A chapter"), cell])
+    path = tmp_path / "ch09.ipynb"
+    nbformat.write(chapter, path)
+    listed = book.verdicts(path)
+    assert list(listed.index) == list(shown)
+    for name, v in shown.items():
+        assert list(listed.loc[name]) == [v.label, v.estimate_text, str(v.n)]
+    assert main(["verdicts", str(path)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[2] == f"| 9 | problems: A vs B | {shown['problems: A vs B'].label} | " \
+                      f"{shown['problems: A vs B'].estimate_text} | 40 |" and len(rows) == 4
+    cell.execution_count = None
+    nbformat.write(chapter, path)
+    assert main(["verdicts", str(path)]) == 2
+    assert f"{path} has code cells that never ran; execute it first" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from looped_kv.runtime.memory import m_full, m_ripe
 torch.set_num_threads(1)  # small models: more threads only add contention
 HELP = {
     (): ["generate", "bench", "batched", "memory", "batch", "speed", "gpu-check", "plan-check", "train", "select",
-         "gates", "scout"],
+         "gates", "scout", "verdicts"],
     ("generate",): ["--method", "--cache", "--window", "--draft-loops", "--gamma", "--max-width", "--prefix-reads",
                     "--inexact", "--max-new-tokens", "--json", "--model", "--dtype", "--device", "--threads"],
     ("bench",): ["--workloads", "--prompts", "--max-new-tokens", "--methods", "--draft-loops", "--gamma", "--model",
