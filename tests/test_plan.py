@@ -223,6 +223,10 @@ def test_a_cpu_profile_is_planned_against_host_memory(capsys):
     assert main(["plan", "--model", "parcae-140m", "--device", "cpu", "--host-memory", "4"]) == 1
     out = capsys.readouterr().out
     assert "at profile parcae-140m-cpu" in out and "  does not fit: ch04, " in out and "need more than 4 GB" in out
+    assert main(["plan", "--profile", "parcae-140m-cpu", "--host-memory", "4", "--markdown"]) == 1  # as Markdown
+    out = capsys.readouterr().out
+    assert "| chapter | GB | fits | peak at | sizes |\n| --- | ---: | --- | --- | --- |\n" in out
+    assert re.search(rf"^\| ch04 \| {ch04:.1f} \| no \| ", out, re.M) and "* ch04, " in out
     assert main(["plan", "--host-memory", "-2"]) == 2
     assert "--host-memory must be > 0" in capsys.readouterr().err
 

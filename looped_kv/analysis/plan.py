@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -420,10 +421,18 @@ def host_table(plans: dict[str, ChapterPlan], host_bytes: float) -> pd.DataFrame
 
 
 def markdown(table: pd.DataFrame) -> str:
-    """:func:`plan_table` as a Markdown table (the GPU page includes one)."""
-    lines = ["| chapter | GPU GB | host GB | fits | GPU peak at | sizes |", "| --- | ---: | ---: | --- | --- | --- |"]
-    lines += [f"| {name} | {row['GPU GB']:.1f} | {row['host GB']:.1f} | {'yes' if row['fits'] else 'no'} | "
-              f"{row['GPU peak at']} | {row['sizes']} |" for name, row in table.iterrows()]
+    """A plan's table (:func:`plan_table` for a GPU, :func:`host_table` for a CPU) as Markdown, GB to 0.1 and fits as
+    yes or no (the GPU page includes some)."""
+
+    def cell(x: object) -> str:
+        if isinstance(x, (bool, np.bool_)):
+            return "yes" if x else "no"
+        return f"{x:.1f}" if isinstance(x, (float, np.floating)) else str(x)
+
+    numeric = [pd.api.types.is_float_dtype(table[c]) for c in table.columns]
+    lines = [f"| {' | '.join([table.index.name, *table.columns])} |",
+             f"| --- | {' | '.join('---:' if n else '---' for n in numeric)} |"]
+    lines += [f"| {name} | {' | '.join(cell(x) for x in row)} |" for name, row in table.iterrows()]
     return "\n".join(lines) + "\n"
 
 
