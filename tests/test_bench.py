@@ -304,12 +304,13 @@ def test_the_decode_phase_speed_up_leaves_the_shared_prefill_out():
 
 def test_a_recorded_bench_names_its_weights_and_is_refused_for_others(tmp_path):
     runs = pd.DataFrame({"prompt": [0, 1], "method": ["ar", ("carry", 1)], "time_s": [1.0, np.nan]})
-    measured = {"environment": {"cpu": "test CPU", "threads": 1, "torch": "2"}, "runs": {"problems": runs}}
+    measured = {"commit": "abc1234", "environment": {"cpu": "test CPU", "threads": 1, "torch": "2"},
+                "runs": {"problems": runs}}
     path = tmp_path / "bench.json"
     bench.write_record(path, measured, "tiny", "looped-kv bench --record bench.json")
     header, read = bench.read_record(path, "tiny")
     assert header["command"] == "looped-kv bench --record bench.json" and header["environment"]["cpu"] == "test CPU"
-    assert header["weights_sha256"] == bench.weights_sha256("tiny") and {"commit", "date"} <= set(header)
+    assert header["weights_sha256"] == bench.weights_sha256("tiny") and header["commit"] == "abc1234" and header["date"]
     assert read["problems"]["time_s"].isna().tolist() == [False, True]
     assert read["problems"]["method"].tolist() == ["ar", bench.label(("carry", 1))]  # names kept: verdicts read them
     sentence = bench.provenance({**header, "environment": {"cpu": "test CPU", "threads": 1, "torch": "2"}})
@@ -340,7 +341,7 @@ def test_speed_verdicts_read_the_recorded_bench_in_both_modes(tmp_path):
     model they read the recorded bench (16 prompts, 2 rounds, eager and compiled) and say where it was measured."""
     runs = pd.concat([_timed("eager", 1.5), _timed("compiled", 1.0)], ignore_index=True)
     path = tmp_path / "bench.json"
-    bench.write_record(path, {"environment": {"cpu": "test CPU", "threads": 1, "torch": "2"},
+    bench.write_record(path, {"commit": "abc1234", "environment": {"cpu": "test CPU", "threads": 1, "torch": "2"},
                               "runs": {"problems": runs}}, "tiny", "looped-kv bench --record bench.json")
     timing, source = bench.speed_timing({"problems": runs[runs["mode"] == "eager"].head(6)}, path)
     assert set(timing) == {"eager", "compiled"} and source.startswith("measured on ")

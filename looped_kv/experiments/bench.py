@@ -649,9 +649,10 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
     (``modes``), tau or A as a fraction of its ceiling, the best compiled speculative method against compiled greedy
     decoding, and the verdicts on "Mature-Spec beats self-speculation", measured with cuDNN attention off
     (:func:`looped_kv.runtime.measurement.measurement_mode`). Every prompt is checked before decoding. Returns what
-    :func:`write_record` keeps: the measurement's environment and each workload's timing runs."""
+    :func:`write_record` keeps: the commit, the measurement's environment and each workload's timing runs."""
     check_options(prompts, max_new_tokens, draft_loops, gamma, methods, workloads, repeats, caches)
     check_model(model.config.mean_recurrence, draft_loops)
+    commit = source_commit()  # what ran, read before a long measurement
     if draft_loops is None:
         draft_loops = settings.default_draft_loops(model.config.mean_recurrence)
     configs = {name: config for name, config in method_configs(draft_loops, gamma).items() if name in methods}
@@ -667,7 +668,7 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
               f"self-spec and mature-spec: d = {draft_loops}, gamma = {gamma}; pld: up to {gamma} drafts of "
               f"{PromptLookup.ngram}-grams; das-wave: {', '.join(f'{name} {wave[name]}' for name in WAVE_KEYS)}; "
               f"modes: {', '.join(modes)}")
-        measured: dict[str, object] = {"environment": dict(record), "runs": {}}
+        measured: dict[str, object] = {"commit": commit, "environment": dict(record), "runs": {}}
         for workload, ids in encoded.items():
             runs = run_paired(model, ids, configs, max_new_tokens, progress=progress, repeats=repeats,
                               modes=modes)
@@ -721,15 +722,14 @@ def weights_sha256(source: str | Path) -> str:
 
 def write_record(path: Path, measured: Mapping[str, object], source: str | Path, command: str,
                  **header: object) -> None:
-    """Save a bench (:func:`report`'s return) with what makes it a record: the command that printed it, the commit,
-    the machine (CPU model, threads, torch), the date, the weights' digest (:func:`weights_sha256`) and any other
-    ``header`` fields."""
-    commit = source_commit()
+    """Save a bench (:func:`report`'s return) with what makes it a record: the command that printed it, the commit it
+    started at (``measured["commit"]``: later commits during a long run do not rename it), the machine (CPU model,
+    threads, torch), the date, the weights' digest (:func:`weights_sha256`) and any other ``header`` fields."""
     runs = {w: json.loads(r.assign(method=r["method"].map(lambda m: m if isinstance(m, str) else label(m)))
                           .to_json(orient="records"))
             for w, r in measured["runs"].items()}
     path.write_text(json.dumps({
-        "command": command, "commit": commit, "environment": measured["environment"],
+        "command": command, "commit": measured["commit"], "environment": measured["environment"],
         "date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "weights_sha256": weights_sha256(source),
         **header, "runs": runs}, indent=1) + "\n")
 

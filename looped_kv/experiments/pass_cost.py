@@ -209,13 +209,14 @@ def measure(model: LoopedLM, grid: Grid, progress: bool = True, seed: int = 0) -
 
 def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progress: bool = True) -> PassCost:
     """Measure the grid, fit the model, print its residuals and coefficients and write it to ``out`` (checked by the
-    caller) with the machine, the command, the commit, the date and the weights' digest."""
+    caller) with the machine, the command, the commit it started at, the date and the weights' digest."""
+    commit = source_commit()  # what ran, read before a long measurement
     with measurement_mode() as environment:
         print(f"model {source} on {model.device} ({str(model.dtype).removeprefix('torch.')}), R = "
               f"{model.config.mean_recurrence}, {environment['threads']} thread(s), {environment['cpu']}; "
               f"{grid.rounds} interleaved rounds, modes {', '.join(grid.modes)}")
         timings = measure(model, grid, progress)
-    meta = {"command": command, "commit": source_commit(), "date": datetime.now(timezone.utc).isoformat(
+    meta = {"command": command, "commit": commit, "date": datetime.now(timezone.utc).isoformat(
         timespec="minutes"), "environment": environment, "model": source, "weights_sha256": weights_sha256(source),
             "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device), "batch": BATCH,
             "rounds": grid.rounds, "loops": grid.loops, "contexts": grid.contexts,
@@ -275,6 +276,7 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
     with the command, the commit, the machine, the date, the weights' digest and the pass-cost record's."""
     check_mode(cost, mode)
     runs: dict[str, pd.DataFrame] = {}
+    commit = source_commit()  # what ran, read before a long measurement
     with measurement_mode() as environment:
         print(f"model {source}, {environment['threads']} thread(s), {environment['cpu']}; {mode}, {prompts} prompts "
               f"per workload x {repeats} interleaved rounds; the pass-cost model of {cost.meta.get('date', '?')}")
@@ -284,7 +286,7 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
             table = compare(runs[workload])
             table.insert(0, "measured / predicted", 1 / table["ratio"])
             print(f"{workload}:\n{table.to_string(float_format=lambda x: f'{x:.3f}')}")
-    write_record(out, {"environment": environment, "runs": runs}, source, command,
+    write_record(out, {"commit": commit, "environment": environment, "runs": runs}, source, command,
                  pass_cost={k: cost.meta.get(k) for k in ("command", "commit", "date", "weights_sha256")})
     print(f"recorded in {out}")
     return runs
