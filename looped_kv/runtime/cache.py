@@ -211,13 +211,21 @@ class PlaneCache:
 
     def gapped(self, site: Site) -> tuple[Tensor, Tensor, tuple[Tensor, ...] | None]:
         """A core site's kept plane with the scratch slots before it (:attr:`gap`: the sinks' S, the ring's W, then
-        one new token), keys and values (B, H, gap + capacity, D), and the sinks' and the ring's keys and values of
-        the site's own loop (None at a kept loop), views made once per site."""
+        one new token), keys and values (B, H, gap + capacity, D), and :meth:`own_planes`, views made once per
+        site."""
         key = ("gap", site.layer, site.loop)
         if key not in self._views:
+            self._views[key] = (self.core_base[0][site.layer, 0], self.core_base[1][site.layer, 0],
+                                self.own_planes(site))
+        return self._views[key]
+
+    def own_planes(self, site: Site) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """The sinks' and the ring's keys and values of a core site's own loop (None where the loop is kept or not
+        stored), views made once per site."""
+        key = ("own", site.layer, site.loop)
+        if key not in self._views:
             slot = self.extra_slot.get(site.loop)
-            own = None if slot is None else tuple(t[site.layer, slot] for t in (*self.sink, *self.ring))
-            self._views[key] = (self.core_base[0][site.layer, 0], self.core_base[1][site.layer, 0], own)
+            self._views[key] = None if slot is None else tuple(t[site.layer, slot] for t in (*self.sink, *self.ring))
         return self._views[key]
 
     def _own(self, which: int, layer: int, plane: int, kind: str, lengths: Tensor) -> Tensor:
@@ -361,6 +369,12 @@ class PlaneCache:
                 _put(self.plane_tensor(0, site, target), writes.main, keys)
                 _put(self.plane_tensor(1, site, target), writes.main, values)
                 return
+            own = self.own_planes(site)  # None: the policy stores nothing of this loop
+            for (own_keys, own_values), scatter in ((own[:2], writes.sink), (own[2:], writes.ring)) if own else ():
+                if own_keys.shape[-2] and (scatter.span is not None or scatter.rows.numel()):  # no empty writes
+                    _put(own_keys, scatter, keys)
+                    _put(own_values, scatter, values)
+            return
         stores: dict[str, dict[tuple[int, ...], tuple[Tensor, Tensor]]] = {"edge": {}, "core": {}, "extra": {}}
         for site, kv in keys_values.items():
             if site.stage != "core":
