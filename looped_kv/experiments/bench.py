@@ -60,9 +60,9 @@ from looped_kv.analysis.verdicts import (
 )
 from looped_kv.decoding import settings
 from looped_kv.decoding.das_wave import check_wave, proposal_width
-from looped_kv.decoding.generate import drafter, generate
+from looped_kv.decoding.generate import generate
 from looped_kv.decoding.loop import PassLog
-from looped_kv.decoding.passes import PassRecord, capacity_bucket
+from looped_kv.decoding.passes import PassRecord
 from looped_kv.decoding.prompts import check_prompts
 from looped_kv.decoding.result import Generation
 from looped_kv.decoding.settings import (
@@ -229,21 +229,6 @@ def acceptance_by_temperature(model: LoopedLM, prompts: Sequence[Tensor], method
     return pd.concat(runs, ignore_index=True)
 
 
-def warm_up(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding], max_new_tokens: int,
-            progress: bool = False) -> None:
-    """Trace every method's compiled steps for every cache capacity the prompts need (one prompt per capacity
-    bucket, :func:`~looped_kv.decoding.passes.capacity_bucket`), so that no timed run compiles."""
-    first: dict[int, Tensor] = {}
-    for ids in prompts:
-        for config in methods.values():
-            decoder = drafter(config, model.config.mean_recurrence)
-            need = ids.shape[-1] + max_new_tokens + (0 if decoder is None else decoder.lookahead)
-            first.setdefault(capacity_bucket(need, model.config.block_size), ids)
-    runs = [(ids, config) for ids in first.values() for config in (Greedy(), *methods.values())]
-    for ids, config in tqdm(runs, desc="compiling", disable=not progress, leave=False):
-        generate(model, ids, config, max_new_tokens=max_new_tokens, compile=True)
-
-
 def check_rounds(repeats: int, modes: Sequence[str]) -> None:
     """The interleaved rounds of a timing run: an integer count >= 1, and modes of :data:`MODES`."""
     if not isinstance(repeats, int) or repeats < 1:
@@ -268,7 +253,12 @@ def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: Mapping[Hashable, Dec
     """Each of ``arms`` (configs by key, changed by ``options`` in every run) decodes ``ids`` once per round,
     in ``repeats`` rounds: the arms in order in even rounds and reversed in odd ones, so that they are timed side by
     side under the same conditions. ``log_passes`` keeps every pass of each arm's first run
-    (:class:`~looped_kv.decoding.loop.PassLog`)."""
+    (:class:`~looped_kv.decoding.loop.PassLog`). Compiled runs (``compile=True``) decode ``ids`` once, untimed,
+    before the rounds: each arm then meets every step shape of this prompt's decoding traced (a trace made inside a
+    timed run had put seconds of compiling into one prompt's time)."""
+    if options.get("compile"):
+        for config in arms.values():
+            generate(model, ids, config, **options)
     times: dict[Hashable, list[float]] = {key: [] for key in arms}
     first: dict[Hashable, Generation] = {}
     passes: dict[Hashable, list[PassRecord]] = {}
@@ -289,12 +279,10 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hash
     greedy decoding and each method (the order reversed every other round), modes one after the other prompt by
     prompt; one row per (prompt, method, mode) with its median time over the rounds, tokens/s, per-prompt speed-up
     over the paired greedy run of its mode (DAS Eq. 8) and over eager greedy decoding, A, G, tau, whether it equals
-    greedy and ``repeats``. Compiled steps are traced before any timed run (:func:`warm_up`); the runs are timed
-    under :func:`~looped_kv.experiments.speed.frozen_heap`."""
+    greedy and ``repeats``. Compiled steps are traced before any timed run (:func:`interleaved_rounds`); the runs are
+    timed under :func:`~looped_kv.experiments.speed.frozen_heap`."""
     check_rounds(repeats, modes)
     generate(model, prompts[0], max_new_tokens=4)  # warm-up
-    if "compiled" in modes:
-        warm_up(model, prompts, methods, max_new_tokens, progress)
     keys = ["ar", *(key for key in methods if key != "ar")]
     configs = {"ar": Greedy(), **methods}
     rows = []
@@ -346,11 +334,8 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: Mappi
             for mode in modes:
                 arms = {"greedy": config, "sampled": replace(config, **ARGMAX_SAMPLING)}
                 options = dict(max_new_tokens=max_new_tokens, compile=mode == "compiled")
-                if mode == "compiled":  # every capacity bucket the prompts need, traced before any timed run
-                    warm_up(model, prompts, arms, max_new_tokens)
-                else:
-                    for arm in arms.values():  # warm before any timed run
-                        generate(model, prompts[0], arm, **options)
+                for arm in arms.values():  # warm before any timed run (compiled: every prompt, interleaved_rounds)
+                    generate(model, prompts[0], arm, **options)
                 for i, ids in enumerate(prompts):
                     rounds = interleaved_rounds(model, ids, arms, repeats, **options)
                     rows.append({"method": key, "mode": mode, "prompt": i,

@@ -47,7 +47,6 @@ from looped_kv.experiments.bench import (
     check_weights,
     interleaved_rounds,
     read_record,
-    warm_up,
     weights_sha256,
     workload_prompts,
     write_record,
@@ -250,10 +249,7 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     check_mode(cost, mode)
     compiled = mode == "compiled"
     configs = {"ar": Greedy(), **{k: c for k, c in methods.items() if c.method != "ar"}}
-    if compiled:  # every capacity bucket the prompts need, traced before any timed run
-        warm_up(model, prompts, configs, max_new_tokens, progress)
-    else:
-        generate(model, prompts[0], max_new_tokens=4)  # warm-up
+    generate(model, prompts[0], max_new_tokens=4)  # warm-up (compiled steps: each prompt's, interleaved_rounds)
     keys, rows = list(configs), []
     with frozen_heap():
         for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
