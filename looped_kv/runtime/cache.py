@@ -209,14 +209,19 @@ class PlaneCache:
                              f"(kept planes {self.policy.kept})")
         return self.core[which][site.layer, self.kept_slot[plane]]
 
-    def gapped(self, site: Site) -> tuple[Tensor, Tensor, tuple[Tensor, ...] | None]:
+    def gapped(self, site: Site) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]], tuple[Tensor, Tensor]]:
         """A core site's kept plane with the scratch slots before it (:attr:`gap`: the sinks' S, the ring's W, then
-        one new token), keys and values (B, H, gap + capacity, D), and :meth:`own_planes`, views made once per
-        site."""
+        one new token), keys and values (B, H, gap + capacity, D); the (scratch slots, own plane) pairs a one-token
+        pass copies at the site's loop (the sinks' and the ring's keys and values of :meth:`own_planes`; none at a
+        kept loop, and none for an empty store); and the token's slot, keys and values. Views made once per site."""
         key = ("gap", site.layer, site.loop)
         if key not in self._views:
-            self._views[key] = (self.core_base[0][site.layer, 0], self.core_base[1][site.layer, 0],
-                                self.own_planes(site))
+            keys, values = self.core_base[0][site.layer, 0], self.core_base[1][site.layer, 0]
+            own, S, W = self.own_planes(site), self.sink_size, self.ring_size
+            copies = [] if own is None else [
+                (base.narrow(2, at, size), plane) for at, size, planes in ((0, S, own[:2]), (S, W, own[2:])) if size
+                for base, plane in zip((keys, values), planes, strict=True)]
+            self._views[key] = (keys, values, copies, (keys.narrow(2, S + W, 1), values.narrow(2, S + W, 1)))
         return self._views[key]
 
     def own_planes(self, site: Site) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
@@ -593,16 +598,13 @@ class CachePass:
         slots before the kept plane, the token after them, and the call reads [0, gap + L - W) but the kept plane's
         first S positions. Loop R reads every position at plane R: [S + W, gap + L). Rows of other lengths mask the
         positions past their own."""
+        base_keys, base_values, copies, (token_keys, token_values) = self.cache.gapped(site)
+        for scratch, plane in copies:  # loop r < R: the sinks and the ring at plane r (aligned reads)
+            scratch.copy_(plane)
+        token_keys.copy_(keys)
+        token_values.copy_(values)
         S, W = self.cache.sink_size, self.cache.ring_size
-        base_keys, base_values, own = self.cache.gapped(site)
-        if own is not None:  # loop r < R: the sinks and the ring at plane r (aligned reads), else plane R everywhere
-            for at, size, (own_keys, own_values) in ((0, S, own[:2]), (S, W, own[2:])):
-                if size:  # RIPE has no sinks, a sinks policy may have no window: no empty copies in the hot path
-                    base_keys.narrow(2, at, size).copy_(own_keys)
-                    base_values.narrow(2, at, size).copy_(own_values)
-        base_keys.narrow(2, S + W, 1).copy_(keys)
-        base_values.narrow(2, S + W, 1).copy_(values)
-        start, behind = (0, W) if own is not None else (S + W, 0)  # behind: window positions not read at plane R
+        start, behind = (0, W) if copies else (S + W, 0)  # behind: window positions not read at plane R
         stop = self.gap_stop - behind
         return attend(queries, base_keys[:, :, start:stop], base_values[:, :, start:stop],
                       self._gap_mask(start, behind))
@@ -610,17 +612,19 @@ class CachePass:
     def _gap_mask(self, start: int, behind: int) -> Tensor | None:
         """Which slots of [start, gap + longest row - behind) each row reads: the scratch, then its own positions
         (at loop r < R, not the kept plane's first S: the sinks' positions, read at plane r from the scratch)."""
+        if start in self._gap_masks:  # made once per pass
+            return self._gap_masks[start]
         lengths, gap = self.cache.host_lengths, self.cache.gap
         hole = self.cache.sink_size if start == 0 else 0
-        if len(set(lengths)) == 1 and not hole:
-            return None
-        if start not in self._gap_masks:
+        keep = None
+        if len(set(lengths)) > 1 or hole:
             j = torch.arange(start, gap + max(lengths) - behind, device=self.cache.lengths.device)
             keep = j < gap + self.cache.lengths[:, None] - behind
             if hole:
                 keep = keep & ((j < gap) | (j >= gap + hole))
-            self._gap_masks[start] = keep[:, None, None]
-        return self._gap_masks[start]
+            keep = keep[:, None, None]
+        self._gap_masks[start] = keep
+        return keep
 
     def _reads(self, site: Site, keys: Tensor, values: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
         """What the call reads: the prefix segments, then the uncommitted tokens and the block (one segment)."""
