@@ -327,12 +327,12 @@ class _TableRows(HTMLParser):
 VERDICT_COLUMNS = ("verdict", "estimate [interval]", "n")
 
 
-def verdicts(notebook: Path) -> pd.DataFrame:
+def verdicts(notebook: Path, cells: list[dict] | None = None) -> pd.DataFrame:
     """Every verdict an executed chapter shows in its verdict tables (the tables with :data:`VERDICT_COLUMNS`, as
     :func:`~looped_kv.analysis.verdicts.interval_table` draws them): one row each, indexed by its name, with the
-    label, the estimate with its interval, and n."""
+    label, the estimate with its interval, and n; ``cells``: the notebook's, if read."""
     rows = {}
-    for cell in _cells(notebook):
+    for cell in _cells(notebook) if cells is None else cells:
         for output in cell.get("outputs", []):
             parser = _TableRows()
             parser.feed("".join(output.get("data", {}).get("text/html", "")))
@@ -354,7 +354,7 @@ def verdict_listing(notebooks: list[Path]) -> str:
             raise ValueError(f"{path} has code cells that never ran; execute it first")
         title = _title(cells)
         title = title.split(". ", 1)[0] if title[0].isdigit() else title
-        table = verdicts(path)
+        table = verdicts(path, cells)
         lines += [f"| {title} | {name} | {row['verdict']} | {row['estimate [interval]']} | {row['n']} |"
                   for name, row in table.iterrows()]
     return "\n".join(lines) + "\n"

@@ -334,8 +334,9 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: Mappi
             for mode in modes:
                 arms = {"greedy": config, "sampled": replace(config, **ARGMAX_SAMPLING)}
                 options = dict(max_new_tokens=max_new_tokens, compile=mode == "compiled")
-                for arm in arms.values():  # warm before any timed run (compiled: every prompt, interleaved_rounds)
-                    generate(model, prompts[0], arm, **options)
+                if mode == "eager":  # warm before any timed run (compiled runs: each prompt, interleaved_rounds)
+                    for arm in arms.values():
+                        generate(model, prompts[0], arm, **options)
                 for i, ids in enumerate(prompts):
                     rounds = interleaved_rounds(model, ids, arms, repeats, **options)
                     rows.append({"method": key, "mode": mode, "prompt": i,
