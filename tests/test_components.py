@@ -73,9 +73,12 @@ def test_deep_kv_over_deep_v_verdicts(tiny):
     ids = prompts(tiny, 2)
     acceptance = bench.acceptance_runs(tiny, ids, methods, 12)
     timing = bench.run_paired(tiny, ids[:1], methods, 8, progress=False)
-    verdicts = components.deep_kv_over_deep_v_verdicts(timing, acceptance)
-    assert verdicts["acceptance"].claim == components.DEEP_KV_ACCEPTS_MORE and verdicts["acceptance"].n == 2
-    assert all(v.label == INCONCLUSIVE for v in verdicts.values())  # too few prompts
+    accepts = components.deep_kv_acceptance_verdict(acceptance)
+    (speed,) = bench.speed_verdicts(components.DEEP_KV_FASTER, {"eager": {"problems": timing}}, "mature-spec",
+                                    bench.DEEP_V_SPEC).values()
+    assert accepts.claim == components.DEEP_KV_ACCEPTS_MORE and accepts.n == 2
+    assert speed.claim == components.DEEP_KV_FASTER
+    assert all(v.label == INCONCLUSIVE for v in (accepts, speed))  # too few prompts
 
 
 def test_acceptance_prediction_verdict():
