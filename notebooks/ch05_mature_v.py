@@ -546,8 +546,8 @@ book.table(ours7, digits=3, caption=f"This model: d = {d}, γ = {gamma}; speed-u
 # %%
 deep_kv_accepts = {w: components.deep_kv_acceptance_verdict(acceptance[w])
                    for w in data.WORKLOADS}
-deep_kv_speed = bench.speed_verdicts(components.DEEP_KV_FASTER, recorded, "mature-spec",
-                                     bench.DEEP_V_SPEC)  # the recorded bench, as above
+deep_kv_speed = bench.speed_verdicts(  # the recorded bench, as above
+    components.DEEP_KV_FASTER, recorded, "mature-spec", bench.DEEP_V_SPEC)
 
 # %% tags=["remove-input"]
 kv_ahead = int(((table7["Deep K/V"]["speed-up"] > table7["Deep V"]["speed-up"])
