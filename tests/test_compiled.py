@@ -96,6 +96,32 @@ def test_compiled_passes_sample_the_eager_tokens(backend, model, method):
     assert any(not torch.equal(a, b) for a, b in zip(greedy.sequences, traced.sequences, strict=True))
 
 
+def in_graph_only(fn):
+    """``fn``, refusing to run outside a compiled graph (traced, it runs once per graph, at trace time)."""
+    def wrapped(*args):
+        if not torch.compiler.is_compiling():
+            raise AssertionError(f"{fn.__name__} ran outside a compiled graph")
+        return fn(*args)
+    return wrapped
+
+
+def test_compiled_passes_draw_inside_their_graphs(backend, model, monkeypatch):
+    """The sampler's picks (the drafts' draws, the speculative sampling rule) run inside the compiled passes' graphs,
+    at no call of their own per token; the eager passes run them after each pass (so the guard can fail)."""
+    from looped_kv.decoding import sampling
+
+    ids, options, methods = prompts(model), dict(temperature=0.9, top_p=0.95, seed=[3, 8]), ("ar", "self-spec", "pld")
+    eager = {method: run(model, ids, method, **options) for method in methods}
+    monkeypatch.setattr(sampling, "verify", in_graph_only(sampling.verify))
+    drafting, draws = sampling.Sampler.drafting, in_graph_only(sampling.pick)
+    monkeypatch.setattr(sampling.Sampler, "drafting", lambda self, offset: (draws, drafting(self, offset)[1]))
+    for method in methods:
+        traced = run(model, ids, method, compile=True, **options)
+        assert traced.tokens.tolist() == eager[method].tokens.tolist(), method
+    with pytest.raises(AssertionError, match="ran outside a compiled graph"):
+        run(model, ids, "self-spec", **options)
+
+
 @pytest.mark.parametrize("method", ["ar", "das-wave"])
 def test_float32_passes_trace_whole_and_emit_the_eager_tokens(backend, model, method):
     """In float32 the eager step calls ops a trace can't hold (the fused norm): the traced step must not."""

@@ -534,7 +534,7 @@ def test_draft_readouts_are_the_decoders_own_draft_passes(family):
     reads = {spec: make_prefix_reads(spec, R) for spec in ("aligned", "deep-kv", (2, 3))}
     got = draft_readouts(model, cache, pending, [1, 3, R], reads)
     for (d, spec), draft in got.items():
-        logits, _ = passes.run(pending, d, reads=reads[spec], store=None)
+        logits, _, _ = passes.run(pending, d, reads=reads[spec], store=None)
         assert torch.equal(draft, logits[:, -1].argmax(-1)), (d, spec)
     assert len(got) == 9
 

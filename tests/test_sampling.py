@@ -72,6 +72,20 @@ def test_draws_never_pick_a_token_of_weight_zero():
     assert draw(weights, u).tolist() == [1, 3, 3]
 
 
+def test_a_draw_is_the_right_sided_search_of_its_uniform_in_the_cdf():
+    """draw counts the cumulative weights at or below u times the total: torch.searchsorted(right=True), also where
+    u lands exactly on a cumulative weight, in float64 and float32 weights."""
+    generator = torch.Generator().manual_seed(2)
+    for dtype in (torch.float64, torch.float32):
+        weights = torch.rand(64, 50, generator=generator, dtype=dtype) ** 4 * (torch.rand(64, 50) > 0.3)
+        weights[:, 0] += 1e-3  # a positive total in every row
+        cdf = weights.double().cumsum(-1)
+        u = torch.rand(64, generator=generator, dtype=torch.float64) * (1 - 2.0**-52)
+        u[:16] = cdf[:16, 20] / cdf[:16, -1]  # on a step of the CDF
+        searched = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+        assert torch.equal(draw(weights, u), searched)
+
+
 def test_uniforms_are_splitmix64_of_seed_position_and_stream():
     """The int64 arithmetic wraps as SplitMix64's unsigned arithmetic does (checked against Python integers)."""
     mask = 2**64 - 1

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from looped_kv.decoding.loop import DecodeView, LogitsRecorder, Observer, Observers, Outcome, decode
 from looped_kv.decoding.passes import new_buffer, new_cache, pass_positions, prompt_logits, run_pass
-from looped_kv.decoding.sampling import Sampler
+from looped_kv.decoding.sampling import Pick, Sampler
 from looped_kv.runtime.cache import CachePass, PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, PrefixReads, make_policy
@@ -101,18 +101,25 @@ class ForcedTokens(Sampler):
         super().keep(rows)
         self.forced = self.forced[rows]
 
-    def _at(self, n: int, offset: int) -> Tensor:
-        positions = self.cache.lengths[:, None] + offset + torch.arange(n, device=self.cache.lengths.device)
-        return self.forced.gather(1, positions)
-
     def first(self, logits: Tensor) -> Tensor:
-        return self._at(1, 0)
+        return forced(logits[:, None], self.forced, self.cache.lengths, 0)
 
-    def draft(self, logits: Tensor, offset: int) -> tuple[Tensor, Tensor | None]:
-        return self._at(logits.shape[1], offset), None
+    def drafting(self, offset: int) -> Pick:
+        return forced_drafts, (self.forced, self.cache.lengths, offset)
 
-    def targets(self, logits: Tensor, drafts: Tensor, q: Tensor | None, lengths: Tensor | None) -> Tensor:
-        return self._at(logits.shape[1], 1)
+    def verifying(self, drafts: Tensor, q: Tensor | None, lengths: Tensor | None) -> Pick:
+        return forced, (self.forced, self.cache.lengths, 1)
+
+
+def forced(logits: Tensor, tokens: Tensor, lengths: Tensor, offset: int) -> Tensor:
+    """The trajectories' ``tokens`` (B, positions) at the n positions from ``offset`` past each row's ``lengths``,
+    whatever the ``logits`` (B, n, V)."""
+    return tokens.gather(1, lengths[:, None] + offset + torch.arange(logits.shape[1], device=lengths.device))
+
+
+def forced_drafts(logits: Tensor, tokens: Tensor, lengths: Tensor, offset: int) -> tuple[Tensor, None]:
+    """:func:`forced` as drafts, with no distribution."""
+    return forced(logits, tokens, lengths, offset), None
 
 
 class BlockChecks(Observer):

@@ -23,14 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from looped_kv.decoding.exits import ExitRule
-from looped_kv.decoding.passes import Passes, PassRecord, check_empty, pass_positions
+from looped_kv.decoding.passes import Passes, PassRecord, check_empty, pass_positions, picked
 from looped_kv.decoding.prompts import pad_prompts
 from looped_kv.decoding.result import Generation
+from looped_kv.decoding.sampling import Pick
 from looped_kv.runtime.attention import Site
 from looped_kv.runtime.cache import CachePass, PlaneCache
 from looped_kv.runtime.memory import exit_bytes
@@ -124,7 +126,7 @@ class AdaptivePasses(Passes):
             self.loops[seq] = [loop] * len(prompt)
         return logits[torch.arange(len(prompts), device=ids.device), last]
 
-    def verify(self, tokens: Tensor) -> tuple[Tensor, str]:
+    def verify(self, tokens: Tensor, pick: Pick) -> tuple[Tensor, str, Any]:
         """One token per row (B, 1) through the loops until each row exits; its keys/values go straight into the
         cache."""
         if tokens.shape[1] != 1:
@@ -135,7 +137,7 @@ class AdaptivePasses(Passes):
         self._tell("verify", 1, int(loops.max()), self.cache.max_length)
         for seq, loop in zip(self.order, loops.tolist(), strict=True):
             self.loops[seq].append(loop)
-        return logits, "cache"
+        return logits, "cache", picked(logits, pick)
 
     def keep_rows(self, rows: list[int]) -> None:
         super().keep_rows(rows)

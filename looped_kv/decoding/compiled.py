@@ -16,6 +16,8 @@ So each tensor has one shape at every call, and a step is traced once per shape:
   more than one token is written to the block buffer and committed from it;
 * a d-loop draft writes into the buffer at its column, a 0-d tensor, so the gamma drafts of a block share
   one trace;
+* the tokens a draft or verification picks from its logits (the argmax, or the sampler's draws and the speculative
+  sampling rule: :data:`~looped_kv.decoding.sampling.Pick`) are computed in its graph, at no call of their own;
 * a DAS-Wave round refines the first :func:`refined_width` positions, a bucket of its active width (the
   inactive ones after the active ones, so no active position reads them), and keeps the active guesses and
   states with masks, so its J rounds take one trace per width bucket whenever they read the same planes
@@ -30,13 +32,15 @@ for each kind of device.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.passes import Passes, PassRecord, capacity_bucket, check_empty, last_logits
+from looped_kv.decoding.passes import Passes, PassRecord, capacity_bucket, check_empty, last_logits, picked
 from looped_kv.decoding.prompts import pad_prompts
+from looped_kv.decoding.sampling import Pick
 from looped_kv.runtime.cache import BlockBuffer, PlaneCache, PrefillPass, StaticCachePass
 from looped_kv.runtime.model import LoopedLM, check_finite
 from looped_kv.runtime.policy import ALIGNED, PrefixReads, read_planes
@@ -52,9 +56,10 @@ OPTIONS: dict[str, dict[str, object]] = {"cpu": {"cpp_wrapper": True,
 
 
 def _forward(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, tokens: Tensor, lengths: Tensor,
-             offset: Tensor | None, state: Tensor | None, num_loops: int, planes: tuple,
-             store: str | None) -> tuple[Tensor, Tensor]:
-    """One static pass of ``tokens`` (B, n) after each row's ``lengths`` (and ``offset`` drafts): (logits, state)."""
+             offset: Tensor | None, state: Tensor | None, num_loops: int, planes: tuple, store: str | None,
+             pick: Pick | None) -> tuple[Tensor, Tensor, object]:
+    """One static pass of ``tokens`` (B, n) after each row's ``lengths`` (and ``offset`` drafts): (logits, state,
+    the tokens ``pick`` makes of the logits, in the same graph)."""
     positions = lengths[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
     if offset is not None:
         positions = positions + offset
@@ -62,20 +67,20 @@ def _forward(model: LoopedLM, cache: PlaneCache, buffer: BlockBuffer | None, tok
     out = model(tokens, num_loops, state, positions=positions, router=router, return_state=True,
                 max_position=cache.capacity - 1, check=False)
     router.store_block()
-    return out
+    return (*out, picked(out[0], pick))
 
 
 # One traced function per kind of pass (each its own code object, so each has torch.compile's recompile limit).
-def _step(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store):
-    return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store)
+def _step(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store, pick):
+    return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store, pick)
 
 
-def _draft(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store):
-    return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store)
+def _draft(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store, pick):
+    return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store, pick)
 
 
-def _verify(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store):
-    return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store)
+def _verify(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store, pick):
+    return _forward(model, cache, buffer, tokens, lengths, offset, state, num_loops, planes, store, pick)
 
 
 def _prefill(model: LoopedLM, cache: PlaneCache, tokens: Tensor, lengths: Tensor, num_loops: int) -> Tensor:
@@ -113,6 +118,7 @@ def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor
 #: width bucket met in one process (torch.compile's default of 8 is soon reached by a test session or a benchmark of
 #: every method).
 RECOMPILE_LIMIT = 256
+_OWN_RECOMPILE_LIMIT = "recompile_limit" in inspect.signature(torch.compile).parameters  # else a config patch
 _TRACED: dict[tuple, Callable] = {}
 
 
@@ -120,17 +126,22 @@ def traced(fn: Callable, device: torch.device, *, dynamic: bool = False) -> Call
     """``fn`` compiled with :data:`BACKEND` and the :data:`OPTIONS` of ``device``'s type (one graph), made once per
     setting: with static shapes, or (``dynamic``) with the sizes the caller marks dynamic and every other one static."""
     options = OPTIONS.get(device.type) if BACKEND == "inductor" else None
-    key = (fn.__name__, BACKEND, device.type, repr(sorted((options or {}).items())), dynamic)
+    key = (fn.__module__, fn.__qualname__, BACKEND, device.type, repr(sorted((options or {}).items())), dynamic)
     if key not in _TRACED:
+        own_limit = {"recompile_limit": RECOMPILE_LIMIT} if _OWN_RECOMPILE_LIMIT else {}
         compiled = torch.compile(fn, backend=BACKEND, options=options, dynamic=None if dynamic else False,
-                                 fullgraph=True)
-        settings = dict(recompile_limit=RECOMPILE_LIMIT, automatic_dynamic_shapes=False)
+                                 fullgraph=True, **own_limit)
+        settings = {} if own_limit else {"recompile_limit": RECOMPILE_LIMIT}
+        if dynamic:  # only the sizes marked dynamic (static ones: dynamic=False turns automatic dynamism off)
+            settings["automatic_dynamic_shapes"] = False
+        if not settings:  # a config patch on every call costs about what the call does (~25 us on a CPU)
+            _TRACED[key] = compiled
+        else:
+            def call(*args: object) -> tuple[Tensor, Tensor]:
+                with torch._dynamo.config.patch(**settings):
+                    return compiled(*args)
 
-        def call(*args: object) -> tuple[Tensor, Tensor]:
-            with torch._dynamo.config.patch(**settings):
-                return compiled(*args)
-
-        _TRACED[key] = call
+            _TRACED[key] = call
     return _TRACED[key]
 
 
@@ -145,6 +156,10 @@ class CompiledPasses(Passes):
         if not model.config.looped_stack:  # the table of initial states, built before tracing (Ouro has none)
             model.initial_state(torch.arange(cache.capacity, device=cache.lengths.device), 1, last=cache.capacity - 1)
         self._planes: dict[tuple, tuple] = {}
+
+    def kernel(self, fn: Callable) -> Callable:
+        """``fn`` compiled as the steps are (:func:`traced`: one graph, static shapes)."""
+        return traced(fn, self.cache.lengths.device)
 
     def prefill(self, prompts: list[Tensor]) -> Tensor:
         """The prompts' pass into the empty cache, one trace for every prompt length (:class:`PrefillPass`)."""
@@ -170,12 +185,13 @@ class CompiledPasses(Passes):
         return self._planes[key]
 
     def run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
-            store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:
+            store: str | None = None, state: Tensor | None = None, first_loop: int = 1,
+            pick: Pick | None = None) -> tuple[Tensor, Tensor, object]:
         self._tell("draft", tokens.shape[1], num_loops, self.cache.capacity)
         column = torch.tensor(offset, device=tokens.device)
         step = traced(_draft, tokens.device)
         return step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, column, state, num_loops,
-                    self.planes(reads, first_loop, num_loops), store)
+                    self.planes(reads, first_loop, num_loops), store, pick)
 
     def padded_width(self, width: int, most: int) -> int:
         """``most`` columns for any proposal (a block keeps one shape, so one trace), none for an empty one."""
@@ -187,16 +203,16 @@ class CompiledPasses(Passes):
         row's length, where nothing reads them); else the buffer."""
         return "cache" if n == 1 or self.policy.in_own_plane else "buffer"
 
-    def verify(self, tokens: Tensor) -> tuple[Tensor, str]:
+    def verify(self, tokens: Tensor, pick: Pick) -> tuple[Tensor, str, object]:
         R, n = self.policy.num_loops, tokens.shape[1]
         store = self.verification_store(n)
         self._tell("verify", n, R, self.cache.capacity)
         step = traced(_step if n == 1 else _verify, tokens.device)
-        logits, _ = step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
-                         self.planes(ALIGNED, 1, R), store)
+        logits, _, tokens = step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
+                                 self.planes(ALIGNED, 1, R), store, pick)
         if self.model.dtype == torch.float16:
             check_finite(logits, f"the logits of the compiled pass at position {self.cache.max_length}")
-        return logits, store
+        return logits, store, tokens
 
     def refine(self, guesses: Tensor, carried: Tensor | None, previous: int, width: int, num_loops: int, *,
                reads: PrefixReads, first_loop: int) -> tuple[Tensor, Tensor, Tensor]:

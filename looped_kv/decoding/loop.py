@@ -286,10 +286,10 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
         view = DecodeView(model, cache, pending, rows.batch, rows.live)
         observer.proposing(view)
         proposal = drafter.propose(passes, pending, sampler)
-        logits, store = passes.verify(drafter.tokens_to_verify(pending, proposal))
+        logits, store, targets = passes.verify(drafter.tokens_to_verify(pending, proposal),
+                                               sampler.verifying(proposal.tokens, proposal.q, proposal.lengths))
         check_logits(model, logits, f"verification pass at position {cache.max_length}")
-        outcome = drafter.accept(pending, proposal, sampler.targets(logits, proposal.tokens, proposal.q,
-                                                                    proposal.lengths))
+        outcome = drafter.accept(pending, proposal, targets)
         observer.verified(view, logits, outcome)
         del logits  # not held through the next verification's drafts
         if all(view.live):

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from looped_kv.decoding.prompts import pad_prompts
 from looped_kv.decoding.result import Generation
+from looped_kv.decoding.sampling import Pick
 from looped_kv.runtime.cache import BlockBuffer, CachePass, PlaneCache
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import ALIGNED, CachePolicy, PrefixReads
@@ -65,6 +67,14 @@ def run_pass(model: LoopedLM, tokens: Tensor, router: CachePass, num_loops: int,
     """One pass of ``tokens`` (B, n) at ``router.positions`` through ``num_loops`` loops: (logits, final state)."""
     return model(tokens, num_loops, initial_state, positions=router.positions, router=router, first_loop=first_loop,
                  return_state=True, max_position=router.last_position, check=False)
+
+
+def picked(logits: Tensor, pick: Pick | None) -> Any:
+    """What ``pick`` makes of a pass's ``logits`` (None without one)."""
+    if pick is None:
+        return None
+    fn, args = pick
+    return fn(logits, *args)
 
 
 def check_empty(cache: PlaneCache) -> None:
@@ -133,7 +143,9 @@ class Passes:
     ``run`` is any pass of n tokens per row after each row's committed prefix (and ``offset`` uncommitted
     ones): d-loop drafts written to the buffer. ``refine`` is one DAS-Wave round, written nowhere. ``verify`` is the
     R-loop verification; it returns where its keys/values wait, and ``commit`` keeps the planes of each row's first
-    ``counts`` verified tokens from there. ``padded_width`` is the width a proposal runs at. Each pass is given to
+    ``counts`` verified tokens from there. ``run`` and ``verify`` also return the tokens their ``pick`` makes of
+    their logits (:data:`~looped_kv.decoding.sampling.Pick`; compiled passes run it inside their graph).
+    ``padded_width`` is the width a proposal runs at. Each pass is given to
     ``on_pass`` (if any) as a :class:`PassRecord`. ``report`` adds what the passes measured to the run's result.
     """
 
@@ -161,9 +173,12 @@ class Passes:
         return width
 
     def run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
-            store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:
+            store: str | None = None, state: Tensor | None = None, first_loop: int = 1,
+            pick: Pick | None = None) -> tuple[Tensor, Tensor, Any]:
         self._tell("draft", tokens.shape[1], num_loops, self.cache.max_length + offset)
-        return self._run(tokens, num_loops, reads=reads, offset=offset, store=store, state=state, first_loop=first_loop)
+        logits, state = self._run(tokens, num_loops, reads=reads, offset=offset, store=store, state=state,
+                                  first_loop=first_loop)
+        return logits, state, picked(logits, pick)
 
     def _run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
              store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:
@@ -206,13 +221,13 @@ class Passes:
         commits only its accepted prefix)."""
         return "cache" if n == 1 else "buffer"
 
-    def verify(self, tokens: Tensor) -> tuple[Tensor, str]:
-        """One R-loop pass over ``tokens`` (B, n) under the cache policy: its logits (B, n, V), and where its
-        keys/values wait for :meth:`commit` (:meth:`verification_store`)."""
+    def verify(self, tokens: Tensor, pick: Pick) -> tuple[Tensor, str, Any]:
+        """One R-loop pass over ``tokens`` (B, n) under the cache policy: its logits (B, n, V), where its
+        keys/values wait for :meth:`commit` (:meth:`verification_store`), and the tokens ``pick`` makes of them."""
         store = self.verification_store(tokens.shape[1])
         self._tell("verify", tokens.shape[1], self.policy.num_loops, self.cache.max_length)
         logits, _ = self._run(tokens, self.policy.num_loops, store=store)
-        return logits, store
+        return logits, store, picked(logits, pick)
 
     def commit(self, counts: Tensor, store: str) -> None:
         """Keep the planes of each row's first ``counts`` verified tokens, which the verification wrote to

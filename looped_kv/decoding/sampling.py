@@ -19,7 +19,8 @@ token is drawn from p. n-gram drafts are point masses (q one-hot), and p and q a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,10 +55,10 @@ def uniforms(keys: Tensor, positions: Tensor, stream: int) -> Tensor:
 
 def draw(weights: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF draws (...,) from non-negative ``weights`` (..., V) (any positive total) with uniforms ``u`` (...,)
-    in [0, 1 - 2**-52]: the number of cumulative weights at or below u times the total (the CDF never decreases), so
-    a token of weight 0 is never drawn."""
+    in [0, 1 - 2**-52]: the number of cumulative weights at or below u times the total (the CDF never decreases, so
+    this is its right-sided search, as a count that a compiled graph fuses), so a token of weight 0 is never drawn."""
     cdf = weights.double().cumsum(-1)
-    return torch.searchsorted(cdf, (u * cdf[..., -1])[..., None], right=True)[..., 0]
+    return (cdf <= (u * cdf[..., -1])[..., None]).sum(-1)
 
 
 def acceptance(p_x: Tensor, q_x: Tensor) -> Tensor:
@@ -125,12 +126,12 @@ def process(logits: Tensor, temperature: float, top_k: int | None, top_p: float 
     return probs / probs.sum(-1, keepdim=True) if cut else probs
 
 
-def _at(table: Tensor, lengths: Tensor, offset: int, n: int) -> Tensor:
+def _at(table: Tensor, lengths: Tensor, offset: int | Tensor, n: int) -> Tensor:
     """Rows' uniforms (B, n) in one stream's ``table`` (B, positions) at ``offset`` .. past their ``lengths``."""
     return table.gather(1, lengths[:, None] + offset + torch.arange(n, device=lengths.device))
 
 
-def pick(logits: Tensor, table: Tensor, lengths: Tensor, offset: int, temperature: float, top_k: int | None,
+def pick(logits: Tensor, table: Tensor, lengths: Tensor, offset: int | Tensor, temperature: float, top_k: int | None,
          top_p: float | None, min_p: float | None) -> tuple[Tensor, Tensor]:
     """Draws (B, n) from the processed distributions of ``logits`` (B, n, V), and those distributions, with one
     stream's uniforms at ``offset`` past each row's committed ``lengths``."""
@@ -161,10 +162,26 @@ def row_seeds(seed: int | Sequence[int] | None, rows: int) -> list[int]:
     return list(seed)
 
 
+#: How a pass's logits (B, n, V) become tokens: a function of them and its arguments, ``fn(logits, *args)``, which
+#: the passes run after an eager pass and inside a compiled pass's graph (where a draw costs no calls of its own).
+Pick = tuple[Callable[..., Any], tuple]
+
+
+def argmax(logits: Tensor) -> Tensor:
+    """Greedy tokens (B, n) of ``logits`` (B, n, V)."""
+    return logits.argmax(-1)
+
+
+def argmax_drafts(logits: Tensor) -> tuple[Tensor, None]:
+    """Greedy drafts (B, n) of ``logits`` (B, n, V), and no distribution: greedy drafts verify greedily."""
+    return logits.argmax(-1), None
+
+
 class Sampler:
     """How the decode loop and its drafters pick tokens: greedy (``temperature`` 0) or sampled from the processed
     distributions with each row's ``seeds`` (see the module docstring). Positions are read from the cache of the run
-    (:meth:`start`): a row's pending token is at its committed length."""
+    (:meth:`start`): a row's pending token is at its committed length. :meth:`drafting` and :meth:`verifying` give
+    the picks as :data:`Pick` s, which the passes run (inside a compiled pass's graph)."""
 
     def __init__(self, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                  min_p: float | None = None, seeds: Sequence[int] = ()) -> None:
@@ -173,6 +190,8 @@ class Sampler:
         self.greedy = temperature == 0
         self.cache: PlaneCache | None = None
         self.table: Tensor | None = None  # (streams, B, positions): :func:`uniforms` of every row and position
+        self.drafts_table: Tensor | None = None  # its DRAFT stream, a view made once
+        self._offsets: dict[int, Tensor] = {}  # drafts' offsets as 0-d tensors: one compiled graph for every offset
 
     def start(self, cache: PlaneCache) -> None:
         """Bind the run's cache (its rows are the seeds' rows)."""
@@ -185,12 +204,15 @@ class Sampler:
             # silently)
             span = torch.arange(2 * cache.capacity + 1, device=cache.lengths.device).expand(cache.batch, -1)
             self.table = torch.stack([uniforms(keys, span, stream) for stream in range(_STREAMS)])
+            self.drafts_table = self.table[DRAFT]
         self.cache = cache
+        self._offsets = {}
 
     def keep(self, rows: list[int]) -> None:
         """Only ``rows`` of the batch remain."""
         if self.table is not None:
             self.table = self.table[:, rows]
+            self.drafts_table = self.table[DRAFT]
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """The processed distributions (..., V) of ``logits`` (:func:`process`)."""
@@ -202,16 +224,26 @@ class Sampler:
             return logits.argmax(-1, keepdim=True)
         return pick(logits[:, None], self.table[TARGET], self.cache.lengths, 0, *self.options)[0]
 
-    def draft(self, logits: Tensor, offset: int) -> tuple[Tensor, Tensor | None]:
-        """Drafts (B, n) from ``logits`` (B, n, V) of the positions ``offset``.. after each row's pending token, and
-        their distributions q (None when greedy)."""
+    def drafting(self, offset: int) -> Pick:
+        """How a draft pass's logits (B, n, V), of the positions ``offset``.. after each row's pending token, become
+        drafts (B, n) and their distributions q (None when greedy)."""
         if self.greedy:
-            return logits.argmax(-1), None
-        return pick(logits, self.table[DRAFT], self.cache.lengths, offset, *self.options)
+            return argmax_drafts, ()
+        return pick, (self.drafts_table, self.cache.lengths, self._offset(offset), *self.options)
 
-    def targets(self, logits: Tensor, drafts: Tensor, q: Tensor | None, lengths: Tensor | None) -> Tensor:
-        """The verifier's tokens (B, n) from its ``logits`` (B, n, V) over the pending token and the ``drafts``:
-        greedy, its argmax; sampled, :func:`speculate` (the drafts each row accepts, then its drawn token)."""
+    def draft(self, logits: Tensor, offset: int) -> tuple[Tensor, Tensor | None]:
+        """:meth:`drafting` run on ``logits``: drafts (B, n) and q."""
+        fn, args = self.drafting(offset)
+        return fn(logits, *args)
+
+    def verifying(self, drafts: Tensor, q: Tensor | None, lengths: Tensor | None) -> Pick:
+        """How the verifier's logits (B, n, V) over the pending token and ``drafts`` become its tokens (B, n):
+        greedy, the argmax; sampled, :func:`speculate` (the drafts each row accepts, then its drawn token)."""
         if self.greedy:
-            return logits.argmax(-1)
-        return verify(logits, drafts, q, lengths, self.table, self.cache.lengths, *self.options)
+            return argmax, ()
+        return verify, (drafts, q, lengths, self.table, self.cache.lengths, *self.options)
+
+    def _offset(self, offset: int) -> Tensor:
+        if offset not in self._offsets:
+            self._offsets[offset] = torch.tensor(offset, device=self.cache.lengths.device)
+        return self._offsets[offset]

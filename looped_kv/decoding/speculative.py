@@ -69,8 +69,8 @@ class LoopDrafts(Drafter):
     def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
         token, drafts, q = pending, [], []
         for i in range(self.gamma):
-            logits, _ = passes.run(token, self.draft_loops, reads=self.reads, offset=i, store="buffer")
-            token, q_i = sampler.draft(logits[:, -1:], 1 + i)
+            _, _, (token, q_i) = passes.run(token, self.draft_loops, reads=self.reads, offset=i, store="buffer",
+                                            pick=sampler.drafting(1 + i))
             drafts.append(token)
             q.append(q_i)
         return Proposal(torch.cat(drafts, dim=1), q=None if sampler.greedy else torch.cat(q, dim=1))
