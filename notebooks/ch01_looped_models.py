@@ -664,6 +664,25 @@ book.md(
 )
 
 # %% [markdown]
+# ## On a shallow recurrence
+#
+# The loss and answer curves sample loop counts on both sides of $R$, and the chain
+# answers set a shallow loop count against $R$. On a shallow recurrence (Parcae's, or
+# Ouro's) the grid keeps about as many points, packed into fewer loops, and the shallow
+# side is a larger share of $R$. The chapter can still show whether more loops lower the
+# loss and raise the answers; it cannot show where, within a long recurrence, depth
+# stops paying, and an answer that needs only a few more loops than the shallow side
+# needs most of a shallow $R$.
+#
+# The depth settings of this chapter at the tiny model's $R$, Parcae's and Ouro's
+# (`looped_kv.analysis.shallow`): the loops each names, and how many.
+
+# %%
+from looped_kv.analysis.shallow import depth_table
+
+book.table(depth_table("ch01"), caption="loops (how many)")
+
+# %% [markdown]
 # ## What the tiny model is, and is not
 #
 # The shipped model was trained on a 2-core CPU with Huginn's recipe

@@ -444,6 +444,24 @@ book.md(
 )
 
 # %% [markdown]
+# ## On a shallow recurrence
+#
+# The geometric fit $c\rho^r$ and the deep-loop mean of $\Delta_r$ read loops below $R$,
+# scaled from the paper's. On a shallow recurrence the fit has a handful of loops and
+# the deep-loop mean one or two planes. The chapter can still show whether planes ripen
+# ($\Delta_r$ falling with $r$) and whether values trail keys; it cannot tell a
+# geometric decay from another falling curve over so few loops, and Eq. (5)'s prediction
+# from the fitted $\rho$ rests on a rate fitted over those few loops.
+#
+# The depth settings of this chapter at the tiny model's $R$, Parcae's and Ouro's
+# (`looped_kv.analysis.shallow`): the loops each names, and how many.
+
+# %%
+from looped_kv.analysis.shallow import depth_table
+
+book.table(depth_table("ch02"), caption="loops (how many)")
+
+# %% [markdown]
 # ## Verdicts
 #
 # Every claim of this chapter: the paired estimate over texts (a mean difference, or a

@@ -697,6 +697,24 @@ book.md(
 )
 
 # %% [markdown]
+# ## On a shallow recurrence
+#
+# The shallow and deep regions of RIPE Sec. 3.1 and its substituted planes are scaled to
+# $R$. On a shallow recurrence each region is one to three loops and the planes lose
+# their spacing. The regression still sets a perturbation in the first loops against one
+# in the last, so the chapter can show whether late loops are the more sensitive; it
+# cannot show how sensitivity grows across a long recurrence, and a region of one loop
+# measures one plane, not a stretch of depth.
+#
+# The depth settings of this chapter at the tiny model's $R$, Parcae's and Ouro's
+# (`looped_kv.analysis.shallow`): the loops each names, and how many.
+
+# %%
+from looped_kv.analysis.shallow import depth_table
+
+book.table(depth_table("ch03"), caption="loops (how many)")
+
+# %% [markdown]
 # ## Verdicts
 #
 # Every claim of this chapter: the paired estimate over texts (a mean difference, or a

@@ -905,6 +905,25 @@ book.md(
     "attention statistics at scale, WaveFront, cuDNN or a GPU's memory.")
 
 # %% [markdown]
+# ## On a shallow recurrence
+#
+# Proposition 1 and Algorithm 1's exactness hold at any $R$, and the windows are counted
+# in positions, not loops. What $R$ changes is what RIPE saves: the full cache holds $R$
+# planes per position and the deepest plane one, so on a shallow recurrence the bytes
+# RIPE saves (Eq. 10) and the unripe loops behind the tail error are both fewer. The
+# chapter can show exactness and the window's effect on the tail; it cannot show the
+# large memory saving of a deep recurrence, and its drafts (a quarter of Parcae's $R$,
+# half of Ouro's) are a large share of a step.
+#
+# The depth settings of this chapter at the tiny model's $R$, Parcae's and Ouro's
+# (`looped_kv.analysis.shallow`): the loops each names, and how many.
+
+# %%
+from looped_kv.analysis.shallow import depth_table
+
+book.table(depth_table("ch04"), caption="loops (how many)")
+
+# %% [markdown]
 # ## What this chapter shows
 #
 # RIPE costs the deepest plane plus a fixed window, and the window buys two things:

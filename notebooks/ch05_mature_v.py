@@ -722,6 +722,24 @@ book.md(
        if tiny_cost.error < 0 else ""))
 
 # %% [markdown]
+# ## On a shallow recurrence
+#
+# Draft depths must stay below $R$, and a draft of $d$ loops costs $d/R$ of a
+# verification's loops. On a shallow recurrence fewer of DAS Table 6's depths exist, and
+# the shallowest draft is a larger share of $R$, so Eq. (8)'s ceiling is lower at the
+# same acceptance. The chapter can show which prefix channel a shallow draft needs (keys
+# or values) and how acceptance grows with depth; it cannot show drafts as cheap as the
+# papers' four loops of 32.
+#
+# The depth settings of this chapter at the tiny model's $R$, Parcae's and Ouro's
+# (`looped_kv.analysis.shallow`): the loops each names, and how many.
+
+# %%
+from looped_kv.analysis.shallow import depth_table
+
+book.table(depth_table("ch05"), caption="loops (how many)")
+
+# %% [markdown]
 # ## Verdicts
 #
 # Every claim of the chapter, with its paired estimate (a difference of agreements or

@@ -477,6 +477,24 @@ book.md(" ".join(line(s, sym) for s, sym in SYMBOLS if s in by)
         "accepted tokens pay for the recurrent work that produced them.")
 
 # %% [markdown]
+# ## On a shallow recurrence
+#
+# DAS-Wave's $J$ rounds of $k$ updates stay 1.5 $R$ loops of refinement, so a shallow
+# recurrence refines in fewer rounds, and its window, which grows by one position a
+# round up to $W_{init} + J - 1$ (at most the verifier's), stays narrow: one
+# verification commits fewer tokens. The chapter can show whether the carried wave's
+# drafts are accepted and what a round costs; it cannot show the wide windows, and the
+# many tokens per verification, of a deep recurrence.
+#
+# The depth settings of this chapter at the tiny model's $R$, Parcae's and Ouro's
+# (`looped_kv.analysis.shallow`): the loops each names, and how many.
+
+# %%
+from looped_kv.analysis.shallow import depth_table
+
+book.table(depth_table("ch06"), caption="loops (how many)")
+
+# %% [markdown]
 # ## Verdicts
 
 # %%

@@ -764,6 +764,23 @@ book.md(
 )
 
 # %% [markdown]
+# ## On a shallow recurrence
+#
+# Every ratio of this chapter between the full cache and the deepest plane is bounded by
+# $R$: the full cache holds $R$ planes per position, so the batch that fits a fixed
+# memory ($B_{max}$) and RIPE's asymptotic throughput gain grow with $R$. On a shallow
+# recurrence the chapter can show that RIPE fits more sequences and reads fewer bytes;
+# the size of that gain is a deep recurrence's, not a shallow one's.
+#
+# The depth settings of this chapter at the tiny model's $R$, Parcae's and Ouro's
+# (`looped_kv.analysis.shallow`): the loops each names, and how many.
+
+# %%
+from looped_kv.analysis.shallow import depth_table
+
+book.table(depth_table("ch07"), caption="loops (how many)")
+
+# %% [markdown]
 # ## The model checks
 #
 # Each check of this chapter's models as a verdict, with its n and the band its cells

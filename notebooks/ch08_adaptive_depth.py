@@ -472,6 +472,23 @@ book.md(
     f"{MIN_UNITS['timing']} prompts in interleaved rounds.")
 
 # %% [markdown]
+# ## On a shallow recurrence
+#
+# An exit saves at most $R - 1$ loops of a token, and the fixed exits below $R$ are
+# fewer on a shallow recurrence. The chapter can show whether a criterion stops a token
+# early and what its exited planes do to the tokens that read them; with few loops, a
+# criterion that needs several loops of history (argmax stability, a KL between
+# successive loops) has little room left before $R$, so the saving it can show is small.
+#
+# The depth settings of this chapter at the tiny model's $R$, Parcae's and Ouro's
+# (`looped_kv.analysis.shallow`): the loops each names, and how many.
+
+# %%
+from looped_kv.analysis.shallow import depth_table
+
+book.table(depth_table("ch08"), caption="loops (how many)")
+
+# %% [markdown]
 # ## Summary
 #
 # Neither the RIPE paper nor the DAS paper measures early exit, so this chapter gives no

@@ -115,3 +115,30 @@ def test_depth_stops_paying_where_no_deeper_count_gains_the_gate():
         depth_stops_paying(curve, 0.0)
     with pytest.raises(ValueError, match="curve must hold finite"):
         depth_stops_paying(pd.Series({1: float("nan")}), 0.05)
+
+
+def test_the_depth_settings_are_the_papers_at_r_32_and_scaled_below():
+    """At R = 32 the chapters' depth settings are the papers' printed ones; at Parcae's R = 8 and Ouro's R = 4 each
+    is the scaled one the chapters use, and what a range spans is counted."""
+    from looped_kv.analysis.shallow import depth_settings, depth_table
+    from looped_kv.profiles import PROFILES
+
+    paper = depth_settings(32, PROFILES["tiny"]).set_index("setting")
+    assert paper.loc["loops of the ripening fit c rho^r (RIPE Table 7)", "loops"] == "8-31"
+    assert paper.loc["deep loops of Delta_r (RIPE Table 7, Eq. 6)", "loops"] == "25-31"
+    assert paper.loc["shallow region (RIPE Sec. 3.1: loops 2-9)", "loops"] == "2-9"
+    assert paper.loc["deep region (RIPE Sec. 3.1: loops 25-32)", "loops"] == "25-32"
+    assert paper.loc["substituted planes (RIPE Sec. 3.1)", "loops"] == "1, 4, 8, 16, 24, 32"
+    assert paper.loc["DAS-Wave's refinement, J rounds x k updates (DAS Eq. 5)", "count"] == 48  # 1.5 R
+    parcae = depth_settings(8, PROFILES["parcae-140m"]).set_index("setting")
+    assert parcae.loc["loops of the ripening fit c rho^r (RIPE Table 7)", ["loops", "count"]].tolist() == ["2-7", 6]
+    assert parcae.loc["deep loops of Delta_r (RIPE Table 7, Eq. 6)", "count"] == 2
+    assert parcae.loc["DAS-Wave's refinement, J rounds x k updates (DAS Eq. 5)", "count"] == 12
+    assert parcae.loc["draft loops d of Mature-Spec", "loops"] == "2"
+    ouro = depth_table("ch03")["Ouro, R = 4"]
+    assert ouro["shallow region (RIPE Sec. 3.1: loops 2-9)"] == "1 (1)"
+    assert list(depth_table().columns) == ["tiny, R = 32", "Parcae, R = 8", "Ouro, R = 4"]
+    with pytest.raises(ValueError, match="num_loops must be >= 3"):
+        depth_settings(2, PROFILES["tiny"])
+    with pytest.raises(ValueError, match="chapter must be one of"):
+        depth_table("ch09")

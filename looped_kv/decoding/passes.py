@@ -145,8 +145,8 @@ class Passes:
     R-loop verification; it returns where its keys/values wait, and ``commit`` keeps the planes of each row's first
     ``counts`` verified tokens from there. ``run`` and ``verify`` also return the tokens their ``pick`` makes of
     their logits (:data:`~looped_kv.decoding.sampling.Pick`; compiled passes run it inside their graph).
-    ``padded_width`` is the width a proposal runs at. Each pass is given to
-    ``on_pass`` (if any) as a :class:`PassRecord`. ``report`` adds what the passes measured to the run's result.
+    ``padded_width`` is the width a proposal runs at. Each pass is given to ``on_pass`` (if any) as a
+    :class:`PassRecord`. ``report`` adds what the passes measured to the run's result.
     """
 
     compiled = False
