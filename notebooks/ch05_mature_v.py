@@ -757,5 +757,5 @@ verdicts = {**{f"{w}: Mature-V vs aligned": v for w, v in mature_v.items()},
             **{f"{w}: deep K/V vs deep V speed": v for w, v in deep_kv_speed.items()},
             "Eq. (7) out of sample": prediction_verdict}
 display(book.table(interval_table(verdicts)))
-book.md(tally(verdicts, "the tiny model" if book.is_tiny(model) else model.source,
-              "the paper"))
+measured_on = "the tiny model" if book.is_tiny(model) else model.source
+book.md(tally(verdicts, measured_on, "the paper"))

@@ -501,5 +501,5 @@ book.table(depth_table("ch06"), caption="loops (how many)")
 verdicts = {**{f"{w}: DAS-Wave speed": v for w, v in wave_verdicts.items()},
             **{f"{w}: E_cKV > 0": v for w, v in interaction.items()}}
 display(book.table(interval_table(verdicts)))
-book.md(tally(verdicts, "the tiny model" if book.is_tiny(model) else model.source,
-              "the paper"))
+measured_on = "the tiny model" if book.is_tiny(model) else model.source
+book.md(tally(verdicts, measured_on, "the paper"))

@@ -796,8 +796,8 @@ if memory_verdict is not None:
 if throughput_verdict is not None:
     model_checks["T(B), out of sample"] = throughput_verdict
 display(book.table(interval_table(model_checks)))
-book.md(tally(model_checks, "the tiny model" if book.is_tiny(model) else model.source,
-              "the paper"))
+measured_on = "the tiny model" if book.is_tiny(model) else model.source
+book.md(tally(model_checks, measured_on, "the paper"))
 
 # %% [markdown]
 # ## On a GPU

@@ -134,6 +134,8 @@ def test_the_depth_settings_are_the_papers_at_r_32_and_scaled_below():
     assert parcae.loc["loops of the ripening fit c rho^r (RIPE Table 7)", ["loops", "count"]].tolist() == ["2-7", 6]
     assert parcae.loc["deep loops of Delta_r (RIPE Table 7, Eq. 6)", "count"] == 2
     assert parcae.loc["DAS-Wave's refinement, J rounds x k updates (DAS Eq. 5)", "count"] == 12
+    widest = "DAS-Wave's widest proposal w = W_init + J - 1 (DAS Eq. 5)"
+    assert (paper.loc[widest, "count"], parcae.loc[widest, "count"]) == (25, 7)  # W_init 2 + J - 1
     assert parcae.loc["draft loops d of Mature-Spec", "loops"] == "2"
     ouro = depth_table("ch03")["Ouro, R = 4"]
     assert ouro["shallow region (RIPE Sec. 3.1: loops 2-9)"] == "1 (1)"

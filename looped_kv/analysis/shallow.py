@@ -17,6 +17,7 @@ import pandas as pd
 from looped_kv.analysis.fits import deep_loop_range, fit_loop_range
 from looped_kv.analysis.planes import paper_planes
 from looped_kv.analysis.replay import paper_region
+from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.settings import DasWave, default_rounds
 from looped_kv.profiles import PROFILES, Profile
 
@@ -35,10 +36,12 @@ def _loops(loops: Sequence[int]) -> str:
 
 def depth_settings(num_loops: int, profile: Profile) -> pd.DataFrame:
     """One row per depth-dependent setting of the chapters at R = ``num_loops`` under ``profile``: chapter, setting
-    (with the paper's source), the loops it names and how many they are (``count``)."""
+    (with the paper's source), the loops it names and how many they are (``count``; DAS-Wave's widest proposal
+    counts positions)."""
     if num_loops < 3:
         raise ValueError(f"num_loops must be >= 3 (the ripening fit needs two loops below R), got {num_loops}")
-    R, updates = num_loops, DasWave().updates
+    R, wave = num_loops, DasWave()
+    updates = wave.updates
     rounds, (fit_low, fit_high) = default_rounds(R), fit_loop_range(R)
     settings = [
         ("ch01", "loop counts of the loss and answer curves", profile.ch01.loops),
@@ -55,8 +58,11 @@ def depth_settings(num_loops: int, profile: Profile) -> pd.DataFrame:
     ]
     rows = [{"chapter": chapter, "setting": setting, "loops": _loops(loops), "count": len(set(loops))}
             for chapter, setting, loops in settings]
+    width = proposal_width(wave.max_width, rounds, wave.initial_width)
     rows += [{"chapter": "ch06", "setting": "DAS-Wave's refinement, J rounds x k updates (DAS Eq. 5)",
               "loops": f"{rounds} x {updates}", "count": rounds * updates},
+             {"chapter": "ch06", "setting": "DAS-Wave's widest proposal w = W_init + J - 1 (DAS Eq. 5)",
+              "loops": f"{width} positions", "count": width},
              {"chapter": "ch07", "setting": "planes per position, full cache over deepest plane (RIPE Eq. 3)",
               "loops": f"1-{R}", "count": R}]
     return pd.DataFrame(rows).sort_values("chapter", kind="stable", ignore_index=True)
