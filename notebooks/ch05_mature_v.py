@@ -747,14 +747,17 @@ book.table(depth_table("ch05"), caption="loops (how many)")
 # prompts, its n, the smallest effect that counts, and the reason for its label.
 
 # %%
-verdicts = {**{f"{w}: Mature-V vs aligned": v for w, v in mature_v.items()},
+verdicts = {**{f"{w}: Mature-V vs aligned": v
+               for w, v in mature_v.items()},
             **{f"{w}: deep V vs deep K": v for w, v in channel.items()},
             **{f"{w}: Mature-Spec acceptance": v["acceptance"]
                for w, v in mature.items()},
-            **{f"{w}: Mature-Spec speed": v for w, v in mature_speed.items()},
+            **{f"{w}: Mature-Spec speed": v
+               for w, v in mature_speed.items()},
             **{f"{w}: deep K/V vs deep V acceptance": v
                for w, v in deep_kv_accepts.items()},
-            **{f"{w}: deep K/V vs deep V speed": v for w, v in deep_kv_speed.items()},
+            **{f"{w}: deep K/V vs deep V speed": v
+               for w, v in deep_kv_speed.items()},
             "Eq. (7) out of sample": prediction_verdict}
 display(book.table(interval_table(verdicts)))
 measured_on = "the tiny model" if book.is_tiny(model) else model.source

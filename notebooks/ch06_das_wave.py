@@ -498,7 +498,8 @@ book.table(depth_table("ch06"), caption="loops (how many)")
 # ## Verdicts
 
 # %%
-verdicts = {**{f"{w}: DAS-Wave speed": v for w, v in wave_verdicts.items()},
+verdicts = {**{f"{w}: DAS-Wave speed": v
+               for w, v in wave_verdicts.items()},
             **{f"{w}: E_cKV > 0": v for w, v in interaction.items()}}
 display(book.table(interval_table(verdicts)))
 measured_on = "the tiny model" if book.is_tiny(model) else model.source
