@@ -20,10 +20,11 @@ from looped_kv.analysis.replay import paper_region
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.settings import DasWave, default_rounds
 from looped_kv.profiles import PROFILES, Profile
+from looped_kv.runtime.loading import model_config
 
 #: The models :func:`depth_table` sets side by side: the shipped tiny model (the papers' R = 32), Parcae and Ouro,
-#: each with its R and the run profile the chapters give it on a GPU.
-MODELS = {"tiny": (32, "tiny"), "Parcae": (8, "parcae-140m"), "Ouro": (4, "ouro-1.4b")}
+#: each by the name of its architecture and of the run profile the chapters give it on a GPU.
+MODELS = {"tiny": "tiny", "Parcae": "parcae-140m", "Ouro": "ouro-1.4b"}
 
 
 def _loops(loops: Sequence[int]) -> str:
@@ -41,8 +42,7 @@ def depth_settings(num_loops: int, profile: Profile) -> pd.DataFrame:
     if num_loops < 3:
         raise ValueError(f"num_loops must be >= 3 (the ripening fit needs two loops below R), got {num_loops}")
     R, wave = num_loops, DasWave()
-    updates = wave.updates
-    rounds, (fit_low, fit_high) = default_rounds(R), fit_loop_range(R)
+    rounds, updates, (fit_low, fit_high) = default_rounds(R), wave.updates, fit_loop_range(R)
     settings = [
         ("ch01", "loop counts of the loss and answer curves", profile.ch01.loops),
         ("ch01", "the shallow side of R (chain answers)", (profile.ch01.shallow_loops,)),
@@ -68,13 +68,13 @@ def depth_settings(num_loops: int, profile: Profile) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("chapter", kind="stable", ignore_index=True)
 
 
-def depth_table(chapter: str | None = None,
-                models: Mapping[str, tuple[int, str]] = MODELS) -> pd.DataFrame:
-    """:func:`depth_settings` of each of ``models`` (name -> (R, profile name)) side by side, as "loops (count)",
-    for one ``chapter`` (e.g. "ch02") or all; index: chapter and setting."""
+def depth_table(chapter: str | None = None, models: Mapping[str, str] = MODELS) -> pd.DataFrame:
+    """:func:`depth_settings` of each of ``models`` (name -> architecture and profile name) at its own R, side by
+    side, as "loops (count)", for one ``chapter`` (e.g. "ch02") or all; index: chapter and setting."""
     columns = {}
-    for name, (R, profile) in models.items():
-        frame = depth_settings(R, PROFILES[profile]).set_index(["chapter", "setting"])
+    for name, model in models.items():
+        R = model_config(model).mean_recurrence
+        frame = depth_settings(R, PROFILES[model]).set_index(["chapter", "setting"])
         columns[f"{name}, R = {R}"] = frame["loops"] + " (" + frame["count"].astype(str) + ")"
     table = pd.DataFrame(columns)
     if chapter is None:

@@ -157,10 +157,6 @@ class CompiledPasses(Passes):
             model.initial_state(torch.arange(cache.capacity, device=cache.lengths.device), 1, last=cache.capacity - 1)
         self._planes: dict[tuple, tuple] = {}
 
-    def kernel(self, fn: Callable) -> Callable:
-        """``fn`` compiled as the steps are (:func:`traced`: one graph, static shapes)."""
-        return traced(fn, self.cache.lengths.device)
-
     def prefill(self, prompts: list[Tensor]) -> Tensor:
         """The prompts' pass into the empty cache, one trace for every prompt length (:class:`PrefillPass`)."""
         check_empty(self.cache)
