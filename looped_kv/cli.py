@@ -72,7 +72,7 @@ from looped_kv.decoding.settings import (
     default_draft_loops,
     every_option,
 )
-from looped_kv.experiments import bench, gpu_check, pass_cost, plan_check, speed, throughput
+from looped_kv.experiments import bench, gpu_check, pass_cost, plan_check, plan_time, speed, throughput
 from looped_kv.protocol import batches
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import PRESETS, LoopedConfig
@@ -870,7 +870,9 @@ def _add_gpu_check(sub: argparse._SubParsersAction) -> None:
 # -- plan-check -----------------------------------------------------------------------------------------------------
 
 
-def cmd_plan_check(args: argparse.Namespace) -> int:
+def _random_config(args: argparse.Namespace) -> Callable[[], LoopedConfig]:
+    """The config of --model (a published config, a checkpoint folder or a config.json), for a model of random
+    weights, after --profile and --chapters are checked; it is read when called."""
     configs = gpu_check.CONFIGS
     path = Path(args.model).expanduser()
     path = path / "config.json" if path.is_dir() else path
@@ -882,12 +884,16 @@ def cmd_plan_check(args: argparse.Namespace) -> int:
     unknown = [c for c in args.chapters if c not in plan_check.RUNS]
     if unknown:
         raise ValueError(f"--chapters must be among {tuple(plan_check.RUNS)}, got {unknown}")
+    return configs[args.model] if args.model in configs else lambda: LoopedConfig.from_file(path)
+
+
+def cmd_plan_check(args: argparse.Namespace) -> int:
+    read_config = _random_config(args)
     if args.resume and (args.out is None or not args.out.is_file()):
         raise ValueError(f"--resume continues the record in --out, which must be an existing file, got {args.out}")
     if args.out is not None:
         outputs.check_file(args.out, "--out", args.force or args.resume)
-    config = configs[args.model]() if args.model in configs else LoopedConfig.from_file(path)
-    plan_check.run(args.model, config, profile=args.profile, device=args.device, chapters=args.chapters,
+    plan_check.run(args.model, read_config(), profile=args.profile, device=args.device, chapters=args.chapters,
                    out=args.out, resume=args.resume, command=" ".join(["looped-kv", "plan-check", *args.words]))
     return 0
 
@@ -908,6 +914,32 @@ def _add_plan_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue the record in --out (the same model and "
                                                          "profile): keep its chapters and add the others")
     p.set_defaults(func=cmd_plan_check)
+
+
+# -- plan-time ------------------------------------------------------------------------------------------------------
+
+
+def cmd_plan_time(args: argparse.Namespace) -> int:
+    read_config = _random_config(args)
+    out = outputs.check_file(args.out, "--out", args.force)
+    plan_time.run(args.model, read_config(), args.profile, args.chapters, out,
+                  " ".join(["looped-kv", "plan-time", *args.words]), progress=not args.quiet)
+    return 0
+
+
+def _add_plan_time(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan-time", help="each chapter's predicted minutes on this CPU: its calls counted on a narrow "
+                                         "stand-in, priced at the model's dimensions (looped_kv.analysis.plan_time)",
+                       description=plain(plan_time.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="parcae-140m", help=f"one of {tuple(gpu_check.CONFIGS)}, or a checkpoint "
+                                                          f"folder or config.json (default: parcae-140m)")
+    p.add_argument("--profile", default=None, help="a profile of looped_kv.profiles (default: the model's CPU "
+                                                   "profile)")
+    p.add_argument("--chapters", nargs="+", default=list(plan_check.RUNS), help="chapters to count (default: all)")
+    p.add_argument("--out", type=Path, required=True, help="the record to write (a new JSON file)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_plan_time)
 
 
 # -- train ----------------------------------------------------------------------------------------------------------
@@ -1195,10 +1227,10 @@ def parser() -> Parser:
     ap.add_argument("--debug", action="store_true", help="show an error's traceback (give it before the command)")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser,
                             metavar="{generate,bench,batched,memory,plan,batch,speed,pass-cost,pass-cost-check,gpu-check,"
-                                    "plan-check,train,select,gates,scout,chapter-times,verdicts}")
+                                    "plan-check,plan-time,train,select,gates,scout,chapter-times,verdicts}")
     for add in (_add_generate, _add_bench, _add_batched, _add_memory, _add_plan, _add_batch, _add_speed,
-                _add_pass_cost, _add_pass_cost_check, _add_gpu_check, _add_plan_check, _add_train, _add_select,
-                _add_gates, _add_scout, _add_chapter_times, _add_verdicts):
+                _add_pass_cost, _add_pass_cost_check, _add_gpu_check, _add_plan_check, _add_plan_time, _add_train,
+                _add_select, _add_gates, _add_scout, _add_chapter_times, _add_verdicts):
         add(sub)
     ap.commands = sub.choices
     return ap

@@ -1,0 +1,308 @@
+"""How long each chapter takes on the machine at hand: the plan's time, beside its memory (:mod:`.plan`).
+
+On a CPU a chapter's time is its transformer blocks and its head: every pass of every decoder, replay and loss is a
+prelude, loops of the core blocks and a coda, then the head over the vocabulary. The plan counts these calls and
+prices each one:
+
+- **The work** (:func:`counting`). Every block call a run makes is a :class:`Call` of its dtype, its rows (tokens
+  times sequences), the mean number of keys a query reads (its context) and what it attends to (its own tokens,
+  causally, as replays and losses do; or a cache, as decoding does) with which softmax (the fused kernel, or an
+  explicit one in float32 or float64, the replays' measurement mode). Every head call is a :class:`Call` of its dtype
+  and rows. The chapters' calls (:data:`looped_kv.experiments.plan_check.RUNS`) are counted on a narrow stand-in
+  (:func:`stand_in`), which makes the same calls at the same sizes, since no size a chapter runs depends on the width.
+  The exception is speculative decoding, whose number of passes follows its acceptance, here the acceptance of random
+  weights at the stand-in's width.
+- **The prices** (:func:`time_blocks`), measured once per machine with random weights at the model's own dimensions.
+  A core block costs t = a(rows) + alpha + c rows L. Here a(rows) is the block on ``rows`` one-token sequences
+  (its products, norms and rotary, with no attention work), interpolated between measured row counts; L is the
+  context; (alpha, c) are per attention kind and softmax, alpha being 0 for causal calls. A head call costs h(rows),
+  interpolated the same way.
+
+What it leaves out (KL divergences and other arithmetic over the logits, copies of replay records, the decode loop's
+bookkeeping) makes a chapter that does much of it take longer than predicted. ``tests/test_plan.py`` holds every
+chapter's predicted seconds to 25% of the recorded CPU run (:mod:`looped_kv.experiments.plan_check`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import astuple, dataclass, field, replace
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from looped_kv.runtime.attention import CausalRouter
+from looped_kv.runtime.cache import CachePass
+from looped_kv.runtime.config import PARCAE_GATE_CHANNELS, LoopedConfig
+from looped_kv.runtime.model import Block, LoopedLM, rms_norm
+
+KINDS = ("block", "head")
+ATTENTION = ("causal", "cache")
+#: The explicit softmax's dtype of a call, or FUSED for PyTorch's fused attention.
+FUSED = "fused"
+
+
+@dataclass(frozen=True, order=True)
+class Call:
+    """One kind of call: a block (``kind`` "block") or the head ("head"), in ``dtype`` on ``rows`` tokens; a block's
+    queries read ``context`` keys on average, attending to its own tokens causally or to a cache (``attention``), with
+    the fused kernel or an explicit ``softmax`` in that dtype."""
+
+    kind: str
+    dtype: str
+    rows: int
+    context: int = 0
+    attention: str = ""
+    softmax: str = ""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _attention(router: object) -> str:
+    """"cache" for a router that reads a cache (a :class:`~looped_kv.runtime.cache.CachePass`, or a router wrapping
+    one), else "causal" (the block attends to its own tokens, with what a replay substitutes)."""
+    while router is not None:
+        if isinstance(router, CachePass):
+            return "cache"
+        router = getattr(router, "router", None)
+    return "causal"
+
+
+def _softmax(router: object) -> str:
+    while router is not None:
+        dtype = getattr(router, "softmax_dtype", None)
+        if dtype is not None:
+            return _dtype_name(dtype)
+        router = getattr(router, "router", None)
+    return FUSED
+
+
+def _block_call(x: Tensor, positions: Tensor, router: object) -> Call:
+    context = round(float(positions.float().mean())) + 1
+    return Call("block", _dtype_name(x.dtype), x.shape[0], context, _attention(router), _softmax(router))
+
+
+@contextmanager
+def counting() -> Iterator[Counter[Call]]:
+    """Count every block call (:meth:`Block.run <looped_kv.runtime.model.Block.run>`, which every pass of every model
+    makes) and every head call (:meth:`LoopedLM.readout <looped_kv.runtime.model.LoopedLM.readout>`, its coda blocks
+    counted as blocks) made inside the block, by any model; yields the counts as they grow."""
+    counts: Counter[Call] = Counter()
+    block_run, readout = Block.run, LoopedLM.readout
+
+    def counted_run(self: Block, x: Tensor, w: object, rotary: object, positions: Tensor, router: object,
+                    loop: int, ve: Tensor | None = None) -> Tensor:
+        counts[_block_call(x, positions, router)] += 1
+        return block_run(self, x, w, rotary, positions, router, loop, ve)
+
+    def counted_readout(self: LoopedLM, state: Tensor, positions: Tensor, router: object, *,
+                        tokens: Tensor | None = None) -> Tensor:
+        counts[Call("head", _dtype_name(state.dtype), state.shape[0] * state.shape[1])] += 1
+        return readout(self, state, positions, router, tokens=tokens)
+
+    Block.run, LoopedLM.readout = counted_run, counted_readout  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        Block.run, LoopedLM.readout = block_run, readout  # type: ignore[method-assign]
+
+
+def stand_in(config: LoopedConfig) -> LoopedConfig:
+    """``config`` made narrow: its vocabulary, layers, loops, heads and context, with 16 dimensions per head (at least
+    64 in all, and Parcae's gate channels) and an MLP four times the width. Its calls are the model's at the same
+    sizes."""
+    head_dim = 16
+    while head_dim * config.n_heads < max(64, PARCAE_GATE_CHANNELS):
+        head_dim += 2
+    width = head_dim * config.n_heads
+    return replace(config, n_embd=width, intermediate_size=4 * width)
+
+
+# -- the prices -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """The machine's prices (see the module docstring): per dtype, the measured ``rows`` and the seconds of a block
+    (``block``) and of the head (``head``) on that many tokens; per dtype and "attention/softmax", (alpha, c) of
+    t = a(rows) + alpha + c rows L; ``meta``: the machine, the model and the command."""
+
+    rows: dict[str, tuple[int, ...]]
+    block: dict[str, tuple[float, ...]]
+    head: dict[str, tuple[float, ...]]
+    attention: dict[str, dict[str, tuple[float, float]]]
+    meta: dict = field(default_factory=dict)
+
+    def _at(self, table: dict[str, tuple[float, ...]], call: Call) -> float:
+        if call.dtype not in self.rows:
+            raise ValueError(f"{call.kind} calls in {call.dtype} were not priced; these prices hold "
+                             f"{sorted(self.rows)} (time them: looped-kv plan-time)")
+        rows = self.rows[call.dtype]
+        if not rows[0] <= call.rows <= rows[-1]:
+            raise ValueError(f"a {call.kind} call on {call.rows} rows is outside the priced {rows[0]}..{rows[-1]} "
+                             f"({call.dtype}); time more rows")
+        return float(np.interp(call.rows, rows, table[call.dtype]))
+
+    def seconds(self, call: Call) -> float:
+        """Predicted seconds of one ``call``."""
+        if call.kind == "head":
+            return self._at(self.head, call)
+        key = f"{call.attention}/{call.softmax}"
+        if key not in self.attention.get(call.dtype, {}):
+            raise ValueError(f"block calls in {call.dtype} with {key} attention were not priced; these prices hold "
+                             f"{sorted(self.attention.get(call.dtype, {}))}")
+        alpha, c = self.attention[call.dtype][key]
+        return self._at(self.block, call) + alpha + c * call.rows * call.context
+
+    def to_dict(self) -> dict:
+        return {**self.meta, "rows": {d: list(r) for d, r in self.rows.items()},
+                "block": {d: list(s) for d, s in self.block.items()},
+                "head": {d: list(s) for d, s in self.head.items()},
+                "attention": {d: {k: list(v) for k, v in by.items()} for d, by in self.attention.items()}}
+
+    @classmethod
+    def from_dict(cls, record: Mapping) -> BlockCost:
+        own = ("rows", "block", "head", "attention")
+        missing = [k for k in own if k not in record]
+        if missing:
+            raise ValueError(f"not a record of block prices: it lacks {missing}")
+        return cls(rows={d: tuple(r) for d, r in record["rows"].items()},
+                   block={d: tuple(s) for d, s in record["block"].items()},
+                   head={d: tuple(s) for d, s in record["head"].items()},
+                   attention={d: {k: (float(v[0]), float(v[1])) for k, v in by.items()}
+                              for d, by in record["attention"].items()},
+                   meta={k: v for k, v in record.items() if k not in own})
+
+
+def predict(work: Mapping[Call, int], cost: BlockCost) -> float:
+    """Predicted seconds of a run's counted ``work`` (:func:`counting`) at the machine's prices."""
+    return sum(count * cost.seconds(call) for call, count in work.items())
+
+
+def parts(work: Mapping[Call, int], cost: BlockCost) -> dict[str, float]:
+    """:func:`predict` split into causal blocks, cache blocks and the head."""
+    out: dict[str, float] = {}
+    for call, count in work.items():
+        part = "head" if call.kind == "head" else f"{call.attention} blocks"
+        out[part] = out.get(part, 0.0) + count * cost.seconds(call)
+    return out
+
+
+def calls_to_rows(work: Mapping[Call, int]) -> list[list]:
+    """``work`` as JSON-ready rows: the fields of :class:`Call`, then the count."""
+    return [[*astuple(call), count] for call, count in sorted(work.items())]
+
+
+def rows_to_calls(rows: Iterable[list]) -> Counter[Call]:
+    """:func:`calls_to_rows` read back."""
+    return Counter({Call(*row[:-1]): int(row[-1]) for row in rows})
+
+
+def _median_seconds(run: Callable[[], object], repeats: int) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _block_seconds(block: Block, x: Tensor, weights: object, rotary: object, positions: Tensor, router: object,
+                   repeats: int) -> float:
+    return _median_seconds(lambda: block.run(x, weights, rotary, positions, router, 1), repeats)
+
+
+def _head_seconds(x: Tensor, norm: Tensor, eps: float, weight: Tensor, repeats: int) -> float:
+    return _median_seconds(lambda: torch.mm(rms_norm(x, norm, eps), weight.t()).float(), repeats)
+
+
+def _row_grid(largest: int) -> tuple[int, ...]:
+    """Powers of two from 1 to the first at or above ``largest`` (and 32, the widest cache cell's rows)."""
+    grid = [1]
+    while grid[-1] < max(largest, 32):
+        grid.append(2 * grid[-1])
+    return tuple(grid)
+
+
+CAUSAL_TOKENS = (256, 1024)
+CACHE_CELLS = ((1, 1), (1, 8), (4, 1), (4, 8))  # (sequences, tokens) of the cache cells
+SHORT_CONTEXT = 128
+
+
+@torch.no_grad()
+def time_blocks(config: LoopedConfig, calls: Iterable[Call],
+                make_model: Callable[[LoopedConfig, torch.dtype], LoopedLM], progress: bool = True) -> BlockCost:
+    """Price ``calls`` on this machine with a model of ``config`` made by ``make_model`` (random weights) in each of
+    their dtypes: a(rows) and h(rows) at powers of two covering their rows; per causal softmax, c from blocks of
+    :data:`CAUSAL_TOKENS` tokens; per cache softmax, (alpha, c) by least squares over the :data:`CACHE_CELLS` at
+    :data:`SHORT_CONTEXT` and at the longest context counted, on a prefilled full cache."""
+    from looped_kv.decoding.passes import Passes, new_cache
+    from looped_kv.runtime.policy import make_policy
+
+    calls = list(calls)
+    dtypes = sorted({c.dtype for c in calls})
+    rows, block, head, attention = {}, {}, {}, {}
+    for dtype in tqdm(dtypes, desc="pricing blocks", disable=not progress):
+        model = make_model(config, getattr(torch, dtype))
+        core, rotary, eps = model.transformer.core_block[0], model.rotary, config.norm_eps
+        weights = core.weights()
+        norm, head_weight = model.transformer.ln_f.weight, model.lm_head.weight
+        of_dtype = [c for c in calls if c.dtype == dtype]
+        grid = _row_grid(max(c.rows for c in of_dtype))
+        a, h = [], []
+        for n in grid:
+            x = torch.randn(n, config.n_embd, dtype=model.dtype, device=model.device)
+            one_token = torch.zeros(n, 1, dtype=torch.long, device=model.device)
+            repeats = 7 if n <= 256 else 3
+            a.append(_block_seconds(core, x, weights, rotary, one_token, CausalRouter(), repeats))
+            h.append(_head_seconds(x, norm, eps, head_weight, repeats))
+        rows[dtype], block[dtype], head[dtype] = grid, tuple(a), tuple(h)
+
+        priced: dict[str, tuple[float, float]] = {}
+        for softmax in sorted({c.softmax for c in of_dtype if c.kind == "block" and c.attention == "causal"}):
+            router = CausalRouter(softmax_dtype=None if softmax == FUSED else getattr(torch, softmax))
+            pairs, extra = [], []
+            for n in (t for t in CAUSAL_TOKENS if t <= config.block_size):
+                x = torch.randn(n, config.n_embd, dtype=model.dtype, device=model.device)
+                positions = torch.arange(n, device=model.device)
+                seconds = _block_seconds(core, x, weights, rotary, positions, router, 3)
+                pairs.append(n * (n + 1) / 2)
+                extra.append(seconds - float(np.interp(n, grid, a)))
+            priced[f"causal/{softmax}"] = (0.0, float(np.dot(pairs, extra) / np.dot(pairs, pairs)))
+        cache_softmax = sorted({c.softmax for c in of_dtype if c.kind == "block" and c.attention == "cache"})
+        if cache_softmax:
+            widest = max(g for _, g in CACHE_CELLS)
+            longest = max(c.context for c in of_dtype if c.attention == "cache")
+            contexts = sorted({min(SHORT_CONTEXT, longest), min(max(longest, SHORT_CONTEXT + 1),
+                                                                   config.block_size - widest)})
+            generator = torch.Generator().manual_seed(0)
+            design: dict[str, list[list[float]]] = {s: [] for s in cache_softmax}
+            seconds: dict[str, list[float]] = {s: [] for s in cache_softmax}
+            for batch in sorted({b for b, _ in CACHE_CELLS}):
+                for context in contexts:
+                    passes = Passes(model, new_cache(model, make_policy("full", config.mean_recurrence), batch,
+                                                     context + widest), widest)
+                    passes.prefill([torch.randint(1, config.vocab_size, (context,), generator=generator)
+                                    for _ in range(batch)])
+                    for g in (g for b, g in CACHE_CELLS if b == batch):
+                        x = torch.randn(batch * g, config.n_embd, dtype=model.dtype, device=model.device)
+                        for softmax in cache_softmax:
+                            router = CachePass(passes.cache, range(context, context + g), store=None,
+                                               softmax_dtype=None if softmax == FUSED else getattr(torch, softmax))
+                            t = _block_seconds(core, x, weights, rotary, router.positions, router, 5)
+                            design[softmax].append([1.0, batch * g * (context + (g + 1) / 2)])
+                            seconds[softmax].append(t - float(np.interp(batch * g, grid, a)))
+            for softmax in cache_softmax:
+                solution, *_ = np.linalg.lstsq(np.array(design[softmax]), np.array(seconds[softmax]), rcond=None)
+                priced[f"cache/{softmax}"] = (float(solution[0]), float(solution[1]))
+        attention[dtype] = priced
+        del model
+    return BlockCost(rows, block, head, attention)
