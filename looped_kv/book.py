@@ -360,19 +360,44 @@ def verdict_listing(notebooks: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cpu_run_table(record: dict, folder: Path) -> str:
+def cpu_plan_table(planned: dict[str, float], peaks: dict[str, int], folder: Path) -> str:
+    """A Markdown table of the plan alone for a CPU run: per chapter, its predicted minutes (``planned``, seconds from
+    ``looped-kv plan-time``) and its predicted peak host memory beyond the weights (``peaks``, bytes) in GB; a
+    chapter the plan lacks says so. Page titles come from the notebooks in ``folder``."""
+    lines = ["| page | plan minutes | plan GB |", "| --- | ---: | ---: |"]
+    for name in NOTEBOOKS:
+        chapter = name.split("_")[0]
+        if not chapter.startswith("ch"):
+            continue
+        title = _title(_cells(folder / f"{name}.ipynb"))
+        lines.append(f"| {title} | not planned | |" if chapter not in planned else
+                     f"| {title} | {planned[chapter] / 60:.1f} | {peaks[chapter] / 1e9:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def cpu_run_table(record: dict, folder: Path, planned: dict[str, float] | None = None) -> str:
     """A Markdown table of a recorded CPU run of ``looped-kv plan-check`` (its JSON ``record``): per chapter, the
-    minutes its memory-relevant calls took, their peak host memory and the plan's, in GB (10^9 bytes); a chapter the
+    minutes its memory-relevant calls took, their peak host memory and the plan's, in GB (10^9 bytes); with
+    ``planned`` (each chapter's predicted seconds, ``looped-kv plan-time``), the plan's minutes too. A chapter the
     record lacks says so. Page titles come from the notebooks in ``folder``."""
     rows = {row["chapter"]: row for row in record["chapters"]}
-    lines = ["| page | minutes | peak GB | plan GB | plan / peak |", "| --- | ---: | ---: | ---: | ---: |"]
+    timed = ["plan minutes", "plan / run"] if planned is not None else []
+    head = ["page", "minutes", *timed, "peak GB", "plan GB", "plan / peak"]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for name in NOTEBOOKS:
         chapter = name.split("_")[0]
         if not chapter.startswith("ch"):
             continue
         title = _title(_cells(folder / f"{name}.ipynb"))
         row = rows.get(chapter)
-        lines.append(f"| {title} | not recorded | | | |" if row is None else
-                     f"| {title} | {row['seconds'] / 60:.1f} | {row['measured bytes'] / 1e9:.2f} | "
-                     f"{row['predicted bytes'] / 1e9:.2f} | {row['predicted / measured']:.2f} |")
+        if row is None:
+            lines.append(f"| {title} | not recorded |" + " |" * (len(head) - 2))
+            continue
+        cells = [f"{row['seconds'] / 60:.1f}"]
+        if planned is not None:
+            cells += ([f"{planned[chapter] / 60:.1f}", f"{planned[chapter] / row['seconds']:.2f}"]
+                      if chapter in planned else ["not planned", ""])
+        cells += [f"{row['measured bytes'] / 1e9:.2f}", f"{row['predicted bytes'] / 1e9:.2f}",
+                  f"{row['predicted / measured']:.2f}"]
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -59,6 +59,7 @@ from looped_kv import outputs, profiles, workloads
 from looped_kv.analysis import pass_cost as analysis_pass_cost
 from looped_kv.analysis import plan
 from looped_kv.analysis.pass_cost import MODES, STATISTICS
+from looped_kv.analysis.plan_time import predict as predict_seconds
 from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
 from looped_kv.decoding import settings
@@ -1178,15 +1179,36 @@ def _add_scout(sub: argparse._SubParsersAction) -> None:
 # -- chapter-times --------------------------------------------------------------------------------------------------
 
 
+def _recorded_config(model: str) -> LoopedConfig:
+    """The config a record names as its model: a published config, a checkpoint folder or a config.json."""
+    if model in gpu_check.CONFIGS:
+        return gpu_check.CONFIGS[model]()
+    path = Path(model).expanduser()
+    return LoopedConfig.from_file(path / "config.json" if path.is_dir() else path)
+
+
 def cmd_chapter_times(args: argparse.Namespace) -> int:
     from looped_kv import book
 
+    if args.plan_time is not None and not args.plan_time.is_file():
+        raise ValueError(f"--plan-time must be a record of looped-kv plan-time (a JSON file), got {args.plan_time}")
+    if args.plan_time is not None and args.cpu_run is None:
+        header, cost, work = plan_time.read(args.plan_time)
+        config, profile = _recorded_config(header["model"]), profiles.PROFILES[header["profile"]]
+        print(book.cpu_plan_table({chapter: predict_seconds(calls, cost) for chapter, calls in work.items()},
+                                  {chapter: plan_check.host_peak_beyond_weights(config, profile, chapter)
+                                   for chapter in work}, Path(args.notebooks)), end="")
+        return 0
     if args.cpu_run is None:
         print(book.chapter_times(Path(args.notebooks)), end="")
         return 0
     if not args.cpu_run.is_file():
         raise ValueError(f"--cpu-run must be a record of looped-kv plan-check (a JSON file), got {args.cpu_run}")
-    print(book.cpu_run_table(json.loads(args.cpu_run.read_text()), Path(args.notebooks)), end="")
+    planned = None
+    if args.plan_time is not None:
+        _, cost, work = plan_time.read(args.plan_time)
+        planned = {chapter: predict_seconds(calls, cost) for chapter, calls in work.items()}
+    print(book.cpu_run_table(json.loads(args.cpu_run.read_text()), Path(args.notebooks), planned), end="")
     return 0
 
 
@@ -1197,6 +1219,9 @@ def _add_chapter_times(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpu-run", type=Path, default=None,
                    help="instead, the minutes and peak host memory of each chapter's run in this record of "
                         "looped-kv plan-check (book/data/cpu-run-parcae-140m.md keeps parcae-140m's)")
+    p.add_argument("--plan-time", type=Path, default=None,
+                   help="with --cpu-run, add each chapter's predicted minutes from this record of looped-kv "
+                        "plan-time; alone, the plan's minutes and peak GB per chapter")
     p.set_defaults(func=cmd_chapter_times)
 
 

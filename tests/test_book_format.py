@@ -55,21 +55,48 @@ def test_the_cpu_route_table_is_the_recorded_parcae_run(capsys, tmp_path):
     """book/gpu.md's table of minutes and GB per chapter for parcae-140m on a CPU is what ``looped-kv chapter-times
     --cpu-run`` prints from the committed record; a chapter the record lacks reads "not recorded"."""
     record = ROOT / "book" / "data" / "plan-check-parcae-140m-cpu.json"
-    assert main(["chapter-times", "--cpu-run", str(record)]) == 0
+    timed = ROOT / "book" / "data" / "plan-time-parcae-140m-cpu.json"
+    words = ["chapter-times", "--cpu-run", str(record.relative_to(ROOT)), "--plan-time", str(timed.relative_to(ROOT))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        assert main(words) == 0
     table = capsys.readouterr().out
     kept = ROOT / "book" / "data" / "cpu-run-parcae-140m.md"
-    assert table == kept.read_text(), \
-        f"regenerate it: looped-kv chapter-times --cpu-run {record.relative_to(ROOT)} > {kept.relative_to(ROOT)}"
-    assert "data/cpu-run-parcae-140m.md" in (ROOT / "book" / "gpu.md").read_text()
+    assert table == kept.read_text(), f"regenerate it: looped-kv {' '.join(words[1:])} > {kept.relative_to(ROOT)}"
+    gpu_page = (ROOT / "book" / "gpu.md").read_text()
+    assert "data/cpu-run-parcae-140m.md" in gpu_page
+    assert f"looped-kv {' '.join(words[:3])} \\\n    {' '.join(words[3:])}" in gpu_page
     rows = json.loads(record.read_text())["chapters"]
     first = rows[0]
-    assert f"| {first['seconds'] / 60:.1f} | {first['measured bytes'] / 1e9:.2f} |" in table
+    assert f"| {first['seconds'] / 60:.1f} | " in table and f"| {first['measured bytes'] / 1e9:.2f} |" in table
+    assert table.splitlines()[0] == "| page | minutes | plan minutes | plan / run | peak GB | plan GB | plan / peak |"
     partial = tmp_path / "partial.json"
     partial.write_text(json.dumps({**json.loads(record.read_text()), "chapters": rows[:1]}))
     assert main(["chapter-times", "--cpu-run", str(partial)]) == 0
-    assert capsys.readouterr().out.count("not recorded") == 7
+    out = capsys.readouterr().out
+    assert out.count("not recorded") == 7 and "plan minutes" not in out
     assert main(["chapter-times", "--cpu-run", str(tmp_path / "none.json")]) == 2
     assert "--cpu-run must be a record" in capsys.readouterr().err
+    assert main(["chapter-times", "--plan-time", str(tmp_path / "none.json")]) == 2
+    assert "--plan-time must be a record of looped-kv plan-time" in capsys.readouterr().err
+
+
+def test_the_cpu_plan_table_of_parcae_370m_is_its_recorded_plan_time(capsys):
+    """book/gpu.md's table of the plan's minutes and GB per chapter for parcae-370m on a CPU (no run of it recorded)
+    is what ``looped-kv chapter-times --plan-time`` prints from the committed record, its GB the plan's peak
+    beyond the weights at the model's CPU profile."""
+    timed = Path("book") / "data" / "plan-time-parcae-370m-cpu.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        assert main(["chapter-times", "--plan-time", str(timed)]) == 0
+    table = capsys.readouterr().out
+    kept = ROOT / "book" / "data" / "cpu-plan-parcae-370m.md"
+    assert table == kept.read_text(), f"regenerate it: looped-kv chapter-times --plan-time {timed} > {kept}"
+    assert "data/cpu-plan-parcae-370m.md" in (ROOT / "book" / "gpu.md").read_text()
+    record = json.loads((ROOT / timed).read_text())
+    assert (record["model"], record["profile"]) == ("parcae-370m", "parcae-370m-cpu")
+    assert table.splitlines()[0] == "| page | plan minutes | plan GB |" and "not planned" not in table
+    assert len(table.splitlines()) == 2 + len(record["chapters"]) == 10
 
 
 def test_a_notebook_without_recorded_timing_is_refused(tmp_path):

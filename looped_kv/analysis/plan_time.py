@@ -13,10 +13,15 @@ prices each one:
   The exception is speculative decoding, whose number of passes follows its acceptance, here the acceptance of random
   weights at the stand-in's width.
 - **The prices** (:func:`time_blocks`), measured once per machine with random weights at the model's own dimensions.
-  A core block costs t = a(rows) + alpha + c rows L. Here a(rows) is the block on ``rows`` one-token sequences
-  (its products, norms and rotary, with no attention work), interpolated between measured row counts; L is the
-  context; (alpha, c) are per attention kind and softmax, alpha being 0 for causal calls. A head call costs h(rows),
-  interpolated the same way.
+  A core block on ``rows`` tokens of B sequences whose queries read L keys costs
+
+      t = a(rows) + alpha_B + c_B B L + e_B rows L
+
+  Here a(rows) is the block on ``rows`` one-token sequences (its products, norms and rotary, with no attention work),
+  interpolated between measured row counts. The attention terms are fitted per attention kind and softmax: reading
+  a cache costs per sequence and key (its keys and values are read once for all of a sequence's queries) and per
+  query and key, with (alpha_B, c_B, e_B) fitted at a few B and interpolated between them; a causal block's
+  attention costs per query and key alone (alpha = c = 0). A head call costs h(rows), interpolated like a(rows).
 
 What it leaves out (KL divergences and other arithmetic over the logits, copies of replay records, the decode loop's
 bookkeeping) makes a chapter that does much of it take longer than predicted. ``tests/test_plan.py`` holds every
@@ -50,8 +55,8 @@ FUSED = "fused"
 @dataclass(frozen=True, order=True)
 class Call:
     """One kind of call: a block (``kind`` "block") or the head ("head"), in ``dtype`` on ``rows`` tokens; a block's
-    queries read ``context`` keys on average, attending to its own tokens causally or to a cache (``attention``), with
-    the fused kernel or an explicit ``softmax`` in that dtype."""
+    tokens are ``sequences`` sequences whose queries read ``context`` keys on average, attending to their own tokens
+    causally or to a cache (``attention``), with the fused kernel or an explicit ``softmax`` in that dtype."""
 
     kind: str
     dtype: str
@@ -59,6 +64,7 @@ class Call:
     context: int = 0
     attention: str = ""
     softmax: str = ""
+    sequences: int = 1
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -85,8 +91,11 @@ def _softmax(router: object) -> str:
 
 
 def _block_call(x: Tensor, positions: Tensor, router: object) -> Call:
+    """The call's context: its mean position rounded (half to even), plus 1."""
     context = round(float(positions.float().mean())) + 1
-    return Call("block", _dtype_name(x.dtype), x.shape[0], context, _attention(router), _softmax(router))
+    tokens = positions.shape[-1]
+    return Call("block", _dtype_name(x.dtype), x.shape[0], context, _attention(router), _softmax(router),
+                x.shape[0] // tokens)
 
 
 @contextmanager
@@ -131,13 +140,14 @@ def stand_in(config: LoopedConfig) -> LoopedConfig:
 @dataclass(frozen=True)
 class BlockCost:
     """The machine's prices (see the module docstring): per dtype, the measured ``rows`` and the seconds of a block
-    (``block``) and of the head (``head``) on that many tokens; per dtype and "attention/softmax", (alpha, c) of
-    t = a(rows) + alpha + c rows L; ``meta``: the machine, the model and the command."""
+    (``block``) and of the head (``head``) on that many tokens; per dtype and "attention/softmax", the sequence counts
+    B at which the attention was fitted and (alpha_B, c_B, e_B) at each; ``meta``: the machine, the model and the
+    command."""
 
     rows: dict[str, tuple[int, ...]]
     block: dict[str, tuple[float, ...]]
     head: dict[str, tuple[float, ...]]
-    attention: dict[str, dict[str, tuple[float, float]]]
+    attention: dict[str, dict[str, tuple[tuple[int, ...], tuple[tuple[float, float, float], ...]]]]
     meta: dict = field(default_factory=dict)
 
     def _at(self, table: dict[str, tuple[float, ...]], call: Call) -> float:
@@ -158,14 +168,20 @@ class BlockCost:
         if key not in self.attention.get(call.dtype, {}):
             raise ValueError(f"block calls in {call.dtype} with {key} attention were not priced; these prices hold "
                              f"{sorted(self.attention.get(call.dtype, {}))}")
-        alpha, c = self.attention[call.dtype][key]
-        return self._at(self.block, call) + alpha + c * call.rows * call.context
+        sequences, fits = self.attention[call.dtype][key]
+        if len(sequences) > 1 and not sequences[0] <= call.sequences <= sequences[-1]:
+            raise ValueError(f"a block call of {call.sequences} sequences with {key} attention is outside the priced "
+                             f"{sequences[0]}..{sequences[-1]} ({call.dtype}); time more sequences")
+        alpha, c, e = (np.interp(call.sequences, sequences, [f[i] for f in fits]) for i in range(3))
+        return self._at(self.block, call) + float(alpha + c * call.sequences * call.context
+                                                  + e * call.rows * call.context)
 
     def to_dict(self) -> dict:
         return {**self.meta, "rows": {d: list(r) for d, r in self.rows.items()},
                 "block": {d: list(s) for d, s in self.block.items()},
                 "head": {d: list(s) for d, s in self.head.items()},
-                "attention": {d: {k: list(v) for k, v in by.items()} for d, by in self.attention.items()}}
+                "attention": {d: {k: {"sequences": list(b), "alpha, c, e": [list(f) for f in fits]}
+                                  for k, (b, fits) in by.items()} for d, by in self.attention.items()}}
 
     @classmethod
     def from_dict(cls, record: Mapping) -> BlockCost:
@@ -176,8 +192,9 @@ class BlockCost:
         return cls(rows={d: tuple(r) for d, r in record["rows"].items()},
                    block={d: tuple(s) for d, s in record["block"].items()},
                    head={d: tuple(s) for d, s in record["head"].items()},
-                   attention={d: {k: (float(v[0]), float(v[1])) for k, v in by.items()}
-                              for d, by in record["attention"].items()},
+                   attention={d: {k: (tuple(v["sequences"]), tuple(tuple(float(x) for x in f)
+                                                                   for f in v["alpha, c, e"]))
+                                  for k, v in by.items()} for d, by in record["attention"].items()},
                    meta={k: v for k, v in record.items() if k not in own})
 
 
@@ -225,38 +242,87 @@ def _head_seconds(x: Tensor, norm: Tensor, eps: float, weight: Tensor, repeats: 
 
 
 def _row_grid(largest: int) -> tuple[int, ...]:
-    """Powers of two from 1 to the first at or above ``largest`` (and 32, the widest cache cell's rows)."""
+    """Powers of two from 1 to the first at or above ``largest``."""
     grid = [1]
-    while grid[-1] < max(largest, 32):
+    while grid[-1] < largest:
         grid.append(2 * grid[-1])
     return tuple(grid)
 
 
 CAUSAL_TOKENS = (256, 1024)
-CACHE_CELLS = ((1, 1), (1, 8), (4, 1), (4, 8))  # (sequences, tokens) of the cache cells
-SHORT_CONTEXT = 128
+#: Sequences, tokens per sequence and the shorter context of the cache cells; the longer is the longest counted.
+CACHE_SEQUENCES, CACHE_TOKENS, SHORT_CONTEXT = (1, 4, 12), (1, 8, 24), 128
+
+
+def _causal_fit(core: Block, weights: object, rotary: object, model: LoopedLM, softmax: str,
+                base: Callable[[int], float]) -> tuple[tuple[int, ...], tuple[tuple[float, float, float], ...]]:
+    """e of a causal block's attention (alpha = c = 0) from blocks of :data:`CAUSAL_TOKENS` tokens."""
+    router = CausalRouter(softmax_dtype=None if softmax == FUSED else getattr(torch, softmax))
+    pairs, extra = [], []
+    for n in (t for t in CAUSAL_TOKENS if t <= model.config.block_size):
+        x = torch.randn(n, model.config.n_embd, dtype=model.dtype, device=model.device)
+        positions = torch.arange(n, device=model.device)
+        pairs.append(n * (n + 1) / 2)
+        extra.append(_block_seconds(core, x, weights, rotary, positions, router, 3) - base(n))
+    return (1,), ((0.0, 0.0, float(np.dot(pairs, extra) / np.dot(pairs, pairs))),)
+
+
+def _cache_fits(core: Block, weights: object, rotary: object, model: LoopedLM, softmaxes: list[str],
+                sequences: tuple[int, ...], longest: int,
+                base: Callable[[int], float]) -> dict[str, tuple[tuple[int, ...], tuple[tuple[float, ...], ...]]]:
+    """(alpha_B, c_B, e_B) per softmax and per B of ``sequences``, by least squares over blocks of
+    :data:`CACHE_TOKENS` tokens per sequence at :data:`SHORT_CONTEXT` and ``longest`` keys of a prefilled full
+    cache."""
+    from looped_kv.decoding.passes import Passes, new_cache
+    from looped_kv.runtime.policy import make_policy
+
+    config, widest = model.config, max(CACHE_TOKENS)
+    contexts = sorted({min(SHORT_CONTEXT, longest), min(max(longest, SHORT_CONTEXT + 1), config.block_size - widest)})
+    generator = torch.Generator().manual_seed(0)
+    fits: dict[str, list[tuple[float, ...]]] = {s: [] for s in softmaxes}
+    for batch in sequences:
+        design: list[list[float]] = []
+        seconds: dict[str, list[float]] = {s: [] for s in softmaxes}
+        for context in contexts:
+            passes = Passes(model, new_cache(model, make_policy("full", config.mean_recurrence), batch,
+                                             context + widest), widest)
+            passes.prefill([torch.randint(1, config.vocab_size, (context,), generator=generator)
+                            for _ in range(batch)])
+            for g in CACHE_TOKENS:
+                x = torch.randn(batch * g, config.n_embd, dtype=model.dtype, device=model.device)
+                keys = context + (g + 1) / 2  # a query's mean keys: the prefix and its block's earlier tokens
+                design.append([1.0, batch * keys, batch * g * keys])
+                for softmax in softmaxes:
+                    router = CachePass(passes.cache, range(context, context + g), store=None,
+                                       softmax_dtype=None if softmax == FUSED else getattr(torch, softmax))
+                    seconds[softmax].append(_block_seconds(core, x, weights, rotary, router.positions, router, 5)
+                                            - base(batch * g))
+            del passes
+        for softmax in softmaxes:
+            solution, *_ = np.linalg.lstsq(np.array(design), np.array(seconds[softmax]), rcond=None)
+            fits[softmax].append(tuple(float(v) for v in solution))
+    return {f"cache/{s}": (sequences, tuple(fits[s])) for s in softmaxes}
 
 
 @torch.no_grad()
 def time_blocks(config: LoopedConfig, calls: Iterable[Call],
                 make_model: Callable[[LoopedConfig, torch.dtype], LoopedLM], progress: bool = True) -> BlockCost:
     """Price ``calls`` on this machine with a model of ``config`` made by ``make_model`` (random weights) in each of
-    their dtypes: a(rows) and h(rows) at powers of two covering their rows; per causal softmax, c from blocks of
-    :data:`CAUSAL_TOKENS` tokens; per cache softmax, (alpha, c) by least squares over the :data:`CACHE_CELLS` at
-    :data:`SHORT_CONTEXT` and at the longest context counted, on a prefilled full cache."""
-    from looped_kv.decoding.passes import Passes, new_cache
-    from looped_kv.runtime.policy import make_policy
-
+    their dtypes: a(rows) and h(rows) at powers of two covering their rows and the cache cells'; per causal softmax,
+    e from blocks of :data:`CAUSAL_TOKENS` tokens; per cache softmax, (alpha_B, c_B, e_B) at B in
+    :data:`CACHE_SEQUENCES` (and the most sequences counted, if more)."""
     calls = list(calls)
-    dtypes = sorted({c.dtype for c in calls})
     rows, block, head, attention = {}, {}, {}, {}
-    for dtype in tqdm(dtypes, desc="pricing blocks", disable=not progress):
+    for dtype in tqdm(sorted({c.dtype for c in calls}), desc="pricing blocks", disable=not progress):
         model = make_model(config, getattr(torch, dtype))
         core, rotary, eps = model.transformer.core_block[0], model.rotary, config.norm_eps
         weights = core.weights()
         norm, head_weight = model.transformer.ln_f.weight, model.lm_head.weight
         of_dtype = [c for c in calls if c.dtype == dtype]
-        grid = _row_grid(max(c.rows for c in of_dtype))
+        cached = [c for c in of_dtype if c.kind == "block" and c.attention == "cache"]
+        sequences = tuple(sorted({*CACHE_SEQUENCES, *(c.sequences for c in cached)} - {0}))
+        sequences = tuple(b for b in sequences if b in CACHE_SEQUENCES or b == sequences[-1])
+        grid = _row_grid(max(max(c.rows for c in of_dtype), sequences[-1] * max(CACHE_TOKENS) if cached else 1))
         a, h = [], []
         for n in grid:
             x = torch.randn(n, config.n_embd, dtype=model.dtype, device=model.device)
@@ -266,43 +332,14 @@ def time_blocks(config: LoopedConfig, calls: Iterable[Call],
             h.append(_head_seconds(x, norm, eps, head_weight, repeats))
         rows[dtype], block[dtype], head[dtype] = grid, tuple(a), tuple(h)
 
-        priced: dict[str, tuple[float, float]] = {}
-        for softmax in sorted({c.softmax for c in of_dtype if c.kind == "block" and c.attention == "causal"}):
-            router = CausalRouter(softmax_dtype=None if softmax == FUSED else getattr(torch, softmax))
-            pairs, extra = [], []
-            for n in (t for t in CAUSAL_TOKENS if t <= config.block_size):
-                x = torch.randn(n, config.n_embd, dtype=model.dtype, device=model.device)
-                positions = torch.arange(n, device=model.device)
-                seconds = _block_seconds(core, x, weights, rotary, positions, router, 3)
-                pairs.append(n * (n + 1) / 2)
-                extra.append(seconds - float(np.interp(n, grid, a)))
-            priced[f"causal/{softmax}"] = (0.0, float(np.dot(pairs, extra) / np.dot(pairs, pairs)))
-        cache_softmax = sorted({c.softmax for c in of_dtype if c.kind == "block" and c.attention == "cache"})
-        if cache_softmax:
-            widest = max(g for _, g in CACHE_CELLS)
-            longest = max(c.context for c in of_dtype if c.attention == "cache")
-            contexts = sorted({min(SHORT_CONTEXT, longest), min(max(longest, SHORT_CONTEXT + 1),
-                                                                   config.block_size - widest)})
-            generator = torch.Generator().manual_seed(0)
-            design: dict[str, list[list[float]]] = {s: [] for s in cache_softmax}
-            seconds: dict[str, list[float]] = {s: [] for s in cache_softmax}
-            for batch in sorted({b for b, _ in CACHE_CELLS}):
-                for context in contexts:
-                    passes = Passes(model, new_cache(model, make_policy("full", config.mean_recurrence), batch,
-                                                     context + widest), widest)
-                    passes.prefill([torch.randint(1, config.vocab_size, (context,), generator=generator)
-                                    for _ in range(batch)])
-                    for g in (g for b, g in CACHE_CELLS if b == batch):
-                        x = torch.randn(batch * g, config.n_embd, dtype=model.dtype, device=model.device)
-                        for softmax in cache_softmax:
-                            router = CachePass(passes.cache, range(context, context + g), store=None,
-                                               softmax_dtype=None if softmax == FUSED else getattr(torch, softmax))
-                            t = _block_seconds(core, x, weights, rotary, router.positions, router, 5)
-                            design[softmax].append([1.0, batch * g * (context + (g + 1) / 2)])
-                            seconds[softmax].append(t - float(np.interp(batch * g, grid, a)))
-            for softmax in cache_softmax:
-                solution, *_ = np.linalg.lstsq(np.array(design[softmax]), np.array(seconds[softmax]), rcond=None)
-                priced[f"cache/{softmax}"] = (float(solution[0]), float(solution[1]))
+        def base(n: int, grid: tuple[int, ...] = grid, a: list[float] = a) -> float:
+            return float(np.interp(n, grid, a))
+
+        priced = {f"causal/{softmax}": _causal_fit(core, weights, rotary, model, softmax, base)
+                  for softmax in sorted({c.softmax for c in of_dtype if c.kind == "block" and c.attention == "causal"})}
+        if cached:
+            priced |= _cache_fits(core, weights, rotary, model, sorted({c.softmax for c in cached}), sequences,
+                                  max(c.context for c in cached), base)
         attention[dtype] = priced
         del model
     return BlockCost(rows, block, head, attention)

@@ -199,15 +199,25 @@ RUNS: dict[str, Callable[[LoopedLM, profiles.Profile], None]] = {
     "ch01": ch01, "ch02": ch02, "ch03": ch03, "ch04": ch04, "ch05": ch05, "ch06": ch06, "ch07": ch07, "ch08": ch08}
 
 
-def predicted_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> int:
-    """The plan's peak for the steps a run makes: on a GPU its GPU bytes; on a CPU every byte less the weights
-    the model already holds (the meter counts what the run allocates, and a model cast in place is new storage)."""
-    steps = [s for s in plan.CHAPTERS[chapter](model.config, profile).steps
-             if not s.name.startswith(SKIPPED.get(chapter, ("-",)))]
-    if model.device.type == "cuda":
-        return max(s.bytes(plan.GPU) for s in steps)
+def _run_steps(config: LoopedConfig, profile: profiles.Profile, chapter: str) -> list[plan.Step]:
+    return [s for s in plan.CHAPTERS[chapter](config, profile).steps
+            if not s.name.startswith(SKIPPED.get(chapter, ("-",)))]
+
+
+def host_peak_beyond_weights(config: LoopedConfig, profile: profiles.Profile, chapter: str) -> int:
+    """The plan's peak of a CPU run's steps: every byte less the weights the model already holds (the meter counts
+    what the run allocates, and a model cast in place is new storage)."""
     resident = f"{profile.dtype} weights"  # a step without them holds the model cast in place: new storages
-    return max(s.bytes(None) - sum(h.nbytes for h in s.held if h.what == resident) for s in steps)
+    return max(s.bytes(None) - sum(h.nbytes for h in s.held if h.what == resident)
+               for s in _run_steps(config, profile, chapter))
+
+
+def predicted_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> int:
+    """The plan's peak for the steps a run makes: on a GPU its GPU bytes; on a CPU
+    :func:`host_peak_beyond_weights`."""
+    if model.device.type == "cuda":
+        return max(s.bytes(plan.GPU) for s in _run_steps(model.config, profile, chapter))
+    return host_peak_beyond_weights(model.config, profile, chapter)
 
 
 def measured_peak(model: LoopedLM, profile: profiles.Profile, chapter: str) -> tuple[int, float]:
