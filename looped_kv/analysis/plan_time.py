@@ -268,22 +268,22 @@ def _causal_fit(core: Block, weights: object, rotary: object, model: LoopedLM, s
 
 
 def _cache_fits(core: Block, weights: object, rotary: object, model: LoopedLM, softmaxes: list[str],
-                sequences: tuple[int, ...], longest: int,
+                sequences: tuple[int, ...], longest: tuple[int, ...],
                 base: Callable[[int], float]) -> dict[str, tuple[tuple[int, ...], tuple[tuple[float, ...], ...]]]:
     """(alpha_B, c_B, e_B) per softmax and per B of ``sequences``, by least squares over blocks of
-    :data:`CACHE_TOKENS` tokens per sequence at :data:`SHORT_CONTEXT` and ``longest`` keys of a prefilled full
-    cache."""
+    :data:`CACHE_TOKENS` tokens per sequence at :data:`SHORT_CONTEXT` keys of a prefilled full cache and at B's
+    ``longest`` (the longest context of the calls B's fit prices)."""
     from looped_kv.decoding.passes import Passes, new_cache
     from looped_kv.runtime.policy import make_policy
 
     config, widest = model.config, max(CACHE_TOKENS)
-    contexts = sorted({min(SHORT_CONTEXT, longest), min(max(longest, SHORT_CONTEXT + 1), config.block_size - widest)})
     generator = torch.Generator().manual_seed(0)
     fits: dict[str, list[tuple[float, ...]]] = {s: [] for s in softmaxes}
-    for batch in sequences:
+    for batch, most in zip(sequences, longest, strict=True):
         design: list[list[float]] = []
         seconds: dict[str, list[float]] = {s: [] for s in softmaxes}
-        for context in contexts:
+        contexts = {min(SHORT_CONTEXT, most), min(max(most, SHORT_CONTEXT + 1), config.block_size - widest)}
+        for context in sorted(contexts):
             passes = Passes(model, new_cache(model, make_policy("full", config.mean_recurrence), batch,
                                              context + widest), widest)
             passes.prefill([torch.randint(1, config.vocab_size, (context,), generator=generator)
@@ -302,6 +302,16 @@ def _cache_fits(core: Block, weights: object, rotary: object, model: LoopedLM, s
             solution, *_ = np.linalg.lstsq(np.array(design), np.array(seconds[softmax]), rcond=None)
             fits[softmax].append(tuple(float(v) for v in solution))
     return {f"cache/{s}": (sequences, tuple(fits[s])) for s in softmaxes}
+
+
+def _longest(calls: list[Call], sequences: tuple[int, ...]) -> tuple[int, ...]:
+    """Per B of ``sequences``, the longest context of the ``calls`` its fit prices (those of more sequences than the B
+    before it and fewer than the B after it), or :data:`SHORT_CONTEXT` + 1 if none: a fit at many sequences is timed
+    at the contexts those calls have, not at the longest of all (96 sequences of a short table beside 12 of a long
+    prompt would otherwise fill the memory)."""
+    bounds = (0, *sequences, sequences[-1] + 1)
+    return tuple(max((c.context for c in calls if bounds[i] < c.sequences < bounds[i + 2]), default=SHORT_CONTEXT + 1)
+                 for i in range(len(sequences)))
 
 
 @torch.no_grad()
@@ -339,7 +349,7 @@ def time_blocks(config: LoopedConfig, calls: Iterable[Call],
                   for softmax in sorted({c.softmax for c in of_dtype if c.kind == "block" and c.attention == "causal"})}
         if cached:
             priced |= _cache_fits(core, weights, rotary, model, sorted({c.softmax for c in cached}), sequences,
-                                  max(c.context for c in cached), base)
+                                  _longest(cached, sequences), base)
         attention[dtype] = priced
         del model
     return BlockCost(rows, block, head, attention)
