@@ -59,7 +59,6 @@ from looped_kv import outputs, profiles, workloads
 from looped_kv.analysis import pass_cost as analysis_pass_cost
 from looped_kv.analysis import plan
 from looped_kv.analysis.pass_cost import MODES, STATISTICS
-from looped_kv.analysis.plan_time import predict as predict_seconds
 from looped_kv.analysis.verdicts import MIN_UNITS
 from looped_kv.book import DTYPES
 from looped_kv.decoding import settings
@@ -1193,11 +1192,10 @@ def cmd_chapter_times(args: argparse.Namespace) -> int:
     if args.plan_time is not None and not args.plan_time.is_file():
         raise ValueError(f"--plan-time must be a record of looped-kv plan-time (a JSON file), got {args.plan_time}")
     if args.plan_time is not None and args.cpu_run is None:
-        header, cost, work = plan_time.read(args.plan_time)
+        header, planned = plan_time.read(args.plan_time)[0], plan_time.planned_seconds(args.plan_time)
         config, profile = _recorded_config(header["model"]), profiles.PROFILES[header["profile"]]
-        print(book.cpu_plan_table({chapter: predict_seconds(calls, cost) for chapter, calls in work.items()},
-                                  {chapter: plan_check.host_peak_beyond_weights(config, profile, chapter)
-                                   for chapter in work}, Path(args.notebooks)), end="")
+        print(book.cpu_plan_table(planned, {chapter: plan_check.host_peak_beyond_weights(config, profile, chapter)
+                                            for chapter in planned}, Path(args.notebooks)), end="")
         return 0
     if args.cpu_run is None:
         print(book.chapter_times(Path(args.notebooks)), end="")
@@ -1206,8 +1204,7 @@ def cmd_chapter_times(args: argparse.Namespace) -> int:
         raise ValueError(f"--cpu-run must be a record of looped-kv plan-check (a JSON file), got {args.cpu_run}")
     planned = None
     if args.plan_time is not None:
-        _, cost, work = plan_time.read(args.plan_time)
-        planned = {chapter: predict_seconds(calls, cost) for chapter, calls in work.items()}
+        planned = plan_time.planned_seconds(args.plan_time)
     print(book.cpu_run_table(json.loads(args.cpu_run.read_text()), Path(args.notebooks), planned), end="")
     return 0
 

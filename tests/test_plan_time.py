@@ -108,9 +108,11 @@ def test_plan_time_counts_prices_and_records_without_overwriting(tmp_path, capsy
     header, cost, work = plan_time_run.read(out)
     assert header["command"] == " ".join(["looped-kv", *words]) and header["profile"] == "smoke"
     assert [row["chapter"] for row in header["chapters"]] == ["ch07", "ch02"]
+    planned = plan_time_run.planned_seconds(out)
     for row in header["chapters"]:
-        assert row["predicted seconds"] > 0
-        assert row["predicted seconds"] == pytest.approx(predict(work[row["chapter"]], cost))
+        assert row["predicted seconds"] > row["rest seconds"] > 0
+        assert row["predicted seconds"] == planned[row["chapter"]] == pytest.approx(
+            predict(work[row["chapter"]], cost) + row["rest seconds"])
     assert {"float32", "bfloat16", "float64"} == set(cost.rows)  # chapter 2 replays in each
     assert "ch07" in capsys.readouterr().out
     before = out.read_text()
@@ -123,7 +125,7 @@ def test_plan_time_counts_prices_and_records_without_overwriting(tmp_path, capsy
 def test_the_plan_predicts_each_chapters_recorded_cpu_minutes_within_a_quarter():
     """book/data's plan time (this machine's prices at parcae-140m's dimensions, every chapter's calls counted on the
     stand-in) against the recorded CPU run of the same calls: each chapter within 25%, on the same CPU and threads."""
-    header, cost, work = plan_time_run.read(ROOT / "book" / "data" / "plan-time-parcae-140m-cpu.json")
+    header, _, work = plan_time_run.read(ROOT / "book" / "data" / "plan-time-parcae-140m-cpu.json")
     measured = json.loads((ROOT / "book" / "data" / "plan-check-parcae-140m-cpu.json").read_text())
     assert "--model parcae-140m --out book/data/plan-time-parcae-140m-cpu.json" in plan_time_run.__doc__
     assert header["command"] == "looped-kv plan-time --model parcae-140m --out book/data/plan-time-parcae-140m-cpu.json"
@@ -131,6 +133,15 @@ def test_the_plan_predicts_each_chapters_recorded_cpu_minutes_within_a_quarter()
     same = ("cpu", "threads", "torch")
     assert {k: header["environment"][k] for k in same} == {k: measured["environment"][k] for k in same}
     assert set(work) == {row["chapter"] for row in measured["chapters"]} == set(plan_check.RUNS)
+    planned = plan_time_run.planned_seconds(ROOT / "book" / "data" / "plan-time-parcae-140m-cpu.json")
     for row in measured["chapters"]:
-        predicted = predict(work[row["chapter"]], cost)
+        predicted = planned[row["chapter"]]
         assert 0.75 <= predicted / row["seconds"] <= 1.25, (row["chapter"], predicted, row["seconds"])
+
+
+def test_each_sequence_count_is_priced_at_the_contexts_of_the_calls_it_prices():
+    """A fit at B sequences prices the calls between its neighbours, so it is timed at their longest context: 96
+    sequences of 50 keys are not timed at the 1,600 keys of 4 sequences' calls."""
+    calls = [Call("block", "float32", 4, 1600, "cache", FUSED, 4), Call("block", "float32", 96, 50, "cache", FUSED, 96),
+             Call("block", "float32", 1, 700, "cache", FUSED, 1)]
+    assert plan_time._longest(calls, (1, 4, 12, 96)) == (700, 1600, plan_time.SHORT_CONTEXT + 1, 50)

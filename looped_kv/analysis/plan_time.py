@@ -23,9 +23,12 @@ prices each one:
   query and key, with (alpha_B, c_B, e_B) fitted at a few B and interpolated between them; a causal block's
   attention costs per query and key alone (alpha = c = 0). A head call costs h(rows), interpolated like a(rows).
 
-What it leaves out (KL divergences and other arithmetic over the logits, copies of replay records, the decode loop's
-bookkeeping) makes a chapter that does much of it take longer than predicted. ``tests/test_plan.py`` holds every
-chapter's predicted seconds to 25% of the recorded CPU run (:mod:`looped_kv.experiments.plan_check`).
+- **The rest**: everything a chapter does besides its blocks and heads (KL divergences and other arithmetic over the
+  logits, which costs the same at any width, the decode loop's bookkeeping, copies of replay records), timed on the
+  stand-in while it is counted. Copies of records grow with the width, so this part is low at the model's.
+
+``tests/test_plan_time.py`` holds every chapter's predicted seconds to 25% of the recorded CPU run
+(:mod:`looped_kv.experiments.plan_check`).
 """
 
 from __future__ import annotations
@@ -98,27 +101,46 @@ def _block_call(x: Tensor, positions: Tensor, router: object) -> Call:
                 x.shape[0] // tokens)
 
 
+class Tally(Counter):
+    """Counted calls (:class:`Call` -> count), and :attr:`inside`: the seconds spent in them (the outermost ones: a
+    readout's coda blocks are inside it)."""
+
+    inside: float = 0.0
+
+
 @contextmanager
-def counting() -> Iterator[Counter[Call]]:
+def counting() -> Iterator[Tally]:
     """Count every block call (:meth:`Block.run <looped_kv.runtime.model.Block.run>`, which every pass of every model
     makes) and every head call (:meth:`LoopedLM.readout <looped_kv.runtime.model.LoopedLM.readout>`, its coda blocks
-    counted as blocks) made inside the block, by any model; yields the counts as they grow."""
-    counts: Counter[Call] = Counter()
+    counted as blocks) made inside the block, by any model, and time them; yields the tally as it grows."""
+    tally, depth = Tally(), [0]
     block_run, readout = Block.run, LoopedLM.readout
+
+    def timed(call: Callable[[], Call], run: Callable[[], Tensor]) -> Tensor:
+        if depth[0]:
+            tally[call()] += 1
+            return run()
+        depth[0], start = 1, time.perf_counter()
+        try:
+            tally[call()] += 1
+            return run()
+        finally:
+            depth[0] = 0
+            tally.inside += time.perf_counter() - start
 
     def counted_run(self: Block, x: Tensor, w: object, rotary: object, positions: Tensor, router: object,
                     loop: int, ve: Tensor | None = None) -> Tensor:
-        counts[_block_call(x, positions, router)] += 1
-        return block_run(self, x, w, rotary, positions, router, loop, ve)
+        return timed(lambda: _block_call(x, positions, router),
+                     lambda: block_run(self, x, w, rotary, positions, router, loop, ve))
 
     def counted_readout(self: LoopedLM, state: Tensor, positions: Tensor, router: object, *,
                         tokens: Tensor | None = None) -> Tensor:
-        counts[Call("head", _dtype_name(state.dtype), state.shape[0] * state.shape[1])] += 1
-        return readout(self, state, positions, router, tokens=tokens)
+        return timed(lambda: Call("head", _dtype_name(state.dtype), state.shape[0] * state.shape[1]),
+                     lambda: readout(self, state, positions, router, tokens=tokens))
 
     Block.run, LoopedLM.readout = counted_run, counted_readout  # type: ignore[method-assign]
     try:
-        yield counts
+        yield tally
     finally:
         Block.run, LoopedLM.readout = block_run, readout  # type: ignore[method-assign]
 

@@ -7,13 +7,14 @@ prices, each chapter's predicted seconds, the machine (CPU, threads, torch), the
 
     looped-kv plan-time --model parcae-140m --out book/data/plan-time-parcae-140m-cpu.json
 
-``tests/test_plan.py`` reads it beside the plan check's record of the same machine
+``tests/test_plan_time.py`` reads it beside the plan check's record of the same machine
 (``book/data/plan-check-parcae-140m-cpu.json``) and holds each chapter's prediction to 25% of its measured seconds.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from datetime import date
 from pathlib import Path
@@ -46,22 +47,25 @@ def _cpu_model(config: LoopedConfig, dtype: torch.dtype) -> LoopedLM:
 
 
 def count(config: LoopedConfig, profile: profiles.Profile, chapters: list[str],
-          progress: bool = True) -> dict[str, Counter[Call]]:
-    """Each chapter's calls at ``profile``, counted on ``config``'s stand-in (random weights, in the profile's
-    dtype)."""
+          progress: bool = True) -> tuple[dict[str, Counter[Call]], dict[str, float]]:
+    """Each chapter's calls at ``profile``, counted on ``config``'s stand-in (random weights, in the profile's dtype),
+    and the seconds the stand-in spent outside them (the rest)."""
     model = random_model(stand_in(config), "cpu", getattr(torch, profile.dtype))
-    work = {}
+    work, rest = {}, {}
     for chapter in tqdm(chapters, desc="counting each chapter's calls (stand-in)", disable=not progress):
+        start = time.perf_counter()
         with counting() as calls:
             RUNS[chapter](model, profile)
-        work[chapter] = Counter(calls)
-    return work
+        work[chapter], rest[chapter] = Counter(calls), time.perf_counter() - start - calls.inside
+    return work, rest
 
 
-def table(work: dict[str, Counter[Call]], cost: BlockCost) -> pd.DataFrame:
-    """Per chapter: its calls, its predicted minutes, and the minutes of causal blocks, cache blocks and the head."""
-    rows = [{"chapter": chapter, "calls": sum(calls.values()), "minutes": predict(calls, cost) / 60,
-             **{f"{part} min": s / 60 for part, s in parts(calls, cost).items()}} for chapter, calls in work.items()]
+def table(work: dict[str, Counter[Call]], rest: dict[str, float], cost: BlockCost) -> pd.DataFrame:
+    """Per chapter: its calls, its predicted minutes, and the minutes of causal blocks, cache blocks, the head and
+    the rest."""
+    rows = [{"chapter": chapter, "calls": sum(calls.values()), "minutes": (predict(calls, cost) + rest[chapter]) / 60,
+             **{f"{part} min": s / 60 for part, s in parts(calls, cost).items()}, "rest min": rest[chapter] / 60}
+            for chapter, calls in work.items()]
     return pd.DataFrame(rows).set_index("chapter").fillna(0.0)
 
 
@@ -71,17 +75,18 @@ def run(model_name: str, config: LoopedConfig, profile: str | None, chapters: li
     chosen = profiles.PROFILES[profile or profiles.name_for(config, model_name, None)]
     commit = source_commit()
     with measurement_mode() as environment:
-        work = count(config, chosen, chapters, progress)
+        work, rest = count(config, chosen, chapters, progress)
         calls = set().union(*work.values())
         cost = time_blocks(config, calls, _cpu_model, progress)
     record = {"model": model_name, "profile": chosen.name, "environment": environment, "command": command,
               "commit": commit, "date": date.today().isoformat(), "stand-in width": stand_in(config).n_embd,
               "prices": cost.to_dict(),
-              "chapters": [{"chapter": chapter, "predicted seconds": predict(calls, cost),
-                            "calls": calls_to_rows(calls)} for chapter, calls in work.items()]}
+              "chapters": [{"chapter": chapter, "predicted seconds": predict(calls, cost) + rest[chapter],
+                            "rest seconds": rest[chapter], "calls": calls_to_rows(calls)}
+                           for chapter, calls in work.items()]}
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{model_name} at profile {chosen.name}, {environment['threads']} thread(s), {environment['cpu']}:")
-    print(table(work, cost).to_string(float_format=lambda x: f"{x:.2f}"))
+    print(table(work, rest, cost).to_string(float_format=lambda x: f"{x:.2f}"))
     print(f"recorded in {out}")
     return record
 
@@ -94,3 +99,9 @@ def read(path: str | Path) -> tuple[dict, BlockCost, dict[str, Counter[Call]]]:
         raise ValueError(f"{path} is not a record of looped-kv plan-time: it lacks {missing}")
     work = {row["chapter"]: rows_to_calls(row["calls"]) for row in record["chapters"]}
     return record, BlockCost.from_dict(record["prices"]), work
+
+
+def planned_seconds(path: str | Path) -> dict[str, float]:
+    """Each chapter's predicted seconds in a record of :func:`run`, computed from its counts, prices and rest."""
+    record, cost, work = read(path)
+    return {row["chapter"]: predict(work[row["chapter"]], cost) + row["rest seconds"] for row in record["chapters"]}
