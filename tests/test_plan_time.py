@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from looped_kv.analysis import plan_time
-from looped_kv.analysis.plan_time import FUSED, BlockCost, Call, counting, predict, stand_in
+from looped_kv.analysis.plan_time import FUSED, Attention, BlockCost, Call, counting, predict, stand_in
 from looped_kv.cli import main
 from looped_kv.decoding.generate import generate
 from looped_kv.experiments import plan_check
@@ -68,15 +68,20 @@ def test_the_stand_in_makes_a_chapters_calls_at_the_models_sizes():
 
 
 COST = BlockCost(rows={"float32": (1, 2, 4)}, block={"float32": (1.0, 2.0, 4.0)}, head={"float32": (10.0, 20.0, 40.0)},
-                 attention={"float32": {"causal/fused": ((1,), ((0.0, 0.0, 0.5),)),
-                                        "cache/fused": ((1, 3), ((3.0, 0.25, 0.0), (5.0, 0.75, 0.5)))}})
+                 attention={"float32": {
+                     "causal/fused": Attention((1,), (1,), (((0.0, 0.5),),), per_row=True),
+                     # (alpha, s) at B = 1 and 3 sequences of g = 1 and 2 tokens
+                     "cache/fused": Attention((1, 3), (1, 2),
+                                              (((3.0, 0.25), (3.0, 0.25)), ((5.0, 0.75), (7.0, 1.25))))}})
 
 
 def test_a_call_costs_its_rows_price_plus_its_attention():
     assert COST.seconds(Call("head", "float32", 3)) == 30.0  # interpolated between 2 and 4 rows
     assert COST.seconds(Call("block", "float32", 2, 5, "causal", FUSED, 2)) == 2.0 + 0.5 * 2 * 5
-    # 2 sequences of 2 tokens reading 10 keys: (alpha, c, e) halfway between B = 1 and 3: (4, 0.5, 0.25)
-    assert COST.seconds(Call("block", "float32", 4, 10, "cache", FUSED, 2)) == 4.0 + 4.0 + 0.5 * 2 * 10 + 0.25 * 4 * 10
+    # 2 sequences of 2 tokens reading 10 keys: (alpha, s) halfway between B = 1 and 3 at g = 2: (5, 0.75)
+    assert COST.seconds(Call("block", "float32", 4, 10, "cache", FUSED, 2)) == 4.0 + 5.0 + 0.75 * 10
+    # one sequence of 4 tokens, twice the widest priced: twice the attention of 2 tokens
+    assert COST.seconds(Call("block", "float32", 4, 10, "cache", FUSED, 1)) == 4.0 + 2 * (3.0 + 0.25 * 10)
     work = Counter({Call("head", "float32", 1): 3, Call("block", "float32", 1, 2, "cache", FUSED): 2})
     assert predict(work, COST) == 3 * 10.0 + 2 * (1.0 + 3.0 + 0.25 * 1 * 2)
     assert plan_time.parts(work, COST) == {"head": 30.0, "cache blocks": 9.0}
@@ -90,8 +95,10 @@ def test_a_call_costs_its_rows_price_plus_its_attention():
     (Call("head", "bfloat16", 1), "head calls in bfloat16 were not priced; these prices hold ['float32']"),
     (Call("block", "float32", 1, 1, "causal", "float64"), "block calls in float32 with causal/float64 attention were "
                                                          "not priced"),
-    (Call("block", "float32", 4, 1, "cache", FUSED, 4), "a block call of 4 sequences with cache/fused attention is "
-                                                       "outside the priced 1..3 (float32)")])
+    (Call("block", "float32", 4, 1, "cache", FUSED, 4), "a float32 block call's (cache/fused) sequences 4 is outside "
+                                                       "the priced 1..3"),
+    (Call("block", "float32", 2, 1, "cache", FUSED, 4), "a float32 block call's (cache/fused) sequences 4 is outside "
+                                                       "the priced 1..3")])
 def test_a_call_the_prices_do_not_cover_is_refused(call, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         COST.seconds(call)
@@ -144,4 +151,4 @@ def test_each_sequence_count_is_priced_at_the_contexts_of_the_calls_it_prices():
     sequences of 50 keys are not timed at the 1,600 keys of 4 sequences' calls."""
     calls = [Call("block", "float32", 4, 1600, "cache", FUSED, 4), Call("block", "float32", 96, 50, "cache", FUSED, 96),
              Call("block", "float32", 1, 700, "cache", FUSED, 1)]
-    assert plan_time._longest(calls, (1, 4, 12, 96)) == (700, 1600, plan_time.SHORT_CONTEXT + 1, 50)
+    assert plan_time._longest(calls, (1, 4, 12, 96)) == (700, 1600, 4 * plan_time.SHORT_CONTEXT, 50)

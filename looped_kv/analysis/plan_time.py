@@ -13,16 +13,12 @@ prices each one:
   The exception is speculative decoding, whose number of passes follows its acceptance, here the acceptance of random
   weights at the stand-in's width.
 - **The prices** (:func:`time_blocks`), measured once per machine with random weights at the model's own dimensions.
-  A core block on ``rows`` tokens of B sequences whose queries read L keys costs
-
-      t = a(rows) + alpha_B + c_B B L + e_B rows L
-
-  Here a(rows) is the block on ``rows`` one-token sequences (its products, norms and rotary, with no attention work),
-  interpolated between measured row counts. The attention terms are fitted per attention kind and softmax: reading
-  a cache costs per sequence and key (its keys and values are read once for all of a sequence's queries) and per
-  query and key, with (alpha_B, c_B, e_B) fitted at a few B and interpolated between them; a causal block's
-  attention costs per query and key alone (alpha = c = 0). A head call costs h(rows), interpolated like a(rows).
-
+  A core block on ``rows`` tokens costs a(rows), the block on ``rows`` one-token sequences (its products, norms and
+  rotary, with no attention work), interpolated between measured row counts, plus its attention over the L keys its
+  queries read on average. A causal block's attention costs e rows L. A cache read by B sequences of g tokens each
+  costs alpha + s L, a line through two timed contexts at each measured (B, g), interpolated between them (a
+  wider block, a prefill, scaled by its tokens): a cache's keys and values are read once for all of a sequence's
+  queries, and a CPU's caches make that cost anything but proportional to B. A head call costs h(rows), interpolated like a(rows).
 - **The rest**: everything a chapter does besides its blocks and heads (KL divergences and other arithmetic over the
   logits, which costs the same at any width, the decode loop's bookkeeping, copies of replay records), timed on the
   stand-in while it is counted. Copies of records grow with the width, so this part is low at the model's.
@@ -37,7 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import asdict, astuple, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -159,17 +155,57 @@ def stand_in(config: LoopedConfig) -> LoopedConfig:
 # -- the prices -----------------------------------------------------------------------------------------------------
 
 
+def _between(nodes: tuple[int, ...], x: int, what: str) -> tuple[int, int, float]:
+    """The nodes around ``x`` (indices i, j and x's weight on j) for linear interpolation; a ValueError outside."""
+    if len(nodes) == 1:
+        return 0, 0, 0.0
+    if not nodes[0] <= x <= nodes[-1]:
+        raise ValueError(f"{what} {x} is outside the priced {nodes[0]}..{nodes[-1]}")
+    j = min(max(int(np.searchsorted(nodes, x)), 1), len(nodes) - 1)
+    return j - 1, j, (x - nodes[j - 1]) / (nodes[j] - nodes[j - 1])
+
+
+@dataclass(frozen=True)
+class Attention:
+    """The attention of a block call over L keys: e rows L (``per_row``, causal), or alpha + s L per measured
+    (``sequences`` B, ``tokens`` g per sequence), ``lines[i][j]`` = (alpha, s) at B = sequences[i], g = tokens[j],
+    interpolated linearly between them."""
+
+    sequences: tuple[int, ...]
+    tokens: tuple[int, ...]
+    lines: tuple[tuple[tuple[float, float], ...], ...]
+    per_row: bool = False
+
+    def seconds(self, call: Call) -> float:
+        """Seconds of ``call``'s attention; a block wider than the widest measured (a prefill) costs the widest's
+        times its tokens over the widest's, as its queries grow."""
+        where = f"a {call.dtype} block call's ({call.attention}/{call.softmax})"
+        g, scale = call.rows // call.sequences, 1.0
+        if len(self.tokens) > 1 and g > self.tokens[-1]:
+            g, scale = self.tokens[-1], g / self.tokens[-1]
+        i0, i1, u = _between(self.sequences, call.sequences, f"{where} sequences")
+        j0, j1, v = _between(self.tokens, g, f"{where} tokens per sequence")
+        alpha, slope = ((1 - u) * ((1 - v) * self.lines[i0][j0][k] + v * self.lines[i0][j1][k])
+                        + u * ((1 - v) * self.lines[i1][j0][k] + v * self.lines[i1][j1][k]) for k in (0, 1))
+        return scale * (alpha + slope * call.context) * (call.rows if self.per_row else 1)
+
+    @classmethod
+    def from_dict(cls, record: Mapping) -> Attention:
+        return cls(tuple(record["sequences"]), tuple(record["tokens"]),
+                   tuple(tuple((float(a), float(s)) for a, s in row) for row in record["lines"]),
+                   bool(record["per_row"]))
+
+
 @dataclass(frozen=True)
 class BlockCost:
     """The machine's prices (see the module docstring): per dtype, the measured ``rows`` and the seconds of a block
-    (``block``) and of the head (``head``) on that many tokens; per dtype and "attention/softmax", the sequence counts
-    B at which the attention was fitted and (alpha_B, c_B, e_B) at each; ``meta``: the machine, the model and the
-    command."""
+    (``block``) and of the head (``head``) on that many tokens; per dtype and "attention/softmax", an
+    :class:`Attention`; ``meta``: the machine, the model and the command."""
 
     rows: dict[str, tuple[int, ...]]
     block: dict[str, tuple[float, ...]]
     head: dict[str, tuple[float, ...]]
-    attention: dict[str, dict[str, tuple[tuple[int, ...], tuple[tuple[float, float, float], ...]]]]
+    attention: dict[str, dict[str, Attention]]
     meta: dict = field(default_factory=dict)
 
     def _at(self, table: dict[str, tuple[float, ...]], call: Call) -> float:
@@ -190,20 +226,13 @@ class BlockCost:
         if key not in self.attention.get(call.dtype, {}):
             raise ValueError(f"block calls in {call.dtype} with {key} attention were not priced; these prices hold "
                              f"{sorted(self.attention.get(call.dtype, {}))}")
-        sequences, fits = self.attention[call.dtype][key]
-        if len(sequences) > 1 and not sequences[0] <= call.sequences <= sequences[-1]:
-            raise ValueError(f"a block call of {call.sequences} sequences with {key} attention is outside the priced "
-                             f"{sequences[0]}..{sequences[-1]} ({call.dtype}); time more sequences")
-        alpha, c, e = (np.interp(call.sequences, sequences, [f[i] for f in fits]) for i in range(3))
-        return self._at(self.block, call) + float(alpha + c * call.sequences * call.context
-                                                  + e * call.rows * call.context)
+        return self._at(self.block, call) + self.attention[call.dtype][key].seconds(call)
 
     def to_dict(self) -> dict:
         return {**self.meta, "rows": {d: list(r) for d, r in self.rows.items()},
                 "block": {d: list(s) for d, s in self.block.items()},
                 "head": {d: list(s) for d, s in self.head.items()},
-                "attention": {d: {k: {"sequences": list(b), "alpha, c, e": [list(f) for f in fits]}
-                                  for k, (b, fits) in by.items()} for d, by in self.attention.items()}}
+                "attention": {d: {k: asdict(a) for k, a in by.items()} for d, by in self.attention.items()}}
 
     @classmethod
     def from_dict(cls, record: Mapping) -> BlockCost:
@@ -214,9 +243,8 @@ class BlockCost:
         return cls(rows={d: tuple(r) for d, r in record["rows"].items()},
                    block={d: tuple(s) for d, s in record["block"].items()},
                    head={d: tuple(s) for d, s in record["head"].items()},
-                   attention={d: {k: (tuple(v["sequences"]), tuple(tuple(float(x) for x in f)
-                                                                   for f in v["alpha, c, e"]))
-                                  for k, v in by.items()} for d, by in record["attention"].items()},
+                   attention={d: {k: Attention.from_dict(a) for k, a in by.items()}
+                              for d, by in record["attention"].items()},
                    meta={k: v for k, v in record.items() if k not in own})
 
 
@@ -273,12 +301,12 @@ def _row_grid(largest: int) -> tuple[int, ...]:
 
 CAUSAL_TOKENS = (256, 1024)
 #: Sequences, tokens per sequence and the shorter context of the cache cells; the longer is the longest counted.
-CACHE_SEQUENCES, CACHE_TOKENS, SHORT_CONTEXT = (1, 4, 12), (1, 8, 24), 128
+CACHE_SEQUENCES, CACHE_TOKENS, SHORT_CONTEXT = (1, 4, 12), (1, 8, 32), 128
 
 
 def _causal_fit(core: Block, weights: object, rotary: object, model: LoopedLM, softmax: str,
-                base: Callable[[int], float]) -> tuple[tuple[int, ...], tuple[tuple[float, float, float], ...]]:
-    """e of a causal block's attention (alpha = c = 0) from blocks of :data:`CAUSAL_TOKENS` tokens."""
+                base: Callable[[int], float]) -> Attention:
+    """e of a causal block's attention from blocks of :data:`CAUSAL_TOKENS` tokens (least squares through 0)."""
     router = CausalRouter(softmax_dtype=None if softmax == FUSED else getattr(torch, softmax))
     pairs, extra = [], []
     for n in (t for t in CAUSAL_TOKENS if t <= model.config.block_size):
@@ -286,26 +314,25 @@ def _causal_fit(core: Block, weights: object, rotary: object, model: LoopedLM, s
         positions = torch.arange(n, device=model.device)
         pairs.append(n * (n + 1) / 2)
         extra.append(_block_seconds(core, x, weights, rotary, positions, router, 3) - base(n))
-    return (1,), ((0.0, 0.0, float(np.dot(pairs, extra) / np.dot(pairs, pairs))),)
+    return Attention((1,), (1,), (((0.0, float(np.dot(pairs, extra) / np.dot(pairs, pairs))),),), per_row=True)
 
 
 def _cache_fits(core: Block, weights: object, rotary: object, model: LoopedLM, softmaxes: list[str],
                 sequences: tuple[int, ...], longest: tuple[int, ...],
-                base: Callable[[int], float]) -> dict[str, tuple[tuple[int, ...], tuple[tuple[float, ...], ...]]]:
-    """(alpha_B, c_B, e_B) per softmax and per B of ``sequences``, by least squares over blocks of
-    :data:`CACHE_TOKENS` tokens per sequence at :data:`SHORT_CONTEXT` keys of a prefilled full cache and at B's
-    ``longest`` (the longest context of the calls B's fit prices)."""
+                base: Callable[[int], float]) -> dict[str, Attention]:
+    """Per softmax, (alpha, s) at each B of ``sequences`` and g of :data:`CACHE_TOKENS`: the line through blocks read
+    at :data:`SHORT_CONTEXT` keys of a prefilled full cache and at B's ``longest`` (the longest context of the calls
+    B's lines price)."""
     from looped_kv.decoding.passes import Passes, new_cache
     from looped_kv.runtime.policy import make_policy
 
     config, widest = model.config, max(CACHE_TOKENS)
     generator = torch.Generator().manual_seed(0)
-    fits: dict[str, list[tuple[float, ...]]] = {s: [] for s in softmaxes}
+    lines: dict[str, list[tuple[tuple[float, float], ...]]] = {s: [] for s in softmaxes}
     for batch, most in zip(sequences, longest, strict=True):
-        design: list[list[float]] = []
-        seconds: dict[str, list[float]] = {s: [] for s in softmaxes}
-        contexts = {min(SHORT_CONTEXT, most), min(max(most, SHORT_CONTEXT + 1), config.block_size - widest)}
-        for context in sorted(contexts):
+        timed: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        room = config.block_size - widest
+        for context in (min(SHORT_CONTEXT, room // 2), min(max(most, 2 * SHORT_CONTEXT), room)):
             passes = Passes(model, new_cache(model, make_policy("full", config.mean_recurrence), batch,
                                              context + widest), widest)
             passes.prefill([torch.randint(1, config.vocab_size, (context,), generator=generator)
@@ -313,26 +340,29 @@ def _cache_fits(core: Block, weights: object, rotary: object, model: LoopedLM, s
             for g in CACHE_TOKENS:
                 x = torch.randn(batch * g, config.n_embd, dtype=model.dtype, device=model.device)
                 keys = context + (g + 1) / 2  # a query's mean keys: the prefix and its block's earlier tokens
-                design.append([1.0, batch * keys, batch * g * keys])
                 for softmax in softmaxes:
                     router = CachePass(passes.cache, range(context, context + g), store=None,
                                        softmax_dtype=None if softmax == FUSED else getattr(torch, softmax))
-                    seconds[softmax].append(_block_seconds(core, x, weights, rotary, router.positions, router, 5)
-                                            - base(batch * g))
+                    t = _block_seconds(core, x, weights, rotary, router.positions, router, 7) - base(batch * g)
+                    timed.setdefault((softmax, g), []).append((keys, t))
             del passes
         for softmax in softmaxes:
-            solution, *_ = np.linalg.lstsq(np.array(design), np.array(seconds[softmax]), rcond=None)
-            fits[softmax].append(tuple(float(v) for v in solution))
-    return {f"cache/{s}": (sequences, tuple(fits[s])) for s in softmaxes}
+            row = []
+            for g in CACHE_TOKENS:
+                (k1, t1), (k2, t2) = timed[softmax, g]
+                slope = (t2 - t1) / (k2 - k1)
+                row.append((t1 - slope * k1, slope))
+            lines[softmax].append(tuple(row))
+    return {f"cache/{s}": Attention(sequences, CACHE_TOKENS, tuple(lines[s])) for s in softmaxes}
 
 
 def _longest(calls: list[Call], sequences: tuple[int, ...]) -> tuple[int, ...]:
     """Per B of ``sequences``, the longest context of the ``calls`` its fit prices (those of more sequences than the B
-    before it and fewer than the B after it), or :data:`SHORT_CONTEXT` + 1 if none: a fit at many sequences is timed
+    before it and fewer than the B after it), or 4 :data:`SHORT_CONTEXT` if none: a fit at many sequences is timed
     at the contexts those calls have, not at the longest of all (96 sequences of a short table beside 12 of a long
     prompt would otherwise fill the memory)."""
     bounds = (0, *sequences, sequences[-1] + 1)
-    return tuple(max((c.context for c in calls if bounds[i] < c.sequences < bounds[i + 2]), default=SHORT_CONTEXT + 1)
+    return tuple(max((c.context for c in calls if bounds[i] < c.sequences < bounds[i + 2]), default=4 * SHORT_CONTEXT)
                  for i in range(len(sequences)))
 
 
