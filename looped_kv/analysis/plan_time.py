@@ -18,7 +18,8 @@ prices each one:
   queries read on average. A causal block's attention costs e rows L. A cache read by B sequences of g tokens each
   costs alpha + s L, a line through two timed contexts at each measured (B, g), interpolated between them (a
   wider block, a prefill, scaled by its tokens): a cache's keys and values are read once for all of a sequence's
-  queries, and a CPU's caches make that cost anything but proportional to B. A head call costs h(rows), interpolated like a(rows).
+  queries, and a CPU's caches make that cost anything but proportional to B. A head call costs h(rows),
+  interpolated like a(rows).
 - **The rest**: everything a chapter does besides its blocks and heads (KL divergences and other arithmetic over the
   logits, which costs the same at any width, the decode loop's bookkeeping, copies of replay records), timed on the
   stand-in while it is counted. Copies of records grow with the width, so this part is low at the model's.
