@@ -46,8 +46,6 @@ from looped_kv.runtime.cache import CachePass
 from looped_kv.runtime.config import PARCAE_GATE_CHANNELS, LoopedConfig
 from looped_kv.runtime.model import Block, LoopedLM, rms_norm
 
-KINDS = ("block", "head")
-ATTENTION = ("causal", "cache")
 #: The explicit softmax's dtype of a call, or FUSED for PyTorch's fused attention.
 FUSED = "fused"
 
