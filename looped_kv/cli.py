@@ -884,7 +884,7 @@ def _random_config(args: argparse.Namespace) -> Callable[[], LoopedConfig]:
     unknown = [c for c in args.chapters if c not in plan_check.RUNS]
     if unknown:
         raise ValueError(f"--chapters must be among {tuple(plan_check.RUNS)}, got {unknown}")
-    return configs[args.model] if args.model in configs else lambda: LoopedConfig.from_file(path)
+    return lambda: _recorded_config(args.model)
 
 
 def cmd_plan_check(args: argparse.Namespace) -> int:
@@ -1192,7 +1192,8 @@ def cmd_chapter_times(args: argparse.Namespace) -> int:
     if args.plan_time is not None and not args.plan_time.is_file():
         raise ValueError(f"--plan-time must be a record of looped-kv plan-time (a JSON file), got {args.plan_time}")
     if args.plan_time is not None and args.cpu_run is None:
-        header, planned = plan_time.read(args.plan_time)[0], plan_time.planned_seconds(args.plan_time)
+        header, cost, work = plan_time.read(args.plan_time)
+        planned = plan_time.planned_seconds(header, cost, work)
         config, profile = _recorded_config(header["model"]), profiles.PROFILES[header["profile"]]
         print(book.cpu_plan_table(planned, {chapter: plan_check.host_peak_beyond_weights(config, profile, chapter)
                                             for chapter in planned}, Path(args.notebooks)), end="")
@@ -1204,7 +1205,7 @@ def cmd_chapter_times(args: argparse.Namespace) -> int:
         raise ValueError(f"--cpu-run must be a record of looped-kv plan-check (a JSON file), got {args.cpu_run}")
     planned = None
     if args.plan_time is not None:
-        planned = plan_time.planned_seconds(args.plan_time)
+        planned = plan_time.planned_seconds(*plan_time.read(args.plan_time))
     print(book.cpu_run_table(json.loads(args.cpu_run.read_text()), Path(args.notebooks), planned), end="")
     return 0
 

@@ -115,7 +115,7 @@ def test_plan_time_counts_prices_and_records_without_overwriting(tmp_path, capsy
     header, cost, work = plan_time_run.read(out)
     assert header["command"] == " ".join(["looped-kv", *words]) and header["profile"] == "smoke"
     assert [row["chapter"] for row in header["chapters"]] == ["ch07", "ch02"]
-    planned = plan_time_run.planned_seconds(out)
+    planned = plan_time_run.planned_seconds(*plan_time_run.read(out))
     for row in header["chapters"]:
         assert row["predicted seconds"] > row["rest seconds"] > 0
         assert row["predicted seconds"] == pytest.approx(planned[row["chapter"]], rel=1e-12)  # summed in another order
@@ -132,7 +132,7 @@ def test_plan_time_counts_prices_and_records_without_overwriting(tmp_path, capsy
 def test_the_plan_predicts_each_chapters_recorded_cpu_minutes_within_a_quarter():
     """book/data's plan time (this machine's prices at parcae-140m's dimensions, every chapter's calls counted on the
     stand-in) against the recorded CPU run of the same calls: each chapter within 25%, on the same CPU and threads."""
-    header, _, work = plan_time_run.read(ROOT / "book" / "data" / "plan-time-parcae-140m-cpu.json")
+    header, cost, work = plan_time_run.read(ROOT / "book" / "data" / "plan-time-parcae-140m-cpu.json")
     measured = json.loads((ROOT / "book" / "data" / "plan-check-parcae-140m-cpu.json").read_text())
     assert "--model parcae-140m --out book/data/plan-time-parcae-140m-cpu.json" in plan_time_run.__doc__
     assert header["command"] == "looped-kv plan-time --model parcae-140m --out book/data/plan-time-parcae-140m-cpu.json"
@@ -140,7 +140,7 @@ def test_the_plan_predicts_each_chapters_recorded_cpu_minutes_within_a_quarter()
     same = ("cpu", "threads", "torch")
     assert {k: header["environment"][k] for k in same} == {k: measured["environment"][k] for k in same}
     assert set(work) == {row["chapter"] for row in measured["chapters"]} == set(plan_check.RUNS)
-    planned = plan_time_run.planned_seconds(ROOT / "book" / "data" / "plan-time-parcae-140m-cpu.json")
+    planned = plan_time_run.planned_seconds(header, cost, work)
     for row in measured["chapters"]:
         predicted = planned[row["chapter"]]
         assert 0.75 <= predicted / row["seconds"] <= 1.25, (row["chapter"], predicted, row["seconds"])

@@ -299,7 +299,8 @@ def _row_grid(largest: int) -> tuple[int, ...]:
 
 
 CAUSAL_TOKENS = (256, 1024)
-#: Sequences, tokens per sequence and the shorter context of the cache cells; the longer is the longest counted.
+#: Sequences, tokens per sequence and the shorter context of the cache cells; the longer is that of the calls each
+#: count of sequences prices (:func:`_longest`).
 CACHE_SEQUENCES, CACHE_TOKENS, SHORT_CONTEXT = (1, 4, 12), (1, 8, 32), 128
 
 
@@ -370,8 +371,8 @@ def time_blocks(config: LoopedConfig, calls: Iterable[Call],
                 make_model: Callable[[LoopedConfig, torch.dtype], LoopedLM], progress: bool = True) -> BlockCost:
     """Price ``calls`` on this machine with a model of ``config`` made by ``make_model`` (random weights) in each of
     their dtypes: a(rows) and h(rows) at powers of two covering their rows and the cache cells'; per causal softmax,
-    e from blocks of :data:`CAUSAL_TOKENS` tokens; per cache softmax, (alpha_B, c_B, e_B) at B in
-    :data:`CACHE_SEQUENCES` (and the most sequences counted, if more)."""
+    e from blocks of :data:`CAUSAL_TOKENS` tokens; per cache softmax, the lines (alpha, s) at B in
+    :data:`CACHE_SEQUENCES` (and the most sequences counted, if more) and g in :data:`CACHE_TOKENS`."""
     calls = list(calls)
     rows, block, head, attention = {}, {}, {}, {}
     for dtype in tqdm(sorted({c.dtype for c in calls}), desc="pricing blocks", disable=not progress):
@@ -381,7 +382,7 @@ def time_blocks(config: LoopedConfig, calls: Iterable[Call],
         norm, head_weight = model.transformer.ln_f.weight, model.lm_head.weight
         of_dtype = [c for c in calls if c.dtype == dtype]
         cached = [c for c in of_dtype if c.kind == "block" and c.attention == "cache"]
-        sequences = tuple(sorted({*CACHE_SEQUENCES, *(c.sequences for c in cached)} - {0}))
+        sequences = tuple(sorted({*CACHE_SEQUENCES, *(c.sequences for c in cached)}))
         sequences = tuple(b for b in sequences if b in CACHE_SEQUENCES or b == sequences[-1])
         grid = _row_grid(max(max(c.rows for c in of_dtype), sequences[-1] * max(CACHE_TOKENS) if cached else 1))
         a, h = [], []

@@ -101,7 +101,7 @@ def read(path: str | Path) -> tuple[dict, BlockCost, dict[str, Counter[Call]]]:
     return record, BlockCost.from_dict(record["prices"]), work
 
 
-def planned_seconds(path: str | Path) -> dict[str, float]:
-    """Each chapter's predicted seconds in a record of :func:`run`, computed from its counts, prices and rest."""
-    record, cost, work = read(path)
+def planned_seconds(record: dict, cost: BlockCost, work: dict[str, Counter[Call]]) -> dict[str, float]:
+    """Each chapter's predicted seconds in a record of :func:`run` (what :func:`read` returns), computed from its
+    counts, prices and rest."""
     return {row["chapter"]: predict(work[row["chapter"]], cost) + row["rest seconds"] for row in record["chapters"]}
