@@ -93,6 +93,25 @@ def test_the_plan_alone_gives_each_chapters_minutes_and_the_gb_the_cpu_run_was_h
         f"{row['predicted bytes'] / 1e9:.2f}" for row in sorted(run, key=lambda row: row["chapter"])]
 
 
+def test_the_cpu_route_table_of_parcae_370m_is_its_recorded_plan(capsys):
+    """book/gpu.md's table for parcae-370m on a CPU is what ``looped-kv chapter-times --plan-time`` prints from the
+    committed plan-time record of parcae-370m, made on the same CPU as parcae-140m's run."""
+    timed = ROOT / "book" / "data" / "plan-time-parcae-370m-cpu.json"
+    words = ["chapter-times", "--plan-time", str(timed.relative_to(ROOT))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        assert main(words) == 0
+    table = capsys.readouterr().out
+    kept = ROOT / "book" / "data" / "cpu-plan-parcae-370m.md"
+    assert table == kept.read_text(), f"regenerate it: looped-kv {' '.join(words)} > {kept.relative_to(ROOT)}"
+    gpu_page = (ROOT / "book" / "gpu.md").read_text()
+    assert "data/cpu-plan-parcae-370m.md" in gpu_page
+    assert f"looped-kv {words[0]} \\\n    {' '.join(words[1:])}" in gpu_page
+    record, run = (json.loads((ROOT / "book" / "data" / f"{name}.json").read_text())
+                   for name in ("plan-time-parcae-370m-cpu", "plan-time-parcae-140m-cpu"))
+    assert "parcae-370m" in record["command"] and record["environment"] == run["environment"]
+
+
 def test_a_notebook_without_recorded_timing_is_refused(tmp_path):
     notebook = {"cells": [{"cell_type": "code", "source": ["1 + 1"], "metadata": {}, "outputs": []}]}
     (tmp_path / "x.ipynb").write_text(json.dumps(notebook))
