@@ -117,13 +117,18 @@ def test_one_block_pass_matches_per_row_logits_and_bytes(cache, params):
     assert batch.allocated_bytes == 3 * policy_bytes(model.config, policy, 16, model.dtype)
 
 
-@pytest.mark.parametrize("cache, fused", [("full", True), ("deepest", True), ("first", False)])
+@pytest.mark.parametrize("cache, fused", [("full", True), ("deepest", True), ("first", False), ("ripe", False),
+                                          ("sinks", False)])
 def test_blocks_read_in_place_with_one_fused_attention_where_the_policy_allows(cache, fused):
+    """Core calls read in place where the policy keeps each loop's plane its own; prelude and coda calls under every
+    policy (their planes hold every position); nothing reads in place when the block goes to the buffer."""
     model = random_model("huginn")
-    policy = make_policy(cache, R, **({"k": 2} if cache == "first" else {}))
-    cache_ = new_cache(model, policy, 1, 8)
-    assert CachePass(cache_, range(0, 3)).in_plane == fused
-    assert not CachePass(cache_, range(0, 3), store="buffer", buffer=None if False else _buffer(model)).in_plane
+    options = {"first": {"k": 2}, "ripe": {"window": 2}, "sinks": {"window": 2, "sinks": 1}}.get(cache, {})
+    cache_ = new_cache(model, make_policy(cache, R, **options), 1, 8)
+    block = CachePass(cache_, range(0, 3))
+    assert (block.core_in_plane, block.edge_in_plane) == (fused, True)
+    drafts = CachePass(cache_, range(0, 3), store="buffer", buffer=_buffer(model))
+    assert not (drafts.core_in_plane or drafts.edge_in_plane)
 
 
 def _buffer(model):

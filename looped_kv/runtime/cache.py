@@ -536,11 +536,16 @@ class CachePass:
         if cache is not None and store is not None and cache.max_length + offset + n > cache.capacity:
             raise ValueError(f"cache capacity {cache.capacity} exceeded (a block of {n} tokens after position "
                              f"{cache.max_length + offset})")
-        # A single fused attention over the plane the block is written into (see the module docstring).
-        self.in_plane = store == "cache" and reads == ALIGNED and cache.policy.in_own_plane
+        # A single fused attention over the plane the block is written into (see the module docstring): at prelude and
+        # coda layers under every policy (their planes hold every position), in the core where the policy lets it
+        self.edge_in_plane = store == "cache"
+        self.core_in_plane = self.edge_in_plane and reads == ALIGNED and cache.policy.in_own_plane
         if store == "cache":
             self.writes = cache.span_writes(*span) if span is not None else \
-                cache.plan_writes(self.positions, None if self.in_plane else counts)
+                cache.plan_writes(self.positions, None if self.core_in_plane else counts)
+            # an in-plane write stores every column (those past a row's count lie past its length, unread)
+            self.plane_writes = self.writes if span is not None or counts is None or self.core_in_plane else \
+                cache.plan_writes(self.positions)
         self._masks: dict[tuple[str, ...], list[Tensor | None]] = {}
         # RIPE and sinks, one token per row past the sinks and a full window: the sinks' and the ring's plane and the
         # token itself are copied into the scratch slots before the kept plane (PlaneCache.gap) and read with it in
@@ -551,7 +556,7 @@ class CachePass:
         self._gap_masks: dict[int, Tensor | None] = {}
         if self.gapped:
             self.gap_stop = cache.gap + cache.max_length
-        if self.in_plane:  # each call reads [0, stop) of its plane: the prefix, then the block (see attend)
+        if self.edge_in_plane:  # each call reads [0, stop) of its plane: the prefix, then the block (see attend)
             self.stop = cache.max_length + n
             self.plane_mask = self._plane_mask()
             self.causal = self.plane_mask is None and cache.max_length == 0 and n > 1
@@ -576,14 +581,15 @@ class CachePass:
     def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
         if self.record is not None:  # the keys and values are views into wider projections: keep copies
             self.record[site] = (keys.contiguous(), values.contiguous())
-        if self.in_plane:  # write the block where its prefix is read (scratch past each row's length until the
-            plane = self.cache.policy.plane(site.loop) if site.stage == "core" else None  # last loop writes it)
-            self.cache.write(self.writes, {site: (keys, values)}, plane=plane)
+        core = site.stage == "core"
+        if self.core_in_plane if core else self.edge_in_plane:  # write the block where its prefix is read (scratch
+            plane = self.cache.policy.plane(site.loop) if core else None  # past each row's length until the last loop
+            self.cache.write(self.plane_writes, {site: (keys, values)}, plane=plane)  # writes it)
             plane_keys = self.cache.plane_tensor(0, site, plane).narrow(2, 0, self.stop)
             plane_values = self.cache.plane_tensor(1, site, plane).narrow(2, 0, self.stop)
             return attend(queries, plane_keys, plane_values, self.plane_mask, causal=self.causal,
                           softmax_dtype=self.softmax_dtype)
-        if self.gapped and site.stage == "core":
+        if self.gapped and core:
             out = self.attend_gapped(site, queries, keys, values)
         else:
             out = attend_segments(queries, self._reads(site, keys, values), self.softmax_dtype)
