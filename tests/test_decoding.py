@@ -131,6 +131,31 @@ def test_blocks_read_in_place_with_one_fused_attention_where_the_policy_allows(c
     assert not (drafts.core_in_plane or drafts.edge_in_plane)
 
 
+@pytest.mark.parametrize("cache", ["full", "ripe", "sinks"])
+def test_a_prompt_into_an_empty_cache_is_read_by_the_causal_kernel_under_every_policy(cache, monkeypatch):
+    """A prefill has no prefix to read: every call of it, core calls under RIPE and sinks included, attends
+    causally within the block through SDPA's causal kernel (no explicit mask over the whole block), with the full
+    cache's logits."""
+    import torch.nn.functional as F
+
+    model = random_model("huginn")
+    options = {"ripe": {"window": 2}, "sinks": {"window": 2, "sinks": 1}}.get(cache, {})
+    calls, sdpa = [], F.scaled_dot_product_attention
+
+    def recorded(q, k, v, attn_mask=None, is_causal=False, **kw):
+        calls.append((q.shape[2], attn_mask is None, is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    ids = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
+    cache_ = new_cache(model, make_policy(cache, R, **options), 1, 12)
+    with monkeypatch.context() as patch:
+        patch.setattr(F, "scaled_dot_product_attention", recorded)
+        logits = prefill(model, cache_, ids, R)
+    sites = model.config.n_prelude + model.config.n_coda + R * model.config.n_core
+    assert calls == [(6, True, True)] * sites
+    assert torch.equal(logits, prefill(model, new_cache(model, make_policy("full", R), 1, 12), ids, R))
+
+
 def _buffer(model):
     from looped_kv.decoding.passes import new_buffer
 

@@ -592,7 +592,13 @@ class CachePass:
         if self.gapped and core:
             out = self.attend_gapped(site, queries, keys, values)
         else:
-            out = attend_segments(queries, self._reads(site, keys, values), self.softmax_dtype)
+            reads = self._reads(site, keys, values)
+            if len(reads) == 1:  # no prefix (an empty cache): the block reads itself causally (SDPA's causal kernel)
+                block_keys, block_values, mask = reads[0]
+                out = attend(queries, block_keys, block_values, causal=mask is not None,
+                             softmax_dtype=self.softmax_dtype)
+            else:
+                out = attend_segments(queries, reads, self.softmax_dtype)
         if self.store == "cache":
             self.cache.write(self.writes, {site: (keys, values)})
         return out
