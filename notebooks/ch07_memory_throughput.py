@@ -392,12 +392,13 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # older positions at plane R. Eager, a one-token step copies the ring and the token into
 # W + 1 scratch slots in front of the deepest plane and reads them with it in one fused
 # kernel, at the price of small copies (the ring and the token, keys and values) that
-# the full cache does not make. The sinks
-# cache, four full-depth positions at the start beside the same window, still joins
-# three segments in one softmax: its sinks lie inside the deepest plane, so no
-# contiguous range holds them. Compiled, each call's segments fuse into one kernel, and
-# the prefill runs compiled for every cache. Greedy decoding under each cache is timed
-# side by side with the full cache's, one prompt at a time, eager and compiled:
+# the full cache does not make. The sinks cache, four full-depth positions at the
+# start beside the same window, copies its sinks there too and masks the deepest
+# plane's own copy of them, so its fused call reads under a mask. Under every cache,
+# prelude and coda layers read their plane in place, and a prompt attends to itself
+# with one causal kernel. Compiled, each call's segments fuse into one kernel, and the
+# prefill runs compiled for every cache. Greedy decoding under each cache is timed side
+# by side with the full cache's, one prompt at a time, eager and compiled:
 
 # %%
 CACHE_ARMS = {"ar": Greedy()}  # greedy, full cache
