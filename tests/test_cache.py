@@ -22,6 +22,7 @@ from looped_kv import (
 )
 from looped_kv.decoding.greedy import greedy
 from looped_kv.decoding.passes import new_cache, prefill, step
+from looped_kv.runtime.attention import Site
 from looped_kv.runtime.cache import PlaneCache
 from looped_kv.runtime.config import raven_olmo
 from looped_kv.runtime.memory import layer_token_bytes
@@ -280,3 +281,23 @@ def test_the_fused_one_token_read_is_the_segment_read(family, name, params, leng
             assert torch.allclose(x, y, rtol=0, atol=1e-12)
         for x, y in zip([*a.core, *a.ring, *a.sink], [*b.core, *b.ring, *b.sink], strict=True):
             assert torch.allclose(x, y, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("window, sinks", [(4, 0), (4, 3), (0, 3), (5, 2)])
+@pytest.mark.parametrize("start, stop", [(0, 2), (0, 11), (3, 6), (2, 9), (7, 8), (6, 17)])
+def test_a_blocks_ring_and_sinks_written_as_slices_are_its_entries_written_one_by_one(window, sinks, start, stop):
+    """``span_writes`` stores a block at shared positions [start, stop) as slices (the ring's last W positions in two
+    where its slots wrap, the sinks below S): the same ring and sinks as writing every entry by its index."""
+    model = random_model("huginn")
+    policy = make_policy("sinks" if sinks else "ripe", model.config.mean_recurrence, window=window,
+                         **({"sinks": sinks} if sinks else {}))
+    sliced, entries = (new_cache(model, policy, 2, 20) for _ in range(2))
+    g = torch.Generator().manual_seed(stop)
+    shape = (2, model.config.n_kv_heads, stop - start, model.config.head_dim)
+    block = {Site("core", 0, loop): tuple(torch.randn(shape, generator=g, dtype=model.dtype) for _ in range(2))
+             for loop in range(1, model.config.mean_recurrence)}
+    sliced.write(sliced.span_writes(start, stop), block)
+    entries.write(entries.plan_writes(torch.arange(start, stop).expand(2, -1)), block)
+    for a, b in zip([*sliced.ring, *sliced.sink], [*entries.ring, *entries.sink], strict=True):
+        assert torch.equal(a, b)
+    assert any(t.abs().sum() > 0 for t in (*sliced.ring, *sliced.sink)) == (window > 0 or start < sinks)

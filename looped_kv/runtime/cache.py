@@ -50,15 +50,20 @@ STORES = ("cache", "buffer", None)
 class _Scatter:
     """(row, block column) entries of a block and the slot each one is written to.
 
-    ``span`` = (start, stop): every row stores columns 0..stop-start-1 at slots start..stop-1 (a slice, the fast
-    path). ``valid`` (compiled steps): entries where it is False write back what their (clamped) slot holds.
+    ``runs`` (the fast path, every row alike): (slot, column, length) slices, each storing columns column..column +
+    length - 1 at slots slot..slot + length - 1. ``valid`` (compiled steps): entries where it is False write back
+    what their (clamped) slot holds.
     """
 
-    rows: Tensor | None  # None with a span
+    rows: Tensor | None  # None with runs
     cols: Tensor | None
     index: Tensor | None
-    span: tuple[int, int] | None = None
+    runs: tuple[tuple[int, int, int], ...] | None = None
     valid: Tensor | None = None
+
+
+def _slices(*runs: tuple[int, int, int]) -> _Scatter:
+    return _Scatter(None, None, None, runs=runs)
 
 
 @dataclass(frozen=True)
@@ -73,9 +78,10 @@ class RowWrites:
 def _put(dest: Tensor, scatter: _Scatter, src: Tensor) -> None:
     """dest[..., row, :, index, :] = src[..., row, :, col, :] for every entry: dest (..., B, H, P, D) and src
     (..., B, H, n, D) with the same leading dimensions (none for one site, layers and planes for a whole store)."""
-    if scatter.span is not None:
-        start, stop = scatter.span
-        dest.narrow(-2, start, stop - start).copy_(src if src.shape[-2] == stop - start else src[..., :stop - start, :])
+    if scatter.runs is not None:
+        for slot, column, length in scatter.runs:
+            dest.narrow(-2, slot, length).copy_(
+                src if column == 0 and src.shape[-2] == length else src.narrow(-2, column, length))
         return
     lead = (slice(None),) * (dest.dim() - 4)
     values = src[(*lead, scatter.rows, slice(None), scatter.cols)]  # (entries, ..., H, D)
@@ -310,24 +316,27 @@ class PlaneCache:
                          sink=_Scatter(rows[sink], cols[sink], index[sink]))
 
     def span_writes(self, start: int, stop: int) -> RowWrites:
-        """Every column of a block at positions [start, stop) of every row: the main entries as one slice (planned
-        entry by entry only for the ring and the sinks, when the policy has them)."""
-        main = _Scatter(None, None, None, span=(start, stop))
+        """Every column of a block at positions [start, stop) of every row, as slices: the main entries one, the ring
+        its last W positions (slot = position mod W: two slices where the slots wrap), the sinks those below S."""
+        main = _slices((start, 0, stop - start))
         if not (self.ring_size or self.sink_size):
             return RowWrites(main, main, main)  # ring and sinks hold nothing: never written
-        slot = start % max(self.ring_size, 1)
-        if not self.sink_size and slot + stop - start <= self.ring_size:  # ring slots in a row; no sinks to write
-            return RowWrites(main, _Scatter(None, None, None, span=(slot, slot + stop - start)), main)
-        positions = torch.arange(start, stop, device=self.lengths.device).expand(self.batch, -1)
-        writes = self.plan_writes(positions)
-        return RowWrites(main, writes.ring, writes.sink)
+        ring: tuple[tuple[int, int, int], ...] = ()
+        if self.ring_size:
+            first = max(start, stop - self.ring_size)  # only the last W positions survive in the ring
+            slot = first % self.ring_size
+            head = min(stop - first, self.ring_size - slot)
+            ring = ((slot, first - start, head),) + (
+                ((0, first - start + head, stop - first - head),) if stop - first > head else ())
+        sinks = ((start, 0, min(stop, self.sink_size) - start),) if start < self.sink_size else ()
+        return RowWrites(main, _slices(*ring), _slices(*sinks))
 
     def prefill_writes(self, n: int, lengths: Tensor) -> RowWrites:
         """Every column of right-padded prompts (B, n) of ``lengths`` real tokens into an empty cache, built without
         a device sync or a data-dependent shape (a compiled prefill): the main entries as one slice of [0, n); ring
         slot s of row b takes the position it holds after the prompt (:meth:`ring_positions`; none yet: kept as it
         is), sink slot j position j (past the prompts: kept)."""
-        main = _Scatter(None, None, None, span=(0, n))
+        main = _slices((0, 0, n))
         if not (self.ring_size or self.sink_size):
             return RowWrites(main, main, main)
         B, device = lengths.shape[0], lengths.device
@@ -376,7 +385,7 @@ class PlaneCache:
                 return
             own = self.own_planes(site)  # None: the policy stores nothing of this loop
             for (own_keys, own_values), scatter in ((own[:2], writes.sink), (own[2:], writes.ring)) if own else ():
-                if own_keys.shape[-2] and (scatter.span is not None or scatter.rows.numel()):  # no empty writes
+                if own_keys.shape[-2] and (scatter.runs if scatter.runs is not None else scatter.rows.numel()):
                     _put(own_keys, scatter, keys)
                     _put(own_values, scatter, values)
             return
