@@ -51,21 +51,28 @@ def test_the_intros_chapter_times_are_the_executed_notebooks(capsys):
     assert "data/chapter-times.md" in (ROOT / "book" / "intro.md").read_text()
 
 
+def _kept_table(capsys, words: list[str], kept: str, shown: str) -> str:
+    """What ``looped-kv *words`` prints at the repository's root, held equal to book/data/``kept``; the GPU page
+    includes that file and shows the command as ``shown``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        assert main(words) == 0
+    table = capsys.readouterr().out
+    path = ROOT / "book" / "data" / kept
+    assert table == path.read_text(), f"regenerate it: looped-kv {' '.join(words)} > {path.relative_to(ROOT)}"
+    gpu_page = (ROOT / "book" / "gpu.md").read_text()
+    assert f"data/{kept}" in gpu_page and shown in gpu_page
+    return table
+
+
 def test_the_cpu_route_table_is_the_recorded_parcae_run(capsys, tmp_path):
     """book/gpu.md's table of minutes and GB per chapter for parcae-140m on a CPU is what ``looped-kv chapter-times
     --cpu-run`` prints from the committed record; a chapter the record lacks reads "not recorded"."""
     record = ROOT / "book" / "data" / "plan-check-parcae-140m-cpu.json"
     timed = ROOT / "book" / "data" / "plan-time-parcae-140m-cpu.json"
     words = ["chapter-times", "--cpu-run", str(record.relative_to(ROOT)), "--plan-time", str(timed.relative_to(ROOT))]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(ROOT)
-        assert main(words) == 0
-    table = capsys.readouterr().out
-    kept = ROOT / "book" / "data" / "cpu-run-parcae-140m.md"
-    assert table == kept.read_text(), f"regenerate it: looped-kv {' '.join(words[1:])} > {kept.relative_to(ROOT)}"
-    gpu_page = (ROOT / "book" / "gpu.md").read_text()
-    assert "data/cpu-run-parcae-140m.md" in gpu_page
-    assert f"looped-kv {words[0]} \\\n    {' '.join(words[1:3])} \\\n    {' '.join(words[3:])}" in gpu_page
+    shown = f"looped-kv {words[0]} \\\n    {' '.join(words[1:3])} \\\n    {' '.join(words[3:])}"
+    table = _kept_table(capsys, words, "cpu-run-parcae-140m.md", shown)
     rows = json.loads(record.read_text())["chapters"]
     first = rows[0]
     assert f"| {first['seconds'] / 60:.1f} | " in table and f"| {first['measured bytes'] / 1e9:.2f} |" in table
@@ -98,15 +105,7 @@ def test_the_cpu_route_table_of_parcae_370m_is_its_recorded_plan(capsys):
     committed plan-time record of parcae-370m, made on the same CPU as parcae-140m's run."""
     timed = ROOT / "book" / "data" / "plan-time-parcae-370m-cpu.json"
     words = ["chapter-times", "--plan-time", str(timed.relative_to(ROOT))]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(ROOT)
-        assert main(words) == 0
-    table = capsys.readouterr().out
-    kept = ROOT / "book" / "data" / "cpu-plan-parcae-370m.md"
-    assert table == kept.read_text(), f"regenerate it: looped-kv {' '.join(words)} > {kept.relative_to(ROOT)}"
-    gpu_page = (ROOT / "book" / "gpu.md").read_text()
-    assert "data/cpu-plan-parcae-370m.md" in gpu_page
-    assert f"looped-kv {words[0]} \\\n    {' '.join(words[1:])}" in gpu_page
+    _kept_table(capsys, words, "cpu-plan-parcae-370m.md", f"looped-kv {words[0]} \\\n    {' '.join(words[1:])}")
     record, run = (json.loads((ROOT / "book" / "data" / f"{name}.json").read_text())
                    for name in ("plan-time-parcae-370m-cpu", "plan-time-parcae-140m-cpu"))
     assert "parcae-370m" in record["command"] and record["environment"] == run["environment"]
