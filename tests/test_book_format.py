@@ -105,10 +105,13 @@ def test_the_cpu_route_table_of_parcae_370m_is_its_recorded_plan(capsys):
     committed plan-time record of parcae-370m, made on the same CPU as parcae-140m's run."""
     timed = ROOT / "book" / "data" / "plan-time-parcae-370m-cpu.json"
     words = ["chapter-times", "--plan-time", str(timed.relative_to(ROOT))]
-    _kept_table(capsys, words, "cpu-plan-parcae-370m.md", f"looped-kv {words[0]} \\\n    {' '.join(words[1:])}")
+    table = _kept_table(capsys, words, "cpu-plan-parcae-370m.md", f"looped-kv {words[0]} \\\n    {' '.join(words[1:])}")
     record, run = (json.loads((ROOT / "book" / "data" / f"{name}.json").read_text())
                    for name in ("plan-time-parcae-370m-cpu", "plan-time-parcae-140m-cpu"))
-    assert "parcae-370m" in record["command"] and record["environment"] == run["environment"]
+    assert (record["model"], record["profile"]) == ("parcae-370m", "parcae-370m-cpu")
+    assert record["environment"] == run["environment"]
+    assert table.splitlines()[0] == "| page | plan minutes | plan GB |" and "not planned" not in table
+    assert len(table.splitlines()) == 2 + len(record["chapters"]) == 10
 
 
 def test_a_notebook_without_recorded_timing_is_refused(tmp_path):

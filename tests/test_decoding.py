@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import random_model
 
 from looped_kv import cli
@@ -136,8 +137,6 @@ def test_a_prompt_into_an_empty_cache_is_read_by_the_causal_kernel_under_every_p
     """A prefill has no prefix to read: every call of it, core calls under RIPE and sinks included, attends
     causally within the block through SDPA's causal kernel (no explicit mask over the whole block), with the full
     cache's logits."""
-    import torch.nn.functional as F
-
     model = random_model("huginn")
     options = {"ripe": {"window": 2}, "sinks": {"window": 2, "sinks": 1}}.get(cache, {})
     calls, sdpa = [], F.scaled_dot_product_attention

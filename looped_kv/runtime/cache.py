@@ -553,7 +553,7 @@ class CachePass:
             self.writes = cache.span_writes(*span) if span is not None else \
                 cache.plan_writes(self.positions, None if self.core_in_plane else counts)
             # an in-plane write stores every column (those past a row's count lie past its length, unread)
-            self.plane_writes = self.writes if span is not None or counts is None or self.core_in_plane else \
+            self.plane_writes = self.writes if counts is None or self.core_in_plane else \
                 cache.plan_writes(self.positions)
         self._masks: dict[tuple[str, ...], list[Tensor | None]] = {}
         # RIPE and sinks, one token per row past the sinks and a full window: the sinks' and the ring's plane and the
