@@ -38,8 +38,18 @@ def truth(g: float, r: int, L: int) -> float:
     return a + b * r + c * L + e * r * L
 
 
+def step_truth(L: int) -> float:
+    """A known one-token step, cheaper than the one-token pass it would be priced as without its own cells."""
+    return 5e-3 + 3e-6 * L
+
+
 def prefill_truth(n: int) -> float:
     return 2e-3 + 4e-5 * n
+
+
+def priced(p: PassRecord) -> float:
+    """What the known costs make of one logged pass other than the prefill."""
+    return step_truth(p.context) if p.in_place else truth(p.tokens, p.loops, p.context)
 
 
 def synthetic(statistic: str = "median", modes: tuple[str, ...] = ("eager", "compiled")) -> list[Timing]:
@@ -48,6 +58,7 @@ def synthetic(statistic: str = "median", modes: tuple[str, ...] = ("eager", "com
     spread = (1.0, 1.4, 0.8) if statistic == "median" else (1.0, 1.3, 2.0)
     cells = [Timing(m, "pass", g, r, L, tuple(truth(g, r, L) * s for s in spread))
              for m in modes for g in (*WIDTHS, *HELD_OUT) for r in LOOPS for L in CONTEXTS]
+    cells += [Timing(m, "step", 1, 32, L, tuple(step_truth(L) * s for s in spread)) for m in modes for L in CONTEXTS]
     return cells + [Timing(m, "prefill", n, 32, 0, tuple(prefill_truth(n) * s for s in spread))
                     for m in modes for n in PROMPTS]
 
@@ -62,12 +73,13 @@ def test_the_fit_recovers_a_known_cost_function_exactly(statistic):
         for g, r, L in [(3, 7, 100), (25, 2, 300), (1, 32, 999), (17, 4, 64)]:  # between the widths, any r and L
             assert cost.seconds(g, r, L, mode) == pytest.approx(truth(g, r, L), rel=1e-9)
         assert cost.prefill_seconds(300, mode) == pytest.approx(prefill_truth(300), rel=1e-12)
+        assert cost.step_seconds(300, mode) == pytest.approx(step_truth(300), rel=1e-9)
     residuals = cost.residuals()
-    assert len(residuals) == 2 * len(WIDTHS + HELD_OUT) * len(LOOPS) * len(CONTEXTS)
+    assert len(residuals) == 2 * (len(WIDTHS + HELD_OUT) * len(LOOPS) + 1) * len(CONTEXTS)
     assert residuals["relative"].abs().max() < 1e-9
-    assert set(residuals.loc[residuals["held_out"], "tokens"]) == set(HELD_OUT)
+    assert set(residuals.loc[residuals["cells"] == "held out", "tokens"]) == set(HELD_OUT)
     summary = cost.summary()
-    assert list(summary.index) == [(m, c) for m in ("compiled", "eager") for c in ("fitted", "held out")]
+    assert list(summary.index) == [(m, c) for m in ("compiled", "eager") for c in ("fitted", "held out", "step")]
     assert (summary["max_abs"] < 1e-9).all()
 
 
@@ -84,6 +96,12 @@ def test_the_model_refuses_what_it_did_not_measure():
         fit_pass_cost(one_loop)
     with pytest.raises(ValueError, match="statistic must be one of"):
         fit_pass_cost(synthetic(), "mean")
+    one_context = [t for t in synthetic() if t.kind != "step" or t.context == 64]
+    with pytest.raises(ValueError, match="eager steps: a fit of \\('1', 'context'\\) needs cells at 2 or more"):
+        fit_pass_cost(one_context, held_out=HELD_OUT)
+    no_steps = fit_pass_cost([t for t in synthetic() if t.kind != "step"], held_out=HELD_OUT)
+    with pytest.raises(ValueError, match="mode 'eager' was not measured"):
+        no_steps.record_seconds(PassRecord("verify", 1, 1, 32, 100, False))
 
 
 def test_the_record_round_trips_with_its_metadata(tmp_path):
@@ -96,8 +114,12 @@ def test_the_record_round_trips_with_its_metadata(tmp_path):
     assert again == cost and again.meta == meta
     assert json.loads(path.read_text())["environment"]["threads"] == 2
     assert again.seconds(25, 4, 200, "compiled") == cost.seconds(25, 4, 200, "compiled")
-    with pytest.raises(ValueError, match="not a pass-cost record"):
+    assert again.steps == cost.steps and again.step_seconds(200, "compiled") == cost.step_seconds(200, "compiled")
+    with pytest.raises(ValueError, match=r"not a pass-cost record of this version: it lacks .*'steps'"):
         PassCost.from_dict(meta)
+    without_steps = {k: v for k, v in cost.to_dict().items() if k not in ("step_terms", "steps")}
+    with pytest.raises(ValueError, match="it lacks \\['step_terms', 'steps'\\] \\(re-run looped-kv pass-cost\\)"):
+        PassCost.from_dict(without_steps)
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +139,11 @@ def test_predictions_sum_the_passes_a_real_decode_ran(tiny, method, options):
     if method != "ar":  # greedy decoding counts no verifications, one step per token
         assert sum(p.kind == "verify" for p in passes) == out.verifications
     assert all(p.rows == 1 and not p.compiled and p.context >= ids.shape[1] for p in passes[1:])
+    assert all(p.in_place == (p.kind == "verify" and p.tokens == 1) for p in passes)
+    if method == "ar":  # every step a one-token verification, written into the cache and read there
+        assert all(p.in_place for p in passes[1:])
     cost = fit_pass_cost(synthetic(), held_out=HELD_OUT)
-    expected = prefill_truth(ids.shape[1]) + sum(truth(p.tokens, p.loops, p.context) for p in passes[1:])
+    expected = prefill_truth(ids.shape[1]) + sum(priced(p) for p in passes[1:])
     assert pass_cost.predict_seconds(cost, passes) == pytest.approx(expected, rel=1e-9)
     by_kind = pass_cost.predict_by_kind(cost, passes, prefill_seconds=0.5)
     assert by_kind["prefill"] == 0.5
@@ -172,8 +197,10 @@ def test_the_grid_times_every_cell_in_every_round(traced):
     experiment.check_grid(grid, model.config)
     timings = experiment.measure(model, grid, progress=False)
     cells = {(t.mode, t.kind, t.tokens, t.loops, t.context) for t in timings}
-    assert len(cells) == len(timings) == 2 * 3 * 2 * 2 + 2 * 2
+    assert len(cells) == len(timings) == 2 * 3 * 2 * 2 + 2 * 2 + 2 * 2
     assert {t.context for t in timings if t.mode == "compiled" and t.kind == "pass"} == {64, 96}
+    assert {c for c in cells if c[1] == "step"} == {("eager", "step", 1, 4, 10), ("eager", "step", 1, 4, 70),
+                                                    ("compiled", "step", 1, 4, 64), ("compiled", "step", 1, 4, 96)}
     assert all(len(t.seconds) == 2 and min(t.seconds) > 0 for t in timings)
     assert set(fit_pass_cost(timings, held_out=[2]).coefficients["compiled"]) == {1, 4}
 
@@ -193,6 +220,7 @@ def test_eq_8_is_the_bound_of_pass_costs_that_ignore_the_tokens():
     n_pre, n_core, n_coda = 2, 4, 2
     layers = [Timing("eager", "pass", g, r, L, (1e-3 * (n_pre + r * n_core + n_coda),))
               for g in (1, 32) for r in (1, 32) for L in (64, 512)]
+    layers += [Timing("eager", "step", 1, 32, L, (1e-3 * (n_pre + 32 * n_core + n_coda),)) for L in (64, 512)]
     cost = fit_pass_cost(layers)
     for tau, d, gamma in [(3.4, 4, 4), (1.0, 2, 8), (5.0, 8, 4)]:
         passes = pass_cost.cycle(SelfSpec(draft_loops=d, gamma=gamma), 32)

@@ -133,6 +133,12 @@ class PassRecord:
     context: int
     compiled: bool
 
+    @property
+    def in_place(self) -> bool:
+        """A one-token verification: written into the cache and read there (:meth:`Passes.verification_store`),
+        greedy decoding's step."""
+        return self.kind == "verify" and self.tokens == 1
+
 
 class Passes:
     """The model passes a drafter and the loop run on one cache (eager here; compiled in

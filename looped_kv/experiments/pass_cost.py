@@ -3,7 +3,9 @@
 Every cell is one model pass at batch 1 on the decode loop's own passes (:class:`~looped_kv.decoding.passes.Passes`,
 :class:`~looped_kv.decoding.compiled.CompiledPasses`): g new tokens after a committed prefix, through r loops, eager
 and compiled, writing its keys/values nowhere, as a DAS-Wave round does (a draft's or a verification's write, a copy of
-g positions' keys/values, is left out); and the prefill of prompts of a few lengths. Eager cells read a
+g positions' keys/values, is left out); at each context, the one-token R-loop verification written into the cache and
+read there in place (the step of greedy decoding, timed without committing it); and the prefill of prompts of a few
+lengths. Eager cells read a
 prefix of L positions; compiled ones attend over their cache's whole capacity, the bucket of L
 (:func:`~looped_kv.decoding.passes.capacity_bucket`), which is then their context. Compiled steps are traced before
 the first timed round (one trace per width, loop count and capacity). The rounds visit every cell once each, in a new
@@ -120,7 +122,7 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
         if len(caps) < 2 or caps[0] <= widest:
             raise ValueError(f"--contexts must give 2 or more compiled capacities above the widest pass ({widest} "
                              f"tokens); they give {caps} (capacity buckets: 64, 96, 128, 192, 256, ...)")
-        traces = sum(mode == "compiled" and kind == "pass" for mode, kind, *_ in cells(grid, block))
+        traces = sum(mode == "compiled" and kind == "pass" for mode, kind, *_ in cells(grid, block, R))
         if traces > RECOMPILE_LIMIT:
             raise ValueError(f"--tokens, --held-out-tokens, --loops and --contexts make {traces} compiled cells, "
                              f"each a trace of one compiled step, which holds at most {RECOMPILE_LIMIT}: time fewer")
@@ -129,13 +131,15 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
                          f"{grid.prompt_lengths}")
 
 
-def cells(grid: Grid, block_size: int) -> list[Cell]:
-    """Every cell of the grid: pass cells (mode, "pass", g, r, L) and prefill cells (mode, "prefill", n, R, 0)."""
+def cells(grid: Grid, block_size: int, num_loops: int) -> list[Cell]:
+    """Every cell of the grid but the prefills: pass cells (mode, "pass", g, r, L) and step cells (mode, "step", 1,
+    R, L)."""
     out: list[Cell] = []
     for mode in grid.modes:
         contexts = capacities(grid, block_size) if mode == "compiled" else sorted(set(grid.contexts))
         out += [(mode, "pass", g, r, c) for g in sorted(set(grid.tokens + grid.held_out_tokens))
                 for r in sorted(set(grid.loops)) for c in contexts]
+        out += [(mode, "step", 1, num_loops, c) for c in contexts]
     return out
 
 
@@ -144,8 +148,9 @@ def _sync(model: LoopedLM) -> Callable[[], None]:
 
 
 def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], float]]:
-    """One callable per cell that runs it once and returns its seconds: pass cells on a prefilled cache per (mode,
-    context), prefill cells on a new cache each call (made before the clock starts)."""
+    """One callable per cell that runs it once and returns its seconds: pass and step cells on a prefilled cache per
+    (mode, context) (a step writes past the prefix, which it does not commit: every call writes the same position),
+    prefill cells on a new cache each call (made before the clock starts)."""
     config, R = model.config, model.config.mean_recurrence
     policy, sync, widest = make_policy("full", R), _sync(model), _widest(grid)
     generator = torch.Generator().manual_seed(seed)
@@ -163,15 +168,18 @@ def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], 
     out: dict[Cell, Callable[[], float]] = {}
     passes: dict[tuple[str, int], Passes] = {}
     block = ids(widest)
-    for cell in cells(grid, config.block_size):
-        mode, _, g, r, context = cell
+    for cell in cells(grid, config.block_size, R):
+        mode, kind, g, r, context = cell
         if (mode, context) not in passes:
             compiled = mode == "compiled"
             capacity = context if compiled else context + widest
             passes[mode, context] = (CompiledPasses if compiled else Passes)(
                 model, new_cache(model, policy, BATCH, capacity), widest)
             passes[mode, context].prefill([ids(capacity - widest if compiled else context)[0]])
-        out[cell] = lambda p=passes[mode, context], g=g, r=r: timed(lambda: p.run(block[:, :g], r))
+        if kind == "step":
+            out[cell] = lambda p=passes[mode, context]: timed(lambda: p.verify(block[:, :1], None))
+        else:
+            out[cell] = lambda p=passes[mode, context], g=g, r=r: timed(lambda: p.run(block[:, :g], r))
     for mode in grid.modes:
         passes_class = CompiledPasses if mode == "compiled" else Passes
         for n in sorted(set(grid.prompt_lengths)):
@@ -221,13 +229,15 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
             "rounds": grid.rounds, "loops": grid.loops, "contexts": grid.contexts,
             "prompt_lengths": grid.prompt_lengths}
     cost = fit_pass_cost(timings, grid.statistic, grid.held_out_tokens, meta)
-    print(f"t(g, r, L) = a + b r + c L + e r L per width g, fitted on the {grid.statistic} of each cell; residuals "
-          f"(model / measured - 1):")
+    print(f"t(g, r, L) = a + b r + c L + e r L per width g and t_step(L) = a + c L, fitted on the {grid.statistic} of "
+          f"each cell; residuals (model / measured - 1):")
     print(cost.summary().to_string(float_format=lambda x: f"{x:+.1%}" if abs(x) < 10 else f"{x:g}"))
     for mode, by_width in cost.coefficients.items():
         print(f"{mode}: a (ms), b (ms per loop), c (ms per 1,000 positions), e (ms per loop and 1,000 positions)")
         for g, (a, b, c, e) in by_width.items():
             print(f"  g = {g:<3} a {1e3 * a:8.3f}  b {1e3 * b:8.4f}  c {1e6 * c:8.3f}  e {1e6 * e:8.4f}")
+        a, c = cost.steps[mode]
+        print(f"  step (one token, R loops, in place): a {1e3 * a:8.3f}  c {1e6 * c:8.3f}")
     cost.write(out)
     print(f"recorded in {out}")
     return cost
