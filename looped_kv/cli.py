@@ -266,6 +266,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         args.repeats, args.caches)
     if args.sampling_overhead and (args.caches or args.deep_v):
         raise ValueError("--caches and --deep-v add arms to the speed bench, not to --sampling-overhead; drop them")
+    if args.batch is not None and (not args.caches or args.sampling_overhead or args.deep_v or args.record
+                                   or ("--modes" in args.words and args.modes != ["eager"])):
+        raise ValueError("--batch times --caches against the full cache, eager: give it --caches, without "
+                         "--sampling-overhead, --deep-v, --record or a compiled --modes")
+    if args.batch is not None and not 1 <= args.batch <= args.prompts // 2:
+        raise ValueError(f"--batch must be in [1, {args.prompts // 2}] (at least 2 sets of --prompts "
+                         f"{args.prompts} for a paired interval), got {args.batch}")
     config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
     if args.record is not None:  # before the measurement: a long run never ends on a file it may not write
@@ -273,6 +280,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = _load(args)
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
+    if args.batch is not None:
+        for workload in args.workloads:
+            prompts = bench.workload_prompts(model, workload, args.prompts, args.max_new_tokens,
+                                             {c: bench.CACHE_ARMS[c] for c in args.caches})
+            table = bench.batched_caches(model, prompts, args.batch, args.caches, args.max_new_tokens, args.repeats,
+                                         progress=not args.quiet)
+            print(f"{workload}: greedy decoding of {args.batch} prompts together under each cache against the full "
+                  f"cache, eager, {len(prompts) // args.batch} sets x {args.repeats} interleaved rounds, "
+                  f"{args.max_new_tokens} new tokens per row; mean tokens/s ratio over sets, 95% paired bootstrap "
+                  f"interval\n{table.to_string(float_format=lambda x: f'{x:.3f}')}")
+        return 0
     if args.sampling_overhead:
         configs = bench.method_configs(args.draft_loops, args.gamma)
         methods = {key: configs[key] for key in ["ar", *(m for m in args.methods if m != "ar")]}
@@ -332,6 +350,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampling-overhead", action="store_true",
                    help="instead: what sampling costs over greedy decoding of each method (the sampler's whole path "
                         "at top-k 1, so both emit the same tokens), in interleaved rounds; issue 41's budget is 5%%")
+    p.add_argument("--batch", type=int,
+                   help="instead: greedy decoding of this many prompts together under each of --caches against the "
+                        "full cache, eager, in interleaved rounds over sets of --batch prompts, every row to "
+                        "--max-new-tokens (chapter 7's fixed-memory budget holds 4 full-cache sequences: B_max)")
     p.add_argument("--record", type=Path, help="also save the runs with the command, commit, machine, date and the "
                                                f"weights' digest, which the chapters read (the shipped model's: "
                                                f"{bench.RECORD.relative_to(bench.RECORD.parents[2])}; a new file)")

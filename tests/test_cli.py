@@ -157,6 +157,11 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["bench", "--model", "./no-such-folder"], "--model './no-such-folder'"),
     (["bench", "--sampling-overhead", "--deep-v"], "--caches and --deep-v add arms to the speed bench, not to "
                                                    "--sampling-overhead"),
+    (["bench", "--batch", "4"], "--batch times --caches against the full cache, eager: give it --caches"),
+    (["bench", "--batch", "4", "--caches", "ripe", "--modes", "compiled"], "without --sampling-overhead, --deep-v, "
+                                                                          "--record or a compiled --modes"),
+    (["bench", "--batch", "9", "--caches", "ripe", "--prompts", "16"], "--batch must be in [1, 8] (at least 2 sets "
+                                                                      "of --prompts 16 for a paired interval), got 9"),
     pytest.param(["generate", "--device", "cuda", "hi"], "--device 'cuda': no cuda device is available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
     (["batched", "--fit-on", "1", "9"], "--fit-on must name at least 2 distinct values of --memory-batch-sizes"),

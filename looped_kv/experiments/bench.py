@@ -355,6 +355,40 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: Mappi
     return pd.DataFrame(out).set_index(["method", "mode"])
 
 
+def batched_caches(model: LoopedLM, prompts: Sequence[Tensor], batch: int, caches: Sequence[str],
+                   max_new_tokens: int, repeats: int = 2, progress: bool = True, n_boot: int = 10_000) -> pd.DataFrame:
+    """Greedy decoding of ``batch`` prompts together under each of ``caches`` (:data:`CACHE_ARMS`) against the full
+    cache, eager (RIPE Sec. 5.3 sets caches side by side at a batch, B_max): the prompts in consecutive sets of
+    ``batch`` (a last incomplete set left out), each set decoded by every arm in ``repeats`` interleaved rounds (the
+    order reversed every other round), every row to its full budget, so that the arms decode the same tokens. Per
+    cache: the mean over sets of the tokens/s ratio to the full cache's median run (DAS Eq. 8 with sets as units), its
+    95% paired bootstrap interval, the sets and the rows per set."""
+    check_rounds(repeats, ("eager",))
+    bad = [c for c in caches if c not in CACHE_ARMS]
+    if not caches or bad:
+        raise ValueError(f"--caches must name some of {tuple(CACHE_ARMS)}, got {list(caches)}")
+    sets = len(prompts) // batch if batch >= 1 else 0
+    if sets < 2:
+        raise ValueError(f"--batch must be in [1, {len(prompts) // 2}] (at least 2 sets of --prompts {len(prompts)} "
+                         f"for a paired interval), got {batch}")
+    arms = {"full": Greedy(), **{cache_key(c): CACHE_ARMS[c] for c in caches}}
+    options = dict(max_new_tokens=max_new_tokens, stop_at_eos=False)
+    units = [[p.reshape(-1) for p in prompts[k * batch:(k + 1) * batch]] for k in range(sets)]
+    generate(model, units[0], max_new_tokens=4)  # warm-up
+    times: dict[str, list[float]] = {key: [] for key in arms}
+    with frozen_heap():
+        for unit in tqdm(units, desc=f"prompt sets of {batch}", disable=not progress, leave=False):
+            rounds = interleaved_rounds(model, unit, arms, repeats, **options)
+            for key in arms:
+                times[key].append(float(np.median(rounds.times[key])))
+    rows = {}
+    for key in list(arms)[1:]:
+        ratio = mean_speedup(times["full"], times[key], n_boot=n_boot)  # the same tokens: t_full / t_cache
+        rows[key] = {"tokens/s ratio": ratio.estimate, "low": ratio.low, "high": ratio.high, "sets": sets,
+                     "batch": batch, "repeats": repeats}
+    return pd.DataFrame(rows).T.astype({"sets": int, "batch": int, "repeats": int})
+
+
 def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot: int = 2000) -> pd.DataFrame:
     """Per method (and mode, where the runs hold more than eager ones): tokens/s, the mean speed-up over paired
     greedy decoding of the same mode (DAS Eq. 8) with its 95% interval, the speed-up over eager greedy decoding, A
