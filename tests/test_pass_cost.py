@@ -396,15 +396,21 @@ def test_against_greedy_pairs_each_method_with_greedy_on_its_prompt():
         pass_cost.against_greedy(runs.drop(columns="predicted_s"))
 
 
-def test_the_recorded_pass_cost_and_its_check_are_the_shipped_models():
-    """Chapters 5 and 7 read book/data's pass-cost model and check: both measured on the shipped weights by the
-    committed commands, the check on every decoder and every chapter workload."""
+def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
+    """Chapters 5 and 7 read book/data's pass-cost model and its two checks: all measured on the shipped weights by
+    the committed commands, the model in both modes with its step, each check in its mode on every decoder and every
+    chapter workload, against this model."""
     cost = experiment.read_cost()
     assert cost.meta["command"].startswith("looped-kv pass-cost --out book/data/pass-cost-tiny.json")
-    assert cost.meta["environment"]["threads"] == 1 and "eager" in cost.coefficients
-    header, runs = experiment.read_check()
-    assert header["command"].startswith("looped-kv pass-cost-check --cost book/data/pass-cost-tiny.json")
-    assert header["pass_cost"]["date"] == cost.meta["date"] and set(runs) == {"problems", "code", "chains"}
-    for workload, r in runs.items():
-        assert set(r["method"]) == {"ar", "self-spec", "mature-spec", "pld", "das-wave"}, workload
-        assert r["prompt"].nunique() >= 8 and (r["measured_s"] > 0).all(), workload
+    assert cost.meta["environment"]["threads"] == 1
+    assert set(cost.coefficients) == set(cost.steps) == {"eager", "compiled"}
+    for mode, path in experiment.CHECK_RECORDS.items():
+        header, runs = experiment.read_check(path)
+        assert header["command"].startswith(f"looped-kv pass-cost-check --cost book/data/pass-cost-tiny.json "
+                                            f"--out book/data/{path.name}"), mode
+        assert ("--mode compiled" in header["command"]) == (mode == "compiled")
+        assert header["pass_cost"]["date"] == cost.meta["date"] and set(runs) == {"problems", "code", "chains"}
+        assert header["environment"] == cost.meta["environment"]
+        for workload, r in runs.items():
+            assert set(r["method"]) == {"ar", "self-spec", "mature-spec", "pld", "das-wave"}, workload
+            assert (r["mode"] == mode).all() and r["prompt"].nunique() >= 8 and (r["measured_s"] > 0).all(), workload

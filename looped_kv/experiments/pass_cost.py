@@ -62,7 +62,9 @@ from looped_kv.runtime.policy import make_policy
 Cell = tuple[str, str, int, int, int]  # mode, kind, tokens, loops, context
 #: The shipped tiny model's records, which chapters 5 and 7 read (made by the commands in their headers).
 COST_RECORD = Path(__file__).resolve().parent.parent.parent / "book" / "data" / "pass-cost-tiny.json"
-CHECK_RECORD = COST_RECORD.with_name("pass-cost-check-tiny.json")
+#: Each mode's recorded check (looped-kv pass-cost-check, and with --mode compiled).
+CHECK_RECORDS = {"eager": COST_RECORD.with_name("pass-cost-check-tiny.json"),
+                 "compiled": COST_RECORD.with_name("pass-cost-check-compiled-tiny.json")}
 
 
 @dataclass(frozen=True)
@@ -312,7 +314,8 @@ def read_cost(path: str | Path = COST_RECORD, source: str | Path = "tiny") -> Pa
     return cost
 
 
-def read_check(path: str | Path = CHECK_RECORD, source: str | Path = "tiny") -> tuple[dict, dict[str, pd.DataFrame]]:
+def read_check(path: str | Path = CHECK_RECORDS["eager"],
+               source: str | Path = "tiny") -> tuple[dict, dict[str, pd.DataFrame]]:
     """A recorded check (:func:`check`, saved as a bench record is): its header and each workload's runs; refused
     when measured on other weights than ``source``'s."""
     return read_record(Path(path), source)
