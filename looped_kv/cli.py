@@ -270,9 +270,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                    or ("--modes" in args.words and args.modes != ["eager"])):
         raise ValueError("--batch times --caches against the full cache, eager: give it --caches, without "
                          "--sampling-overhead, --deep-v, --record or a compiled --modes")
-    if args.batch is not None and not 1 <= args.batch <= args.prompts // 2:
-        raise ValueError(f"--batch must be in [1, {args.prompts // 2}] (at least 2 sets of --prompts "
-                         f"{args.prompts} for a paired interval), got {args.batch}")
+    if args.batch is not None:
+        bench.check_batch(args.batch, args.prompts)
     config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
     if args.record is not None:  # before the measurement: a long run never ends on a file it may not write

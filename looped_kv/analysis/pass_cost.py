@@ -125,9 +125,11 @@ class PassCost:
         return float(a + c * context)
 
     def record_seconds(self, record: PassRecord) -> float:
-        """Predicted seconds of one logged pass other than the prefill: a one-token verification
+        """Predicted seconds of one logged pass: the prefill at its prompt's length, a one-token verification
         (:attr:`~looped_kv.decoding.passes.PassRecord.in_place`) at the step's price, any other at its width's."""
         mode = "compiled" if record.compiled else "eager"
+        if record.kind == "prefill":
+            return self.prefill_seconds(record.tokens, mode)
         if record.in_place:
             return self.step_seconds(record.context, mode)
         return self.seconds(record.tokens, record.loops, record.context, mode)
@@ -257,11 +259,7 @@ def predict_by_kind(cost: PassCost, passes: Sequence[PassRecord],
     for i, p in enumerate(passes):
         if p.rows != BATCH:
             raise ValueError(f"pass {i} ({p.kind}) ran {p.rows} rows; the pass-cost model is timed at batch {BATCH}")
-        if p.kind == "prefill":
-            seconds = (cost.prefill_seconds(p.tokens, "compiled" if p.compiled else "eager")
-                       if prefill_seconds is None else prefill_seconds)
-        else:
-            seconds = cost.record_seconds(p)
+        seconds = prefill_seconds if p.kind == "prefill" and prefill_seconds is not None else cost.record_seconds(p)
         totals[p.kind] = totals.get(p.kind, 0.0) + seconds
     return totals
 

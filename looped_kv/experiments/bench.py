@@ -364,13 +364,9 @@ def batched_caches(model: LoopedLM, prompts: Sequence[Tensor], batch: int, cache
     cache: the mean over sets of the tokens/s ratio to the full cache's median run (DAS Eq. 8 with sets as units), its
     95% paired bootstrap interval, the sets and the rows per set."""
     check_rounds(repeats, ("eager",))
-    bad = [c for c in caches if c not in CACHE_ARMS]
-    if not caches or bad:
-        raise ValueError(f"--caches must name some of {tuple(CACHE_ARMS)}, got {list(caches)}")
-    sets = len(prompts) // batch if batch >= 1 else 0
-    if sets < 2:
-        raise ValueError(f"--batch must be in [1, {len(prompts) // 2}] (at least 2 sets of --prompts {len(prompts)} "
-                         f"for a paired interval), got {batch}")
+    check_caches(caches, required=True)
+    check_batch(batch, len(prompts))
+    sets = len(prompts) // batch
     arms = {"full": Greedy(), **{cache_key(c): CACHE_ARMS[c] for c in caches}}
     options = dict(max_new_tokens=max_new_tokens, stop_at_eos=False)
     units = [[p.reshape(-1) for p in prompts[k * batch:(k + 1) * batch]] for k in range(sets)]
@@ -632,9 +628,20 @@ def check_options(prompts: int, max_new_tokens: int, draft_loops: int | None, ga
         bad = [n for n in names if n not in allowed]
         if bad or not names:
             raise ValueError(f"{flag} must name some of {allowed}, got {list(names)}")
-    bad = [c for c in caches if c not in CACHE_ARMS]
-    if bad:
+    check_caches(caches)
+
+
+def check_caches(caches: Sequence[str], required: bool = False) -> None:
+    """--caches: names of :data:`CACHE_ARMS` (``required``: at least one)."""
+    if any(c not in CACHE_ARMS for c in caches) or (required and not caches):
         raise ValueError(f"--caches must name some of {tuple(CACHE_ARMS)}, got {list(caches)}")
+
+
+def check_batch(batch: int, prompts: int) -> None:
+    """--batch of :func:`batched_caches`: at least 2 whole sets of B among the ``prompts`` (a paired interval)."""
+    if not 1 <= batch <= prompts // 2:
+        raise ValueError(f"--batch must be in [1, {prompts // 2}] (at least 2 sets of --prompts {prompts} for a paired "
+                         f"interval), got {batch}")
 
 
 def check_model(model_loops: int, draft_loops: int | None) -> None:
