@@ -193,7 +193,7 @@ def test_compiled_passes_log_their_capacity_and_width_buckets(traced):
 def test_the_grid_times_every_cell_in_every_round(traced):
     model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=4)
     grid = experiment.Grid(modes=["eager", "compiled"], tokens=[1, 4], held_out_tokens=[2], loops=[1, 4],
-                           contexts=[10, 70], prompt_lengths=[5, 9], rounds=2, statistic="median")
+                           contexts=[10, 70], prompt_lengths=[5, 9], rounds=2, statistic="median", calls=2)
     experiment.check_grid(grid, model.config)
     timings = experiment.measure(model, grid, progress=False)
     cells = {(t.mode, t.kind, t.tokens, t.loops, t.context) for t in timings}
@@ -263,6 +263,7 @@ def no_work(monkeypatch):
                                   "(1 and 32) and not be among them, got [40]"),
     (["--prompt-lengths", "16", "2000"], "--prompt-lengths must each be in [1, 1024]"),
     (["--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["--calls", "0"], "--calls must be >= 1, got 0"),
     (["--tokens", *map(str, range(1, 25)), "--held-out-tokens", "--modes", "compiled"],
      "make 288 compiled cells, each a trace of one compiled step, which holds at most 256"),
     (["--statistic", "mean"], "argument --statistic: invalid choice: 'mean' (choose from 'median', 'min')"),
@@ -277,6 +278,28 @@ def test_the_command_refuses_bad_input_in_one_line_before_any_work(tmp_path, no_
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "cost.json").exists()
+
+
+def test_a_pass_or_step_cell_is_timed_as_consecutive_calls_and_a_prefill_alone(monkeypatch):
+    """Each timing of a pass or step cell is one untimed call then ``calls`` back to back, and returns their mean
+    (a decode makes them back to back; timed alone after another cell's pass, a compiled step finds cold caches); a
+    prefill is one call on a new cache."""
+    model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=4)
+    grid = experiment.Grid(modes=["eager"], tokens=[1, 4], held_out_tokens=[], loops=[1, 4], contexts=[10, 70],
+                           prompt_lengths=[5, 9], rounds=1, statistic="median", calls=3)
+    runs = experiment.arms(model, grid)
+    clock = iter(float(t) for t in range(100))
+    monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+    called: list[str] = []
+    for name in ("run", "verify", "prefill"):
+        real = getattr(experiment.Passes, name)
+        monkeypatch.setattr(experiment.Passes, name,
+                            lambda self, *a, real=real, name=name: (called.append(name), real(self, *a))[1])
+    with torch.no_grad():
+        assert runs["eager", "pass", 4, 1, 70]() == pytest.approx(1 / 3)  # one tick of the fake clock over 3 calls
+        assert runs["eager", "step", 1, 4, 10]() == pytest.approx(1 / 3)
+        assert runs["eager", "prefill", 9, 4, 0]() == 1
+    assert called == ["run"] * 4 + ["verify"] * 4 + ["prefill"]
 
 
 def test_the_command_keeps_an_existing_file(tmp_path, no_work, capsys):

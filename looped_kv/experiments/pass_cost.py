@@ -5,13 +5,17 @@ Every cell is one model pass at batch 1 on the decode loop's own passes (:class:
 and compiled, writing its keys/values nowhere, as a DAS-Wave round does (a draft's or a verification's write, a copy of
 g positions' keys/values, is left out); at each context, the one-token R-loop verification written into the cache and
 read there in place (the step of greedy decoding, timed without committing it); and the prefill of prompts of a few
-lengths. Eager cells read a
-prefix of L positions; compiled ones attend over their cache's whole capacity, the bucket of L
-(:func:`~looped_kv.decoding.passes.capacity_bucket`), which is then their context. Compiled steps are traced before
-the first timed round (one trace per width, loop count and capacity). The rounds visit every cell once each, in a new
-random order per round, so a slow stretch of the machine falls on every cell alike; each cell keeps its time per round
-and the fit reads their median (or minimum). The record holds the machine (:func:`~looped_kv.runtime.measurement.
-measurement_mode`'s: CPU, threads, torch), the command, the commit, the date and the weights' digest.
+lengths. Eager cells read a prefix of L positions; compiled ones attend over their cache's whole capacity, the bucket
+of L (:func:`~looped_kv.decoding.passes.capacity_bucket`), which is then their context. Compiled steps are traced
+before the first timed round (one trace per width, loop count and capacity).
+
+A pass or step cell is timed as a run of ``calls`` consecutive calls after one untimed call, as a decode makes them
+(its time per call is the run's mean): a compiled step timed right after another cell's wide pass finds the CPU's
+caches cold, and a short step costs much more so than back to back, as greedy decoding runs it. A prefill
+is timed alone, as a decode starts. The rounds visit every cell once each, in a new random order per round, so a slow
+stretch of the machine falls on every cell alike; each cell keeps its time per round and the fit reads their median
+(or minimum). The record holds the machine (:func:`~looped_kv.runtime.measurement.measurement_mode`'s: CPU, threads,
+torch), the command, the commit, the date and the weights' digest.
 
     looped-kv pass-cost --out book/data/pass-cost-tiny.json
 """
@@ -79,6 +83,7 @@ class Grid:
     prompt_lengths: list[int]  # of the timed prefills
     rounds: int
     statistic: str
+    calls: int  # consecutive calls per timing of a pass or step cell
 
 
 def default_loops(num_loops: int) -> list[int]:
@@ -104,6 +109,8 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
         raise ValueError(f"--statistic must be one of {tuple(STATISTICS)}, got {grid.statistic!r}")
     if grid.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {grid.rounds}")
+    if grid.calls < 1:
+        raise ValueError(f"--calls must be >= 1, got {grid.calls}")
     for flag, values, least in (("--tokens", grid.tokens, 1), ("--loops", grid.loops, 2),
                                 ("--contexts", grid.contexts, 2), ("--prompt-lengths", grid.prompt_lengths, 2)):
         if any(v < 1 for v in values) or len(set(values)) < least:
@@ -150,9 +157,10 @@ def _sync(model: LoopedLM) -> Callable[[], None]:
 
 
 def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], float]]:
-    """One callable per cell that runs it once and returns its seconds: pass and step cells on a prefilled cache per
-    (mode, context) (a step writes past the prefix, which it does not commit: every call writes the same position),
-    prefill cells on a new cache each call (made before the clock starts)."""
+    """One callable per cell that times it and returns its seconds per call: pass and step cells on a prefilled cache
+    per (mode, context), one untimed call then ``grid.calls`` timed back to back (a step writes past the prefix, which
+    it does not commit: every call writes the same position); prefill cells once, on a new cache made before the
+    clock starts."""
     config, R = model.config, model.config.mean_recurrence
     policy, sync, widest = make_policy("full", R), _sync(model), _widest(grid)
     generator = torch.Generator().manual_seed(seed)
@@ -160,12 +168,17 @@ def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], 
     def ids(n: int) -> torch.Tensor:
         return torch.randint(0, config.vocab_size, (1, n), generator=generator).to(model.device)
 
-    def timed(run: Callable[[], object]) -> float:
+    def timed(run: Callable[[], object], calls: int = 1) -> float:
         sync()
         start = time.perf_counter()
-        run()
+        for _ in range(calls):
+            run()
         sync()
-        return time.perf_counter() - start
+        return (time.perf_counter() - start) / calls
+
+    def consecutive(run: Callable[[], object]) -> float:
+        run()
+        return timed(run, grid.calls)
 
     out: dict[Cell, Callable[[], float]] = {}
     passes: dict[tuple[str, int], Passes] = {}
@@ -179,9 +192,9 @@ def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], 
                 model, new_cache(model, policy, BATCH, capacity), widest)
             passes[mode, context].prefill([ids(capacity - widest if compiled else context)[0]])
         if kind == "step":
-            out[cell] = lambda p=passes[mode, context]: timed(lambda: p.verify(block[:, :1], None))
+            out[cell] = lambda p=passes[mode, context]: consecutive(lambda: p.verify(block[:, :1], None))
         else:
-            out[cell] = lambda p=passes[mode, context], g=g, r=r: timed(lambda: p.run(block[:, :g], r))
+            out[cell] = lambda p=passes[mode, context], g=g, r=r: consecutive(lambda: p.run(block[:, :g], r))
     for mode in grid.modes:
         passes_class = CompiledPasses if mode == "compiled" else Passes
         for n in sorted(set(grid.prompt_lengths)):
@@ -199,8 +212,8 @@ def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], 
 
 @torch.no_grad()
 def measure(model: LoopedLM, grid: Grid, progress: bool = True, seed: int = 0) -> list[Timing]:
-    """Time every cell once per round, in a new random order each round, after one untimed call of each (the compiled
-    steps are traced there); under :func:`~looped_kv.experiments.speed.frozen_heap`."""
+    """Time every cell once per round (:func:`arms`), in a new random order each round, after one untimed call of
+    each (the compiled steps are traced there); under :func:`~looped_kv.experiments.speed.frozen_heap`."""
     runs = arms(model, grid, seed)
     for run in tqdm(runs.values(), desc="warm-up (tracing compiled steps)", disable=not progress, leave=False):
         run()
@@ -223,12 +236,13 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
     with measurement_mode() as environment:
         print(f"model {source} on {model.device} ({str(model.dtype).removeprefix('torch.')}), R = "
               f"{model.config.mean_recurrence}, {environment['threads']} thread(s), {environment['cpu']}; "
-              f"{grid.rounds} interleaved rounds, modes {', '.join(grid.modes)}")
+              f"{grid.rounds} interleaved rounds of every cell, each pass or step cell {grid.calls} consecutive "
+              f"calls; modes {', '.join(grid.modes)}")
         timings = measure(model, grid, progress)
     meta = {"command": command, "commit": commit, "date": datetime.now(timezone.utc).isoformat(
         timespec="minutes"), "environment": environment, "model": source, "weights_sha256": weights_sha256(source),
             "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device), "batch": BATCH,
-            "rounds": grid.rounds, "loops": grid.loops, "contexts": grid.contexts,
+            "rounds": grid.rounds, "calls": grid.calls, "loops": grid.loops, "contexts": grid.contexts,
             "prompt_lengths": grid.prompt_lengths}
     cost = fit_pass_cost(timings, grid.statistic, grid.held_out_tokens, meta)
     print(f"t(g, r, L) = a + b r + c L + e r L per width g and t_step(L) = a + c L, fitted on the {grid.statistic} of "
