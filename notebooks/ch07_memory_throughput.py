@@ -288,9 +288,7 @@ if book.is_tiny(model):
         "decode at most "
         + " and ".join(f"{WIDTH / v:.1f}x ({m})" for m, v in relative.items())
         + " as fast as greedy decoding, before its drafts are paid for; Eq. (8) would "
-        f"put that bound at {WIDTH}x. The compiled figures do not predict compiled "
-        "decoding: a compiled pass timed in the grid costs more than inside a decode "
-        "(chapter 5). The pass costs were "
+        f"put that bound at {WIDTH}x. The pass costs were "
         f"{bench.provenance(cost.meta)}.")
 else:
     text = ("This section reads the pass-cost record of the shipped tiny model; for "

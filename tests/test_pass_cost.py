@@ -425,7 +425,7 @@ def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
     chapter workload, against this model."""
     cost = experiment.read_cost()
     assert cost.meta["command"].startswith("looped-kv pass-cost --out book/data/pass-cost-tiny.json")
-    assert cost.meta["environment"]["threads"] == 1
+    assert cost.meta["environment"]["threads"] == 1 and cost.meta["calls"] > 1  # timed as a decode runs its passes
     assert set(cost.coefficients) == set(cost.steps) == {"eager", "compiled"}
     for mode, path in experiment.CHECK_RECORDS.items():
         header, runs = experiment.read_check(path)
