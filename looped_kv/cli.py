@@ -781,8 +781,8 @@ def _add_pass_cost(sub: argparse._SubParsersAction) -> None:
                    help="prompt tokens of the timed prefills, 2 or more (default: 16 64 128 256 512)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds, each timing every cell once (default: 5)")
     p.add_argument("--calls", type=int, default=8,
-                   help="consecutive calls per timing of a pass or step cell, after one untimed call, as a decode "
-                        "makes them, >= 1 (default: 8)")
+                   help="consecutive calls per timing of a pass or verification cell, after one untimed call, as a "
+                        "decode makes them, >= 1 (default: 8)")
     p.add_argument("--statistic", default="median", choices=tuple(STATISTICS),
                    help="each cell's time over the rounds (default: median)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -620,9 +620,11 @@ book.md(
 # Since Eq. (8)'s premise fails here, the book also prices each pass by what it costs on
 # this machine. `looped-kv pass-cost` times one pass of $g$ new tokens through $r$ loops
 # reading $L$ prefix positions, and fits $t(g, r, L) = a_g + b_g r + c_g L + e_g r L$
-# per width $g$ (chapter 7 draws it). Greedy decoding's step is a pass of its own kind:
-# its one token is written into the cache and read there by one fused kernel, so the
-# grid times it apart, $t_\mathrm{step}(L) = a + c L$. Each cell is timed as a run of
+# per width $g$ (chapter 7 draws it). A verification is a pass of its own kind: under
+# the full cache its tokens are written into the cache past the prefix and read there
+# by one fused kernel, so the grid times it apart at each width,
+# $t_\mathrm{verify}(g, L) = a_g + c_g L$; greedy decoding's step is its one-token
+# case. Each cell is timed as a run of
 # consecutive calls, as a decode makes them: a short compiled step timed alone, right
 # after another cell's wide pass, finds the CPU's caches cold and costs more than inside
 # a decode. `looped-kv pass-cost-check` then
@@ -674,9 +676,8 @@ if book.is_tiny(model):
            "kind (the grid times each back to back). "
            if len(above) == len(ratio) else "")
         + "DAS-Wave reaches "
-        + "; ".join(f"{mode}, " + ", ".join(f"{v:.0%} ({w})"
-                                            for w, v in wave[mode].items())
-                    for mode in checks)
+        + " and ".join(", ".join(f"{v:.0%} ({w})" for w, v in wave[mode].items())
+                       + f" {mode}" for mode in checks)
         + " of the speed-up its passes allow: where that speed-up is below 1, its "
         "passes, not an overhead, make it slower than greedy decoding. The runs were "
         + " and ".join(f"{bench.provenance(header)}" for header, _ in checks.values())

@@ -278,10 +278,10 @@ if book.is_tiny(model):
 if book.is_tiny(model):
     wave = DasWave()  # its verification width, Huginn schedule (DAS Eq. 5)
     WIDTH = proposal_width(wave.max_width, wave.wave_rounds(R), wave.initial_width)
-    relative = {m: cost.seconds(WIDTH, R, 256, m) / cost.step_seconds(256, m)
+    relative = {m: cost.verify_seconds(WIDTH, 256, m) / cost.verify_seconds(1, 256, m)
                 for m in modes}
     text = (
-        f"A {WIDTH}-token pass through all {R} loops costs "
+        f"A verification of {WIDTH} tokens through all {R} loops, in place, costs "
         + " and ".join(f"{v:.2f} of greedy decoding's one-token steps ({m})"
                        for m, v in relative.items())
         + f". A verification of {WIDTH} tokens that kept them all would therefore "

@@ -132,6 +132,25 @@ def test_blocks_read_in_place_with_one_fused_attention_where_the_policy_allows(c
     assert not (drafts.core_in_plane or drafts.edge_in_plane)
 
 
+@pytest.mark.parametrize("passes_class", [Passes, compiled_step.CompiledPasses])
+@pytest.mark.parametrize("cache, block_store", [("full", "cache"), ("deepest", "cache"), ("first", "buffer"),
+                                                ("ripe", "buffer"), ("sinks", "buffer")])
+def test_a_verification_is_written_in_place_where_the_policy_lets_a_block_read_itself_there(passes_class, cache,
+                                                                                            block_store):
+    """Eager and compiled alike: one token per row always goes into the cache; a block where every plane is last
+    written by its own loop too (its rejected tokens lie past each row's length), else into the block buffer; the
+    logged pass says which."""
+    model = random_model("huginn")
+    options = {"first": {"k": 2}, "ripe": {"window": 2}, "sinks": {"window": 2, "sinks": 1}}.get(cache, {})
+    log = []
+    passes = passes_class(model, new_cache(model, make_policy(cache, R, **options), 1, 64), 4, log.append)
+    assert passes.verification_store(1) == "cache" and passes.verification_store(3) == block_store
+    if passes_class is Passes:
+        passes.prefill([torch.arange(5)])
+        _, store, _ = passes.verify(torch.arange(3)[None], None)
+        assert store == block_store and log[-1].in_place == (block_store == "cache")
+
+
 @pytest.mark.parametrize("cache", ["full", "ripe", "sinks"])
 def test_a_prompt_into_an_empty_cache_is_read_by_the_causal_kernel_under_every_policy(cache, monkeypatch):
     """A prefill has no prefix to read: every call of it, core calls under RIPE and sinks included, attends

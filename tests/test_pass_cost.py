@@ -38,9 +38,10 @@ def truth(g: float, r: int, L: int) -> float:
     return a + b * r + c * L + e * r * L
 
 
-def step_truth(L: int) -> float:
-    """A known one-token step, cheaper than the one-token pass it would be priced as without its own cells."""
-    return 5e-3 + 3e-6 * L
+def verify_truth(g: float, L: int) -> float:
+    """A known verification in place per width, linear in g between the measured widths, cheaper than the pass it
+    would be priced as without its own cells."""
+    return 4e-3 + 1e-4 * g + (3e-6 + 1e-8 * g) * L
 
 
 def prefill_truth(n: int) -> float:
@@ -49,7 +50,7 @@ def prefill_truth(n: int) -> float:
 
 def priced(p: PassRecord) -> float:
     """What the known costs make of one logged pass other than the prefill."""
-    return step_truth(p.context) if p.in_place else truth(p.tokens, p.loops, p.context)
+    return verify_truth(p.tokens, p.context) if p.in_place else truth(p.tokens, p.loops, p.context)
 
 
 def synthetic(statistic: str = "median", modes: tuple[str, ...] = ("eager", "compiled")) -> list[Timing]:
@@ -58,7 +59,8 @@ def synthetic(statistic: str = "median", modes: tuple[str, ...] = ("eager", "com
     spread = (1.0, 1.4, 0.8) if statistic == "median" else (1.0, 1.3, 2.0)
     cells = [Timing(m, "pass", g, r, L, tuple(truth(g, r, L) * s for s in spread))
              for m in modes for g in (*WIDTHS, *HELD_OUT) for r in LOOPS for L in CONTEXTS]
-    cells += [Timing(m, "step", 1, 32, L, tuple(step_truth(L) * s for s in spread)) for m in modes for L in CONTEXTS]
+    cells += [Timing(m, "verify", g, 32, L, tuple(verify_truth(g, L) * s for s in spread))
+              for m in modes for g in (*WIDTHS, *HELD_OUT) for L in CONTEXTS]
     return cells + [Timing(m, "prefill", n, 32, 0, tuple(prefill_truth(n) * s for s in spread))
                     for m in modes for n in PROMPTS]
 
@@ -73,13 +75,16 @@ def test_the_fit_recovers_a_known_cost_function_exactly(statistic):
         for g, r, L in [(3, 7, 100), (25, 2, 300), (1, 32, 999), (17, 4, 64)]:  # between the widths, any r and L
             assert cost.seconds(g, r, L, mode) == pytest.approx(truth(g, r, L), rel=1e-9)
         assert cost.prefill_seconds(300, mode) == pytest.approx(prefill_truth(300), rel=1e-12)
-        assert cost.step_seconds(300, mode) == pytest.approx(step_truth(300), rel=1e-9)
+        assert sorted(cost.verifications[mode]) == list(WIDTHS)
+        for g, L in [(1, 300), (9, 200), (25, 999)]:
+            assert cost.verify_seconds(g, L, mode) == pytest.approx(verify_truth(g, L), rel=1e-9)
     residuals = cost.residuals()
-    assert len(residuals) == 2 * (len(WIDTHS + HELD_OUT) * len(LOOPS) + 1) * len(CONTEXTS)
+    assert len(residuals) == 2 * len(WIDTHS + HELD_OUT) * (len(LOOPS) + 1) * len(CONTEXTS)
     assert residuals["relative"].abs().max() < 1e-9
     assert set(residuals.loc[residuals["cells"] == "held out", "tokens"]) == set(HELD_OUT)
     summary = cost.summary()
-    assert list(summary.index) == [(m, c) for m in ("compiled", "eager") for c in ("fitted", "held out", "step")]
+    assert list(summary.index) == [(m, c) for m in ("compiled", "eager")
+                                   for c in ("fitted", "held out", "in place, fitted", "in place, held out")]
     assert (summary["max_abs"] < 1e-9).all()
 
 
@@ -96,12 +101,18 @@ def test_the_model_refuses_what_it_did_not_measure():
         fit_pass_cost(one_loop)
     with pytest.raises(ValueError, match="statistic must be one of"):
         fit_pass_cost(synthetic(), "mean")
-    one_context = [t for t in synthetic() if t.kind != "step" or t.context == 64]
-    with pytest.raises(ValueError, match="eager steps: a fit of \\('1', 'context'\\) needs cells at 2 or more"):
+    one_context = [t for t in synthetic() if t.kind != "verify" or t.context == 64]
+    with pytest.raises(ValueError, match="eager verifications of 1 tokens: a fit of \\('1', 'context'\\) needs "
+                                         "cells at 2 or more"):
         fit_pass_cost(one_context, held_out=HELD_OUT)
-    no_steps = fit_pass_cost([t for t in synthetic() if t.kind != "step"], held_out=HELD_OUT)
+    in_place = PassRecord("verify", 1, 9, 32, 100, False, True)
+    assert cost.record_seconds(in_place) == pytest.approx(verify_truth(9, 100), rel=1e-9)
+    assert cost.record_seconds(PassRecord("verify", 1, 9, 32, 100, False)) == pytest.approx(truth(9, 32, 100))
+    with pytest.raises(ValueError, match=r"verification of tokens 64 is outside the measured 1\.\.32"):
+        cost.verify_seconds(64, 100)
+    no_verifications = fit_pass_cost([t for t in synthetic() if t.kind != "verify"], held_out=HELD_OUT)
     with pytest.raises(ValueError, match="mode 'eager' was not measured"):
-        no_steps.record_seconds(PassRecord("verify", 1, 1, 32, 100, False))
+        no_verifications.record_seconds(in_place)
 
 
 def test_the_record_round_trips_with_its_metadata(tmp_path):
@@ -114,12 +125,15 @@ def test_the_record_round_trips_with_its_metadata(tmp_path):
     assert again == cost and again.meta == meta
     assert json.loads(path.read_text())["environment"]["threads"] == 2
     assert again.seconds(25, 4, 200, "compiled") == cost.seconds(25, 4, 200, "compiled")
-    assert again.steps == cost.steps and again.step_seconds(200, "compiled") == cost.step_seconds(200, "compiled")
-    with pytest.raises(ValueError, match=r"not a pass-cost record of this version: it lacks .*'steps'"):
+    assert again.verifications == cost.verifications
+    assert again.verify_seconds(9, 200, "compiled") == cost.verify_seconds(9, 200, "compiled")
+    with pytest.raises(ValueError, match=r"not a pass-cost record of this version: it lacks .*'verifications'"):
         PassCost.from_dict(meta)
-    without_steps = {k: v for k, v in cost.to_dict().items() if k not in ("step_terms", "steps")}
-    with pytest.raises(ValueError, match="it lacks \\['step_terms', 'steps'\\] \\(re-run looped-kv pass-cost\\)"):
-        PassCost.from_dict(without_steps)
+    one_token_steps = {k: v for k, v in cost.to_dict().items() if k not in ("verify_terms", "verifications")}
+    one_token_steps |= {"step_terms": ["1", "context"], "steps": {"eager": [1e-3, 1e-6]}}  # stop 56's records
+    with pytest.raises(ValueError, match="it lacks \\['verify_terms', 'verifications'\\] \\(re-run looped-kv "
+                                         "pass-cost\\)"):
+        PassCost.from_dict(one_token_steps)
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +153,10 @@ def test_predictions_sum_the_passes_a_real_decode_ran(tiny, method, options):
     if method != "ar":  # greedy decoding counts no verifications, one step per token
         assert sum(p.kind == "verify" for p in passes) == out.verifications
     assert all(p.rows == 1 and not p.compiled and p.context >= ids.shape[1] for p in passes[1:])
-    assert all(p.in_place == (p.kind == "verify" and p.tokens == 1) for p in passes)
-    if method == "ar":  # every step a one-token verification, written into the cache and read there
-        assert all(p.in_place for p in passes[1:])
+    # every verification, of one token or a block, written into the full cache past the prefix and read there
+    assert all(p.in_place == (p.kind == "verify") for p in passes)
+    if method == "ar":
+        assert all(p.in_place and p.tokens == 1 for p in passes[1:])
     cost = fit_pass_cost(synthetic(), held_out=HELD_OUT)
     expected = prefill_truth(ids.shape[1]) + sum(priced(p) for p in passes[1:])
     assert pass_cost.predict_seconds(cost, passes) == pytest.approx(expected, rel=1e-9)
@@ -197,10 +212,11 @@ def test_the_grid_times_every_cell_in_every_round(traced):
     experiment.check_grid(grid, model.config)
     timings = experiment.measure(model, grid, progress=False)
     cells = {(t.mode, t.kind, t.tokens, t.loops, t.context) for t in timings}
-    assert len(cells) == len(timings) == 2 * 3 * 2 * 2 + 2 * 2 + 2 * 2
+    assert len(cells) == len(timings) == 2 * 3 * 2 * 2 + 2 * 3 * 2 + 2 * 2
     assert {t.context for t in timings if t.mode == "compiled" and t.kind == "pass"} == {64, 96}
-    assert {c for c in cells if c[1] == "step"} == {("eager", "step", 1, 4, 10), ("eager", "step", 1, 4, 70),
-                                                    ("compiled", "step", 1, 4, 64), ("compiled", "step", 1, 4, 96)}
+    assert {c for c in cells if c[1] == "verify"} == {(m, "verify", g, 4, L) for m, contexts in
+                                                      (("eager", (10, 70)), ("compiled", (64, 96)))
+                                                      for g in (1, 2, 4) for L in contexts}
     assert all(len(t.seconds) == 2 and min(t.seconds) > 0 for t in timings)
     assert set(fit_pass_cost(timings, held_out=[2]).coefficients["compiled"]) == {1, 4}
 
@@ -220,7 +236,8 @@ def test_eq_8_is_the_bound_of_pass_costs_that_ignore_the_tokens():
     n_pre, n_core, n_coda = 2, 4, 2
     layers = [Timing("eager", "pass", g, r, L, (1e-3 * (n_pre + r * n_core + n_coda),))
               for g in (1, 32) for r in (1, 32) for L in (64, 512)]
-    layers += [Timing("eager", "step", 1, 32, L, (1e-3 * (n_pre + 32 * n_core + n_coda),)) for L in (64, 512)]
+    layers += [Timing("eager", "verify", g, 32, L, (1e-3 * (n_pre + 32 * n_core + n_coda),))
+               for g in (1, 32) for L in (64, 512)]
     cost = fit_pass_cost(layers)
     for tau, d, gamma in [(3.4, 4, 4), (1.0, 2, 8), (5.0, 8, 4)]:
         passes = pass_cost.cycle(SelfSpec(draft_loops=d, gamma=gamma), 32)
@@ -229,6 +246,8 @@ def test_eq_8_is_the_bound_of_pass_costs_that_ignore_the_tokens():
     assert pass_cost.speedup_bound(cost, 1.0, pass_cost.cycle(Greedy(), 32), 32, 100) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="tau must be >= 1"):
         pass_cost.speedup_bound(cost, 0.5, [(1, 32)], 32, 100)
+    with pytest.raises(ValueError, match="passes must end with the verification, through all 32 loops"):
+        pass_cost.speedup_bound(cost, 2.0, [(5, 32), (1, 4)], 32, 100)
 
 
 def test_a_cycle_lists_each_methods_passes():
@@ -297,7 +316,7 @@ def test_a_pass_or_step_cell_is_timed_as_consecutive_calls_and_a_prefill_alone(m
                             lambda self, *a, real=real, name=name: (called.append(name), real(self, *a))[1])
     with torch.no_grad():
         assert runs["eager", "pass", 4, 1, 70]() == pytest.approx(1 / 3)  # one tick of the fake clock over 3 calls
-        assert runs["eager", "step", 1, 4, 10]() == pytest.approx(1 / 3)
+        assert runs["eager", "verify", 4, 4, 10]() == pytest.approx(1 / 3)
         assert runs["eager", "prefill", 9, 4, 0]() == 1
     assert called == ["run"] * 4 + ["verify"] * 4 + ["prefill"]
 
@@ -426,7 +445,7 @@ def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
     cost = experiment.read_cost()
     assert cost.meta["command"].startswith("looped-kv pass-cost --out book/data/pass-cost-tiny.json")
     assert cost.meta["environment"]["threads"] == 1 and cost.meta["calls"] > 1  # timed as a decode runs its passes
-    assert set(cost.coefficients) == set(cost.steps) == {"eager", "compiled"}
+    assert set(cost.coefficients) == set(cost.verifications) == {"eager", "compiled"}
     for mode, path in experiment.CHECK_RECORDS.items():
         header, runs = experiment.read_check(path)
         assert header["command"].startswith(f"looped-kv pass-cost-check --cost book/data/pass-cost-tiny.json "

@@ -9,10 +9,11 @@ per mode (eager, compiled) and per measured width g as
 
 (prelude, coda and head once, each loop once, and attention over the prefix once and once per loop), and interpolated
 linearly in g between measured widths; widths outside them are refused. These passes write their keys/values nowhere
-and attend over the prefix and their own block, as drafts, DAS-Wave rounds and block verifications do. A one-token
-verification (greedy decoding's step, and any decoder's verification of its pending token alone) is written into the
-cache and read there in place by one fused kernel: it is timed as its own kind, the *step*, fitted per mode as
-t_step(L) = a + c L at R loops (:data:`STEP_TERMS`). ``context`` L is what a pass's attention reads
+and attend over the prefix and their own block, as drafts and DAS-Wave rounds do. A verification under a cache whose
+planes are each last written by their own loop (the full cache) is written into the cache past the prefix and read
+there in place by one fused kernel (:meth:`~looped_kv.decoding.passes.Passes.verification_store`): it is timed as its
+own kind at R loops and fitted per mode and width as t_verify(g, L) = a_g + c_g L (:data:`VERIFY_TERMS`); greedy
+decoding's step is its one-token case. ``context`` L is what a pass's attention reads
 (:class:`~looped_kv.decoding.passes.PassRecord`): eager, the committed prefix; compiled, the cache's capacity. The
 prefill's time is interpolated linearly in its prompt tokens. The grid is timed at batch 1 by ``looped-kv pass-cost``
 (:mod:`looped_kv.experiments.pass_cost`), which records it with the machine, the command, the commit and the date.
@@ -45,16 +46,16 @@ STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": lambda s:
                                                              "min": lambda s: float(np.min(s))}
 #: The batch every cell is timed at.
 BATCH = 1
-KINDS = ("pass", "step", "prefill")
-#: The terms of the one-token step's fit (R loops): t = a + c L.
-STEP_TERMS = ("1", "context")
+KINDS = ("pass", "verify", "prefill")
+#: The terms of one width's fit of an in-place verification (R loops): t = a + c L.
+VERIFY_TERMS = ("1", "context")
 
 
 @dataclass(frozen=True)
 class Timing:
     """One cell of the timed grid in ``mode``: a pass (``kind`` "pass") of ``tokens`` new tokens through ``loops``
-    loops reading ``context`` prefix positions, a one-token R-loop verification written into the cache (``kind``
-    "step"), or a prefill (``kind`` "prefill") of ``tokens`` prompt tokens through
+    loops reading ``context`` prefix positions, an R-loop verification of ``tokens`` tokens written into the cache and
+    read there (``kind`` "verify"), or a prefill (``kind`` "prefill") of ``tokens`` prompt tokens through
     ``loops`` loops (``context`` 0); ``seconds`` holds one time per round."""
 
     mode: str
@@ -93,13 +94,13 @@ def _interpolate(nodes: Mapping[int, np.ndarray | float], x: float, what: str, h
 @dataclass(frozen=True)
 class PassCost:
     """A fitted pass-cost model (see the module docstring): per mode, the coefficients of :data:`TERMS` per measured
-    width and of :data:`STEP_TERMS` for the one-token step, the prefill's time per measured prompt length, the timings
+    width and of :data:`VERIFY_TERMS` per verified width, the prefill's time per measured prompt length, the timings
     it was fitted on (``held_out`` widths timed but not fitted) and ``meta``: what
     :mod:`looped_kv.experiments.pass_cost` records (machine, command, commit, threads, date, model)."""
 
     statistic: str
     coefficients: dict[str, dict[int, tuple[float, float, float, float]]]
-    steps: dict[str, tuple[float, float]]
+    verifications: dict[str, dict[int, tuple[float, float]]]
     prefill: dict[str, dict[int, float]]
     timings: tuple[Timing, ...]
     held_out: tuple[int, ...] = ()
@@ -118,20 +119,23 @@ class PassCost:
                                   "re-run looped-kv pass-cost with --tokens covering it")
         return float(a + b * loops + c * context + e * loops * context)
 
-    def step_seconds(self, context: int, mode: str = "eager") -> float:
-        """Predicted seconds of one one-token R-loop verification written into the cache and read there in place
-        (greedy decoding's step) after ``context`` prefix positions (compiled: the cache's capacity), at batch 1."""
-        a, c = self._mode(mode, self.steps)
+    def verify_seconds(self, tokens: int, context: int, mode: str = "eager") -> float:
+        """Predicted seconds of one R-loop verification of ``tokens`` tokens written into the cache and read there in
+        place (greedy decoding's step: one token) after ``context`` prefix positions (compiled: the cache's
+        capacity), at batch 1."""
+        a, c = _interpolate(self._mode(mode, self.verifications), tokens, f"{mode} verification of tokens",
+                            "re-run looped-kv pass-cost with --tokens covering it")
         return float(a + c * context)
 
     def record_seconds(self, record: PassRecord) -> float:
-        """Predicted seconds of one logged pass: the prefill at its prompt's length, a one-token verification
-        (:attr:`~looped_kv.decoding.passes.PassRecord.in_place`) at the step's price, any other at its width's."""
+        """Predicted seconds of one logged pass: the prefill at its prompt's length, a verification in place
+        (:attr:`~looped_kv.decoding.passes.PassRecord.in_place`) at its width's in-place price, any other at its
+        width's pass price."""
         mode = "compiled" if record.compiled else "eager"
         if record.kind == "prefill":
             return self.prefill_seconds(record.tokens, mode)
         if record.in_place:
-            return self.step_seconds(record.context, mode)
+            return self.verify_seconds(record.tokens, record.context, mode)
         return self.seconds(record.tokens, record.loops, record.context, mode)
 
     def prefill_seconds(self, tokens: int, mode: str = "eager") -> float:
@@ -141,25 +145,26 @@ class PassCost:
                                   "measured prefill"))
 
     def residuals(self) -> pd.DataFrame:
-        """One row per pass and step cell: its measured time (the statistic over rounds), the model's, model / measured
-        - 1, and which cells it is among: "fitted" or "held out" (passes, by width) or "step"."""
+        """One row per pass and verification cell: its measured time (the statistic over rounds), the model's, model /
+        measured - 1, and which cells it is among: "fitted" or "held out" (by width), passes or "in place"
+        (verifications)."""
         rows = []
         for t in self.timings:
             if t.kind == "prefill":
                 continue
             measured = STATISTICS[self.statistic](t.seconds)
-            if t.kind == "step":
-                model, cells = self.step_seconds(t.context, t.mode), "step"
+            cells = "held out" if t.tokens in self.held_out else "fitted"
+            if t.kind == "verify":
+                model, cells = self.verify_seconds(t.tokens, t.context, t.mode), f"in place, {cells}"
             else:
                 model = self.seconds(t.tokens, t.loops, t.context, t.mode)
-                cells = "held out" if t.tokens in self.held_out else "fitted"
             rows.append({"mode": t.mode, "tokens": t.tokens, "loops": t.loops, "context": t.context,
                          "measured_s": measured, "model_s": model, "relative": model / measured - 1, "cells": cells})
         return pd.DataFrame(rows)
 
     def summary(self) -> pd.DataFrame:
-        """Per mode, the fitted pass cells', the held-out widths' and the step cells' residuals: cells, largest
-        |model / measured - 1| and its root mean square."""
+        """Per mode, the residuals of the fitted and the held-out widths' cells, passes and verifications in place:
+        cells, largest |model / measured - 1| and its root mean square."""
         return self.residuals().groupby(["mode", "cells"])["relative"].agg(
             cells="size", max_abs=lambda x: float(np.abs(x).max()), rms=lambda x: float(np.sqrt(np.mean(x ** 2))))
 
@@ -168,7 +173,8 @@ class PassCost:
         return {**self.meta, "statistic": self.statistic, "held_out_tokens": list(self.held_out),
                 "terms": list(TERMS),
                 "coefficients": {m: {str(g): list(c) for g, c in by.items()} for m, by in self.coefficients.items()},
-                "step_terms": list(STEP_TERMS), "steps": {m: list(c) for m, c in self.steps.items()},
+                "verify_terms": list(VERIFY_TERMS),
+                "verifications": {m: {str(g): list(c) for g, c in by.items()} for m, by in self.verifications.items()},
                 "prefill": {m: {str(n): s for n, s in by.items()} for m, by in self.prefill.items()},
                 "timings": [{"mode": t.mode, "kind": t.kind, "tokens": t.tokens, "loops": t.loops,
                              "context": t.context, "seconds": list(t.seconds)} for t in self.timings]}
@@ -176,17 +182,19 @@ class PassCost:
     @classmethod
     def from_dict(cls, record: Mapping) -> PassCost:
         """The model of :meth:`to_dict`'s dict (the other keys are its ``meta``)."""
-        own = ("statistic", "held_out_tokens", "terms", "coefficients", "step_terms", "steps", "prefill", "timings")
+        own = ("statistic", "held_out_tokens", "terms", "coefficients", "verify_terms", "verifications", "prefill",
+               "timings")
         missing = [k for k in own if k not in record]
         if missing:
             raise ValueError(f"not a pass-cost record of this version: it lacks {missing} (re-run looped-kv pass-cost)")
-        if tuple(record["terms"]) != TERMS or tuple(record["step_terms"]) != STEP_TERMS:
-            raise ValueError(f"a pass-cost record's terms must be {TERMS} and {STEP_TERMS}, got {record['terms']} and "
-                             f"{record['step_terms']}")
+        if tuple(record["terms"]) != TERMS or tuple(record["verify_terms"]) != VERIFY_TERMS:
+            raise ValueError(f"a pass-cost record's terms must be {TERMS} and {VERIFY_TERMS}, got {record['terms']} "
+                             f"and {record['verify_terms']}")
         return cls(statistic=record["statistic"],
                    coefficients={m: {int(g): tuple(c) for g, c in by.items()}
                                  for m, by in record["coefficients"].items()},
-                   steps={m: tuple(c) for m, c in record["steps"].items()},
+                   verifications={m: {int(g): tuple(c) for g, c in by.items()}
+                                  for m, by in record["verifications"].items()},
                    prefill={m: {int(n): float(s) for n, s in by.items()} for m, by in record["prefill"].items()},
                    timings=tuple(Timing(t["mode"], t["kind"], t["tokens"], t["loops"], t["context"],
                                         tuple(t["seconds"])) for t in record["timings"]),
@@ -206,8 +214,8 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
                   meta: Mapping | None = None) -> PassCost:
     """Fit :data:`TERMS` by least squares per mode and width on the ``statistic`` ("median" or "min") of each pass
     cell's rounds, widths in ``held_out`` left out (their cells are predicted by interpolation, :meth:`PassCost.
-    residuals`), and :data:`STEP_TERMS` per mode on the step cells; the prefill's time per prompt length is its cells'
-    statistic."""
+    residuals`), and :data:`VERIFY_TERMS` per mode and width on the verification cells, held-out widths left out
+    alike; the prefill's time per prompt length is its cells' statistic."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {tuple(STATISTICS)}, got {statistic!r}")
     timings, held_out = tuple(timings), tuple(sorted(set(held_out)))
@@ -215,7 +223,7 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
         _check_timing(t)
     stat = STATISTICS[statistic]
     coefficients: dict[str, dict[int, tuple[float, float, float, float]]] = {}
-    steps: dict[str, tuple[float, float]] = {}
+    verifications: dict[str, dict[int, tuple[float, float]]] = {}
     prefill: dict[str, dict[int, float]] = {}
     for mode in MODES:
         cells = [t for t in timings if t.mode == mode and t.kind == "pass" and t.tokens not in held_out]
@@ -230,21 +238,21 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
                                  f"{sorted(set(context))}")
             solution, *_ = np.linalg.lstsq(x, np.array([stat(t.seconds) for t in at]), rcond=None)
             coefficients.setdefault(mode, {})[g] = tuple(float(v) for v in solution)
-        at = [t for t in timings if t.mode == mode and t.kind == "step"]
-        if at:
-            context = np.array([t.context for t in at], dtype=float)
-            if len(set(context)) < len(STEP_TERMS):
-                raise ValueError(f"{mode} steps: a fit of {STEP_TERMS} needs cells at 2 or more contexts, got "
-                                 f"{sorted(set(context))}")
+        cells = [t for t in timings if t.mode == mode and t.kind == "verify" and t.tokens not in held_out]
+        for g in sorted({t.tokens for t in cells}):
+            context = np.array([t.context for t in cells if t.tokens == g], dtype=float)
+            if len(set(context)) < len(VERIFY_TERMS):
+                raise ValueError(f"{mode} verifications of {g} tokens: a fit of {VERIFY_TERMS} needs cells at 2 or "
+                                 f"more contexts, got {sorted(set(context))}")
             solution, *_ = np.linalg.lstsq(np.column_stack([np.ones_like(context), context]),
-                                           np.array([stat(t.seconds) for t in at]), rcond=None)
-            steps[mode] = (float(solution[0]), float(solution[1]))
+                                           np.array([stat(t.seconds) for t in cells if t.tokens == g]), rcond=None)
+            verifications.setdefault(mode, {})[g] = (float(solution[0]), float(solution[1]))
         for t in timings:
             if t.mode == mode and t.kind == "prefill":
                 prefill.setdefault(mode, {})[t.tokens] = stat(t.seconds)
     if not coefficients:
         raise ValueError("timings must hold pass cells of at least one width that is not held out")
-    return PassCost(statistic, coefficients, steps, prefill, timings, held_out, dict(meta or {}))
+    return PassCost(statistic, coefficients, verifications, prefill, timings, held_out, dict(meta or {}))
 
 
 # -- predictions from what decoding ran -------------------------------------------------------------------------------
@@ -313,22 +321,23 @@ def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[tupl
 
 def speedup_bound(cost: PassCost, tau: float, passes: Sequence[tuple[int, int]], num_loops: int, context: int,
                   mode: str = "eager") -> float:
-    """RIPE Eq. (8) with measured pass times: S = tau t_step(L) / sum of t(g, r, L) over one verification cycle's
-    ``passes`` (:func:`cycle`), for ``tau`` tokens committed per verification, at ``context`` (compiled: the
-    capacity); a one-token pass through all R loops is a verification, priced as the step. The decode phase's
-    speed-up over greedy decoding that the pass costs allow, before per-verification overhead and the prefill."""
+    """RIPE Eq. (8) with measured pass times: S = tau t_verify(1, L) / (the cycle's drafts' t(g, r, L) + its
+    verification's t_verify(w, L)) over one verification cycle's ``passes`` (:func:`cycle`: the drafts, then the
+    verification of w tokens through ``num_loops`` loops, in place as under the full cache), for ``tau`` tokens
+    committed per verification, at ``context`` (compiled: the capacity). The decode phase's speed-up over greedy
+    decoding that the pass costs allow, before per-verification overhead and the prefill."""
     if not (np.isfinite(tau) and tau >= 1):
         raise ValueError(f"tau must be >= 1 (tokens committed per verification), got {tau}")
-    if not passes:
-        raise ValueError("passes must hold at least the verification")
-    step = cost.step_seconds(context, mode)
-    spent = sum(step if (g, r) == (1, num_loops) else cost.seconds(g, r, context, mode) for g, r in passes)
-    return tau * step / spent
+    if not passes or passes[-1][1] != num_loops:
+        raise ValueError(f"passes must end with the verification, through all {num_loops} loops, got {passes}")
+    *drafts, (width, _) = passes
+    spent = sum(cost.seconds(g, r, context, mode) for g, r in drafts) + cost.verify_seconds(width, context, mode)
+    return tau * cost.verify_seconds(1, context, mode) / spent
 
 
 def relative_cost(cost: PassCost, loops: Sequence[int], context: int, mode: str = "eager") -> pd.DataFrame:
     """The cost of one pass against its new tokens: t(g, r, L) / t(1, r, L) at each measured width g (rows) and each
-    of ``loops`` (columns), at ``context`` L: how much more a pass of g tokens costs than a one-token step of the same
+    of ``loops`` (columns), at ``context`` L: how much more a pass of g tokens costs than a one-token pass of the same
     depth (RIPE/DAS Eq. 8 take it to be 1)."""
     widths = sorted(set(cost._mode(mode, cost.coefficients)) | set(cost.held_out))
     return pd.DataFrame({r: [cost.seconds(g, r, context, mode) / cost.seconds(1, r, context, mode) for g in widths]

@@ -134,7 +134,7 @@ class AdaptivePasses(Passes):
         router = CachePass(self.cache, pass_positions(self.cache, 1))
         column = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
         logits, loops = adaptive_pass(self.model, tokens, router, self.rule, column)
-        self._tell("verify", 1, int(loops.max()), self.cache.max_length)
+        self._tell("verify", 1, int(loops.max()), self.cache.max_length, in_place=True)
         for seq, loop in zip(self.order, loops.tolist(), strict=True):
             self.loops[seq].append(loop)
         return logits, "cache", picked(logits, pick)

@@ -193,16 +193,10 @@ class CompiledPasses(Passes):
         """``most`` columns for any proposal (a block keeps one shape, so one trace), none for an empty one."""
         return most if width else 0
 
-    def verification_store(self, n: int) -> str:
-        """The cache for one token per row, and for a block where every plane is last written by its own loop
-        (:attr:`~looped_kv.runtime.policy.CachePolicy.in_own_plane`: the rejected tokens' entries lie past each
-        row's length, where nothing reads them); else the buffer."""
-        return "cache" if n == 1 or self.policy.in_own_plane else "buffer"
-
     def verify(self, tokens: Tensor, pick: Pick) -> tuple[Tensor, str, object]:
         R, n = self.policy.num_loops, tokens.shape[1]
         store = self.verification_store(n)
-        self._tell("verify", n, R, self.cache.capacity)
+        self._tell("verify", n, R, self.cache.capacity, in_place=store == "cache")
         step = traced(_step if n == 1 else _verify, tokens.device)
         logits, _, tokens = step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
                                  self.planes(ALIGNED, 1, R), store, pick)

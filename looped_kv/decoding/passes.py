@@ -124,7 +124,9 @@ class PassRecord:
     """One model pass: its ``kind`` (prefill, draft, refine or verify), the batch ``rows``, the new ``tokens`` per row
     (the prefill: the longest prompt), its ``loops`` and the prefix positions its attention reads, ``context``: eager,
     the longest row's committed prefix and the block's earlier drafts; compiled, the cache's whole capacity (a static
-    step attends over all of it under masks); 0 for the prefill. ``compiled``: whether it ran on a compiled step."""
+    step attends over all of it under masks); 0 for the prefill. ``compiled``: whether it ran on a compiled step.
+    ``in_place``: a verification written into the cache past each row's length and read there
+    (:meth:`Passes.verification_store`), rather than into the block buffer."""
 
     kind: str
     rows: int
@@ -132,12 +134,7 @@ class PassRecord:
     loops: int
     context: int
     compiled: bool
-
-    @property
-    def in_place(self) -> bool:
-        """A one-token verification: written into the cache and read there (:meth:`Passes.verification_store`),
-        greedy decoding's step."""
-        return self.kind == "verify" and self.tokens == 1
+    in_place: bool = False
 
 
 class Passes:
@@ -163,11 +160,12 @@ class Passes:
         self.policy: CachePolicy = cache.policy
         self.buffer = new_buffer(model, self.policy.num_loops, cache.batch, width) if width else None
 
-    def _tell(self, kind: str, tokens: int, loops: int, context: int, compiled: bool | None = None) -> None:
+    def _tell(self, kind: str, tokens: int, loops: int, context: int, compiled: bool | None = None,
+              in_place: bool = False) -> None:
         """Tell ``on_pass`` of a pass (``compiled``: default whether these passes are)."""
         if self.on_pass is not None:
             self.on_pass(PassRecord(kind, self.cache.batch, tokens, loops, context,
-                                    self.compiled if compiled is None else compiled))
+                                    self.compiled if compiled is None else compiled, in_place))
 
     def prefill(self, prompts: list[Tensor]) -> Tensor:
         self._tell("prefill", max(len(p) for p in prompts), self.policy.num_loops, 0, compiled=False)
@@ -222,16 +220,18 @@ class Passes:
         return torch.cat([guesses[:, :1], logits.argmax(-1), guesses[:, width + 1:]], dim=1), state, logits
 
     def verification_store(self, n: int) -> str:
-        """Where a verification of ``n`` tokens per row writes its keys/values: one token straight into the cache
-        (a row always commits the token it verifies first, its pending one), a block into the buffer (a row
-        commits only its accepted prefix)."""
-        return "cache" if n == 1 else "buffer"
+        """Where a verification of ``n`` tokens per row writes its keys/values: the cache, past each row's length, for
+        one token per row (a row always commits the token it verifies first, its pending one) and for a block where
+        every plane is last written by its own loop (:attr:`~looped_kv.runtime.policy.CachePolicy.in_own_plane`:
+        the block reads itself there, in one fused call, and the rejected tokens' entries lie past each row's
+        length, where nothing reads them); else the block buffer (a row commits only its accepted prefix)."""
+        return "cache" if n == 1 or self.policy.in_own_plane else "buffer"
 
     def verify(self, tokens: Tensor, pick: Pick) -> tuple[Tensor, str, Any]:
         """One R-loop pass over ``tokens`` (B, n) under the cache policy: its logits (B, n, V), where its
         keys/values wait for :meth:`commit` (:meth:`verification_store`), and the tokens ``pick`` makes of them."""
         store = self.verification_store(tokens.shape[1])
-        self._tell("verify", tokens.shape[1], self.policy.num_loops, self.cache.max_length)
+        self._tell("verify", tokens.shape[1], self.policy.num_loops, self.cache.max_length, in_place=store == "cache")
         logits, _ = self._run(tokens, self.policy.num_loops, store=store)
         return logits, store, picked(logits, pick)
 

@@ -2,16 +2,16 @@
 
 Every cell is one model pass at batch 1 on the decode loop's own passes (:class:`~looped_kv.decoding.passes.Passes`,
 :class:`~looped_kv.decoding.compiled.CompiledPasses`): g new tokens after a committed prefix, through r loops, eager
-and compiled, writing its keys/values nowhere, as a DAS-Wave round does (a draft's or a verification's write, a copy of
-g positions' keys/values, is left out); at each context, the one-token R-loop verification written into the cache and
-read there in place (the step of greedy decoding, timed without committing it); and the prefill of prompts of a few
-lengths. Eager cells read a prefix of L positions; compiled ones attend over their cache's whole capacity, the bucket
-of L (:func:`~looped_kv.decoding.passes.capacity_bucket`), which is then their context. Compiled steps are traced
-before the first timed round (one trace per width, loop count and capacity).
+and compiled, writing its keys/values nowhere, as a DAS-Wave round does (a draft's write, a copy of g positions'
+keys/values, is left out); at each width and context, the R-loop verification written into the full cache past the
+prefix and read there in place (greedy decoding's step at one token; timed without committing it); and the prefill of
+prompts of a few lengths. Eager cells read a prefix of L positions; compiled ones attend over their cache's whole
+capacity, the bucket of L (:func:`~looped_kv.decoding.passes.capacity_bucket`), which is then their context. Compiled
+steps are traced before the first timed round (one trace per kind, width, loop count and capacity).
 
-A pass or step cell is timed as a run of ``calls`` consecutive calls after one untimed call, as a decode makes them
-(its time per call is the run's mean): a compiled step timed right after another cell's wide pass finds the CPU's
-caches cold, and a short step costs much more so than back to back, as greedy decoding runs it. A prefill
+A pass or verification cell is timed as a run of ``calls`` consecutive calls after one untimed call, as a decode
+makes them (its time per call is the run's mean): a compiled step timed right after another cell's wide pass finds
+the CPU's caches cold, and a short step costs much more so than back to back, as greedy decoding runs it. A prefill
 is timed alone, as a decode starts. The rounds visit every cell once each, in a new random order per round, so a slow
 stretch of the machine falls on every cell alike; each cell keeps its time per round and the fit reads their median
 (or minimum). The record holds the machine (:func:`~looped_kv.runtime.measurement.measurement_mode`'s: CPU, threads,
@@ -83,7 +83,7 @@ class Grid:
     prompt_lengths: list[int]  # of the timed prefills
     rounds: int
     statistic: str
-    calls: int  # consecutive calls per timing of a pass or step cell
+    calls: int  # consecutive calls per timing of a pass or verification cell
 
 
 def default_loops(num_loops: int) -> list[int]:
@@ -141,14 +141,14 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
 
 
 def cells(grid: Grid, block_size: int, num_loops: int) -> list[Cell]:
-    """Every cell of the grid but the prefills: pass cells (mode, "pass", g, r, L) and step cells (mode, "step", 1,
-    R, L)."""
+    """Every cell of the grid but the prefills: pass cells (mode, "pass", g, r, L) and verification cells (mode,
+    "verify", g, R, L)."""
     out: list[Cell] = []
+    widths = sorted(set(grid.tokens + grid.held_out_tokens))
     for mode in grid.modes:
         contexts = capacities(grid, block_size) if mode == "compiled" else sorted(set(grid.contexts))
-        out += [(mode, "pass", g, r, c) for g in sorted(set(grid.tokens + grid.held_out_tokens))
-                for r in sorted(set(grid.loops)) for c in contexts]
-        out += [(mode, "step", 1, num_loops, c) for c in contexts]
+        out += [(mode, "pass", g, r, c) for g in widths for r in sorted(set(grid.loops)) for c in contexts]
+        out += [(mode, "verify", g, num_loops, c) for g in widths for c in contexts]
     return out
 
 
@@ -157,10 +157,10 @@ def _sync(model: LoopedLM) -> Callable[[], None]:
 
 
 def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], float]]:
-    """One callable per cell that times it and returns its seconds per call: pass and step cells on a prefilled cache
-    per (mode, context), one untimed call then ``grid.calls`` timed back to back (a step writes past the prefix, which
-    it does not commit: every call writes the same position); prefill cells once, on a new cache made before the
-    clock starts."""
+    """One callable per cell that times it and returns its seconds per call: pass and verification cells on a
+    prefilled full cache per (mode, context), one untimed call then ``grid.calls`` timed back to back (a verification
+    writes past the prefix, which it does not commit: every call writes the same positions); prefill cells once, on a
+    new cache made before the clock starts."""
     config, R = model.config, model.config.mean_recurrence
     policy, sync, widest = make_policy("full", R), _sync(model), _widest(grid)
     generator = torch.Generator().manual_seed(seed)
@@ -191,8 +191,8 @@ def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], 
             passes[mode, context] = (CompiledPasses if compiled else Passes)(
                 model, new_cache(model, policy, BATCH, capacity), widest)
             passes[mode, context].prefill([ids(capacity - widest if compiled else context)[0]])
-        if kind == "step":
-            out[cell] = lambda p=passes[mode, context]: consecutive(lambda: p.verify(block[:, :1], None))
+        if kind == "verify":
+            out[cell] = lambda p=passes[mode, context], g=g: consecutive(lambda: p.verify(block[:, :g], None))
         else:
             out[cell] = lambda p=passes[mode, context], g=g, r=r: consecutive(lambda: p.run(block[:, :g], r))
     for mode in grid.modes:
@@ -236,7 +236,7 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
     with measurement_mode() as environment:
         print(f"model {source} on {model.device} ({str(model.dtype).removeprefix('torch.')}), R = "
               f"{model.config.mean_recurrence}, {environment['threads']} thread(s), {environment['cpu']}; "
-              f"{grid.rounds} interleaved rounds of every cell, each pass or step cell {grid.calls} consecutive "
+              f"{grid.rounds} interleaved rounds of every cell, each pass or verification cell {grid.calls} "
               f"calls; modes {', '.join(grid.modes)}")
         timings = measure(model, grid, progress)
     meta = {"command": command, "commit": commit, "date": datetime.now(timezone.utc).isoformat(
@@ -245,15 +245,16 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
             "rounds": grid.rounds, "calls": grid.calls, "loops": grid.loops, "contexts": grid.contexts,
             "prompt_lengths": grid.prompt_lengths}
     cost = fit_pass_cost(timings, grid.statistic, grid.held_out_tokens, meta)
-    print(f"t(g, r, L) = a + b r + c L + e r L per width g and t_step(L) = a + c L, fitted on the {grid.statistic} of "
-          f"each cell; residuals (model / measured - 1):")
+    print(f"t(g, r, L) = a + b r + c L + e r L per width g and, in place, t_verify(g, L) = a + c L, fitted on the "
+          f"{grid.statistic} of each cell; residuals (model / measured - 1):")
     print(cost.summary().to_string(float_format=lambda x: f"{x:+.1%}" if abs(x) < 10 else f"{x:g}"))
     for mode, by_width in cost.coefficients.items():
         print(f"{mode}: a (ms), b (ms per loop), c (ms per 1,000 positions), e (ms per loop and 1,000 positions)")
         for g, (a, b, c, e) in by_width.items():
             print(f"  g = {g:<3} a {1e3 * a:8.3f}  b {1e3 * b:8.4f}  c {1e6 * c:8.3f}  e {1e6 * e:8.4f}")
-        a, c = cost.steps[mode]
-        print(f"  step (one token, R loops, in place): a {1e3 * a:8.3f}  c {1e6 * c:8.3f}")
+        print("  verification in place (R loops): a (ms), c (ms per 1,000 positions)")
+        for g, (a, c) in cost.verifications[mode].items():
+            print(f"  g = {g:<3} a {1e3 * a:8.3f}  c {1e6 * c:8.3f}")
     cost.write(out)
     print(f"recorded in {out}")
     return cost
