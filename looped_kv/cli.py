@@ -713,6 +713,8 @@ def cmd_speed(args: argparse.Namespace) -> int:
     _at_least_one(prompt=args.prompt, new_tokens=args.new_tokens, num_loops=args.num_loops, rounds=args.rounds,
                   threads=args.threads)
     _all_at_least_one(batch_sizes=args.batch_sizes)
+    if args.layers is not None and (min(args.layers) < 0 or args.layers[1] < 1):
+        raise ValueError(f"--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got {args.layers}")
     if args.methods and "ar" not in args.methods:
         raise ValueError(f"--methods must include ar (the baseline of every ratio), got {args.methods}")
     if args.reference is not None and not args.reference.is_dir():
@@ -734,6 +736,8 @@ def _add_speed(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", type=int, default=256, help="prompt tokens of the reference comparison (default 256)")
     p.add_argument("--new-tokens", type=int, default=64, help="generated tokens (default 64)")
     p.add_argument("--num-loops", type=int, default=32, help="R of the reference comparison (default 32)")
+    p.add_argument("--layers", type=int, nargs=3, metavar=("PRELUDE", "CORE", "CODA"),
+                   help="layers of the reference comparison's random checkpoint (default: the tiny model's)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 2, 4, 8, 16],
                    help="batch sizes of the tokens/s table (default 1 2 4 8 16; none: skip)")

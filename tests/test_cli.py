@@ -39,8 +39,8 @@ HELP = {
     ("batch", "verify"): ["archives", "MANIFEST.sha256", "--key-file", "unkeyed manifest"],
     ("batch", "compare"): ["first", "second", "torchrun", "identical", "largest", "Exit status"],
     ("batch", "ledger"): ["archives", "Appendix B", "--key-file"],
-    ("speed",): ["--reference", "--prompt", "--new-tokens", "--num-loops", "--rounds", "--batch-sizes", "--methods",
-                 "--workload", "--no-compile", "--threads", "generate_minimal", "recurrent-pretraining"],
+    ("speed",): ["--reference", "--prompt", "--new-tokens", "--num-loops", "--layers", "--rounds", "--batch-sizes",
+                 "--methods", "--workload", "--no-compile", "--threads", "generate_minimal", "recurrent-pretraining"],
     ("gpu-check",): ["--config", "--device", "--batch-sizes", "--prompt-tokens", "--new-tokens", "--draft-loops",
                      "--repeats", "--out", "random bf16 weights"],
     ("plan-check",): ["--model", "--profile", "--device", "--chapters", "--out", "peak memory recorded"],
@@ -168,6 +168,7 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["batched", "--draft-loops", "99"], r"--draft-loops must be in [1, 31]"),
     (["batched", "--budget-mb", "-1"], "--budget-mb must be > 0"),
     (["speed", "--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["speed", "--layers", "1", "0", "1"], "--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got [1, 0, 1]"),
     (["speed", "--batch-sizes", "0"], "--batch-sizes must all be >= 1, got [0]"),
     (["speed", "--methods", "self-spec"], "--methods must include ar"),
     (["speed", "--reference", "no-such-checkout"], "--reference no-such-checkout is not a folder"),
@@ -336,6 +337,13 @@ def test_generate_flags_and_their_help_come_from_the_settings():
     assert isinstance(args.exit_threshold, int)  # argmax's threshold is a loop count
     with pytest.raises(ValueError, match="name must be an option of some method"):
         settings.option_help("gama")
+
+
+def test_the_speed_comparison_builds_its_checkpoint_with_the_layers_asked_for(capsys):
+    """``looped-kv speed --layers 1 2 1`` times greedy decoding on a random checkpoint of those layer counts."""
+    assert main(["speed", "--layers", "1", "2", "1", "--prompt", "8", "--new-tokens", "2", "--num-loops", "2",
+                 "--rounds", "1", "--batch-sizes", "--methods", "--no-compile"]) == 0
+    assert "(d = 128, 1/2/1 layers), R = 2, prompt 8, 2 new tokens" in capsys.readouterr().out
 
 
 def test_the_reference_comparison_refuses_a_transformers_it_cannot_run_under():

@@ -28,6 +28,7 @@ transformers ahead of the installed one, as this project's measurements did:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
 import json
@@ -64,6 +65,8 @@ class Options:
     prompt: int  # prompt tokens of the reference comparison
     new_tokens: int
     num_loops: int  # R of the reference comparison
+    layers: list[int] | None  # prelude, core and coda layers of the reference comparison's checkpoint; None: the tiny
+    # model's
     rounds: int
     batch_sizes: list[int]  # of the tokens/s table; empty: skip it
     methods: list[str]  # timed eager and compiled on the tiny model; empty: skip them
@@ -210,7 +213,7 @@ def greedy_against_reference(args: Options, config: LoopedConfig) -> None:
         if emitted != n:
             raise RuntimeError(f"{name} emitted {emitted} tokens, not the {n} asked for")
     times = interleaved(arms, args.rounds)
-    print(f"greedy decoding, random weights at the tiny model's dimensions (d = {config.n_embd}, "
+    print(f"greedy decoding, random weights at the tiny model's width (d = {config.n_embd}, "
           f"{config.n_prelude}/{config.n_core}/{config.n_coda} layers), R = {R}, prompt {args.prompt}, {n} new tokens, "
           f"float32, {torch.get_num_threads()} thread(s), {args.rounds} interleaved rounds")
     for name, ts in times.items():
@@ -290,6 +293,9 @@ def run(options: Options) -> None:
     """Both sections, printed: greedy decoding against the reference, then every method (unless none)."""
     torch.set_num_threads(options.threads)
     config = LoopedConfig.from_file(TINY_DIR / "config.json")
+    if options.layers is not None:
+        n_prelude, n_core, n_coda = options.layers
+        config = dataclasses.replace(config, n_prelude=n_prelude, n_core=n_core, n_coda=n_coda)
     greedy_against_reference(options, config)
     if options.methods:
         methods_side_by_side(options)
