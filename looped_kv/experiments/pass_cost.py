@@ -12,11 +12,10 @@ steps are traced before the first timed round (one trace per kind, width, loop c
 A pass or verification cell is timed as a run of ``calls`` consecutive calls after one untimed call, as a decode
 makes them (its time per call is the run's mean): a compiled step timed right after another cell's wide pass finds
 the CPU's caches cold and costs more than back to back, as greedy decoding runs it, the more so the shorter it is. A
-prefill
-is timed alone, as a decode starts. The rounds visit every cell once each, in a new random order per round, so a slow
-stretch of the machine falls on every cell alike; each cell keeps its time per round and the fit reads their median
-(or minimum). The record holds the machine (:func:`~looped_kv.runtime.measurement.measurement_mode`'s: CPU, threads,
-torch), the command, the commit, the date and the weights' digest.
+prefill is timed alone, as a decode starts. The rounds visit every cell once each, in a new random order per round, so
+a slow stretch of the machine falls on every cell alike; each cell keeps its time per round and the fit reads their
+median (or minimum). The record holds the machine (:func:`~looped_kv.runtime.measurement.measurement_mode`'s: CPU,
+threads, torch), the command, the commit, the date and the weights' digest.
 
     looped-kv pass-cost --out book/data/pass-cost-tiny.json
 """
