@@ -131,6 +131,13 @@ def _check_finite(args: argparse.Namespace) -> None:
             raise ValueError(f"--{dest.replace('_', '-')} must be a finite number, got {bad[0]}")
 
 
+def _check_layers(layers: list[int]) -> None:
+    """--layers PRELUDE CORE CODA (train's model, speed's checkpoint): ValueError unless PRELUDE, CODA >= 0 and
+    CORE >= 1."""
+    if min(layers) < 0 or layers[1] < 1:
+        raise ValueError(f"--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got {layers}")
+
+
 def _all_at_least_one(**flags: list[int]) -> None:
     """ValueError naming the first flag (given as its dest) with a value below 1."""
     for dest, values in flags.items():
@@ -713,8 +720,8 @@ def cmd_speed(args: argparse.Namespace) -> int:
     _at_least_one(prompt=args.prompt, new_tokens=args.new_tokens, num_loops=args.num_loops, rounds=args.rounds,
                   threads=args.threads)
     _all_at_least_one(batch_sizes=args.batch_sizes)
-    if args.layers is not None and (min(args.layers) < 0 or args.layers[1] < 1):
-        raise ValueError(f"--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got {args.layers}")
+    if args.layers is not None:
+        _check_layers(args.layers)
     if args.methods and "ar" not in args.methods:
         raise ValueError(f"--methods must include ar (the baseline of every ratio), got {args.methods}")
     if args.reference is not None and not args.reference.is_dir():
@@ -983,8 +990,7 @@ def _check_train(args: argparse.Namespace) -> None:
         raise ValueError(f"--vocab must be >= 257 (the byte alphabet and end-of-text), got {args.vocab}")
     if args.n_embd % args.heads:
         raise ValueError(f"--n-embd ({args.n_embd}) must be divisible by --heads ({args.heads})")
-    if min(args.layers) < 0 or args.layers[1] < 1:
-        raise ValueError(f"--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got {args.layers}")
+    _check_layers(args.layers)
     if not args.lr > 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     if args.minutes < 0:

@@ -24,6 +24,8 @@ from looped_kv.runtime.memory import policy_bytes
 from looped_kv.runtime.policy import make_policy
 
 R = 5
+#: The options of the policies the in-place and prefill tests build, beside full and deepest (which take none).
+POLICY_OPTIONS = {"first": {"k": 2}, "ripe": {"window": 2}, "sinks": {"window": 2, "sinks": 1}}
 POLICIES = [("full", {}), ("deepest", {}), ("ripe", {"window": 4}), ("ripe", {"window": 2, "sinks": 1}),
             ("k-deepest", {"k": 2}), ("share", {"k": 2}), ("first", {"k": 3}), ("sinks", {"sinks": 2}),
             ("sinks", {"sinks": 1, "window": 3})]
@@ -124,7 +126,7 @@ def test_blocks_read_in_place_with_one_fused_attention_where_the_policy_allows(c
     """Core calls read in place where the policy keeps each loop's plane its own; prelude and coda calls under every
     policy (their planes hold every position); nothing reads in place when the block goes to the buffer."""
     model = random_model("huginn")
-    options = {"first": {"k": 2}, "ripe": {"window": 2}, "sinks": {"window": 2, "sinks": 1}}.get(cache, {})
+    options = POLICY_OPTIONS.get(cache, {})
     cache_ = new_cache(model, make_policy(cache, R, **options), 1, 8)
     block = CachePass(cache_, range(0, 3))
     assert (block.core_in_plane, block.edge_in_plane) == (fused, True)
@@ -141,7 +143,7 @@ def test_a_verification_is_written_in_place_where_the_policy_lets_a_block_read_i
     written by its own loop too (its rejected tokens lie past each row's length), else into the block buffer; the
     logged pass says which."""
     model = random_model("huginn")
-    options = {"first": {"k": 2}, "ripe": {"window": 2}, "sinks": {"window": 2, "sinks": 1}}.get(cache, {})
+    options = POLICY_OPTIONS.get(cache, {})
     log = []
     passes = passes_class(model, new_cache(model, make_policy(cache, R, **options), 1, 64), 4, log.append)
     assert passes.verification_store(1) == "cache" and passes.verification_store(3) == block_store
@@ -157,7 +159,7 @@ def test_a_prompt_into_an_empty_cache_is_read_by_the_causal_kernel_under_every_p
     causally within the block through SDPA's causal kernel (no explicit mask over the whole block), with the full
     cache's logits."""
     model = random_model("huginn")
-    options = {"ripe": {"window": 2}, "sinks": {"window": 2, "sinks": 1}}.get(cache, {})
+    options = POLICY_OPTIONS.get(cache, {})
     calls, sdpa = [], F.scaled_dot_product_attention
 
     def recorded(q, k, v, attn_mask=None, is_causal=False, **kw):

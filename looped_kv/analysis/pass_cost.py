@@ -240,12 +240,13 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
             coefficients.setdefault(mode, {})[g] = tuple(float(v) for v in solution)
         cells = [t for t in timings if t.mode == mode and t.kind == "verify" and t.tokens not in held_out]
         for g in sorted({t.tokens for t in cells}):
-            context = np.array([t.context for t in cells if t.tokens == g], dtype=float)
+            at = [t for t in cells if t.tokens == g]
+            context = np.array([t.context for t in at], dtype=float)
             if len(set(context)) < len(VERIFY_TERMS):
                 raise ValueError(f"{mode} verifications of {g} tokens: a fit of {VERIFY_TERMS} needs cells at 2 or "
                                  f"more contexts, got {sorted(set(context))}")
             solution, *_ = np.linalg.lstsq(np.column_stack([np.ones_like(context), context]),
-                                           np.array([stat(t.seconds) for t in cells if t.tokens == g]), rcond=None)
+                                           np.array([stat(t.seconds) for t in at]), rcond=None)
             verifications.setdefault(mode, {})[g] = (float(solution[0]), float(solution[1]))
         for t in timings:
             if t.mode == mode and t.kind == "prefill":

@@ -65,8 +65,7 @@ class Options:
     prompt: int  # prompt tokens of the reference comparison
     new_tokens: int
     num_loops: int  # R of the reference comparison
-    layers: list[int] | None  # prelude, core and coda layers of the reference comparison's checkpoint; None: the tiny
-    # model's
+    layers: list[int] | None  # prelude, core, coda of the reference comparison's checkpoint (None: the tiny model's)
     rounds: int
     batch_sizes: list[int]  # of the tokens/s table; empty: skip it
     methods: list[str]  # timed eager and compiled on the tiny model; empty: skip them
