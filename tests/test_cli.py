@@ -179,6 +179,8 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["plan-check", "--model", "huginn"], "--model must be one of ("),
     (["train"], "the following arguments are required: --out"),
     (["train", "--out", "run", "--vocab", "100"], "--vocab must be >= 257"),
+    (["train", "--out", "run", "--layers", "1", "1", "-1"], "--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got "
+                                                             "[1, 1, -1]"),
     (["train", "--out", "run", "--mix", "0.5", "0.5", "0.5"], "--mix must be three fractions >= 0 that sum to 1"),
     (["train", "--out", "run", "--resume"], "--resume needs run/checkpoint.pt, which does not exist"),
     (["gates", "--model", "no-such-folder", "--no-record"], "--model 'no-such-folder': not a checkpoint folder"),
