@@ -21,9 +21,9 @@ from looped_kv import (
     raven_tinyllama,
 )
 from looped_kv.decoding.greedy import greedy
-from looped_kv.decoding.passes import new_cache, prefill, step
+from looped_kv.decoding.passes import new_cache, prefill, run_pass, step
 from looped_kv.runtime.attention import Site
-from looped_kv.runtime.cache import PlaneCache
+from looped_kv.runtime.cache import CachePass, PlaneCache
 from looped_kv.runtime.config import raven_olmo
 from looped_kv.runtime.memory import layer_token_bytes
 from looped_kv.runtime.policy import make_prefix_reads
@@ -102,9 +102,11 @@ def test_cache_bytes_equal_the_memory_equations(family, dtype):
         policy = make_policy(name, R, **params)
         cache = new_cache(model, policy, batch=1, capacity=L)
         assert cache.allocated_bytes == policy_bytes(cfg, policy, L, dtype)
-        # RIPE's and the sinks policy's scratch: S + W + 1 slots of the kept plane per core layer, keys and values
-        gap = min(params.get("sinks", 0), L) + min(params.get("window", 0), L) + 1 if name in ("ripe", "sinks") else 0
-        assert cache.scratch_bytes == gap * 2 * cfg.n_core * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize
+        # RIPE's and the sinks policy's scratch, keys and values per core layer: S + W + 1 slots of the kept plane,
+        # and the ring's slot beyond the window in each of the R - 1 other planes (none where W >= L: no wrap)
+        S, W = params.get("sinks", 0), params.get("window", 0)
+        gap, spare = (min(S, L) + min(W + 1, L), R - 1 if W < L else 0) if name in ("ripe", "sinks") else (0, 0)
+        assert cache.scratch_bytes == (gap + spare) * 2 * cfg.n_core * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize
         prefill(model, cache, torch.randint(0, cfg.vocab_size, (1, L)), R)
         assert cache.nbytes == (policy_bytes(cfg, policy, L, dtype) if equation is None else equation)
 
@@ -283,11 +285,36 @@ def test_the_fused_one_token_read_is_the_segment_read(family, name, params, leng
             assert torch.allclose(x, y, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("name, params", [("ripe", {"window": 3}), ("ripe", {"window": 2, "sinks": 2}),
+                                          ("sinks", {"sinks": 3})])
+def test_a_fused_pass_that_stores_nothing_writes_only_the_ring_slot_past_every_window(name, params):
+    """A fused one-token pass writes its token into its ring slot (position mod (W + 1)) before reading the ring, also
+    when it stores nothing (a replay, a probe): that slot is the next position's, past every window, so rows of
+    other lengths and later block reads (masked segments) and steps (fused) return what they return without it."""
+    model = random_model("huginn", seed=5).to(torch.float64)
+    R, V = 5, model.config.vocab_size
+    policy = make_policy(name, R, **params)
+    g = torch.Generator().manual_seed(1)
+    prompts, probe, block, token = (torch.randint(0, V, (2, n), generator=g) for n in (9, 1, 3, 1))
+    lengths = torch.tensor([9, 7])
+    probed, plain = (new_cache(model, policy, 2, 16) for _ in range(2))
+    for cache in (probed, plain):
+        prefill(model, cache, prompts, R, lengths=lengths)
+    router = CachePass(probed, probed.lengths[:, None], store=None)
+    assert router.gapped
+    run_pass(model, probe, router, R)
+    assert not torch.equal(probed.ring[0], plain.ring[0])  # the probe's planes lie in each row's next slot
+    assert torch.equal(step(model, probed, block, R), step(model, plain, block, R))  # a block: masked segments
+    assert torch.equal(step(model, probed, token, R), step(model, plain, token, R))  # one token: the fused read
+    for a, b in zip(probed._tensors(), plain._tensors(), strict=True):
+        assert torch.equal(a, b)  # the block and the token overwrote the probe's slots
+
+
 @pytest.mark.parametrize("window, sinks", [(4, 0), (4, 3), (0, 3), (5, 2)])
 @pytest.mark.parametrize("start, stop", [(0, 2), (0, 11), (3, 6), (2, 9), (7, 8), (6, 17)])
 def test_a_blocks_ring_and_sinks_written_as_slices_are_its_entries_written_one_by_one(window, sinks, start, stop):
-    """``span_writes`` stores a block at shared positions [start, stop) as slices (the ring's last W positions in two
-    where its slots wrap, the sinks below S): the same ring and sinks as writing every entry by its index."""
+    """``span_writes`` stores a block at shared positions [start, stop) as slices (the ring's last W + 1 positions in
+    two where its slots wrap, the sinks below S): the same ring and sinks as writing every entry by its index."""
     model = random_model("huginn")
     policy = make_policy("sinks" if sinks else "ripe", model.config.mean_recurrence, window=window,
                          **({"sinks": sinks} if sinks else {}))
@@ -300,4 +327,5 @@ def test_a_blocks_ring_and_sinks_written_as_slices_are_its_entries_written_one_b
     entries.write(entries.plan_writes(torch.arange(start, stop).expand(2, -1)), block)
     for a, b in zip([*sliced.ring, *sliced.sink], [*entries.ring, *entries.sink], strict=True):
         assert torch.equal(a, b)
-    assert any(t.abs().sum() > 0 for t in (*sliced.ring, *sliced.sink)) == (window > 0 or start < sinks)
+    assert all(t.abs().sum() > 0 for t in sliced.ring)  # the block's last W + 1 positions (at W = 0: its last)
+    assert any(t.abs().sum() > 0 for t in sliced.sink) == (start < sinks)

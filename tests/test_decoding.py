@@ -183,13 +183,14 @@ def _buffer(model):
 
 
 def test_ring_writes_keep_each_rows_last_window():
-    """A block longer than the ring writes only each row's last W stored positions: one write per slot."""
+    """A block longer than the ring writes only each row's last W + 1 stored positions (the window and the slot past
+    it): one write per slot, slot = position mod (W + 1)."""
     model = random_model("huginn")
     cache = PlaneCache(model.config, make_policy("ripe", R, window=3), batch=3, capacity=12, dtype=model.dtype)
     writes = cache.plan_writes(torch.arange(9).expand(3, -1), torch.tensor([2, 9, 5]))
-    assert writes.ring.rows.tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
-    assert writes.ring.cols.tolist() == [0, 1, 6, 7, 8, 2, 3, 4]
-    assert writes.ring.index.tolist() == [0, 1, 0, 1, 2, 2, 0, 1]
+    assert writes.ring.rows.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+    assert writes.ring.cols.tolist() == [0, 1, 5, 6, 7, 8, 1, 2, 3, 4]
+    assert writes.ring.index.tolist() == [0, 1, 1, 2, 3, 0, 1, 2, 3, 0]
     assert writes.main.rows.tolist() == [0] * 2 + [1] * 9 + [2] * 5
 
 

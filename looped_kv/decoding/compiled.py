@@ -8,7 +8,7 @@ So each tensor has one shape at every call, and a step is traced once per shape:
 
 * the prefill (:class:`~looped_kv.runtime.cache.PrefillPass`) runs the right-padded prompts causally into the
   empty cache, traced with the prompt length and the capacity as dynamic sizes: one trace for every prompt
-  length, under every policy (each row's last W positions go to the ring, its first to the sinks);
+  length, under every policy (each row's last W + 1 positions go to the ring, its first to the sinks);
 * greedy steps and verification blocks (one token, gamma + 1 or DAS-Wave's w, all R loops) write their
   keys and values into the cache at each row's next positions through
   :meth:`~looped_kv.runtime.cache.PlaneCache.write`, past the committed length until the commit

@@ -5,8 +5,10 @@ A :class:`PlaneCache` holds, for B rows of one cache policy (:mod:`looped_kv.run
 * ``edge``: one plane per prelude and coda layer, every position;
 * ``core``: the policy's kept planes, every position (all R for the full cache, plane R for
   the deepest-plane cache, ...);
-* ``ring``: the other planes for each row's W most recent positions, slot = position mod W
-  (RIPE's window, Eq. 9: a position leaving it drops its shallow planes);
+* ``ring``: the other planes for each row's W + 1 most recent positions, slot = position mod (W + 1)
+  (RIPE's window, Eq. 9: a position leaving it drops its shallow planes; the one slot beyond the window is the
+  next position's, where a one-token pass writes it before it is committed, as block passes write past a row's
+  length);
 * ``sink``: the other planes for the first ``sinks`` positions.
 
 Everything is allocated once, with one committed length per row, and written by index through one
@@ -22,9 +24,9 @@ pass: its reads are views of the committed prefix (no concatenation), its masks 
 and, where the policy lets it, the block is written into the plane its prefix is read from and the call is
 a single fused attention over that plane: for every policy at prelude and coda layers, and in the core
 for policies whose planes are each last written by their own loop (full, deepest, k-deepest, share) under
-aligned reads. Under RIPE and the sinks policy a one-token pass copies the sinks' and the ring's plane and itself
-into S + W + 1 scratch slots in front of the kept plane (:attr:`PlaneCache.gap`) and reads them with it in one
-fused attention as well.
+aligned reads. Under RIPE and the sinks policy a one-token pass writes itself into its ring slot, then copies the
+sinks' and the ring's plane into S + W + 1 scratch slots in front of the kept plane (:attr:`PlaneCache.gap`) and
+reads them with it in one fused attention as well.
 :class:`StaticCachePass` is the pass of a compiled step: the same reads over the whole
 preallocated tensors with masks computed on the device, so that every tensor has one shape at every call;
 :class:`PrefillPass` is a compiled run's prefill, the prompts causally into the empty cache.
@@ -68,7 +70,7 @@ def _slices(*runs: tuple[int, int, int]) -> _Scatter:
 
 @dataclass(frozen=True)
 class RowWrites:
-    """Where the stored entries of a block go: every position, the ring (position mod W), the sinks."""
+    """Where the stored entries of a block go: every position, the ring (position mod (W + 1)), the sinks."""
 
     main: _Scatter
     ring: _Scatter
@@ -108,13 +110,14 @@ class PlaneCache:
         self.extra_slot = {p: i for i, p in enumerate(policy.extra)}
         n_edge = config.n_prelude + config.n_coda
         n_extra = len(policy.extra)
-        self.ring_size = min(policy.window, capacity) if n_extra else 0  # positions p < capacity <= W never wrap
+        # the window's W positions and the next one (positions p < capacity <= W never wrap)
+        self.ring_size = min(policy.window + 1, capacity) if n_extra else 0
         self.sink_size = min(policy.sinks, capacity) if n_extra else 0
         # RIPE and sinks (one kept plane, a ring and/or sinks): S + W + 1 scratch slots before position 0 of the kept
-        # plane, where a one-token pass puts the sinks' and the ring's plane and itself to read them beside the kept
-        # plane in one fused call
+        # plane, where a one-token pass copies the sinks' and the ring's plane (itself included) to read them beside
+        # the kept plane in one fused call
         full_depth = self.sink_size + self.ring_size
-        self.gap = full_depth + 1 if full_depth and len(policy.kept) == 1 else 0
+        self.gap = full_depth if full_depth and len(policy.kept) == 1 else 0
         self.edge = [torch.zeros(n_edge, batch, H, capacity, D, **like) for _ in range(2)]
         self.core_base = [torch.zeros(n_core, len(policy.kept), batch, H, self.gap + capacity, D, **like)
                           for _ in range(2)]
@@ -122,10 +125,15 @@ class PlaneCache:
         self.ring = [torch.zeros(n_core, n_extra, batch, H, self.ring_size, D, **like) for _ in range(2)]
         self.sink = [torch.zeros(n_core, n_extra, batch, H, self.sink_size, D, **like) for _ in range(2)]
         self._views: dict[tuple, Tensor] = {}  # plane_tensor's views, made once per site (the hot path)
-        # the storage the memory equations count at capacity (Eq. 3 / 10), and RIPE's scratch slots beside it
-        self.allocated_bytes = sum(t.numel() * t.element_size() for t in self._tensors())
-        self.scratch_bytes = sum(t.numel() * t.element_size() for t in self.core_base) - sum(
-            t.numel() * t.element_size() for t in self.core)
+        # the storage the memory equations count at capacity (Eq. 3 / 10), and RIPE's scratch beside it: the slots
+        # before the kept plane and the ring's slot beyond the window
+        def nbytes(tensors: list[Tensor]) -> int:
+            return sum(t.numel() * t.element_size() for t in tensors)
+
+        spare = self.ring_size - min(policy.window, capacity) if n_extra else 0  # the ring's slot past the window
+        spare_bytes = nbytes([t.narrow(-2, 0, spare) for t in self.ring])
+        self.allocated_bytes = nbytes(self._tensors()) - spare_bytes
+        self.scratch_bytes = nbytes(self.core_base) - nbytes(self.core) + spare_bytes
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.edge[0].device)
         self.host_lengths = [0] * batch  # the same, on the host: read without a device sync
 
@@ -216,10 +224,11 @@ class PlaneCache:
         return self.core[which][site.layer, self.kept_slot[plane]]
 
     def gapped(self, site: Site) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]], tuple[Tensor, Tensor]]:
-        """A core site's kept plane with the scratch slots before it (:attr:`gap`: the sinks' S, the ring's W, then
-        one new token), keys and values (B, H, gap + capacity, D); the (scratch slots, own plane) pairs a one-token
-        pass copies at the site's loop (the sinks' and the ring's keys and values of :meth:`own_planes`; none at a
-        kept loop, and none for an empty store); and the token's slot, keys and values. Views made once per site."""
+        """A core site's kept plane with the scratch slots before it (:attr:`gap`: the sinks' S, then the ring's
+        W + 1), keys and values (B, H, gap + capacity, D); the (scratch slots, own plane) pairs a one-token pass copies
+        at the site's loop (the sinks' and the ring's keys and values of :meth:`own_planes`; none at a kept loop, and
+        none for an empty store); and the last scratch slot, keys and values, where a kept loop puts the token. Views
+        made once per site."""
         key = ("gap", site.layer, site.loop)
         if key not in self._views:
             keys, values = self.core_base[0][site.layer, 0], self.core_base[1][site.layer, 0]
@@ -227,7 +236,8 @@ class PlaneCache:
             copies = [] if own is None else [
                 (base.narrow(2, at, size), plane) for at, size, planes in ((0, S, own[:2]), (S, W, own[2:])) if size
                 for base, plane in zip((keys, values), planes, strict=True)]
-            self._views[key] = (keys, values, copies, (keys.narrow(2, S + W, 1), values.narrow(2, S + W, 1)))
+            last = self.gap - 1
+            self._views[key] = (keys, values, copies, (keys.narrow(2, last, 1), values.narrow(2, last, 1)))
         return self._views[key]
 
     def own_planes(self, site: Site) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
@@ -271,7 +281,7 @@ class PlaneCache:
         if own is None:
             return [(keys[:, :, :L], values[:, :, :L], "prefix")]
         out = [(keys[:, :, :L], values[:, :, :L], "deep")]
-        for kind, size in (("ring", self.ring_size), ("sinks", min(self.sink_size, L))):
+        for kind, size in (("ring", self.ring_size if self.policy.window else 0), ("sinks", min(self.sink_size, L))):
             if size:
                 out.append((self._own(0, site.layer, own[0], kind, lengths)[:, :, :size],
                             self._own(1, site.layer, own[1], kind, lengths)[:, :, :size], kind))
@@ -309,7 +319,7 @@ class PlaneCache:
             counts = torch.full((B,), n, dtype=torch.long, device=positions.device)
         rows, cols = (cols < counts[:, None]).nonzero(as_tuple=True)
         index = positions[rows, cols]
-        ring = cols >= counts[rows] - self.ring_size  # only each row's last W stored positions survive in the ring
+        ring = cols >= counts[rows] - self.ring_size  # only each row's last W + 1 stored positions survive in the ring
         sink = index < self.sink_size
         return RowWrites(main=_Scatter(rows, cols, index),
                          ring=_Scatter(rows[ring], cols[ring], index[ring] % max(self.ring_size, 1)),
@@ -317,13 +327,14 @@ class PlaneCache:
 
     def span_writes(self, start: int, stop: int) -> RowWrites:
         """Every column of a block at positions [start, stop) of every row, as slices: the main entries one, the ring
-        its last W positions (slot = position mod W: two slices where the slots wrap), the sinks those below S."""
+        its last W + 1 positions (slot = position mod (W + 1): two slices where the slots wrap), the sinks those
+        below S."""
         main = _slices((start, 0, stop - start))
         if not (self.ring_size or self.sink_size):
             return RowWrites(main, main, main)  # ring and sinks hold nothing: never written
         ring: tuple[tuple[int, int, int], ...] = ()
         if self.ring_size:
-            first = max(start, stop - self.ring_size)  # only the last W positions survive in the ring
+            first = max(start, stop - self.ring_size)  # only the last W + 1 positions survive in the ring
             slot = first % self.ring_size
             head = min(stop - first, self.ring_size - slot)
             ring = ((slot, first - start, head),) + (
@@ -561,10 +572,12 @@ class CachePass:
         # one fused call (see attend_gapped)
         self.gapped = (cache is not None and cache.gap > 0 and n == 1 and offset == 0 and store in ("cache", None)
                        and reads == ALIGNED and softmax_dtype is None
-                       and min(cache.host_lengths) >= cache.sink_size + cache.ring_size)
+                       and min(cache.host_lengths) >= cache.sink_size + cache.policy.window)
         self._gap_masks: dict[int, Tensor | None] = {}
         if self.gapped:
             self.gap_stop = cache.gap + cache.max_length
+            # the token's ring slot (slot = position mod (W + 1): the next position's, past every row's window)
+            self.ring_writes = cache.span_writes(*span) if span is not None else cache.plan_writes(self.positions)
         if self.edge_in_plane:  # each call reads [0, stop) of its plane: the prefix, then the block (see attend)
             self.stop = cache.max_length + n
             self.plane_mask = self._plane_mask()
@@ -599,36 +612,39 @@ class CachePass:
             return attend(queries, plane_keys, plane_values, self.plane_mask, causal=self.causal,
                           softmax_dtype=self.softmax_dtype)
         if self.gapped and core:
-            out = self.attend_gapped(site, queries, keys, values)
+            return self.attend_gapped(site, queries, keys, values)
+        reads = self._reads(site, keys, values)
+        if len(reads) == 1:  # no prefix (an empty cache): the block reads itself causally (SDPA's causal kernel)
+            block_keys, block_values, mask = reads[0]
+            out = attend(queries, block_keys, block_values, causal=mask is not None, softmax_dtype=self.softmax_dtype)
         else:
-            reads = self._reads(site, keys, values)
-            if len(reads) == 1:  # no prefix (an empty cache): the block reads itself causally (SDPA's causal kernel)
-                block_keys, block_values, mask = reads[0]
-                out = attend(queries, block_keys, block_values, causal=mask is not None,
-                             softmax_dtype=self.softmax_dtype)
-            else:
-                out = attend_segments(queries, reads, self.softmax_dtype)
+            out = attend_segments(queries, reads, self.softmax_dtype)
         if self.store == "cache":
             self.cache.write(self.writes, {site: (keys, values)})
         return out
 
     def attend_gapped(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
         """RIPE's and the sinks policy's read of one new token in one fused call (the same keys as :meth:`_reads`, in
-        another order, which attention ignores). Loop r < R reads the sinks and the window at plane r, the token,
-        then the positions between them at plane R: the sinks' S and the ring's W slots are copied into the scratch
-        slots before the kept plane, the token after them, and the call reads [0, gap + L - W) but the kept plane's
-        first S positions. Loop R reads every position at plane R: [S + W, gap + L). Rows of other lengths mask the
-        positions past their own."""
+        another order, which attention ignores), and its write. Loop r < R reads the sinks and the window at plane
+        r, the token, then the positions between them at plane R: the token is written into its ring slot (the
+        slot beyond the window: stored, or past the row's length until a commit), the sinks' S and the ring's
+        W + 1 slots are copied into the scratch slots before the kept plane, and the call reads [0, gap + L - W) but
+        the kept plane's first S positions. Loop R reads every position at plane R: the token in the last scratch
+        slot, then the kept plane, [gap - 1, gap + L). Rows of other lengths mask the positions past their own."""
         base_keys, base_values, copies, (token_keys, token_values) = self.cache.gapped(site)
-        for scratch, plane in copies:  # loop r < R: the sinks and the ring at plane r (aligned reads)
-            scratch.copy_(plane)
-        token_keys.copy_(keys)
-        token_values.copy_(values)
-        S, W = self.cache.sink_size, self.cache.ring_size
-        start, behind = (0, W) if copies else (S + W, 0)  # behind: window positions not read at plane R
-        stop = self.gap_stop - behind
-        return attend(queries, base_keys[:, :, start:stop], base_values[:, :, start:stop],
-                      self._gap_mask(start, behind))
+        if copies:  # loop r < R: the sinks and the ring at plane r (aligned reads)
+            self.cache.write(self.ring_writes, {site: (keys, values)})
+            for scratch, plane in copies:
+                scratch.copy_(plane)
+        else:
+            token_keys.copy_(keys)
+            token_values.copy_(values)
+        start, behind = (0, self.cache.policy.window) if copies else (self.cache.gap - 1, 0)  # behind: window
+        stop = self.gap_stop - behind  # positions not read at plane R
+        out = attend(queries, base_keys[:, :, start:stop], base_values[:, :, start:stop], self._gap_mask(start, behind))
+        if self.store == "cache" and not copies:
+            self.cache.write(self.writes, {site: (keys, values)})
+        return out
 
     def _gap_mask(self, start: int, behind: int) -> Tensor | None:
         """Which slots of [start, gap + longest row - behind) each row reads: the scratch, then its own positions
@@ -720,7 +736,7 @@ class PrefillPass:
 
     Every call attends causally within the prompts (an empty cache has no prefix: SDPA's causal kernel), and
     :meth:`store_block` writes every site's keys/values at positions [0, n) of every row, as one slice per store,
-    and each row's last W positions into the ring and its first into the sinks (:meth:`PlaneCache.prefill_writes`).
+    and each row's last W + 1 positions into the ring and its first into the sinks (:meth:`PlaneCache.prefill_writes`).
     A row's columns past its own prompt hold padding until its later tokens overwrite them, and no read reaches
     them before: every read is masked by the row lengths. Nothing depends on n but tensor sizes, so a trace with
     a dynamic n serves prompts of every length.
