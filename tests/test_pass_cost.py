@@ -350,12 +350,13 @@ def test_the_command_records_the_fit_with_the_machine_and_the_command(tmp_path, 
 def test_the_check_prices_each_runs_own_passes(tiny):
     """pass-cost-check's rows: every method's runs, measured and predicted from the passes the run itself logged
     (the prediction equals pricing a fresh run's PassLog: decoding is deterministic)."""
-    cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT)
+    cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"calls": 2})
     ids = [tiny.tokenizer(t, return_tensors="pt").input_ids for t in (
         "Question: Ann has 3 pens and buys 4 more. How many pens? Answer:", "a=3;b=a+2;c=b;d=c+1;e=d;x=e;f=x+4;y=f;")]
     methods = {"self-spec": SelfSpec(gamma=3), "das-wave": DasWave(max_width=8)}
     runs = experiment.predictions(tiny, cost, ids, methods, max_new_tokens=6, repeats=2, progress=False)
     assert list(runs["method"]) == ["ar", "self-spec", "das-wave"] * 2 and (runs["measured_s"] > 0).all()
+    assert (runs["drift"] > 0).all() and runs.groupby("prompt")["drift"].nunique().eq(1).all()  # one per prompt
     for _, row in runs.iterrows():
         log = PassLog()
         config = Greedy() if row["method"] == "ar" else methods[row["method"]]
@@ -364,6 +365,32 @@ def test_the_check_prices_each_runs_own_passes(tiny):
         assert row["predicted_s"] == pytest.approx(pass_cost.predict_seconds(cost, log.passes), rel=1e-12)
     table = pass_cost.compare(runs)
     assert list(table.index) == ["ar", "self-spec", "das-wave"] and (table["runs"] == 2).all()
+
+
+def test_the_check_reads_the_machines_drift_on_the_grids_own_cells(tiny, monkeypatch):
+    """After each prompt the check re-times the record's narrowest and widest verifications at every context, as the
+    grid timed them (its calls), and keeps the median of time now / recorded: here a machine running every cell at
+    3x its recorded time (a fake clock), which the comparison at drift divides out."""
+    cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"calls": 5})
+    cells = experiment.drift_cells(cost, "eager")
+    assert {(t.kind, t.tokens) for t in cells} == {("verify", 1), ("verify", 32)}
+    assert sorted(t.context for t in cells) == sorted(CONTEXTS * 2)
+    asked = []
+
+    def fake_arms(model, timed_cells, widest, calls, generator):
+        asked.append((sorted(timed_cells), widest, calls))
+        return {cell: (lambda g=cell[2], L=cell[4]: 3 * verify_truth(g, L)) for cell in timed_cells}
+
+    monkeypatch.setattr(experiment, "cell_arms", fake_arms)
+    ids = [tiny.tokenizer("Question: Ann has 3 pens and buys 4 more. How many pens? Answer:",
+                          return_tensors="pt").input_ids] * 2
+    runs = experiment.predictions(tiny, cost, ids, {"pld": PromptLookup()}, max_new_tokens=4, repeats=1,
+                                  progress=False)
+    assert asked == [(sorted(("eager", "verify", g, 32, L) for g in (1, 32) for L in CONTEXTS), 32, 5)]
+    assert runs["drift"].tolist() == pytest.approx([3.0] * 4, rel=1e-12)
+    table = pass_cost.against_greedy(runs)
+    assert table["measured / predicted at drift"].to_numpy() == pytest.approx(
+        table["measured / predicted"].to_numpy() / 3, rel=1e-12)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -398,7 +425,7 @@ def test_the_check_keeps_an_existing_file_and_refuses_a_missing_cost(tmp_path, c
 
 
 def test_the_check_records_its_runs_with_the_machine(tiny, tmp_path, monkeypatch, capsys):
-    cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"date": "2026-12-04"})
+    cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"date": "2026-12-04", "calls": 2})
     out = tmp_path / "check.json"
     runs = experiment.check(tiny, cost, ["chains"], 2, 6, {"pld": PromptLookup()}, out, "tiny",
                             "looped-kv pass-cost-check --out check.json", repeats=1, progress=False)
@@ -406,7 +433,8 @@ def test_the_check_records_its_runs_with_the_machine(tiny, tmp_path, monkeypatch
     assert header["command"] == "looped-kv pass-cost-check --out check.json" and header["environment"]["cpu"]
     assert header["pass_cost"]["date"] == "2026-12-04" and list(read) == ["chains"]
     pd.testing.assert_frame_equal(read["chains"], runs["chains"], check_dtype=False)
-    assert "measured / predicted" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "measured / predicted" in printed and "at drift" in printed
     record = json.loads(out.read_text())
     record["weights_sha256"] = "0" * 64
     out.write_text(json.dumps(record))
@@ -456,3 +484,4 @@ def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
         for workload, r in runs.items():
             assert set(r["method"]) == {"ar", "self-spec", "mature-spec", "pld", "das-wave"}, workload
             assert (r["mode"] == mode).all() and r["prompt"].nunique() >= 8 and (r["measured_s"] > 0).all(), workload
+            assert (r["drift"] > 0).all(), workload  # the machine's speed read beside every prompt

@@ -350,7 +350,9 @@ def against_greedy(runs: pd.DataFrame) -> pd.DataFrame:
     ``new_tokens``, ``measured_s``, ``predicted_s``, greedy decoding as ``ar``): measured / predicted time (of the
     sums over prompts, and the per-run range), the speed-up over paired greedy decoding the pass-cost model predicts
     (its bound: the speed the decoder would have if its time were only its passes and prefill) and the measured one
-    (DAS Eq. 8: means over prompts of the per-prompt throughput ratio), and measured / predicted speed-up."""
+    (DAS Eq. 8: means over prompts of the per-prompt throughput ratio), and measured / predicted speed-up; with a
+    ``drift`` column (the machine's time on the grid's cells now / recorded, per run), measured / (predicted x drift)
+    too."""
     missing = [c for c in ("prompt", "method", "new_tokens", "measured_s", "predicted_s") if c not in runs]
     if missing:
         raise ValueError(f"runs must have columns prompt, method, new_tokens, measured_s and predicted_s; missing "
@@ -369,4 +371,7 @@ def against_greedy(runs: pd.DataFrame) -> pd.DataFrame:
                         "lowest": float(per_run.min()), "highest": float(per_run.max()),
                         "predicted speed-up": predicted, "measured speed-up": measured,
                         "measured / predicted speed-up": measured / predicted}
+        if "drift" in r:
+            at_drift = (r["predicted_s"] * r["drift"]).sum()
+            rows[method]["measured / predicted at drift"] = r["measured_s"].sum() / at_drift
     return pd.DataFrame(rows).T.astype({"runs": int})

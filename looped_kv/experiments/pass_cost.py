@@ -157,33 +157,55 @@ def _sync(model: LoopedLM) -> Callable[[], None]:
 
 
 def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], float]]:
-    """One callable per cell that times it and returns its seconds per call: pass and verification cells on a
-    prefilled full cache per (mode, context), one untimed call then ``grid.calls`` timed back to back (a verification
-    writes past the prefix, which it does not commit: every call writes the same positions); prefill cells once, on a
-    new cache made before the clock starts."""
+    """One callable per cell that times it and returns its seconds per call: pass and verification cells
+    (:func:`cell_arms`), then prefill cells once each, on a new cache made before the clock starts."""
     config, R = model.config, model.config.mean_recurrence
-    policy, sync, widest = make_policy("full", R), _sync(model), _widest(grid)
+    policy, sync = make_policy("full", R), _sync(model)
     generator = torch.Generator().manual_seed(seed)
+    out = cell_arms(model, cells(grid, config.block_size, R), _widest(grid), grid.calls, generator)
+    for mode in grid.modes:
+        passes_class = CompiledPasses if mode == "compiled" else Passes
+        for n in sorted(set(grid.prompt_lengths)):
+            capacity = capacity_bucket(n, config.block_size) if mode == "compiled" else n
+            prompt = torch.randint(0, config.vocab_size, (n,), generator=generator).to(model.device)
+
+            def prefill(passes_class: type[Passes] = passes_class, capacity: int = capacity,
+                        prompt: torch.Tensor = prompt) -> float:
+                p = passes_class(model, new_cache(model, policy, BATCH, capacity))
+                return _timed(sync, lambda: p.prefill([prompt]))
+
+            out[mode, "prefill", n, R, 0] = prefill
+    return out
+
+
+def _timed(sync: Callable[[], None], run: Callable[[], object], calls: int = 1) -> float:
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    sync()
+    return (time.perf_counter() - start) / calls
+
+
+def cell_arms(model: LoopedLM, timed_cells: Sequence[Cell], widest: int, calls: int,
+              generator: torch.Generator) -> dict[Cell, Callable[[], float]]:
+    """One callable per pass or verification cell that times it and returns its seconds per call: on a prefilled
+    full cache per (mode, context) with room for ``widest`` tokens, one untimed call then ``calls`` timed back to back
+    (a verification writes past the prefix, which it does not commit: every call writes the same positions)."""
+    R, sync = model.config.mean_recurrence, _sync(model)
+    policy = make_policy("full", R)
 
     def ids(n: int) -> torch.Tensor:
-        return torch.randint(0, config.vocab_size, (1, n), generator=generator).to(model.device)
-
-    def timed(run: Callable[[], object], calls: int = 1) -> float:
-        sync()
-        start = time.perf_counter()
-        for _ in range(calls):
-            run()
-        sync()
-        return (time.perf_counter() - start) / calls
+        return torch.randint(0, model.config.vocab_size, (1, n), generator=generator).to(model.device)
 
     def consecutive(run: Callable[[], object]) -> float:
         run()
-        return timed(run, grid.calls)
+        return _timed(sync, run, calls)
 
     out: dict[Cell, Callable[[], float]] = {}
     passes: dict[tuple[str, int], Passes] = {}
     block = ids(widest)
-    for cell in cells(grid, config.block_size, R):
+    for cell in timed_cells:
         mode, kind, g, r, context = cell
         if (mode, context) not in passes:
             compiled = mode == "compiled"
@@ -195,18 +217,6 @@ def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], 
             out[cell] = lambda p=passes[mode, context], g=g: consecutive(lambda: p.verify(block[:, :g], None))
         else:
             out[cell] = lambda p=passes[mode, context], g=g, r=r: consecutive(lambda: p.run(block[:, :g], r))
-    for mode in grid.modes:
-        passes_class = CompiledPasses if mode == "compiled" else Passes
-        for n in sorted(set(grid.prompt_lengths)):
-            capacity = capacity_bucket(n, config.block_size) if mode == "compiled" else n
-            prompt = ids(n)[0]
-
-            def prefill(passes_class: type[Passes] = passes_class, capacity: int = capacity,
-                        prompt: torch.Tensor = prompt) -> float:
-                p = passes_class(model, new_cache(model, policy, BATCH, capacity))
-                return timed(lambda: p.prefill([prompt]))
-
-            out[mode, "prefill", n, R, 0] = prefill
     return out
 
 
@@ -268,27 +278,51 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
                 max_new_tokens: int, repeats: int = 2, mode: str = "eager", progress: bool = True) -> pd.DataFrame:
     """Each method's measured decoding time against the pass-cost model's prediction: every prompt decoded alone by
     greedy decoding and each of ``methods`` (configs by name) in ``repeats`` interleaved rounds (the
-    order reversed every other round), each run's passes logged (:class:`~looped_kv.decoding.loop.PassLog`). One row
+    order reversed every other round), each run's passes logged (:class:`~looped_kv.decoding.loop.PassLog`). After
+    each prompt's rounds the machine's drift since the grid is read on a few of its cells (:func:`drift_arms`). One row
     per (prompt, method): the median measured seconds, the predicted seconds (:func:`~looped_kv.analysis.pass_cost.
-    predict_seconds`: every pass the run made, and the model's prefill), the prediction per kind of pass and the new
-    tokens."""
+    predict_seconds`: every pass the run made, and the model's prefill), the drift, the prediction per kind of pass
+    and the new tokens."""
     check_rounds(repeats, (mode,))
     check_mode(cost, mode)
     compiled = mode == "compiled"
     configs = {"ar": Greedy(), **{k: c for k, c in methods.items() if c.method != "ar"}}
     generate(model, prompts[0], max_new_tokens=4)  # warm-up (compiled steps: each prompt's, interleaved_rounds)
+    probes = drift_arms(model, cost, mode)
+    for _, run in probes:  # warm-up (compiled: traced here)
+        run()
     keys, rows = list(configs), []
     with frozen_heap():
         for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
             rounds = interleaved_rounds(model, ids, configs, repeats, log_passes=True, max_new_tokens=max_new_tokens,
                                         compile=compiled)
+            drift = float(np.median([run() / recorded for recorded, run in probes]))
             for key in keys:
                 by_kind = predict_by_kind(cost, rounds.passes[key])
                 rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": rounds.first[key].num_new,
                              "passes": len(rounds.passes[key]), "measured_s": float(np.median(rounds.times[key])),
-                             "predicted_s": sum(by_kind.values()),
+                             "predicted_s": sum(by_kind.values()), "drift": drift,
                              **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
     return pd.DataFrame(rows)
+
+
+def drift_cells(cost: PassCost, mode: str) -> list[Timing]:
+    """The recorded cells a check re-times beside its decodes: ``mode``'s verifications in place of its narrowest
+    width (greedy decoding's step) and its widest, at every recorded context."""
+    verify = [t for t in cost.timings if t.mode == mode and t.kind == "verify"]
+    widths = {min(t.tokens for t in verify), max(t.tokens for t in verify)}
+    return [t for t in verify if t.tokens in widths]
+
+
+def drift_arms(model: LoopedLM, cost: PassCost, mode: str, seed: int = 1) -> list[tuple[float, Callable[[], float]]]:
+    """:func:`drift_cells` as the grid timed them (:func:`cell_arms`, the record's ``calls``), each with its recorded
+    time (the record's statistic over its rounds): the median of time now / recorded over these cells is how much
+    slower the machine runs than when the grid was timed (its drift)."""
+    timings = drift_cells(cost, mode)
+    recorded = {(t.mode, t.kind, t.tokens, t.loops, t.context): STATISTICS[cost.statistic](t.seconds) for t in timings}
+    runs = cell_arms(model, list(recorded), max(t.tokens for t in timings), int(cost.meta["calls"]),
+                     torch.Generator().manual_seed(seed))
+    return [(recorded[cell], run) for cell, run in runs.items()]
 
 
 def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: int, max_new_tokens: int,
@@ -306,9 +340,13 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
         for workload in workloads:
             encoded = workload_prompts(model, workload, prompts, max_new_tokens, methods)
             runs[workload] = predictions(model, cost, encoded, methods, max_new_tokens, repeats, mode, progress)
-            table = compare(runs[workload])
+            r = runs[workload]
+            table = compare(r)
             table.insert(0, "measured / predicted", 1 / table["ratio"])
-            print(f"{workload}:\n{table.to_string(float_format=lambda x: f'{x:.3f}')}")
+            table.insert(1, "at drift", 1 / compare(r.assign(predicted_s=r["predicted_s"] * r["drift"]))["ratio"])
+            print(f"{workload} (drift: the grid's cells took {r['drift'].min():.3f}x to {r['drift'].max():.3f}x "
+                  f"their recorded time; at drift: measured / (predicted x drift)):\n"
+                  f"{table.to_string(float_format=lambda x: f'{x:.3f}')}")
     write_record(out, {"commit": commit, "environment": environment, "runs": runs}, source, command,
                  pass_cost={k: cost.meta.get(k) for k in ("command", "commit", "date", "weights_sha256")})
     print(f"recorded in {out}")
