@@ -137,6 +137,7 @@ class Ch07:
 
     check_rows: int = 4  # prompts decoded alone and as one batch, whose tokens are compared
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    throughput_repeats: int = 3  # runs per throughput cell, the fastest kept: one slowed run would set a cell alone
     memory_batch_sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     new_tokens: int = 16
     prompts: int = 8

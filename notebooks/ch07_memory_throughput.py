@@ -300,7 +300,9 @@ book.md(text)
 #
 # Tokens per second of batched greedy decoding and draft-then-verify (Mature-Spec
 # drafts) with the full, deepest-plane and RIPE caches, measured in one run, fitted with
-# $T(B) = B / (a + bB)$: a fixed time per step plus a time per sequence.
+# $T(B) = B / (a + bB)$: a fixed time per step plus a time per sequence. Each cell is
+# the fastest of a few runs: other load on the machine only slows a run down, and one
+# slowed run would otherwise set a cell, and the fit, alone.
 
 # %%
 series = {}
@@ -317,6 +319,7 @@ for (method, options), (cache, params) in itertools.product(
         method,
         cache,
         max_new_tokens=NEW_TOKENS,
+        repeats=P.throughput_repeats,
         **params,
         **options,
         **inexact,
@@ -390,10 +393,11 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # moves a few kilobytes, so what a step costs on a CPU is its number of small operators.
 # The full cache reads one contiguous plane with one fused kernel. At loop r < R, RIPE
 # reads the ring of the W most recent positions at plane r, the new token, and the
-# older positions at plane R. Eager, a one-token step copies the ring and the token into
-# W + 1 scratch slots in front of the deepest plane and reads them with it in one fused
-# kernel, at the price of small copies (the ring and the token, keys and values) that
-# the full cache does not make. The sinks cache, four full-depth positions at the
+# older positions at plane R. Eager, a one-token step writes the token into the ring,
+# which keeps one slot past the window for it, copies the ring into W + 1 scratch slots
+# in front of the deepest plane and reads them with it in one fused kernel, at the
+# price of one small copy per loop (the ring's keys and values) that the full cache
+# does not make. The sinks cache, four full-depth positions at the
 # start beside the same window, copies its sinks there too and masks the deepest
 # plane's own copy of them, so its fused call reads under a mask. Under every cache,
 # prelude and coda layers read their plane in place, and a prompt attends to itself
