@@ -13,7 +13,7 @@ from conftest import random_model
 
 import looped_kv
 from looped_kv.decoding.das_wave import DEEP_KV, proposal_width, refine
-from looped_kv.decoding.lookup import lookup_drafts
+from looped_kv.decoding.lookup import NgramIndex, lookup_drafts
 from looped_kv.decoding.passes import new_cache, prefill, run_pass, step
 from looped_kv.runtime.cache import BlockBuffer, CachePass
 from looped_kv.runtime.policy import make_policy
@@ -134,6 +134,31 @@ def test_bad_speculation_parameters(kwargs, message):
 def test_lookup_drafts_continue_the_last_ngram_match():
     assert lookup_drafts([5, 6, 7, 8, 5, 6], gamma=3, ngram=2) == [7, 8, 5]
     assert lookup_drafts([1, 2, 3], gamma=3, ngram=2) == []
+
+
+def _scanned_drafts(context: list[int], gamma: int, ngram: int) -> list[int]:
+    """The definition, by a backward scan: the tokens after the latest earlier occurrence of the last n-gram."""
+    for n in range(min(ngram, len(context) - 1), 0, -1):
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == context[-n:]:
+                return context[start + n:start + n + gamma]
+    return []
+
+
+@pytest.mark.parametrize("ngram", [1, 2, 3])
+def test_an_ngram_index_grown_in_pieces_drafts_what_a_scan_of_its_context_finds(ngram):
+    """The drafter's index, extended by pieces as a decode accepts tokens, gives at every length the drafts a scan of
+    the whole context gives (small vocabularies: many repeats, and misses)."""
+    g = torch.Generator().manual_seed(ngram)
+    for vocab in (3, 7, 40):
+        tokens = torch.randint(0, vocab, (120,), generator=g).tolist()
+        index, length = NgramIndex(tokens[:5], ngram), 5
+        while length < len(tokens):
+            for gamma in (1, 4):
+                assert index.drafts(gamma) == _scanned_drafts(tokens[:length], gamma, ngram), (vocab, length)
+            step = int(torch.randint(1, 6, (1,), generator=g))
+            index.extend(tokens[length:length + step])
+            length = min(length + step, len(tokens))
 
 
 # -- DAS-Wave's proposal engine (DAS Appendix B.2) -------------------------------------------------

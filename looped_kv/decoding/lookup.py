@@ -13,14 +13,38 @@ from looped_kv.decoding.speculative import check_speculation
 from looped_kv.runtime.policy import CachePolicy
 
 
+class NgramIndex:
+    """A row's context and, for each n <= ngram, the latest start of every n-gram some token follows: the drafts of
+    :meth:`drafts` are a few dictionary reads, not a scan of the context, and appending k tokens costs k ngram
+    entries."""
+
+    def __init__(self, context: list[int], ngram: int) -> None:
+        self.tokens: list[int] = []
+        self.ngram = ngram
+        self.latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram + 1)]  # by n; [0] unused
+        self.extend(context)
+
+    def extend(self, tokens: list[int]) -> None:
+        """Append ``tokens``: the n-grams that now end before the last token enter the index."""
+        first = max(len(self.tokens) - 1, 0)
+        self.tokens += tokens
+        for end in range(first, len(self.tokens) - 1):  # later starts overwrite earlier ones: the latest is kept
+            for n in range(1, min(self.ngram, end + 1) + 1):
+                self.latest[n][tuple(self.tokens[end - n + 1:end + 1])] = end - n + 1
+
+    def drafts(self, gamma: int) -> list[int]:
+        """The up to ``gamma`` tokens that followed the latest earlier occurrence of the context's last n-gram
+        (n = ngram..1, the longest that occurred)."""
+        for n in range(min(self.ngram, len(self.tokens) - 1), 0, -1):
+            start = self.latest[n].get(tuple(self.tokens[-n:]))
+            if start is not None:
+                return self.tokens[start + n:start + n + gamma]
+        return []
+
+
 def lookup_drafts(context: list[int], gamma: int, ngram: int) -> list[int]:
     """The tokens that followed the latest earlier occurrence of the last n-gram (n = ngram..1)."""
-    for n in range(min(ngram, len(context) - 1), 0, -1):
-        tail = context[-n:]
-        for start in range(len(context) - n - 1, -1, -1):
-            if context[start:start + n] == tail:
-                return context[start + n:start + n + gamma]
-    return []
+    return NgramIndex(context, ngram).drafts(gamma)
 
 
 class NgramDrafts(Drafter):
@@ -34,7 +58,7 @@ class NgramDrafts(Drafter):
     def __init__(self, *, gamma: int, ngram: int = 3, exact: bool = True) -> None:
         self.gamma, self.ngram, self.exact = gamma, ngram, exact
         self.lookahead = self.width = gamma + 1
-        self.contexts: list[list[int]] = []
+        self.contexts: list[NgramIndex] = []
 
     def check(self, policy: CachePolicy) -> None:
         check_speculation(policy, self.gamma, self.exact)
@@ -42,13 +66,13 @@ class NgramDrafts(Drafter):
             raise ValueError(f"ngram must be >= 1, got {self.ngram}")
 
     def start(self, prompts: list[Tensor], pending: Tensor) -> None:
-        self.contexts = [[*p.tolist(), int(x)] for p, x in zip(prompts, pending, strict=True)]
+        self.contexts = [NgramIndex([*p.tolist(), int(x)], self.ngram) for p, x in zip(prompts, pending, strict=True)]
 
     def keep(self, rows: list[int]) -> None:
         self.contexts = [self.contexts[i] for i in rows]
 
     def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
-        found = [lookup_drafts(c, self.gamma, self.ngram) for c in self.contexts]
+        found = [c.drafts(self.gamma) for c in self.contexts]
         width = passes.padded_width(max(len(f) for f in found), self.gamma)
         drafts = torch.zeros(len(found), width, dtype=torch.long, device=pending.device)
         for i, f in enumerate(found):
@@ -61,7 +85,7 @@ class NgramDrafts(Drafter):
         counts = accepted.tolist()
         emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, counts, nxt, strict=True)]
         for context, tokens in zip(self.contexts, emitted, strict=True):
-            context += tokens.tolist()
+            context.extend(tokens.tolist())
         return Outcome(accepted, accepted + 1, nxt, emitted, proposal.lengths.tolist(), [1] * len(counts))
 
     @property
