@@ -13,7 +13,7 @@ from conftest import random_model
 
 import looped_kv
 from looped_kv.decoding.das_wave import DEEP_KV, proposal_width, refine
-from looped_kv.decoding.lookup import NgramIndex, lookup_drafts
+from looped_kv.decoding.lookup import NgramIndex
 from looped_kv.decoding.passes import new_cache, prefill, run_pass, step
 from looped_kv.runtime.cache import BlockBuffer, CachePass
 from looped_kv.runtime.policy import make_policy
@@ -132,8 +132,8 @@ def test_bad_speculation_parameters(kwargs, message):
 
 
 def test_lookup_drafts_continue_the_last_ngram_match():
-    assert lookup_drafts([5, 6, 7, 8, 5, 6], gamma=3, ngram=2) == [7, 8, 5]
-    assert lookup_drafts([1, 2, 3], gamma=3, ngram=2) == []
+    assert NgramIndex([5, 6, 7, 8, 5, 6], ngram=2).drafts(gamma=3) == [7, 8, 5]
+    assert NgramIndex([1, 2, 3], ngram=2).drafts(gamma=3) == []
 
 
 def _scanned_drafts(context: list[int], gamma: int, ngram: int) -> list[int]:

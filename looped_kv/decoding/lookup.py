@@ -42,11 +42,6 @@ class NgramIndex:
         return []
 
 
-def lookup_drafts(context: list[int], gamma: int, ngram: int) -> list[int]:
-    """The tokens that followed the latest earlier occurrence of the last n-gram (n = ngram..1)."""
-    return NgramIndex(context, ngram).drafts(gamma)
-
-
 class NgramDrafts(Drafter):
     """Up to gamma drafts per row copied from its own context; rows whose drafts are shorter verify only what they
     drafted; under sampling the drafts are point masses (q one-hot). The drafts run at the passes'

@@ -567,17 +567,18 @@ class CachePass:
             self.plane_writes = self.writes if counts is None or self.core_in_plane else \
                 cache.plan_writes(self.positions)
         self._masks: dict[tuple[str, ...], list[Tensor | None]] = {}
-        # RIPE and sinks, one token per row past the sinks and a full window: the sinks' and the ring's plane and the
-        # token itself are copied into the scratch slots before the kept plane (PlaneCache.gap) and read with it in
-        # one fused call (see attend_gapped)
+        # RIPE and sinks, one token per row past the sinks and a full window: the token is written into its ring slot,
+        # and the sinks' and the ring's plane (the token included) are copied into the scratch slots before the kept
+        # plane (PlaneCache.gap) and read with it in one fused call (see attend_gapped)
         self.gapped = (cache is not None and cache.gap > 0 and n == 1 and offset == 0 and store in ("cache", None)
                        and reads == ALIGNED and softmax_dtype is None
                        and min(cache.host_lengths) >= cache.sink_size + cache.policy.window)
         self._gap_masks: dict[int, Tensor | None] = {}
         if self.gapped:
             self.gap_stop = cache.gap + cache.max_length
-            # the token's ring slot (slot = position mod (W + 1): the next position's, past every row's window)
-            self.ring_writes = cache.span_writes(*span) if span is not None else cache.plan_writes(self.positions)
+            # every row's token into its ring slot (position mod (W + 1): the next position's, past every row's window)
+            self.ring_writes = self.plane_writes if store == "cache" else \
+                cache.span_writes(*span) if span is not None else cache.plan_writes(self.positions)
         if self.edge_in_plane:  # each call reads [0, stop) of its plane: the prefix, then the block (see attend)
             self.stop = cache.max_length + n
             self.plane_mask = self._plane_mask()
