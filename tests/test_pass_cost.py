@@ -6,6 +6,8 @@ that ignore the tokens, and the command refuses bad input in one line before any
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -155,6 +157,8 @@ def test_predictions_sum_the_passes_a_real_decode_ran(tiny, method, options):
     assert all(p.rows == 1 and not p.compiled and p.context >= ids.shape[1] for p in passes[1:])
     # every verification, of one token or a block, written into the full cache past the prefix and read there
     assert all(p.in_place == (p.kind == "verify") for p in passes)
+    # each pass told once it has run, with its wall time: together less than the run's
+    assert all(p.seconds > 0 for p in passes) and sum(p.seconds for p in passes) < out.wall_time
     if method == "ar":
         assert all(p.in_place and p.tokens == 1 for p in passes[1:])
     cost = fit_pass_cost(synthetic(), held_out=HELD_OUT)
@@ -199,7 +203,8 @@ def test_compiled_passes_log_their_capacity_and_width_buckets(traced):
     out = generate(model, ids, method="das-wave", max_width=6, rounds=3, initial_width=3, updates=1, max_new_tokens=8,
                    num_loops=2, stop_at_eos=False, compile=True, observer=log)
     assert len(log.passes) == out.forward_passes and all(p.compiled for p in log.passes)
-    assert log.passes[0] == PassRecord("prefill", 1, 7, 2, 0, True)
+    assert replace(log.passes[0], seconds=None) == PassRecord("prefill", 1, 7, 2, 0, True)
+    assert all(p.seconds > 0 for p in log.passes) and sum(p.seconds for p in log.passes) < out.wall_time
     assert {p.context for p in log.passes[1:]} == {64}  # the capacity bucket of 7 + 8 + gamma + 1 positions
     refined = [p.tokens for p in log.passes if p.kind == "refine"][:3]
     assert refined == [refined_width(w, 6) for w in (3, 4, 5)] == [3, 4, 6]
@@ -308,7 +313,7 @@ def test_a_pass_or_step_cell_is_timed_as_consecutive_calls_and_a_prefill_alone(m
                            prompt_lengths=[5, 9], rounds=1, statistic="median", calls=3)
     runs = experiment.arms(model, grid)
     clock = iter(float(t) for t in range(100))
-    monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(experiment, "time", SimpleNamespace(perf_counter=lambda: next(clock)))  # the grid's clock
     called: list[str] = []
     for name in ("run", "verify", "prefill"):
         real = getattr(experiment.Passes, name)
@@ -354,8 +359,18 @@ def test_the_check_prices_each_runs_own_passes(tiny):
     ids = [tiny.tokenizer(t, return_tensors="pt").input_ids for t in (
         "Question: Ann has 3 pens and buys 4 more. How many pens? Answer:", "a=3;b=a+2;c=b;d=c+1;e=d;x=e;f=x+4;y=f;")]
     methods = {"self-spec": SelfSpec(gamma=3), "das-wave": DasWave(max_width=8)}
-    runs = experiment.predictions(tiny, cost, ids, methods, max_new_tokens=6, repeats=2, progress=False)
+    warmed = []
+
+    def counted(model, ids_, config=None, **options):
+        warmed.append((config.method, ids_ is ids[0]))
+        return generate(model, ids_, config, **options)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(experiment, "generate", counted)
+        runs = experiment.predictions(tiny, cost, ids, methods, max_new_tokens=6, repeats=2, progress=False)
+    assert warmed == [("ar", True), ("self-spec", True), ("das-wave", True)]  # each decoder once before the clock
     assert list(runs["method"]) == ["ar", "self-spec", "das-wave"] * 2 and (runs["measured_s"] > 0).all()
+    assert ((runs["in_passes_s"] > 0) & (runs["in_passes_s"] < runs["measured_s"])).all()
     assert (runs["drift"] > 0).all() and runs.groupby("prompt")["drift"].nunique().eq(1).all()  # one per prompt
     for _, row in runs.iterrows():
         log = PassLog()
@@ -434,7 +449,7 @@ def test_the_check_records_its_runs_with_the_machine(tiny, tmp_path, monkeypatch
     assert header["pass_cost"]["date"] == "2026-12-04" and list(read) == ["chains"]
     pd.testing.assert_frame_equal(read["chains"], runs["chains"], check_dtype=False)
     printed = capsys.readouterr().out
-    assert "measured / predicted" in printed and "at drift" in printed
+    assert all(c in printed for c in ("measured / predicted", "at drift", "in passes / predicted", "outside passes"))
     record = json.loads(out.read_text())
     record["weights_sha256"] = "0" * 64
     out.write_text(json.dumps(record))
@@ -460,6 +475,11 @@ def test_against_greedy_pairs_each_method_with_greedy_on_its_prompt():
     assert table.loc["pld", "measured speed-up"] == pytest.approx((2 + 4) / 2)
     assert table.loc["pld", "predicted speed-up"] == pytest.approx((1 + 4) / 2)
     assert table.loc["pld", "measured / predicted speed-up"] == pytest.approx(3 / 2.5)
+    assert "outside passes" not in table
+    inside = pass_cost.against_greedy(runs.assign(in_passes_s=[1.5, 0.5, 3.0, 0.5]))
+    assert inside.loc["pld", "in passes / predicted"] == pytest.approx(1 / 1.5)
+    assert inside.loc["pld", "outside passes"] == pytest.approx(1 - 1 / 2)
+    assert inside.loc["ar", "outside passes"] == pytest.approx(1 - 4.5 / 6)
     with pytest.raises(ValueError, match="greedy decoding's"):
         pass_cost.against_greedy(runs[runs["method"] == "pld"])
     with pytest.raises(ValueError, match="missing \\['predicted_s'\\]"):
@@ -485,3 +505,4 @@ def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
             assert set(r["method"]) == {"ar", "self-spec", "mature-spec", "pld", "das-wave"}, workload
             assert (r["mode"] == mode).all() and r["prompt"].nunique() >= 8 and (r["measured_s"] > 0).all(), workload
             assert (r["drift"] > 0).all(), workload  # the machine's speed read beside every prompt
+            assert ((r["in_passes_s"] > 0) & (r["in_passes_s"] < r["measured_s"])).all(), workload

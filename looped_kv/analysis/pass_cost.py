@@ -352,7 +352,8 @@ def against_greedy(runs: pd.DataFrame) -> pd.DataFrame:
     (its bound: the speed the decoder would have if its time were only its passes and prefill) and the measured one
     (DAS Eq. 8: means over prompts of the per-prompt throughput ratio), and measured / predicted speed-up; with a
     ``drift`` column (the machine's time on the grid's cells now / recorded, per run), measured / (predicted x drift)
-    too."""
+    too; with ``in_passes_s`` (the time inside each run's passes), in passes / predicted (how well the grid prices
+    the passes decoding ran) and the share of the measured time outside the passes (the decode loop's own work)."""
     missing = [c for c in ("prompt", "method", "new_tokens", "measured_s", "predicted_s") if c not in runs]
     if missing:
         raise ValueError(f"runs must have columns prompt, method, new_tokens, measured_s and predicted_s; missing "
@@ -374,4 +375,7 @@ def against_greedy(runs: pd.DataFrame) -> pd.DataFrame:
         if "drift" in r:
             at_drift = (r["predicted_s"] * r["drift"]).sum()
             rows[method]["measured / predicted at drift"] = r["measured_s"].sum() / at_drift
+        if "in_passes_s" in r:
+            rows[method]["in passes / predicted"] = r["in_passes_s"].sum() / r["predicted_s"].sum()
+            rows[method]["outside passes"] = 1 - r["in_passes_s"].sum() / r["measured_s"].sum()
     return pd.DataFrame(rows).T.astype({"runs": int})

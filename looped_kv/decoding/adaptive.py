@@ -21,6 +21,7 @@ batch ran (its rows' deepest exit); a criterion that reads logits also runs the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -116,11 +117,12 @@ class AdaptivePasses(Passes):
 
     def prefill(self, prompts: list[Tensor]) -> Tensor:
         check_empty(self.cache)
+        start = time.perf_counter()
         ids, counts = pad_prompts(prompts)
         last = torch.tensor([len(p) - 1 for p in prompts], device=ids.device)
         router = CachePass(self.cache, range(0, ids.shape[1]), counts=counts)
         logits, loops = adaptive_pass(self.model, ids, router, self.rule, last)
-        self._tell("prefill", ids.shape[1], int(loops.max()), 0)
+        self._tell(start, "prefill", ids.shape[1], int(loops.max()), 0)
         self.cache.advance(ids.shape[1] if counts is None else counts)
         for seq, (prompt, loop) in enumerate(zip(prompts, loops.tolist(), strict=True)):
             self.loops[seq] = [loop] * len(prompt)
@@ -131,10 +133,11 @@ class AdaptivePasses(Passes):
         cache."""
         if tokens.shape[1] != 1:
             raise ValueError(f"early exit verifies one token per row (greedy decoding), got {tokens.shape[1]}")
+        start = time.perf_counter()
         router = CachePass(self.cache, pass_positions(self.cache, 1))
         column = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
         logits, loops = adaptive_pass(self.model, tokens, router, self.rule, column)
-        self._tell("verify", 1, int(loops.max()), self.cache.max_length, in_place=True)
+        self._tell(start, "verify", 1, int(loops.max()), self.cache.max_length, in_place=True)
         for seq, loop in zip(self.order, loops.tolist(), strict=True):
             self.loops[seq].append(loop)
         return logits, "cache", picked(logits, pick)

@@ -33,6 +33,7 @@ for each kind of device.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable
 
 import torch
@@ -160,9 +161,9 @@ class CompiledPasses(Passes):
     def prefill(self, prompts: list[Tensor]) -> Tensor:
         """The prompts' pass into the empty cache, one trace for every prompt length (:class:`PrefillPass`)."""
         check_empty(self.cache)
+        start = time.perf_counter()
         ids, _ = pad_prompts(prompts)
         lengths = torch.tensor([len(p) for p in prompts], device=ids.device)
-        self._tell("prefill", ids.shape[1], self.policy.num_loops, 0)
         torch._dynamo.maybe_mark_dynamic(ids, 1)
         for planes in (*self.cache.edge, *self.cache.core):
             torch._dynamo.maybe_mark_dynamic(planes, planes.dim() - 2)  # the capacity
@@ -171,7 +172,9 @@ class CompiledPasses(Passes):
         if self.model.dtype == torch.float16:
             check_finite(logits, "the logits of the compiled prefill")
         self.cache.advance([len(p) for p in prompts])
-        return last_logits(logits, prompts)
+        logits = last_logits(logits, prompts)
+        self._tell(start, "prefill", ids.shape[1], self.policy.num_loops, 0)
+        return logits
 
     def planes(self, reads: PrefixReads, first_loop: int, num_loops: int) -> tuple:
         """What loops first_loop .. first_loop + num_loops - 1 read (:func:`read_planes`), the pass's loops 1..n."""
@@ -183,25 +186,28 @@ class CompiledPasses(Passes):
     def run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
             store: str | None = None, state: Tensor | None = None, first_loop: int = 1,
             pick: Pick | None = None) -> tuple[Tensor, Tensor, object]:
-        self._tell("draft", tokens.shape[1], num_loops, self.cache.capacity)
+        start = time.perf_counter()
         column = torch.tensor(offset, device=tokens.device)
         step = traced(_draft, tokens.device)
-        return step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, column, state, num_loops,
-                    self.planes(reads, first_loop, num_loops), store, pick)
+        out = step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, column, state, num_loops,
+                   self.planes(reads, first_loop, num_loops), store, pick)
+        self._tell(start, "draft", tokens.shape[1], num_loops, self.cache.capacity)
+        return out
 
     def padded_width(self, width: int, most: int) -> int:
         """``most`` columns for any proposal (a block keeps one shape, so one trace), none for an empty one."""
         return most if width else 0
 
     def verify(self, tokens: Tensor, pick: Pick) -> tuple[Tensor, str, object]:
+        start = time.perf_counter()
         R, n = self.policy.num_loops, tokens.shape[1]
         store = self.verification_store(n)
-        self._tell("verify", n, R, self.cache.capacity, in_place=store == "cache")
         step = traced(_step if n == 1 else _verify, tokens.device)
         logits, _, tokens = step(self.model, self.cache, self.buffer, tokens, self.cache.lengths, None, None, R,
                                  self.planes(ALIGNED, 1, R), store, pick)
         if self.model.dtype == torch.float16:
             check_finite(logits, f"the logits of the compiled pass at position {self.cache.max_length}")
+        self._tell(start, "verify", n, R, self.cache.capacity, in_place=store == "cache")
         return logits, store, tokens
 
     def refine(self, guesses: Tensor, carried: Tensor | None, previous: int, width: int, num_loops: int, *,
@@ -209,15 +215,17 @@ class CompiledPasses(Passes):
         """:meth:`Passes.refine` on the first :func:`refined_width` positions, so that rounds of nearby widths share
         a trace and the positions past the bucket, inactive and read by no active one, cost nothing: (guesses
         (B, max_width + 1), states (B, max_width, n_embd), the logits of the refined positions)."""
+        start = time.perf_counter()
         if carried is None:
             B, n = guesses.shape
             carried = torch.zeros(B, n - 1, self.model.config.n_embd, dtype=self.model.dtype, device=guesses.device)
         previous_, width_ = (torch.tensor(v, device=guesses.device) for v in (previous, width))
         n = refined_width(width, guesses.shape[1] - 1)
-        self._tell("refine", n, num_loops, self.cache.capacity)
         step = traced(_refine, guesses.device)
-        return step(self.model, self.cache, guesses, carried, previous_, width_, self.cache.lengths, num_loops,
-                    self.planes(reads, first_loop, num_loops), n)
+        out = step(self.model, self.cache, guesses, carried, previous_, width_, self.cache.lengths, num_loops,
+                   self.planes(reads, first_loop, num_loops), n)
+        self._tell(start, "refine", n, num_loops, self.cache.capacity)
+        return out
 
 
 def refined_width(width: int, max_width: int) -> int:

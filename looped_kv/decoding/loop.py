@@ -90,8 +90,8 @@ class Observer:
     """Sees every verification (and every model pass) of a decoding run; the default observer does nothing."""
 
     def ran(self, record: PassRecord) -> None:
-        """After each model pass is set up, before it runs: what it runs (the prefill, each draft, DAS-Wave round and
-        verification)."""
+        """After each model pass has run: what it ran (the prefill, each draft, DAS-Wave round and verification) and
+        its wall time."""
 
     def prefilled(self, view: DecodeView, logits: Tensor) -> None:
         """After the prefill: ``logits`` (B, V) of each prompt's last position."""

@@ -8,12 +8,13 @@ capacity when compiled (:func:`capacity_bucket`).
 
 :class:`Passes` are the eager passes, reading each row's committed prefix in place;
 :class:`~looped_kv.decoding.compiled.CompiledPasses` is their compiled, static-shape counterpart, with the same
-interface. Each pass is told, as a :class:`PassRecord`, to the callback the loop gives them (its
-:class:`~looped_kv.decoding.loop.Observer`'s ``ran``): what a pass-cost model (:mod:`looped_kv.analysis.pass_cost`)
-predicts a decoder's time from."""
+interface. Each pass is told, once it has run, as a :class:`PassRecord` with its wall time, to the callback the loop
+gives them (its :class:`~looped_kv.decoding.loop.Observer`'s ``ran``): what a pass-cost model
+(:mod:`looped_kv.analysis.pass_cost`) predicts a decoder's time from, and what it is checked against."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,7 +127,8 @@ class PassRecord:
     the longest row's committed prefix and the block's earlier drafts; compiled, the cache's whole capacity (a static
     step attends over all of it under masks); 0 for the prefill. ``compiled``: whether it ran on a compiled step.
     ``in_place``: a verification written into the cache past each row's length and read there
-    (:meth:`Passes.verification_store`), rather than into the block buffer."""
+    (:meth:`Passes.verification_store`), rather than into the block buffer. ``seconds``: its wall time, from the
+    call to its result (the device synchronized first)."""
 
     kind: str
     rows: int
@@ -135,6 +137,7 @@ class PassRecord:
     context: int
     compiled: bool
     in_place: bool = False
+    seconds: float | None = None
 
 
 class Passes:
@@ -160,16 +163,22 @@ class Passes:
         self.policy: CachePolicy = cache.policy
         self.buffer = new_buffer(model, self.policy.num_loops, cache.batch, width) if width else None
 
-    def _tell(self, kind: str, tokens: int, loops: int, context: int, compiled: bool | None = None,
+    def _tell(self, start: float, kind: str, tokens: int, loops: int, context: int, compiled: bool | None = None,
               in_place: bool = False) -> None:
-        """Tell ``on_pass`` of a pass (``compiled``: default whether these passes are)."""
+        """Tell ``on_pass`` of a pass that began at ``start`` (:func:`time.perf_counter`) and has just returned
+        (``compiled``: default whether these passes are)."""
         if self.on_pass is not None:
+            if self.cache.lengths.device.type == "cuda":
+                torch.cuda.synchronize()
             self.on_pass(PassRecord(kind, self.cache.batch, tokens, loops, context,
-                                    self.compiled if compiled is None else compiled, in_place))
+                                    self.compiled if compiled is None else compiled, in_place,
+                                    time.perf_counter() - start))
 
     def prefill(self, prompts: list[Tensor]) -> Tensor:
-        self._tell("prefill", max(len(p) for p in prompts), self.policy.num_loops, 0, compiled=False)
-        return prompt_logits(self.model, self.cache, prompts, self.policy.num_loops)
+        start = time.perf_counter()
+        logits = prompt_logits(self.model, self.cache, prompts, self.policy.num_loops)
+        self._tell(start, "prefill", max(len(p) for p in prompts), self.policy.num_loops, 0, compiled=False)
+        return logits
 
     def padded_width(self, width: int, most: int) -> int:
         """The columns a proposal of up to ``width`` tokens per row (of at most ``most``) runs at: ``width`` itself,
@@ -179,10 +188,12 @@ class Passes:
     def run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
             store: str | None = None, state: Tensor | None = None, first_loop: int = 1,
             pick: Pick | None = None) -> tuple[Tensor, Tensor, Any]:
-        self._tell("draft", tokens.shape[1], num_loops, self.cache.max_length + offset)
+        start = time.perf_counter()
         logits, state = self._run(tokens, num_loops, reads=reads, offset=offset, store=store, state=state,
                                   first_loop=first_loop)
-        return logits, state, picked(logits, pick)
+        picks = picked(logits, pick)
+        self._tell(start, "draft", tokens.shape[1], num_loops, self.cache.max_length + offset)
+        return logits, state, picks
 
     def _run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
              store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:
@@ -212,12 +223,14 @@ class Passes:
 
         Returns the guesses with position i's readout in guess i + 1, the round's states (the first ``width`` are
         the refined positions'; carry them to the next round) and its logits (B, >= width, V)."""
+        start = time.perf_counter()
         state = self.initial_state(guesses[:, :width])
         if carried is not None:
             state[:, :previous] = carried[:, :previous]
-        self._tell("refine", width, num_loops, self.cache.max_length)
         logits, state = self._run(guesses[:, :width], num_loops, reads=reads, state=state, first_loop=first_loop)
-        return torch.cat([guesses[:, :1], logits.argmax(-1), guesses[:, width + 1:]], dim=1), state, logits
+        guesses = torch.cat([guesses[:, :1], logits.argmax(-1), guesses[:, width + 1:]], dim=1)
+        self._tell(start, "refine", width, num_loops, self.cache.max_length)
+        return guesses, state, logits
 
     def verification_store(self, n: int) -> str:
         """Where a verification of ``n`` tokens per row writes its keys/values: the cache, past each row's length, for
@@ -230,10 +243,13 @@ class Passes:
     def verify(self, tokens: Tensor, pick: Pick) -> tuple[Tensor, str, Any]:
         """One R-loop pass over ``tokens`` (B, n) under the cache policy: its logits (B, n, V), where its
         keys/values wait for :meth:`commit` (:meth:`verification_store`), and the tokens ``pick`` makes of them."""
+        start = time.perf_counter()
         store = self.verification_store(tokens.shape[1])
-        self._tell("verify", tokens.shape[1], self.policy.num_loops, self.cache.max_length, in_place=store == "cache")
         logits, _ = self._run(tokens, self.policy.num_loops, store=store)
-        return logits, store, picked(logits, pick)
+        targets = picked(logits, pick)
+        self._tell(start, "verify", tokens.shape[1], self.policy.num_loops, self.cache.max_length,
+                   in_place=store == "cache")
+        return logits, store, targets
 
     def commit(self, counts: Tensor, store: str) -> None:
         """Keep the planes of each row's first ``counts`` verified tokens, which the verification wrote to

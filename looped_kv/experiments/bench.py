@@ -241,11 +241,12 @@ def check_rounds(repeats: int, modes: Sequence[str]) -> None:
 @dataclass(frozen=True)
 class Rounds:
     """One prompt's interleaved rounds (:func:`interleaved_rounds`): each arm's times, its first run and, observed,
-    the passes of its first run."""
+    the passes of its first run and each run's time inside its passes (the sum of their wall times)."""
 
     times: dict[Hashable, list[float]]
     first: dict[Hashable, Generation]
     passes: dict[Hashable, list[PassRecord]]
+    pass_seconds: dict[Hashable, list[float]]
 
 
 def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: Mapping[Hashable, Decoding], repeats: int,
@@ -253,15 +254,16 @@ def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: Mapping[Hashable, Dec
     """Each of ``arms`` (configs by key, changed by ``options`` in every run) decodes ``ids`` once per round,
     in ``repeats`` rounds: the arms in order in even rounds and reversed in odd ones, so that they are timed side by
     side under the same conditions. ``log_passes`` keeps every pass of each arm's first run
-    (:class:`~looped_kv.decoding.loop.PassLog`). Compiled runs (``compile=True``) decode ``ids`` once, untimed,
-    before the rounds: each arm then meets every step shape of this prompt's decoding traced (a trace made inside a
-    timed run had put seconds of compiling into one prompt's time)."""
+    (:class:`~looped_kv.decoding.loop.PassLog`) and each run's time inside its passes. Compiled runs
+    (``compile=True``) decode ``ids`` once, untimed, before the rounds: each arm then meets every step shape of this
+    prompt's decoding traced (a trace made inside a timed run had put seconds of compiling into one prompt's time)."""
     if options.get("compile"):
         for config in arms.values():
             generate(model, ids, config, **options)
     times: dict[Hashable, list[float]] = {key: [] for key in arms}
     first: dict[Hashable, Generation] = {}
     passes: dict[Hashable, list[PassRecord]] = {}
+    pass_seconds: dict[Hashable, list[float]] = {}
     for r in range(repeats):
         for key in arms if r % 2 == 0 else list(arms)[::-1]:
             log = PassLog() if log_passes else None
@@ -270,7 +272,8 @@ def interleaved_rounds(model: LoopedLM, ids: Tensor, arms: Mapping[Hashable, Dec
             first.setdefault(key, out)
             if log is not None:
                 passes.setdefault(key, log.passes)
-    return Rounds(times, first, passes)
+                pass_seconds.setdefault(key, []).append(sum(p.seconds for p in log.passes))
+    return Rounds(times, first, passes, pass_seconds)
 
 
 def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding], max_new_tokens: int,

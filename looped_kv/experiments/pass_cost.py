@@ -280,14 +280,18 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     greedy decoding and each of ``methods`` (configs by name) in ``repeats`` interleaved rounds (the
     order reversed every other round), each run's passes logged (:class:`~looped_kv.decoding.loop.PassLog`). After
     each prompt's rounds the machine's drift since the grid is read on a few of its cells (:func:`drift_arms`). One row
-    per (prompt, method): the median measured seconds, the predicted seconds (:func:`~looped_kv.analysis.pass_cost.
-    predict_seconds`: every pass the run made, and the model's prefill), the drift, the prediction per kind of pass
-    and the new tokens."""
+    per (prompt, method): the median measured seconds, the median seconds inside the run's passes (each pass timed
+    from its call to its result, :attr:`~looped_kv.decoding.passes.PassRecord.seconds`: the rest is the decode loop's
+    own work), the predicted seconds (:func:`~looped_kv.analysis.pass_cost.predict_seconds`: every pass the run made,
+    and the model's prefill), the drift, the prediction per kind of pass and the new tokens. Every method decodes the
+    first prompt once, untimed, before the first timed run: a decoder's first run in a process pays for code paths
+    and allocations met for the first time, which no later run does."""
     check_rounds(repeats, (mode,))
     check_mode(cost, mode)
     compiled = mode == "compiled"
     configs = {"ar": Greedy(), **{k: c for k, c in methods.items() if c.method != "ar"}}
-    generate(model, prompts[0], max_new_tokens=4)  # warm-up (compiled steps: each prompt's, interleaved_rounds)
+    for config in configs.values():  # warm-up (compiled steps: each prompt's, interleaved_rounds)
+        generate(model, prompts[0], config, max_new_tokens=max_new_tokens, compile=compiled)
     probes = drift_arms(model, cost, mode)
     for _, run in probes:  # warm-up (compiled: traced here)
         run()
@@ -301,6 +305,7 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
                 by_kind = predict_by_kind(cost, rounds.passes[key])
                 rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": rounds.first[key].num_new,
                              "passes": len(rounds.passes[key]), "measured_s": float(np.median(rounds.times[key])),
+                             "in_passes_s": float(np.median(rounds.pass_seconds[key])),
                              "predicted_s": sum(by_kind.values()), "drift": drift,
                              **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
     return pd.DataFrame(rows)
@@ -344,8 +349,12 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
             table = compare(r)
             table.insert(0, "measured / predicted", 1 / table["ratio"])
             table.insert(1, "at drift", 1 / compare(r.assign(predicted_s=r["predicted_s"] * r["drift"]))["ratio"])
+            sums = r.groupby("method", sort=False)[["in_passes_s", "predicted_s", "measured_s"]].sum()
+            table.insert(2, "in passes / predicted", sums["in_passes_s"] / sums["predicted_s"])
+            table.insert(3, "outside passes", 1 - sums["in_passes_s"] / sums["measured_s"])
             print(f"{workload} (drift: the grid's cells took {r['drift'].min():.3f}x to {r['drift'].max():.3f}x "
-                  f"their recorded time; at drift: measured / (predicted x drift)):\n"
+                  f"their recorded time; at drift: measured / (predicted x drift); in passes: the time inside the "
+                  f"runs' passes; outside passes: the decode loop's share of the measured time):\n"
                   f"{table.to_string(float_format=lambda x: f'{x:.3f}')}")
     write_record(out, {"commit": commit, "environment": environment, "runs": runs}, source, command,
                  pass_cost={k: cost.meta.get(k) for k in ("command", "commit", "date", "weights_sha256")})
