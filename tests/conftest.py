@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from looped_kv import LoopedConfig, LoopedLM, load
 from looped_kv.book import encrypt_kernel_channels
+from looped_kv.decoding import compiled
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAMILY_FIXTURES = {"huginn": "huginn-tiny", "raven": "raven-llama-tiny", "raven-olmo": "raven-olmo-tiny"}
@@ -25,6 +26,23 @@ def fixture_model(request) -> tuple[LoopedLM, dict[str, torch.Tensor]]:
     """A fixture checkpoint in float64 and its reference outputs."""
     folder = FIXTURES / FAMILY_FIXTURES[request.param]
     return load(folder, dtype=torch.float64), load_file(folder / "reference.safetensors")
+
+
+class Traced:
+    """A torch.compile backend that runs graphs as traced (the static-shape paths without inductor's slow codegen)."""
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        return graph.forward
+
+
+@pytest.fixture
+def traced():
+    """The compiled passes traced by :class:`Traced` instead of inductor, for this test."""
+    torch._dynamo.reset()
+    saved, compiled.BACKEND = compiled.BACKEND, Traced()
+    yield
+    compiled.BACKEND = saved
+    torch._dynamo.reset()
 
 
 def random_model(family: str = "huginn", seed: int = 0, **overrides) -> LoopedLM:

@@ -46,9 +46,11 @@ from test_bad_inputs import archive, checkpoint, forged, read_lines, run_cli, sh
 
 from looped_kv import generate, load
 from looped_kv.cli import main
+from looped_kv.decoding.loop import Observer
 from looped_kv.experiments import gpu_check, plan_check
 from looped_kv.protocol import batches
 from looped_kv.runtime.config import LoopedConfig
+from looped_kv.runtime.model import LoopedLM
 from looped_kv.tiny import scout, train
 
 torch.set_num_threads(1)
@@ -214,6 +216,28 @@ def test_non_finite_logits_stop_decoding_naming_the_model_and_the_pass(method):
         model.transformer.ln_f.weight.fill_(1e308)  # finite weights whose logits overflow float64
     with pytest.raises(ValueError, match=r"^model 'LoopedLM': the prefill gave NaN or infinite logits; no token"):
         generate(model, torch.tensor([[3, 1, 4]]), max_new_tokens=4, method=method)
+
+
+class PoisonAfterPrefill(Observer):
+    """Sets the final norm's weight to NaN once the prefill is done: every later pass's logits are NaN."""
+
+    def __init__(self, model: LoopedLM) -> None:
+        self.model = model
+
+    def prefilled(self, view, logits) -> None:
+        with torch.no_grad():
+            self.model.transformer.ln_f.weight.fill_(float("nan"))
+
+
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("method", ["ar", "self-spec", "das-wave"])
+def test_non_finite_logits_at_a_verification_stop_decoding_naming_the_pass(method, compile_, traced):
+    """Eager passes check their verification's logits; compiled ones read a flag their graph computes."""
+    model = random_model()
+    with pytest.raises(ValueError, match=r"^model 'LoopedLM': the verification pass at position 3 gave NaN or "
+                                         r"infinite logits; no token"):
+        generate(model, torch.tensor([[3, 1, 4]]), max_new_tokens=4, method=method, compile=compile_,
+                 observer=PoisonAfterPrefill(model))
 
 
 @pytest.mark.parametrize("argv, flag", [

@@ -20,7 +20,6 @@ from looped_kv.analysis import pass_cost
 from looped_kv.analysis.pass_cost import PassCost, Timing, fit_pass_cost
 from looped_kv.analysis.perf import speedup
 from looped_kv.cli import main
-from looped_kv.decoding import compiled
 from looped_kv.decoding.compiled import refined_width
 from looped_kv.decoding.loop import PassLog
 from looped_kv.decoding.passes import PassRecord
@@ -178,22 +177,6 @@ def test_predictions_refuse_a_batch_and_an_unmeasured_mode():
         pass_cost.predict_seconds(eager, [PassRecord("verify", 2, 1, 32, 100, False)])
     with pytest.raises(ValueError, match="mode 'compiled' was not measured"):
         pass_cost.predict_seconds(eager, [PassRecord("verify", 1, 1, 32, 128, True)])
-
-
-class Traced:
-    """A torch.compile backend that runs graphs as traced (the static-shape paths without inductor's slow codegen)."""
-
-    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> object:
-        return graph.forward
-
-
-@pytest.fixture
-def traced():
-    torch._dynamo.reset()
-    saved, compiled.BACKEND = compiled.BACKEND, Traced()
-    yield
-    compiled.BACKEND = saved
-    torch._dynamo.reset()
 
 
 def test_compiled_passes_log_their_capacity_and_width_buckets(traced):

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from looped_kv.decoding.exits import ExitRule
-from looped_kv.decoding.passes import Passes, PassRecord, check_empty, pass_positions, picked
+from looped_kv.decoding.passes import Passes, PassRecord, check_empty, check_logits, pass_positions, picked
 from looped_kv.decoding.prompts import pad_prompts
 from looped_kv.decoding.result import Generation
 from looped_kv.decoding.sampling import Pick
@@ -122,11 +122,13 @@ class AdaptivePasses(Passes):
         last = torch.tensor([len(p) - 1 for p in prompts], device=ids.device)
         router = CachePass(self.cache, range(0, ids.shape[1]), counts=counts)
         logits, loops = adaptive_pass(self.model, ids, router, self.rule, last)
-        self._tell(start, "prefill", ids.shape[1], int(loops.max()), 0)
         self.cache.advance(ids.shape[1] if counts is None else counts)
         for seq, (prompt, loop) in enumerate(zip(prompts, loops.tolist(), strict=True)):
             self.loops[seq] = [loop] * len(prompt)
-        return logits[torch.arange(len(prompts), device=ids.device), last]
+        logits = logits[torch.arange(len(prompts), device=ids.device), last]
+        check_logits(self.model, logits, "prefill")
+        self._tell(start, "prefill", ids.shape[1], int(loops.max()), 0)
+        return logits
 
     def verify(self, tokens: Tensor, pick: Pick) -> tuple[Tensor, str, Any]:
         """One token per row (B, 1) through the loops until each row exits; its keys/values go straight into the
@@ -137,6 +139,7 @@ class AdaptivePasses(Passes):
         router = CachePass(self.cache, pass_positions(self.cache, 1))
         column = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
         logits, loops = adaptive_pass(self.model, tokens, router, self.rule, column)
+        check_logits(self.model, logits, f"verification pass at position {self.cache.max_length}")
         self._tell(start, "verify", 1, int(loops.max()), self.cache.max_length, in_place=True)
         for seq, loop in zip(self.order, loops.tolist(), strict=True):
             self.loops[seq].append(loop)

@@ -41,7 +41,7 @@ from torch import Tensor
 from looped_kv.decoding.adaptive import AdaptivePasses
 from looped_kv.decoding.compiled import CompiledPasses
 from looped_kv.decoding.exits import ExitRule
-from looped_kv.decoding.passes import Passes, PassRecord, capacity_bucket, new_cache
+from looped_kv.decoding.passes import Passes, PassRecord, capacity_bucket, check_logits, new_cache
 from looped_kv.decoding.result import Generation
 from looped_kv.decoding.rows import Rows
 from looped_kv.decoding.sampling import Sampler
@@ -223,14 +223,6 @@ class Drafter:
         return {}
 
 
-def check_logits(model: LoopedLM, logits: Tensor, what: str) -> None:
-    """ValueError naming the model and the pass when ``logits`` hold NaN or an infinity (a broken checkpoint: no
-    token follows from them). One reduction to two numbers, min and max, which carry any NaN."""
-    if not bool(torch.isfinite(torch.stack(torch.aminmax(logits))).all()):
-        raise ValueError(f"model {getattr(model, 'source', type(model).__name__)!r}: the {what} gave NaN or infinite "
-                         f"logits; no token follows from them (check the checkpoint's weights and config)")
-
-
 @torch.no_grad()
 def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy: CachePolicy,
            drafter: Drafter | None = None, eos: int | None = None, compile: bool = False, shrink: bool | None = None,
@@ -266,8 +258,11 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
     else:
         passes = AdaptivePasses(model, cache, exits, observer.ran)
     sampler.start(cache)
-    logits = passes.prefill(prompts) if prefill is None else prefill(cache)
-    check_logits(model, logits, "prefill")
+    if prefill is None:
+        logits = passes.prefill(prompts)  # checked there, as every verification is (check_logits)
+    else:
+        logits = prefill(cache)
+        check_logits(model, logits, "prefill")
     pending = sampler.first(logits)
     observer.prefilled(DecodeView(model, cache, pending, rows.batch, rows.live), logits)
     observer.emitted(rows.emit(list(pending)))
@@ -288,7 +283,6 @@ def decode(model: LoopedLM, prompts: list[Tensor], budgets: list[int], *, policy
         proposal = drafter.propose(passes, pending, sampler)
         logits, store, targets = passes.verify(drafter.tokens_to_verify(pending, proposal),
                                                sampler.verifying(proposal.tokens, proposal.q, proposal.lengths))
-        check_logits(model, logits, f"verification pass at position {cache.max_length}")
         outcome = drafter.accept(pending, proposal, targets)
         observer.verified(view, logits, outcome)
         del logits  # not held through the next verification's drafts

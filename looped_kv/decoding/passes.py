@@ -120,6 +120,14 @@ def step(model: LoopedLM, cache: PlaneCache, tokens: Tensor, num_loops: int) -> 
     return logits
 
 
+def check_logits(model: LoopedLM, logits: Tensor, what: str) -> None:
+    """ValueError naming the model and the pass when ``logits`` hold NaN or an infinity (a broken checkpoint: no
+    token follows from them). One reduction to two numbers, min and max, which carry any NaN."""
+    if not bool(torch.isfinite(torch.stack(torch.aminmax(logits))).all()):
+        raise ValueError(f"model {getattr(model, 'source', type(model).__name__)!r}: the {what} gave NaN or infinite "
+                         f"logits; no token follows from them (check the checkpoint's weights and config)")
+
+
 @dataclass(frozen=True)
 class PassRecord:
     """One model pass: its ``kind`` (prefill, draft, refine or verify), the batch ``rows``, the new ``tokens`` per row
@@ -177,6 +185,7 @@ class Passes:
     def prefill(self, prompts: list[Tensor]) -> Tensor:
         start = time.perf_counter()
         logits = prompt_logits(self.model, self.cache, prompts, self.policy.num_loops)
+        check_logits(self.model, logits, "prefill")
         self._tell(start, "prefill", max(len(p) for p in prompts), self.policy.num_loops, 0, compiled=False)
         return logits
 
@@ -246,6 +255,7 @@ class Passes:
         start = time.perf_counter()
         store = self.verification_store(tokens.shape[1])
         logits, _ = self._run(tokens, self.policy.num_loops, store=store)
+        check_logits(self.model, logits, f"verification pass at position {self.cache.max_length}")
         targets = picked(logits, pick)
         self._tell(start, "verify", tokens.shape[1], self.policy.num_loops, self.cache.max_length,
                    in_place=store == "cache")
