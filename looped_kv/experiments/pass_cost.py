@@ -39,6 +39,7 @@ from looped_kv.analysis.pass_cost import (
     STATISTICS,
     PassCost,
     Timing,
+    against_greedy,
     compare,
     fit_pass_cost,
     predict_by_kind,
@@ -334,8 +335,9 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
           methods: Mapping[str, Decoding], out: Path, source: str, command: str, repeats: int = 2,
           mode: str = "eager", progress: bool = True) -> dict[str, pd.DataFrame]:
     """Run :func:`predictions` on each workload's first ``prompts`` evaluation prompts, print predicted / measured
-    per method (:func:`~looped_kv.analysis.pass_cost.compare`) and record the runs in ``out`` (checked by the caller)
-    with the command, the commit, the machine, the date, the weights' digest and the pass-cost record's."""
+    per method (:func:`~looped_kv.analysis.pass_cost.compare`, beside the at drift, in passes and outside passes
+    columns of :func:`~looped_kv.analysis.pass_cost.against_greedy`) and record the runs in ``out`` (checked by the
+    caller) with the command, the commit, the machine, the date, the weights' digest and the pass-cost record's."""
     check_mode(cost, mode)
     runs: dict[str, pd.DataFrame] = {}
     commit = source_commit()  # what ran, read before a long measurement
@@ -346,12 +348,10 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
             encoded = workload_prompts(model, workload, prompts, max_new_tokens, methods)
             runs[workload] = predictions(model, cost, encoded, methods, max_new_tokens, repeats, mode, progress)
             r = runs[workload]
-            table = compare(r)
-            table.insert(0, "measured / predicted", 1 / table["ratio"])
-            table.insert(1, "at drift", 1 / compare(r.assign(predicted_s=r["predicted_s"] * r["drift"]))["ratio"])
-            sums = r.groupby("method", sort=False)[["in_passes_s", "predicted_s", "measured_s"]].sum()
-            table.insert(2, "in passes / predicted", sums["in_passes_s"] / sums["predicted_s"])
-            table.insert(3, "outside passes", 1 - sums["in_passes_s"] / sums["measured_s"])
+            split = against_greedy(r)[["measured / predicted", "measured / predicted at drift",
+                                       "in passes / predicted", "outside passes"]]
+            table = split.set_axis(["measured / predicted", "at drift", "in passes / predicted", "outside passes"],
+                                   axis=1).rename_axis("method").join(compare(r))
             print(f"{workload} (drift: the grid's cells took {r['drift'].min():.3f}x to {r['drift'].max():.3f}x "
                   f"their recorded time; at drift: measured / (predicted x drift); in passes: the time inside the "
                   f"runs' passes; outside passes: the decode loop's share of the measured time):\n"
