@@ -786,8 +786,13 @@ def _add_pass_cost(sub: argparse._SubParsersAction) -> None:
                         "(default: 5 25, self-spec's verification and DAS-Wave's)")
     p.add_argument("--loops", type=int, nargs="+", help="loops per pass, 2 or more in [1, R] (default: 1, the "
                                                         "default draft depth, R / 2 and R)")
+    p.add_argument("--verify-tokens", type=int, nargs="+",
+                   help="widths of the verifications in place, R loops (default: --tokens and --held-out-tokens)")
     p.add_argument("--contexts", type=int, nargs="+", default=[64, 256, 512],
-                   help="prefix positions read, 2 or more (compiled: their capacity buckets; default: 64 256 512)")
+                   help="prefix positions read by eager cells, 2 or more (default: 64 256 512)")
+    p.add_argument("--capacities", type=int, nargs="+",
+                   help="capacities of the compiled cells, 2 or more capacity buckets (64, 96, 128, 192, 256, ...; "
+                        "default: the buckets of --contexts)")
     p.add_argument("--prompt-lengths", type=int, nargs="+", default=[16, 64, 128, 256, 512],
                    help="prompt tokens of the timed prefills, 2 or more (default: 16 64 128 256 512)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds, each timing every cell once (default: 5)")

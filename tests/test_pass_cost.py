@@ -71,13 +71,18 @@ def test_the_fit_recovers_a_known_cost_function_exactly(statistic):
     cost = fit_pass_cost(synthetic(statistic), statistic, held_out=HELD_OUT)
     for mode in ("eager", "compiled"):
         assert sorted(cost.coefficients[mode]) == list(WIDTHS)
-        for g in WIDTHS:
-            np.testing.assert_allclose(cost.coefficients[mode][g], coefficients(g), rtol=1e-9, atol=1e-15)
+        for g in WIDTHS:  # at each measured context L, a line in the loops: a + c L + (b + e L) r
+            a, b, c, e = coefficients(g)
+            assert sorted(cost.coefficients[mode][g]) == list(CONTEXTS)
+            for L in CONTEXTS:
+                np.testing.assert_allclose(cost.coefficients[mode][g][L], (a + c * L, b + e * L), rtol=1e-9,
+                                           atol=1e-15)
         for g, r, L in [(3, 7, 100), (25, 2, 300), (1, 32, 999), (17, 4, 64)]:  # between the widths, any r and L
             assert cost.seconds(g, r, L, mode) == pytest.approx(truth(g, r, L), rel=1e-9)
         assert cost.prefill_seconds(300, mode) == pytest.approx(prefill_truth(300), rel=1e-12)
         assert sorted(cost.verifications[mode]) == list(WIDTHS)
-        for g, L in [(1, 300), (9, 200), (25, 999)]:
+        assert cost.verifications[mode][8] == {L: pytest.approx(verify_truth(8, L), rel=1e-12) for L in CONTEXTS}
+        for g, L in [(1, 300), (9, 200), (25, 999), (4, 10)]:  # between and past the measured contexts
             assert cost.verify_seconds(g, L, mode) == pytest.approx(verify_truth(g, L), rel=1e-9)
     residuals = cost.residuals()
     assert len(residuals) == 2 * len(WIDTHS + HELD_OUT) * (len(LOOPS) + 1) * len(CONTEXTS)

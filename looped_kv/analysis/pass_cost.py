@@ -3,20 +3,24 @@
 Eq. (8) prices a pass by its layer passes, c(r) = n_pre + r n_core + n_coda, whatever its new tokens: true on a GPU at
 batch 1, not on a CPU, where an R-loop pass over 16 tokens costs about 1.7 one-token steps (DESIGN, "What speculation
 can win on a CPU"). Here the time of one pass of g new tokens through r loops, reading L prefix positions, is fitted
-per mode (eager, compiled) and per measured width g as
+per mode (eager, compiled), per measured width g and per measured context L_k as
 
-    t(g, r, L) = a_g + b_g r + c_g L + e_g r L
+    t(g, r, L_k) = a + b r
 
-(prelude, coda and head once, each loop once, and attention over the prefix once and once per loop), and interpolated
-linearly in g between measured widths; widths outside them are refused. These passes write their keys/values nowhere
-and attend over the prefix and their own block, as drafts and DAS-Wave rounds do. A verification under a cache whose
-planes are each last written by their own loop (the full cache) is written into the cache past the prefix and read
-there in place by one fused kernel (:meth:`~looped_kv.decoding.passes.Passes.verification_store`): it is timed as its
-own kind at R loops and fitted per mode and width as t_verify(g, L) = a_g + c_g L (:data:`VERIFY_TERMS`); greedy
-decoding's step is its one-token case. ``context`` L is what a pass's attention reads
-(:class:`~looped_kv.decoding.passes.PassRecord`): eager, the committed prefix; compiled, the cache's capacity. The
-prefill's time is interpolated linearly in its prompt tokens. The grid is timed at batch 1 by ``looped-kv pass-cost``
-(:mod:`looped_kv.experiments.pass_cost`), which records it with the machine, the command, the commit and the date.
+(the prelude, coda, head and attention over the prefix once; each loop once), linear in L between the measured
+contexts (so bilinear in r and L on each segment; the end segments extended past them) and linear in g between the
+measured widths (widths outside them are refused). A compiled step is one kernel per capacity, whose cost a line
+through all capacities misprices (the attention's tiles change with it): its measured contexts are the capacity
+buckets the decodes allocate (:func:`~looped_kv.decoding.passes.capacity_buckets`), looked up, not fitted. These
+passes write their keys/values nowhere and attend over the prefix and their own block, as drafts and DAS-Wave rounds
+do. A verification under a cache whose planes are each last written by their own loop (the full cache) is written into
+the cache past the prefix and read there in place by one fused kernel (:meth:`~looped_kv.decoding.passes.Passes.
+verification_store`): it is timed as its own kind at R loops, and its time at each measured width and context is the
+cells' statistic, interpolated alike; greedy decoding's step is its one-token case. ``context`` L is what a pass's
+attention reads (:class:`~looped_kv.decoding.passes.PassRecord`): eager, the committed prefix; compiled, the cache's
+capacity. The prefill's time is interpolated linearly in its prompt tokens. The grid is timed at batch 1 by
+``looped-kv pass-cost`` (:mod:`looped_kv.experiments.pass_cost`), which records it with the machine, the command, the
+commit and the date.
 
 A decoder's predicted time is the model's time of every pass it ran (its :class:`~looped_kv.decoding.loop.PassLog`)
 plus its prefill (:func:`predict_seconds`); :func:`compare` sets predictions against measured times per method, and
@@ -40,15 +44,13 @@ from looped_kv.decoding.passes import PassRecord
 from looped_kv.decoding.settings import DasWave, Decoding, MatureSpec, PromptLookup, SelfSpec
 
 MODES = ("eager", "compiled")
-#: The terms of one width's fit, in the order of its coefficients: t = a + b r + c L + e r L.
-TERMS = ("1", "loops", "context", "loops x context")
+#: The terms of one width's fit at one context, in the order of its coefficients: t = a + b r.
+TERMS = ("1", "loops")
 STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": lambda s: float(np.median(s)),
                                                              "min": lambda s: float(np.min(s))}
 #: The batch every cell is timed at.
 BATCH = 1
 KINDS = ("pass", "verify", "prefill")
-#: The terms of one width's fit of an in-place verification (R loops): t = a + c L.
-VERIFY_TERMS = ("1", "context")
 
 
 @dataclass(frozen=True)
@@ -75,32 +77,36 @@ def _check_timing(t: Timing) -> None:
                          f"g={t.tokens} r={t.loops} L={t.context})")
 
 
-def _design(loops: np.ndarray, context: np.ndarray) -> np.ndarray:
-    return np.column_stack([np.ones_like(loops), loops, context, loops * context])
-
-
 def _interpolate(nodes: Mapping[int, np.ndarray | float], x: float, what: str, hint: str) -> np.ndarray | float:
     """Linear interpolation between the measured ``nodes`` (x -> value); a ValueError outside them."""
     xs = sorted(nodes)
     if not xs[0] <= x <= xs[-1]:
         raise ValueError(f"{what} {x} is outside the measured {xs[0]}..{xs[-1]}; {hint}")
-    i = min(int(np.searchsorted(xs, x, side="right")) - 1, len(xs) - 2) if len(xs) > 1 else 0
-    if len(xs) == 1 or x == xs[i]:
-        return nodes[xs[i]]
+    return _along(nodes, x)
+
+
+def _along(nodes: Mapping[int, float], x: float) -> float:
+    """Linear interpolation between the ``nodes`` (x -> value), the end segments extended past them; one node is
+    constant."""
+    xs = sorted(nodes)
+    if len(xs) == 1:
+        return nodes[xs[0]]
+    i = int(np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2))
     w = (x - xs[i]) / (xs[i + 1] - xs[i])
-    return (1 - w) * np.asarray(nodes[xs[i]]) + w * np.asarray(nodes[xs[i + 1]])
+    return (1 - w) * nodes[xs[i]] + w * nodes[xs[i + 1]]
 
 
 @dataclass(frozen=True)
 class PassCost:
-    """A fitted pass-cost model (see the module docstring): per mode, the coefficients of :data:`TERMS` per measured
-    width and of :data:`VERIFY_TERMS` per verified width, the prefill's time per measured prompt length, the timings
-    it was fitted on (``held_out`` widths timed but not fitted) and ``meta``: what
-    :mod:`looped_kv.experiments.pass_cost` records (machine, command, commit, threads, date, model)."""
+    """A fitted pass-cost model (see the module docstring): per mode, width and measured context, the coefficients
+    of :data:`TERMS` (``coefficients[mode][g][L]``) and the time of a verification in place (``verifications[mode][g]
+    [L]``), the prefill's time per measured prompt length, the timings it was fitted on (``held_out`` widths timed but
+    not fitted) and ``meta``: what :mod:`looped_kv.experiments.pass_cost` records (machine, command, commit, threads,
+    date, model)."""
 
     statistic: str
-    coefficients: dict[str, dict[int, tuple[float, float, float, float]]]
-    verifications: dict[str, dict[int, tuple[float, float]]]
+    coefficients: dict[str, dict[int, dict[int, tuple[float, float]]]]
+    verifications: dict[str, dict[int, dict[int, float]]]
     prefill: dict[str, dict[int, float]]
     timings: tuple[Timing, ...]
     held_out: tuple[int, ...] = ()
@@ -115,17 +121,18 @@ class PassCost:
     def seconds(self, tokens: int, loops: int, context: int, mode: str = "eager") -> float:
         """Predicted seconds of one pass of ``tokens`` new tokens through ``loops`` loops reading ``context`` prefix
         positions (compiled: the cache's capacity), at batch 1."""
-        a, b, c, e = _interpolate(self._mode(mode, self.coefficients), tokens, f"{mode} pass of tokens",
-                                  "re-run looped-kv pass-cost with --tokens covering it")
-        return float(a + b * loops + c * context + e * loops * context)
+        by_width = {g: _along({L: a + b * loops for L, (a, b) in by_context.items()}, context)
+                    for g, by_context in self._mode(mode, self.coefficients).items()}
+        return float(_interpolate(by_width, tokens, f"{mode} pass of tokens",
+                                  "re-run looped-kv pass-cost with --tokens covering it"))
 
     def verify_seconds(self, tokens: int, context: int, mode: str = "eager") -> float:
         """Predicted seconds of one R-loop verification of ``tokens`` tokens written into the cache and read there in
         place (greedy decoding's step: one token) after ``context`` prefix positions (compiled: the cache's
         capacity), at batch 1."""
-        a, c = _interpolate(self._mode(mode, self.verifications), tokens, f"{mode} verification of tokens",
-                            "re-run looped-kv pass-cost with --tokens covering it")
-        return float(a + c * context)
+        by_width = {g: _along(by_context, context) for g, by_context in self._mode(mode, self.verifications).items()}
+        return float(_interpolate(by_width, tokens, f"{mode} verification of tokens",
+                                  "re-run looped-kv pass-cost with --verify-tokens covering it"))
 
     def record_seconds(self, record: PassRecord) -> float:
         """Predicted seconds of one logged pass: the prefill at its prompt's length, a verification in place
@@ -172,9 +179,10 @@ class PassCost:
         """A JSON-ready dict: ``meta``'s keys, then the model."""
         return {**self.meta, "statistic": self.statistic, "held_out_tokens": list(self.held_out),
                 "terms": list(TERMS),
-                "coefficients": {m: {str(g): list(c) for g, c in by.items()} for m, by in self.coefficients.items()},
-                "verify_terms": list(VERIFY_TERMS),
-                "verifications": {m: {str(g): list(c) for g, c in by.items()} for m, by in self.verifications.items()},
+                "coefficients": {m: {str(g): {str(L): list(c) for L, c in by_context.items()}
+                                     for g, by_context in by.items()} for m, by in self.coefficients.items()},
+                "verifications": {m: {str(g): {str(L): s for L, s in by_context.items()}
+                                      for g, by_context in by.items()} for m, by in self.verifications.items()},
                 "prefill": {m: {str(n): s for n, s in by.items()} for m, by in self.prefill.items()},
                 "timings": [{"mode": t.mode, "kind": t.kind, "tokens": t.tokens, "loops": t.loops,
                              "context": t.context, "seconds": list(t.seconds)} for t in self.timings]}
@@ -182,19 +190,18 @@ class PassCost:
     @classmethod
     def from_dict(cls, record: Mapping) -> PassCost:
         """The model of :meth:`to_dict`'s dict (the other keys are its ``meta``)."""
-        own = ("statistic", "held_out_tokens", "terms", "coefficients", "verify_terms", "verifications", "prefill",
-               "timings")
+        own = ("statistic", "held_out_tokens", "terms", "coefficients", "verifications", "prefill", "timings")
         missing = [k for k in own if k not in record]
         if missing:
             raise ValueError(f"not a pass-cost record of this version: it lacks {missing} (re-run looped-kv pass-cost)")
-        if tuple(record["terms"]) != TERMS or tuple(record["verify_terms"]) != VERIFY_TERMS:
-            raise ValueError(f"a pass-cost record's terms must be {TERMS} and {VERIFY_TERMS}, got {record['terms']} "
-                             f"and {record['verify_terms']}")
+        if tuple(record["terms"]) != TERMS:
+            raise ValueError(f"not a pass-cost record of this version: its terms must be {TERMS} per width and "
+                             f"context, got {record['terms']} (re-run looped-kv pass-cost)")
         return cls(statistic=record["statistic"],
-                   coefficients={m: {int(g): tuple(c) for g, c in by.items()}
-                                 for m, by in record["coefficients"].items()},
-                   verifications={m: {int(g): tuple(c) for g, c in by.items()}
-                                  for m, by in record["verifications"].items()},
+                   coefficients={m: {int(g): {int(L): tuple(c) for L, c in by_context.items()}
+                                     for g, by_context in by.items()} for m, by in record["coefficients"].items()},
+                   verifications={m: {int(g): {int(L): float(s) for L, s in by_context.items()}
+                                      for g, by_context in by.items()} for m, by in record["verifications"].items()},
                    prefill={m: {int(n): float(s) for n, s in by.items()} for m, by in record["prefill"].items()},
                    timings=tuple(Timing(t["mode"], t["kind"], t["tokens"], t["loops"], t["context"],
                                         tuple(t["seconds"])) for t in record["timings"]),
@@ -212,9 +219,9 @@ def read(path: str | Path) -> PassCost:
 
 def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out: Iterable[int] = (),
                   meta: Mapping | None = None) -> PassCost:
-    """Fit :data:`TERMS` by least squares per mode and width on the ``statistic`` ("median" or "min") of each pass
-    cell's rounds, widths in ``held_out`` left out (their cells are predicted by interpolation, :meth:`PassCost.
-    residuals`), and :data:`VERIFY_TERMS` per mode and width on the verification cells, held-out widths left out
+    """Fit :data:`TERMS` by least squares per mode, width and context on the ``statistic`` ("median" or "min") of each
+    pass cell's rounds, widths in ``held_out`` left out (their cells are predicted by interpolation, :meth:`PassCost.
+    residuals`); a verification's time per mode, width and context is its cell's statistic, held-out widths left out
     alike; the prefill's time per prompt length is its cells' statistic."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {tuple(STATISTICS)}, got {statistic!r}")
@@ -222,37 +229,30 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
     for t in timings:
         _check_timing(t)
     stat = STATISTICS[statistic]
-    coefficients: dict[str, dict[int, tuple[float, float, float, float]]] = {}
-    verifications: dict[str, dict[int, tuple[float, float]]] = {}
+    coefficients: dict[str, dict[int, dict[int, tuple[float, float]]]] = {}
+    verifications: dict[str, dict[int, dict[int, float]]] = {}
     prefill: dict[str, dict[int, float]] = {}
     for mode in MODES:
         cells = [t for t in timings if t.mode == mode and t.kind == "pass" and t.tokens not in held_out]
-        for g in sorted({t.tokens for t in cells}):
-            at = [t for t in cells if t.tokens == g]
+        for g, L in sorted({(t.tokens, t.context) for t in cells}):
+            at = [t for t in cells if (t.tokens, t.context) == (g, L)]
             loops = np.array([t.loops for t in at], dtype=float)
-            context = np.array([t.context for t in at], dtype=float)
-            x = _design(loops, context)
-            if np.linalg.matrix_rank(x) < len(TERMS):
-                raise ValueError(f"{mode} passes of {g} tokens: a fit of {TERMS} needs cells at 2 or more loops and "
-                                 f"2 or more contexts, got loops {sorted(set(loops))} and contexts "
-                                 f"{sorted(set(context))}")
+            if len(set(loops)) < len(TERMS):
+                raise ValueError(f"{mode} passes of {g} tokens at context {L}: a fit of {TERMS} needs cells at 2 or "
+                                 f"more loops, got {sorted(set(loops))}")
+            x = np.column_stack([np.ones_like(loops), loops])
             solution, *_ = np.linalg.lstsq(x, np.array([stat(t.seconds) for t in at]), rcond=None)
-            coefficients.setdefault(mode, {})[g] = tuple(float(v) for v in solution)
-        cells = [t for t in timings if t.mode == mode and t.kind == "verify" and t.tokens not in held_out]
-        for g in sorted({t.tokens for t in cells}):
-            at = [t for t in cells if t.tokens == g]
-            context = np.array([t.context for t in at], dtype=float)
-            if len(set(context)) < len(VERIFY_TERMS):
-                raise ValueError(f"{mode} verifications of {g} tokens: a fit of {VERIFY_TERMS} needs cells at 2 or "
-                                 f"more contexts, got {sorted(set(context))}")
-            solution, *_ = np.linalg.lstsq(np.column_stack([np.ones_like(context), context]),
-                                           np.array([stat(t.seconds) for t in at]), rcond=None)
-            verifications.setdefault(mode, {})[g] = (float(solution[0]), float(solution[1]))
+            coefficients.setdefault(mode, {}).setdefault(g, {})[L] = (float(solution[0]), float(solution[1]))
         for t in timings:
+            if t.mode == mode and t.kind == "verify" and t.tokens not in held_out:
+                seconds = [s for u in timings if (u.mode, u.kind, u.tokens, u.context) == (mode, "verify", t.tokens,
+                                                                                          t.context) for s in u.seconds]
+                verifications.setdefault(mode, {}).setdefault(t.tokens, {})[t.context] = stat(seconds)
             if t.mode == mode and t.kind == "prefill":
                 prefill.setdefault(mode, {})[t.tokens] = stat(t.seconds)
     if not coefficients:
         raise ValueError("timings must hold pass cells of at least one width that is not held out")
+    verifications = {m: {g: dict(sorted(by[g].items())) for g in sorted(by)} for m, by in verifications.items()}
     return PassCost(statistic, coefficients, verifications, prefill, timings, held_out, dict(meta or {}))
 
 

@@ -47,7 +47,7 @@ from looped_kv.analysis.pass_cost import (
 )
 from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses
 from looped_kv.decoding.generate import generate
-from looped_kv.decoding.passes import Passes, capacity_bucket, new_cache
+from looped_kv.decoding.passes import Passes, capacity_bucket, capacity_buckets, new_cache
 from looped_kv.decoding.settings import Decoding, Greedy, default_draft_loops
 from looped_kv.experiments.bench import (
     check_rounds,
@@ -80,11 +80,13 @@ class Grid:
     tokens: list[int]  # widths fitted
     held_out_tokens: list[int]  # widths timed, predicted by interpolation, not fitted
     loops: list[int]
-    contexts: list[int]  # eager: prefix positions read; compiled: their capacity bucket
+    contexts: list[int]  # eager: prefix positions read
     prompt_lengths: list[int]  # of the timed prefills
     rounds: int
     statistic: str
     calls: int  # consecutive calls per timing of a pass or verification cell
+    verify_tokens: list[int] | None = None  # widths of the verifications in place (None: tokens and held-out tokens)
+    capacities: list[int] | None = None  # compiled contexts (None: the contexts' capacity buckets)
 
 
 def default_loops(num_loops: int) -> list[int]:
@@ -92,13 +94,23 @@ def default_loops(num_loops: int) -> list[int]:
     return sorted({1, default_draft_loops(num_loops), max(1, num_loops // 2), num_loops})
 
 
+def pass_widths(grid: Grid) -> list[int]:
+    """The widths of the pass cells: fitted and held out."""
+    return sorted(set(grid.tokens + grid.held_out_tokens))
+
+
+def verify_widths(grid: Grid) -> list[int]:
+    """The widths of the verification cells: ``verify_tokens``, else the pass cells' widths."""
+    return sorted(set(grid.verify_tokens or pass_widths(grid)))
+
+
 def _widest(grid: Grid) -> int:
-    return max(grid.tokens + grid.held_out_tokens)
+    return max(pass_widths(grid) + verify_widths(grid))
 
 
 def capacities(grid: Grid, block_size: int) -> list[int]:
-    """The compiled cells' contexts: each context's capacity bucket."""
-    return sorted({capacity_bucket(c, block_size) for c in grid.contexts})
+    """The compiled cells' contexts: ``capacities``, else each context's capacity bucket."""
+    return sorted(set(grid.capacities or {capacity_bucket(c, block_size) for c in grid.contexts}))
 
 
 def check_grid(grid: Grid, config: LoopedConfig) -> None:
@@ -112,8 +124,11 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
         raise ValueError(f"--rounds must be >= 1, got {grid.rounds}")
     if grid.calls < 1:
         raise ValueError(f"--calls must be >= 1, got {grid.calls}")
-    for flag, values, least in (("--tokens", grid.tokens, 1), ("--loops", grid.loops, 2),
-                                ("--contexts", grid.contexts, 2), ("--prompt-lengths", grid.prompt_lengths, 2)):
+    lists = [("--tokens", grid.tokens, 1), ("--loops", grid.loops, 2), ("--contexts", grid.contexts, 2),
+             ("--prompt-lengths", grid.prompt_lengths, 2)]
+    lists += [(flag, values, least) for flag, values, least in (("--verify-tokens", grid.verify_tokens, 1),
+                                                                ("--capacities", grid.capacities, 2)) if values]
+    for flag, values, least in lists:
         if any(v < 1 for v in values) or len(set(values)) < least:
             raise ValueError(f"{flag} must be {least} or more distinct integers >= 1, got {values}")
     low, high = min(grid.tokens), max(grid.tokens)
@@ -127,11 +142,14 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
     if "eager" in grid.modes and max(grid.contexts) + widest > block:
         raise ValueError(f"--contexts must each be <= {block - widest} (the model's context {block} less the widest "
                          f"pass, {widest} tokens), got {grid.contexts}")
+    if grid.capacities and not set(grid.capacities) <= set(capacity_buckets(block)):
+        raise ValueError(f"--capacities must each be one a compiled decode allocates, {capacity_buckets(block)}, got "
+                         f"{grid.capacities}")
     if "compiled" in grid.modes:
         caps = capacities(grid, block)
         if len(caps) < 2 or caps[0] <= widest:
-            raise ValueError(f"--contexts must give 2 or more compiled capacities above the widest pass ({widest} "
-                             f"tokens); they give {caps} (capacity buckets: 64, 96, 128, 192, 256, ...)")
+            raise ValueError(f"--contexts (or --capacities) must give 2 or more compiled capacities above the widest "
+                             f"pass ({widest} tokens); they give {caps} (capacity buckets: 64, 96, 128, 192, 256, ...)")
         traces = sum(mode == "compiled" and kind == "pass" for mode, kind, *_ in cells(grid, block, R))
         if traces > RECOMPILE_LIMIT:
             raise ValueError(f"--tokens, --held-out-tokens, --loops and --contexts make {traces} compiled cells, "
@@ -145,11 +163,10 @@ def cells(grid: Grid, block_size: int, num_loops: int) -> list[Cell]:
     """Every cell of the grid but the prefills: pass cells (mode, "pass", g, r, L) and verification cells (mode,
     "verify", g, R, L)."""
     out: list[Cell] = []
-    widths = sorted(set(grid.tokens + grid.held_out_tokens))
     for mode in grid.modes:
         contexts = capacities(grid, block_size) if mode == "compiled" else sorted(set(grid.contexts))
-        out += [(mode, "pass", g, r, c) for g in widths for r in sorted(set(grid.loops)) for c in contexts]
-        out += [(mode, "verify", g, num_loops, c) for g in widths for c in contexts]
+        out += [(mode, "pass", g, r, c) for g in pass_widths(grid) for r in sorted(set(grid.loops)) for c in contexts]
+        out += [(mode, "verify", g, num_loops, c) for g in verify_widths(grid) for c in contexts]
     return out
 
 
@@ -254,18 +271,21 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
         timespec="minutes"), "environment": environment, "model": source, "weights_sha256": weights_sha256(source),
             "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device), "batch": BATCH,
             "rounds": grid.rounds, "calls": grid.calls, "loops": grid.loops, "contexts": grid.contexts,
+            "capacities": capacities(grid, model.config.block_size), "verify_tokens": verify_widths(grid),
             "prompt_lengths": grid.prompt_lengths}
     cost = fit_pass_cost(timings, grid.statistic, grid.held_out_tokens, meta)
-    print(f"t(g, r, L) = a + b r + c L + e r L per width g and, in place, t_verify(g, L) = a + c L, fitted on the "
+    print(f"t(g, r, L) = a + b r per width g and context L, and the verification in place, fitted on the "
           f"{grid.statistic} of each cell; residuals (model / measured - 1):")
     print(cost.summary().to_string(float_format=lambda x: f"{x:+.1%}" if abs(x) < 10 else f"{x:g}"))
     for mode, by_width in cost.coefficients.items():
-        print(f"{mode}: a (ms), b (ms per loop), c (ms per 1,000 positions), e (ms per loop and 1,000 positions)")
-        for g, (a, b, c, e) in by_width.items():
-            print(f"  g = {g:<3} a {1e3 * a:8.3f}  b {1e3 * b:8.4f}  c {1e6 * c:8.3f}  e {1e6 * e:8.4f}")
-        print("  verification in place (R loops): a (ms), c (ms per 1,000 positions)")
-        for g, (a, c) in cost.verifications[mode].items():
-            print(f"  g = {g:<3} a {1e3 * a:8.3f}  c {1e6 * c:8.3f}")
+        table = pd.DataFrame({(g, L): {"a (ms)": 1e3 * a, "b (ms per loop)": 1e3 * b}
+                              for g, by_context in by_width.items() for L, (a, b) in by_context.items()}).T
+        print(f"{mode} passes, per width g and context L:\n"
+              f"{table.unstack().to_string(float_format=lambda x: f'{x:.3f}')}")
+        verified = pd.DataFrame({g: {L: 1e3 * s for L, s in by_context.items()}
+                                 for g, by_context in cost.verifications[mode].items()}).T
+        print(f"{mode} verifications in place (R loops), ms, per width (rows) and context (columns):\n"
+              f"{verified.to_string(float_format=lambda x: f'{x:.3f}')}")
     cost.write(out)
     print(f"recorded in {out}")
     return cost
