@@ -619,12 +619,14 @@ book.md(
 #
 # Since Eq. (8)'s premise fails here, the book also prices each pass by what it costs on
 # this machine. `looped-kv pass-cost` times one pass of $g$ new tokens through $r$ loops
-# reading $L$ prefix positions, and fits $t(g, r, L) = a_g + b_g r + c_g L + e_g r L$
-# per width $g$ (chapter 7 draws it). A verification is a pass of its own kind: under
-# the full cache its tokens are written into the cache past the prefix and read there
-# by one fused kernel, so the grid times it apart at each width,
-# $t_\mathrm{verify}(g, L) = a_g + c_g L$; greedy decoding's step is its one-token
-# case. Each cell is timed as a run of
+# reading $L$ prefix positions, and fits $t = a + b\,r$ over the loops at each measured
+# width $g$ and context $L$, linear in $g$ and $L$ between them (chapter 7 draws it). A
+# compiled step is one kernel per capacity of its cache, and its time does not follow
+# a line in the capacity, so compiled cells are timed at each capacity the decodes
+# allocate and looked up there. A verification is a pass of its own kind: under the
+# full cache its tokens are written into the cache past the prefix and read there by
+# one fused kernel, so the grid times it apart, at the widths the decoders verify;
+# greedy decoding's step is its one-token case. Each cell is timed as a run of
 # consecutive calls, as a decode makes them: a short compiled step timed alone, right
 # after another cell's wide pass, finds the CPU's caches cold and costs more than inside
 # a decode. `looped-kv pass-cost-check` then

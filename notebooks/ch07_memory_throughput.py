@@ -256,7 +256,9 @@ book.md(
 # tokens it carries: true on a GPU at batch 1. The pass-cost model of chapter 5
 # (`looped-kv pass-cost`) measures it on this machine. The figure draws the time of one
 # pass of $g$ new tokens relative to a one-token pass of the same depth, both written
-# nowhere, at a 256-position prefix; Eq. (8)'s premise is the dotted line at 1.
+# nowhere, and of a verification of $g$ tokens through all $R$ loops, in place, relative
+# to greedy decoding's step, at a 256-position prefix; Eq. (8)'s premise is the dotted
+# line at 1.
 
 # %%
 if book.is_tiny(model):
@@ -268,6 +270,10 @@ if book.is_tiny(model):
         curves = pass_cost.relative_cost(cost, cost.meta["loops"], 256, mode)
         for r in curves.columns:
             ax.plot(curves.index, curves[r], marker="o", ms=3, label=f"r = {r}")
+        widths = cost.meta["verify_tokens"]
+        step = cost.verify_seconds(1, 256, mode)
+        ax.plot(widths, [cost.verify_seconds(g, 256, mode) / step for g in widths],
+                marker="s", ms=3, color="black", label=f"verification, R = {R}")
         ax.axhline(1, color="grey", lw=0.8, ls=":")
         ax.set(xlabel="new tokens per pass g", title=mode)
     axes[0][0].set_ylabel("t(g, r) / t(1, r)")

@@ -17,7 +17,7 @@ from looped_kv.analysis.memory_bench import peak_bytes
 from looped_kv.analysis.throughput import throughput_cells
 from looped_kv.decoding import compiled as compiled_step
 from looped_kv.decoding.generate import generate
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, accept, decode
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal, accept, decode, prefix_outcome
 from looped_kv.decoding.passes import Passes, new_cache, prefill, prompt_logits, run_pass
 from looped_kv.runtime.cache import CachePass, PlaneCache
 from looped_kv.runtime.memory import policy_bytes
@@ -334,6 +334,25 @@ def test_accept_is_ragged():
     assert accept(drafts, targets).tolist() == [3, 1, 0]
     assert accept(drafts, targets, torch.tensor([2, 3, 1])).tolist() == [2, 1, 0]
     assert accept(drafts[:, :0], targets).tolist() == [0, 0, 0]
+
+
+def test_prefix_outcome_accepts_on_the_host_what_accept_accepts_on_the_device():
+    """Prompt lookup's and self-speculation's acceptance, read from the host once: on random ragged drafts, the same
+    counts as :func:`accept`, the verifier's token after them as the next pending one, committed with them."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        rows, width = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(0, 6, (1,), generator=g))
+        targets = torch.randint(0, 3, (rows, width + 1), generator=g)
+        lengths = torch.randint(0, width + 1, (rows,), generator=g)
+        drafts = torch.randint(0, 3, (rows, width), generator=g)
+        ragged = [d[:n].tolist() for d, n in zip(drafts, lengths.tolist(), strict=True)]
+        outcome = prefix_outcome(ragged, targets, lengths.tolist())
+        counts = accept(drafts, targets, lengths)
+        assert torch.equal(outcome.accepted, counts) and torch.equal(outcome.commit, counts + 1)
+        assert torch.equal(outcome.pending, targets.gather(1, counts[:, None]))
+        assert all(e.tolist() == [*r[:a], int(p)] for e, r, a, p in
+                   zip(outcome.emitted, ragged, counts.tolist(), outcome.pending[:, 0], strict=True))
+        assert outcome.drafted == lengths.tolist() and outcome.retained == [1] * rows
 
 
 def test_a_tensor_of_prompts_a_list_and_one_prompt_agree():

@@ -103,14 +103,13 @@ def test_the_model_refuses_what_it_did_not_measure():
     with pytest.raises(ValueError, match=r"mode 'compiled' was not measured.*--modes compiled"):
         cost.seconds(1, 4, 100, "compiled")
     one_loop = [t for t in synthetic() if t.kind == "prefill" or t.loops == 4]
-    with pytest.raises(ValueError, match="needs cells at 2 or more loops and 2 or more contexts"):
+    with pytest.raises(ValueError, match="eager passes of 1 tokens at context 64: a fit of \\('1', 'loops'\\) needs "
+                                         "cells at 2 or more loops, got \\[4\\]"):
         fit_pass_cost(one_loop)
     with pytest.raises(ValueError, match="statistic must be one of"):
         fit_pass_cost(synthetic(), "mean")
-    one_context = [t for t in synthetic() if t.kind != "verify" or t.context == 64]
-    with pytest.raises(ValueError, match="eager verifications of 1 tokens: a fit of \\('1', 'context'\\) needs "
-                                         "cells at 2 or more"):
-        fit_pass_cost(one_context, held_out=HELD_OUT)
+    one_context = fit_pass_cost([t for t in synthetic() if t.kind != "verify" or t.context == 64], held_out=HELD_OUT)
+    assert one_context.verify_seconds(8, 500) == one_context.verify_seconds(8, 64) == verify_truth(8, 64)
     in_place = PassRecord("verify", 1, 9, 32, 100, False, True)
     assert cost.record_seconds(in_place) == pytest.approx(verify_truth(9, 100), rel=1e-9)
     assert cost.record_seconds(PassRecord("verify", 1, 9, 32, 100, False)) == pytest.approx(truth(9, 32, 100))
@@ -135,11 +134,13 @@ def test_the_record_round_trips_with_its_metadata(tmp_path):
     assert again.verify_seconds(9, 200, "compiled") == cost.verify_seconds(9, 200, "compiled")
     with pytest.raises(ValueError, match=r"not a pass-cost record of this version: it lacks .*'verifications'"):
         PassCost.from_dict(meta)
-    one_token_steps = {k: v for k, v in cost.to_dict().items() if k not in ("verify_terms", "verifications")}
+    one_token_steps = {k: v for k, v in cost.to_dict().items() if k != "verifications"}
     one_token_steps |= {"step_terms": ["1", "context"], "steps": {"eager": [1e-3, 1e-6]}}  # stop 56's records
-    with pytest.raises(ValueError, match="it lacks \\['verify_terms', 'verifications'\\] \\(re-run looped-kv "
-                                         "pass-cost\\)"):
+    with pytest.raises(ValueError, match="it lacks \\['verifications'\\] \\(re-run looped-kv pass-cost\\)"):
         PassCost.from_dict(one_token_steps)
+    one_line = cost.to_dict() | {"terms": ["1", "loops", "context", "loops x context"]}  # stop 59's records
+    with pytest.raises(ValueError, match="its terms must be \\('1', 'loops'\\) per width and context"):
+        PassCost.from_dict(one_line)
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +197,39 @@ def test_compiled_passes_log_their_capacity_and_width_buckets(traced):
     assert {p.context for p in log.passes[1:]} == {64}  # the capacity bucket of 7 + 8 + gamma + 1 positions
     refined = [p.tokens for p in log.passes if p.kind == "refine"][:3]
     assert refined == [refined_width(w, 6) for w in (3, 4, 5)] == [3, 4, 6]
+
+
+def test_a_compiled_capacity_is_looked_up_not_priced_on_a_line():
+    """A compiled step is a kernel per capacity: its measured time at every capacity is what the model gives there,
+    however unlike a line in the capacity (here a jump from 64 to 96, as measured), and halfway between two measured
+    capacities the model gives their mean."""
+    steps = {64: 1.00e-3, 96: 1.32e-3, 128: 1.37e-3, 192: 1.45e-3, 256: 1.64e-3, 512: 2.30e-3}
+    timings = [Timing("compiled", "verify", g, 32, L, (s * (1 + g / 10),)) for g in (1, 9) for L, s in steps.items()]
+    timings += [Timing("compiled", "pass", g, r, L, (s * r / 4 + 1e-4 * g,)) for g in (1, 9) for r in (2, 4)
+                for L, s in steps.items()]
+    cost = fit_pass_cost(timings)
+    for L, s in steps.items():
+        assert cost.verify_seconds(1, L, "compiled") == pytest.approx(s * 1.1, rel=1e-12)
+        assert cost.verify_seconds(5, L, "compiled") == pytest.approx(s * 1.5, rel=1e-12)  # between widths 1 and 9
+        assert cost.seconds(9, 3, L, "compiled") == pytest.approx(s * 3 / 4 + 9e-4, rel=1e-9)
+    assert cost.verify_seconds(1, 160, "compiled") == pytest.approx((1.37e-3 + 1.45e-3) / 2 * 1.1, rel=1e-12)
+
+
+def test_the_grid_times_verifications_at_their_own_widths_and_compiled_cells_at_given_capacities():
+    grid = experiment.Grid(modes=["eager", "compiled"], tokens=[1, 4], held_out_tokens=[2], loops=[2, 4],
+                           contexts=[10, 70], prompt_lengths=[5, 9], rounds=1, statistic="median", calls=2,
+                           verify_tokens=[1, 9], capacities=[96, 192])
+    cells = experiment.cells(grid, 1024, 32)
+    assert {c for c in cells if c[1] == "verify"} == {(m, "verify", g, 32, L) for m, contexts in
+                                                      (("eager", (10, 70)), ("compiled", (96, 192)))
+                                                      for g in (1, 9) for L in contexts}
+    assert {c for c in cells if c[1] == "pass"} == {(m, "pass", g, r, L) for m, contexts in
+                                                    (("eager", (10, 70)), ("compiled", (96, 192)))
+                                                    for g in (1, 2, 4) for r in (2, 4) for L in contexts}
+    default = replace(grid, verify_tokens=None, capacities=None)
+    assert {(c[0], c[2], c[4]) for c in experiment.cells(default, 1024, 32) if c[1] == "verify"} == {
+        (m, g, L) for m, contexts in (("eager", (10, 70)), ("compiled", (64, 96))) for g in (1, 2, 4)
+        for L in contexts}
 
 
 def test_the_grid_times_every_cell_in_every_round(traced):
@@ -270,7 +304,15 @@ def no_work(monkeypatch):
     (["--loops", "1", "64"], "--loops must each be in [1, 32] (the model's R), got [1, 64]"),
     (["--contexts", "256", "256"], "--contexts must be 2 or more distinct integers >= 1"),
     (["--contexts", "64", "1000"], "--contexts must each be <= 992 (the model's context 1024 less the widest pass"),
-    (["--contexts", "65", "70", "--modes", "compiled"], "--contexts must give 2 or more compiled capacities"),
+    (["--contexts", "65", "70", "--modes", "compiled"],
+     "--contexts (or --capacities) must give 2 or more compiled capacities above the widest pass (32 tokens); they "
+     "give [96]"),
+    (["--capacities", "96", "100"], "--capacities must each be one a compiled decode allocates, [64, 96, 128, 192, "
+                                    "256, 384, 512, 768, 1024], got [96, 100]"),
+    (["--capacities", "96"], "--capacities must be 2 or more distinct integers >= 1, got [96]"),
+    (["--verify-tokens", "0", "9"], "--verify-tokens must be 1 or more distinct integers >= 1, got [0, 9]"),
+    (["--verify-tokens", "1", "64", "--modes", "compiled"],
+     "--contexts (or --capacities) must give 2 or more compiled capacities above the widest pass (64 tokens)"),
     (["--held-out-tokens", "40"], "--held-out-tokens must lie strictly between the smallest and largest --tokens "
                                   "(1 and 32) and not be among them, got [40]"),
     (["--prompt-lengths", "16", "2000"], "--prompt-lengths must each be in [1, 1024]"),

@@ -239,7 +239,7 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
             loops = np.array([t.loops for t in at], dtype=float)
             if len(set(loops)) < len(TERMS):
                 raise ValueError(f"{mode} passes of {g} tokens at context {L}: a fit of {TERMS} needs cells at 2 or "
-                                 f"more loops, got {sorted(set(loops))}")
+                                 f"more loops, got {sorted({t.loops for t in at})}")
             x = np.column_stack([np.ones_like(loops), loops])
             solution, *_ = np.linalg.lstsq(x, np.array([stat(t.seconds) for t in at]), rcond=None)
             coefficients.setdefault(mode, {}).setdefault(g, {})[L] = (float(solution[0]), float(solution[1]))

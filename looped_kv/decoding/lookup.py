@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal, prefix_outcome
 from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.decoding.speculative import check_speculation
@@ -54,6 +54,7 @@ class NgramDrafts(Drafter):
         self.gamma, self.ngram, self.exact = gamma, ngram, exact
         self.lookahead = self.width = gamma + 1
         self.contexts: list[NgramIndex] = []
+        self.found: list[list[int]] = []  # each row's drafts of the current cycle
 
     def check(self, policy: CachePolicy) -> None:
         check_speculation(policy, self.gamma, self.exact)
@@ -67,21 +68,17 @@ class NgramDrafts(Drafter):
         self.contexts = [self.contexts[i] for i in rows]
 
     def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
-        found = [c.drafts(self.gamma) for c in self.contexts]
-        width = passes.padded_width(max(len(f) for f in found), self.gamma)
-        drafts = torch.zeros(len(found), width, dtype=torch.long, device=pending.device)
-        for i, f in enumerate(found):
-            drafts[i, :len(f)] = torch.tensor(f, dtype=torch.long)
-        return Proposal(drafts, torch.tensor([len(f) for f in found], device=pending.device))
+        self.found = [c.drafts(self.gamma) for c in self.contexts]
+        width = passes.padded_width(max(len(f) for f in self.found), self.gamma)
+        drafts = torch.tensor([f + [0] * (width - len(f)) for f in self.found], dtype=torch.long,
+                              device=pending.device)
+        return Proposal(drafts, torch.tensor([len(f) for f in self.found], device=pending.device))
 
     def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
-        accepted = accept(proposal.tokens, targets, proposal.lengths)
-        nxt = targets.gather(1, accepted[:, None])
-        counts = accepted.tolist()
-        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, counts, nxt, strict=True)]
-        for context, tokens in zip(self.contexts, emitted, strict=True):
+        outcome = prefix_outcome(self.found, targets, [len(f) for f in self.found])
+        for context, tokens in zip(self.contexts, outcome.emitted, strict=True):
             context.extend(tokens.tolist())
-        return Outcome(accepted, accepted + 1, nxt, emitted, proposal.lengths.tolist(), [1] * len(counts))
+        return outcome
 
     @property
     def options(self) -> dict:

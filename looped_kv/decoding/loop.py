@@ -180,6 +180,21 @@ def accept(drafts: Tensor, targets: Tensor, lengths: Tensor | None = None) -> Te
     return torch.where(mismatch.any(1), mismatch.int().argmax(1), n)
 
 
+def prefix_outcome(drafts: Sequence[Sequence[int]], targets: Tensor, drafted: list[int]) -> Outcome:
+    """Each row's ``drafts`` (host lists, ragged) verified against the verifier's ``targets`` (B, >= its drafts + 1),
+    read from the device once: the longest prefix equal to the targets is accepted and emitted with the verifier's
+    token after it, which becomes the row's pending token; ``drafted``: the drafts each row offered."""
+    counts, emitted = [], []
+    for row, verified in zip(drafts, targets.tolist(), strict=True):
+        a = next((i for i, (d, t) in enumerate(zip(row, verified, strict=False)) if d != t), len(row))
+        counts.append(a)
+        emitted.append([*row[:a], verified[a]])
+    device = targets.device
+    accepted = torch.tensor(counts, device=device)
+    return Outcome(accepted, accepted + 1, torch.tensor([e[-1:] for e in emitted], device=device),
+                   [torch.tensor(e, device=device) for e in emitted], drafted, [1] * len(counts))
+
+
 class Drafter:
     """What a method adds to the loop: its proposals, the tokens it verifies and what it accepts. This base drafter
     proposes nothing (greedy decoding); a method, or a user's plug-in, subclasses it.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from looped_kv.decoding.loop import Drafter, Outcome, Proposal, accept
+from looped_kv.decoding.loop import Drafter, Outcome, Proposal, prefix_outcome
 from looped_kv.decoding.passes import Passes
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.runtime.policy import CachePolicy, PrefixReads
@@ -76,11 +76,7 @@ class LoopDrafts(Drafter):
         return Proposal(torch.cat(drafts, dim=1), q=None if sampler.greedy else torch.cat(q, dim=1))
 
     def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
-        accepted = accept(proposal.tokens, targets)
-        nxt = targets.gather(1, accepted[:, None])
-        counts = accepted.tolist()
-        emitted = [torch.cat([d[:a], p]) for d, a, p in zip(proposal.tokens, counts, nxt, strict=True)]
-        return Outcome(accepted, accepted + 1, nxt, emitted, [self.gamma] * len(counts), [1] * len(counts))
+        return prefix_outcome(proposal.tokens.tolist(), targets, [self.gamma] * len(proposal.tokens))
 
     @property
     def options(self) -> dict:
