@@ -6,8 +6,10 @@ and compiled, writing its keys/values nowhere, as a DAS-Wave round does (a draft
 keys/values, is left out); at each width and context, the R-loop verification written into the full cache past the
 prefix and read there in place (greedy decoding's step at one token; timed without committing it); and the prefill of
 prompts of a few lengths. Eager cells read a prefix of L positions; compiled ones attend over their cache's whole
-capacity, the bucket of L (:func:`~looped_kv.decoding.passes.capacity_bucket`), which is then their context. Compiled
-steps are traced before the first timed round (one trace per kind, width, loop count and capacity).
+capacity, which is then their context: ``--capacities`` (best, every capacity the decodes priced allocate), else the
+bucket of each L (:func:`~looped_kv.decoding.passes.capacity_bucket`). Verifications are timed at ``--verify-tokens``
+(the widths decoders verify), else at the passes' widths. Compiled steps are traced before the first timed round (one
+trace per kind, width, loop count and capacity: a minute or two each for R loops on a CPU).
 
 A pass or verification cell is timed as a run of ``calls`` consecutive calls after one untimed call, as a decode
 makes them (its time per call is the run's mean): a compiled step timed right after another cell's wide pass finds
