@@ -243,16 +243,15 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
             x = np.column_stack([np.ones_like(loops), loops])
             solution, *_ = np.linalg.lstsq(x, np.array([stat(t.seconds) for t in at]), rcond=None)
             coefficients.setdefault(mode, {}).setdefault(g, {})[L] = (float(solution[0]), float(solution[1]))
+        cells = [t for t in timings if t.mode == mode and t.kind == "verify" and t.tokens not in held_out]
+        for g, L in sorted({(t.tokens, t.context) for t in cells}):
+            seconds = [s for t in cells if (t.tokens, t.context) == (g, L) for s in t.seconds]
+            verifications.setdefault(mode, {}).setdefault(g, {})[L] = stat(seconds)
         for t in timings:
-            if t.mode == mode and t.kind == "verify" and t.tokens not in held_out:
-                seconds = [s for u in timings if (u.mode, u.kind, u.tokens, u.context) == (mode, "verify", t.tokens,
-                                                                                          t.context) for s in u.seconds]
-                verifications.setdefault(mode, {}).setdefault(t.tokens, {})[t.context] = stat(seconds)
             if t.mode == mode and t.kind == "prefill":
                 prefill.setdefault(mode, {})[t.tokens] = stat(t.seconds)
     if not coefficients:
         raise ValueError("timings must hold pass cells of at least one width that is not held out")
-    verifications = {m: {g: dict(sorted(by[g].items())) for g in sorted(by)} for m, by in verifications.items()}
     return PassCost(statistic, coefficients, verifications, prefill, timings, held_out, dict(meta or {}))
 
 
