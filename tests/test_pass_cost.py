@@ -401,7 +401,8 @@ def test_the_check_prices_each_runs_own_passes(tiny):
     assert warmed == [("ar", True), ("self-spec", True), ("das-wave", True)]  # each decoder once before the clock
     assert list(runs["method"]) == ["ar", "self-spec", "das-wave"] * 2 and (runs["measured_s"] > 0).all()
     assert ((runs["in_passes_s"] > 0) & (runs["in_passes_s"] < runs["measured_s"])).all()
-    assert (runs["drift"] > 0).all() and runs.groupby("prompt")["drift"].nunique().eq(1).all()  # one per prompt
+    for column in ("drift_pass", "drift_verify"):  # one per prompt
+        assert (runs[column] > 0).all() and runs.groupby("prompt")[column].nunique().eq(1).all()
     for _, row in runs.iterrows():
         log = PassLog()
         config = Greedy() if row["method"] == "ar" else methods[row["method"]]
@@ -412,30 +413,39 @@ def test_the_check_prices_each_runs_own_passes(tiny):
     assert list(table.index) == ["ar", "self-spec", "das-wave"] and (table["runs"] == 2).all()
 
 
-def test_the_check_reads_the_machines_drift_on_the_grids_own_cells(tiny, monkeypatch):
-    """After each prompt the check re-times the record's narrowest and widest verifications at every context, as the
-    grid timed them (its calls), and keeps the median of time now / recorded: here a machine running every cell at
-    3x its recorded time (a fake clock), which the comparison at drift divides out."""
+def test_the_check_reads_the_machines_drift_per_kind_of_cell(tiny, monkeypatch):
+    """After each prompt the check re-times, at every context, the record's narrowest and widest verifications and
+    its narrowest passes at every loop count, as the grid timed them (its calls), and keeps per kind the median of
+    time now / recorded: here a machine running pass cells at 2x and verifications at 3x their recorded time (a fake
+    clock). The prediction at drift prices drafts at the first and verifications and the prefill at the second."""
     cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"calls": 5})
     cells = experiment.drift_cells(cost, "eager")
-    assert {(t.kind, t.tokens) for t in cells} == {("verify", 1), ("verify", 32)}
-    assert sorted(t.context for t in cells) == sorted(CONTEXTS * 2)
+    assert sorted((t.kind, t.tokens, t.loops, t.context) for t in cells) == sorted(
+        [("verify", g, 32, L) for g in (1, 32) for L in CONTEXTS] + [("pass", 1, r, L) for r in LOOPS
+                                                                       for L in CONTEXTS])
     asked = []
 
     def fake_arms(model, timed_cells, widest, calls, generator):
         asked.append((sorted(timed_cells), widest, calls))
-        return {cell: (lambda g=cell[2], L=cell[4]: 3 * verify_truth(g, L)) for cell in timed_cells}
+        return {cell: (lambda g=cell[2], r=cell[3], L=cell[4], kind=cell[1]:
+                       2 * truth(g, r, L) if kind == "pass" else 3 * verify_truth(g, L)) for cell in timed_cells}
 
     monkeypatch.setattr(experiment, "cell_arms", fake_arms)
     ids = [tiny.tokenizer("Question: Ann has 3 pens and buys 4 more. How many pens? Answer:",
                           return_tensors="pt").input_ids] * 2
-    runs = experiment.predictions(tiny, cost, ids, {"pld": PromptLookup()}, max_new_tokens=4, repeats=1,
+    runs = experiment.predictions(tiny, cost, ids, {"self-spec": SelfSpec(gamma=3)}, max_new_tokens=4, repeats=1,
                                   progress=False)
-    assert asked == [(sorted(("eager", "verify", g, 32, L) for g in (1, 32) for L in CONTEXTS), 32, 5)]
-    assert runs["drift"].tolist() == pytest.approx([3.0] * 4, rel=1e-12)
+    assert asked == [(sorted((t.mode, t.kind, t.tokens, t.loops, t.context) for t in cells), 32, 5)]
+    assert runs["drift_pass"].tolist() == pytest.approx([2.0] * 4, rel=1e-12)
+    assert runs["drift_verify"].tolist() == pytest.approx([3.0] * 4, rel=1e-12)
+    drafts = runs["predicted_draft_s"].fillna(0.0)
+    assert (drafts[runs["method"] == "self-spec"] > 0).all()
+    assert runs["predicted_at_drift_s"].to_numpy() == pytest.approx(
+        (3 * runs["predicted_s"] - drafts).to_numpy(), rel=1e-12)  # 2 x drafts + 3 x the rest
     table = pass_cost.against_greedy(runs)
+    sums = runs.groupby("method", sort=False)[["measured_s", "predicted_at_drift_s"]].sum()
     assert table["measured / predicted at drift"].to_numpy() == pytest.approx(
-        table["measured / predicted"].to_numpy() / 3, rel=1e-12)
+        (sums["measured_s"] / sums["predicted_at_drift_s"]).to_numpy(), rel=1e-12)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -510,6 +520,10 @@ def test_against_greedy_pairs_each_method_with_greedy_on_its_prompt():
     assert inside.loc["pld", "in passes / predicted"] == pytest.approx(1 / 1.5)
     assert inside.loc["pld", "outside passes"] == pytest.approx(1 - 1 / 2)
     assert inside.loc["ar", "outside passes"] == pytest.approx(1 - 4.5 / 6)
+    assert "measured / predicted at drift" not in table
+    drifted = pass_cost.against_greedy(runs.assign(predicted_at_drift_s=[2.0, 1.0, 3.0, 1.5]))
+    assert drifted.loc["ar", "measured / predicted at drift"] == pytest.approx(6 / 5)
+    assert drifted.loc["pld", "measured / predicted at drift"] == pytest.approx(2 / 2.5)
     with pytest.raises(ValueError, match="greedy decoding's"):
         pass_cost.against_greedy(runs[runs["method"] == "pld"])
     with pytest.raises(ValueError, match="missing \\['predicted_s'\\]"):
@@ -534,5 +548,5 @@ def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
         for workload, r in runs.items():
             assert set(r["method"]) == {"ar", "self-spec", "mature-spec", "pld", "das-wave"}, workload
             assert (r["mode"] == mode).all() and r["prompt"].nunique() >= 8 and (r["measured_s"] > 0).all(), workload
-            assert (r["drift"] > 0).all(), workload  # the machine's speed read beside every prompt
+            assert (r[["drift_pass", "drift_verify"]] > 0).all(axis=None), workload  # read beside every prompt
             assert ((r["in_passes_s"] > 0) & (r["in_passes_s"] < r["measured_s"])).all(), workload

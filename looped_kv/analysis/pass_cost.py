@@ -278,6 +278,18 @@ def predict_seconds(cost: PassCost, passes: Sequence[PassRecord], prefill_second
     return sum(predict_by_kind(cost, passes, prefill_seconds).values())
 
 
+def priced_by(record: PassRecord) -> str:
+    """The kind of grid cell whose time prices a logged pass (:meth:`PassCost.record_seconds`): "verify" for a
+    verification in place and for the prefill (an R-loop pass too), else "pass"."""
+    return "verify" if record.in_place or record.kind == "prefill" else "pass"
+
+
+def predict_at_drift(cost: PassCost, passes: Sequence[PassRecord], drift: Mapping[str, float]) -> float:
+    """:func:`predict_seconds` with each pass priced at the speed the machine runs its kind of cell now
+    (:func:`priced_by`): ``drift`` maps "pass" and "verify" to time now / recorded on such cells."""
+    return sum(cost.record_seconds(p) * drift[priced_by(p)] for p in passes)
+
+
 def compare(runs: pd.DataFrame) -> pd.DataFrame:
     """Predicted against measured seconds per method, from one row per run (``method``, ``predicted_s``,
     ``measured_s``): their sums over the runs, ``ratio`` = predicted / measured of the sums, and the per-run ratios'
@@ -350,9 +362,10 @@ def against_greedy(runs: pd.DataFrame) -> pd.DataFrame:
     sums over prompts, and the per-run range), the speed-up over paired greedy decoding the pass-cost model predicts
     (its bound: the speed the decoder would have if its time were only its passes and prefill) and the measured one
     (DAS Eq. 8: means over prompts of the per-prompt throughput ratio), and measured / predicted speed-up; with a
-    ``drift`` column (the machine's time on the grid's cells now / recorded, per run), measured / (predicted x drift)
-    too; with ``in_passes_s`` (the time inside each run's passes), in passes / predicted (how well the grid prices
-    the passes decoding ran) and the share of the measured time outside the passes (the decode loop's own work)."""
+    ``predicted_at_drift_s`` column (the passes priced at the speed their cells ran beside the run:
+    :func:`predict_at_drift`), measured / predicted at drift too; with ``in_passes_s`` (the time inside each run's
+    passes), in passes / predicted (how well the grid prices the passes decoding ran) and the share of the measured
+    time outside the passes (the decode loop's own work)."""
     missing = [c for c in ("prompt", "method", "new_tokens", "measured_s", "predicted_s") if c not in runs]
     if missing:
         raise ValueError(f"runs must have columns prompt, method, new_tokens, measured_s and predicted_s; missing "
@@ -371,9 +384,8 @@ def against_greedy(runs: pd.DataFrame) -> pd.DataFrame:
                         "lowest": float(per_run.min()), "highest": float(per_run.max()),
                         "predicted speed-up": predicted, "measured speed-up": measured,
                         "measured / predicted speed-up": measured / predicted}
-        if "drift" in r:
-            at_drift = (r["predicted_s"] * r["drift"]).sum()
-            rows[method]["measured / predicted at drift"] = r["measured_s"].sum() / at_drift
+        if "predicted_at_drift_s" in r:
+            rows[method]["measured / predicted at drift"] = r["measured_s"].sum() / r["predicted_at_drift_s"].sum()
         if "in_passes_s" in r:
             rows[method]["in passes / predicted"] = r["in_passes_s"].sum() / r["predicted_s"].sum()
             rows[method]["outside passes"] = 1 - r["in_passes_s"].sum() / r["measured_s"].sum()

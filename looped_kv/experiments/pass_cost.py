@@ -44,6 +44,7 @@ from looped_kv.analysis.pass_cost import (
     against_greedy,
     compare,
     fit_pass_cost,
+    predict_at_drift,
     predict_by_kind,
     read,
 )
@@ -302,11 +303,13 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     """Each method's measured decoding time against the pass-cost model's prediction: every prompt decoded alone by
     greedy decoding and each of ``methods`` (configs by name) in ``repeats`` interleaved rounds (the
     order reversed every other round), each run's passes logged (:class:`~looped_kv.decoding.loop.PassLog`). After
-    each prompt's rounds the machine's drift since the grid is read on a few of its cells (:func:`drift_arms`). One row
-    per (prompt, method): the median measured seconds, the median seconds inside the run's passes (each pass timed
-    from its call to its result, :attr:`~looped_kv.decoding.passes.PassRecord.seconds`: the rest is the decode loop's
-    own work), the predicted seconds (:func:`~looped_kv.analysis.pass_cost.predict_seconds`: every pass the run made,
-    and the model's prefill), the drift, the prediction per kind of pass and the new tokens. Every method decodes the
+    each prompt's rounds the machine's drift since the grid is read on a few of its pass and verification cells
+    (:func:`drift_arms`). One row per (prompt, method): the median measured seconds, the median seconds inside the
+    run's passes (each pass timed from its call to its result, :attr:`~looped_kv.decoding.passes.PassRecord.seconds`:
+    the rest is the decode loop's own work), the predicted seconds (:func:`~looped_kv.analysis.pass_cost.
+    predict_seconds`: every pass the run made, and the model's prefill), the drifts of the pass and the verification
+    cells, the prediction at those drifts (:func:`~looped_kv.analysis.pass_cost.predict_at_drift`), the prediction
+    per kind of pass and the new tokens. Every method decodes the
     first prompt once, untimed, before the first timed run: a decoder's first run in a process pays for code paths
     and allocations met for the first time, which no later run does."""
     check_rounds(repeats, (mode,))
@@ -316,41 +319,51 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     for config in configs.values():  # warm-up (compiled steps: each prompt's, interleaved_rounds)
         generate(model, prompts[0], config, max_new_tokens=max_new_tokens, compile=compiled)
     probes = drift_arms(model, cost, mode)
-    for _, run in probes:  # warm-up (compiled: traced here)
+    for _, _, run in probes:  # warm-up (compiled: traced here)
         run()
     keys, rows = list(configs), []
     with frozen_heap():
         for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
             rounds = interleaved_rounds(model, ids, configs, repeats, log_passes=True, max_new_tokens=max_new_tokens,
                                         compile=compiled)
-            drift = float(np.median([run() / recorded for recorded, run in probes]))
+            ratios: dict[str, list[float]] = {"pass": [], "verify": []}
+            for kind, recorded, run in probes:
+                ratios[kind].append(run() / recorded)
+            drift = {kind: float(np.median(r)) for kind, r in ratios.items()}
             for key in keys:
                 by_kind = predict_by_kind(cost, rounds.passes[key])
                 rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": rounds.first[key].num_new,
                              "passes": len(rounds.passes[key]), "measured_s": float(np.median(rounds.times[key])),
                              "in_passes_s": float(np.median(rounds.pass_seconds[key])),
-                             "predicted_s": sum(by_kind.values()), "drift": drift,
+                             "predicted_s": sum(by_kind.values()), "drift_pass": drift["pass"],
+                             "drift_verify": drift["verify"],
+                             "predicted_at_drift_s": predict_at_drift(cost, rounds.passes[key], drift),
                              **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
     return pd.DataFrame(rows)
 
 
 def drift_cells(cost: PassCost, mode: str) -> list[Timing]:
-    """The recorded cells a check re-times beside its decodes: ``mode``'s verifications in place of its narrowest
-    width (greedy decoding's step) and its widest, at every recorded context."""
-    verify = [t for t in cost.timings if t.mode == mode and t.kind == "verify"]
-    widths = {min(t.tokens for t in verify), max(t.tokens for t in verify)}
-    return [t for t in verify if t.tokens in widths]
+    """The recorded cells a check re-times beside its decodes, at every recorded context: ``mode``'s verifications
+    in place of its narrowest width (greedy decoding's step) and its widest, and its passes of its narrowest width
+    at every recorded loop count (a draft's shape)."""
+    timings = [t for t in cost.timings if t.mode == mode and t.kind in ("pass", "verify")]
+    verify_widths = {min(t.tokens for t in timings if t.kind == "verify"),
+                     max(t.tokens for t in timings if t.kind == "verify")}
+    pass_width = min(t.tokens for t in timings if t.kind == "pass")
+    return [t for t in timings if t.tokens in (verify_widths if t.kind == "verify" else {pass_width})]
 
 
-def drift_arms(model: LoopedLM, cost: PassCost, mode: str, seed: int = 1) -> list[tuple[float, Callable[[], float]]]:
-    """:func:`drift_cells` as the grid timed them (:func:`cell_arms`, the record's ``calls``), each with its recorded
-    time (the record's statistic over its rounds): the median of time now / recorded over these cells is how much
-    slower the machine runs than when the grid was timed (its drift)."""
+def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
+               seed: int = 1) -> list[tuple[str, float, Callable[[], float]]]:
+    """:func:`drift_cells` as the grid timed them (:func:`cell_arms`, the record's ``calls``), each with its kind
+    ("pass" or "verify") and its recorded time (the record's statistic over its rounds): per kind, the median of time
+    now / recorded over these cells is how much slower the machine runs such cells than when the grid was timed (its
+    drift; a short pass and an R-loop verification need not drift alike)."""
     timings = drift_cells(cost, mode)
     recorded = {(t.mode, t.kind, t.tokens, t.loops, t.context): STATISTICS[cost.statistic](t.seconds) for t in timings}
     runs = cell_arms(model, list(recorded), max(t.tokens for t in timings), int(cost.meta["calls"]),
                      torch.Generator().manual_seed(seed))
-    return [(recorded[cell], run) for cell, run in runs.items()]
+    return [(cell[1], recorded[cell], run) for cell, run in runs.items()]
 
 
 def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: int, max_new_tokens: int,
@@ -374,9 +387,11 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
                                        "in passes / predicted", "outside passes"]]
             table = split.set_axis(["measured / predicted", "at drift", "in passes / predicted", "outside passes"],
                                    axis=1).rename_axis("method").join(compare(r))
-            print(f"{workload} (drift: the grid's cells took {r['drift'].min():.3f}x to {r['drift'].max():.3f}x "
-                  f"their recorded time; at drift: measured / (predicted x drift); in passes: the time inside the "
-                  f"runs' passes; outside passes: the decode loop's share of the measured time):\n"
+            print(f"{workload} (drift: the grid's pass cells took {r['drift_pass'].min():.3f}x to "
+                  f"{r['drift_pass'].max():.3f}x their recorded time, its verifications {r['drift_verify'].min():.3f}x "
+                  f"to {r['drift_verify'].max():.3f}x; at drift: measured / the passes priced at their cells' drift; "
+                  f"in passes: the time inside the runs' passes; outside passes: the decode loop's share of the "
+                  f"measured time):\n"
                   f"{table.to_string(float_format=lambda x: f'{x:.3f}')}")
     write_record(out, {"commit": commit, "environment": environment, "runs": runs}, source, command,
                  pass_cost={k: cost.meta.get(k) for k in ("command", "commit", "date", "weights_sha256")})
