@@ -618,30 +618,29 @@ book.md(
 # ## A pass-cost model measured on this machine
 #
 # Since Eq. (8)'s premise fails here, the book also prices each pass by what it costs on
-# this machine. `looped-kv pass-cost` times one pass of $g$ new tokens through $r$ loops
-# reading $L$ prefix positions, and fits $t = a + b\,r$ over the loops at each measured
-# width $g$ and context $L$, linear in $g$ and $L$ between them (chapter 7 draws it). A
-# compiled step is one kernel per capacity of its cache, and its time does not follow
-# a line in the capacity, so compiled cells are timed at each capacity the decodes
-# allocate and looked up there. A verification is a pass of its own kind: under the
-# full cache its tokens are written into the cache past the prefix and read there by
-# one fused kernel, so the grid times it apart, at the widths the decoders verify;
-# greedy decoding's step is its one-token case. Each cell is timed as a run of
-# consecutive calls, as a decode makes them: a short compiled step timed alone, right
-# after another cell's wide pass, finds the CPU's caches cold and costs more than inside
-# a decode. `looped-kv pass-cost-check` then
-# decodes each workload's prompts with every decoder, eager and compiled, and logs the
-# passes each run made. It sets the model's time for those passes, plus the prefill,
-# against the measured time. A ratio near 1 says a decoder's time is its passes; above
-# 1, the rest is overhead the passes do not explain. The check also times each pass as
-# it runs, from its call to its result, which splits that rest in two: the passes
-# against their price ("in passes": how well the grid prices the passes decoding ran)
-# and the share of the time spent outside any pass ("outside": the decode loop's own
-# work, choosing, accepting and committing tokens). This machine's speed moves by a
-# few percent within an hour, so after each prompt the check re-times a few of the
-# grid's cells and also prices the passes at the speed they then ran at ("at drift").
-# The speed-up the passes allow (the bound) stands beside the measured one, and their
-# ratio says how much of the bound a decoder reaches.
+# this machine. `looped-kv pass-cost` times a grid of passes (chapter 7 draws it):
+#
+# - a pass of $g$ new tokens through $r$ loops reading $L$ prefix positions, fitted as
+#   $t = a + b\,r$ at each measured $g$ and $L$, linear in $g$ and $L$ between them;
+# - compiled, each capacity of the cache is a kernel of its own, so compiled cells are
+#   timed at the capacities decodes allocate and looked up there;
+# - a verification under the full cache writes its tokens past the prefix and reads them
+#   there in one fused kernel, so it is timed apart, at the widths decoders verify
+#   (greedy decoding's step is its one-token case).
+#
+# `looped-kv pass-cost-check` decodes each workload's prompts with every decoder, eager
+# and compiled, logs the passes each run made and sets their price, plus the prefill's,
+# against the measured time ("time / model"). Three columns say where a gap lies:
+#
+# - **in passes**: the passes, timed as they ran, against their price;
+# - **outside**: the decode loop's own share of the time (choosing, accepting and
+#   committing tokens);
+# - **at drift**: this machine's speed moves by tens of percent within an hour, so after
+#   each prompt the check re-times a few of the grid's pass and verification cells and
+#   prices each pass at the speed its kind of cell then ran.
+#
+# The bound is the speed-up a decoder's passes allow; "of bound" is how much of it the
+# decoder reaches.
 
 # %%
 if book.is_tiny(model):
@@ -667,42 +666,40 @@ if book.is_tiny(model):
     inside, outside = prediction["in passes / predicted"], prediction["outside passes"]
     wave = prediction.xs(bench.label("das-wave"), level=2)[
         "measured / predicted speed-up"]
-    drift = pd.concat({mode: pd.concat(runs)["drift"]
-                       for mode, (_, runs) in checks.items()})
+    drift = {kind: pd.concat({mode: pd.concat(runs)[f"drift_{kind}"]
+                              for mode, (_, runs) in checks.items()})
+             for kind in ("pass", "verify")}
 
     def spread(mode: str, ratio: pd.Series) -> str:
         r = ratio[mode]
         off = r[(r - 1).abs() > 0.15]
-        return (f"{mode}, {r.min():.2f}x to {r.max():.2f}x of the prediction, "
-                + ("every one within 15%" if off.empty else
-                   f"{len(off)} of {len(r)} workload-decoder pairs more than 15% off"
+        return (f"{mode} {r.min():.2f}x to {r.max():.2f}x, "
+                + ("every pair within 15%" if off.empty else
+                   f"{len(off)} of {len(r)} pairs more than 15% off"
                    + ("" if len(off) > 3 else " (" + ", ".join(
-                       f"{m} on {w}, {v:.2f}x" for (w, m), v in off.items()) + ")")))
+                       f"{m} on {w}, {v:.3f}x" for (w, m), v in off.items()) + ")")))
 
-    above = ratio[ratio > 1]
+    def ranges(values: pd.Series, fmt: str, what: str) -> str:
+        return " and ".join(f"{values[mode].min():{fmt}} to {values[mode].max():{fmt}}"
+                            f"{what} {mode}" for mode in checks)
+
     text = (
-        f"Priced by the passes each run made ({int(prediction['runs'].iloc[0])} "
-        f"prompts per workload), the decoders' measured times are: "
-        f"{spread('eager', ratio)}; {spread('compiled', ratio)}. "
-        + ("Every decoder takes longer than its passes, by "
-           f"{above.min() - 1:.0%} to {above.max() - 1:.0%}. "
-           if len(above) == len(ratio) else "")
-        + "Part of that is the machine: after each prompt the check re-times the "
-        "grid's one-token and widest verifications, which then took "
-        f"{drift.min():.2f}x to {drift.max():.2f}x their recorded time. Priced at "
-        f"the speed the machine ran at (at drift), they are: "
-        f"{spread('eager', at_drift)}; {spread('compiled', at_drift)}. "
-        + "Timed as they ran, the passes took "
-        + " and ".join(f"{inside[mode].min():.2f}x to {inside[mode].max():.2f}x their "
-                       f"price {mode}" for mode in checks)
-        + ", and the decode loop's own work outside them "
-        + " and ".join(f"{outside[mode].min():.0%} to {outside[mode].max():.0%} of "
-                       f"the time {mode}" for mode in checks)
-        + ". DAS-Wave reaches "
+        f"- **Time against the model** ({int(prediction['runs'].iloc[0])} prompts per "
+        f"workload): {spread('eager', ratio)}; {spread('compiled', ratio)}.\n"
+        f"- **At drift**, with the grid's pass cells then taking "
+        f"{drift['pass'].min():.2f}x to {drift['pass'].max():.2f}x their recorded "
+        f"time and its verifications {drift['verify'].min():.2f}x to "
+        f"{drift['verify'].max():.2f}x: "
+        f"{spread('eager', at_drift)}; {spread('compiled', at_drift)}.\n"
+        f"- **Where the rest lies**: the passes took "
+        f"{ranges(inside, '.2f', 'x their price')}; the loop outside them "
+        f"{ranges(outside, '.0%', ' of the time')}.\n"
+        "- **DAS-Wave** reaches "
         + " and ".join(", ".join(f"{v:.0%} ({w})" for w, v in wave[mode].items())
                        + f" {mode}" for mode in checks)
         + " of the speed-up its passes allow: where that speed-up is below 1, its "
-        "passes, not an overhead, make it slower than greedy decoding. The runs were "
+        "passes, not an overhead, make it slower than greedy decoding.\n\n"
+        "The runs were "
         + " and ".join(f"{bench.provenance(header)}" for header, _ in checks.values())
         + ".")
 else:
