@@ -41,8 +41,9 @@ def attend(queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = 
     """softmax(q k^T / sqrt(d_h) + M) v with grouped-query heads (q, k, v: ``queries``, ``keys``, ``values``).
 
     ``mask`` is boolean (n_q, n_k) or broadcastable to (B, H, n_q, n_k), True where a query reads
-    a key. ``softmax_dtype`` selects the explicit path (scores and softmax in that dtype, the
-    measurement mode of RIPE Section 2); ``None`` uses PyTorch's fused attention.
+    a key; on the fused path it may also be :func:`additive_mask`'s form of one. ``softmax_dtype``
+    selects the explicit path (scores and softmax in that dtype, the measurement mode of RIPE
+    Section 2); ``None`` uses PyTorch's fused attention.
     """
     groups = queries.shape[1] // keys.shape[1]
     if causal:
@@ -59,6 +60,12 @@ def attend(queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = 
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return (scores.softmax(dim=-1) @ values.to(softmax_dtype)).to(queries.dtype)
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask as the additive one the fused kernel turns it into on every call (0 where a query reads a key,
+    -inf elsewhere, in the queries' ``dtype``): made once for a mask that many calls share (the same result)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def attend_segments(queries: Tensor, segments: list[tuple[Tensor, Tensor, Tensor | None]],

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from looped_kv.runtime.attention import Site, attend, attend_segments
+from looped_kv.runtime.attention import Site, additive_mask, attend, attend_segments
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.policy import ALIGNED, CachePolicy, PrefixReads, read_planes
 
@@ -642,14 +642,17 @@ class CachePass:
             token_values.copy_(values)
         start, behind = (0, self.cache.policy.window) if copies else (self.cache.gap - 1, 0)  # behind: window
         stop = self.gap_stop - behind  # positions not read at plane R
-        out = attend(queries, base_keys[:, :, start:stop], base_values[:, :, start:stop], self._gap_mask(start, behind))
+        out = attend(queries, base_keys[:, :, start:stop], base_values[:, :, start:stop],
+                     self._gap_mask(start, behind, queries.dtype))
         if self.store == "cache" and not copies:
             self.cache.write(self.writes, {site: (keys, values)})
         return out
 
-    def _gap_mask(self, start: int, behind: int) -> Tensor | None:
+    def _gap_mask(self, start: int, behind: int, dtype: torch.dtype) -> Tensor | None:
         """Which slots of [start, gap + longest row - behind) each row reads: the scratch, then its own positions
-        (at loop r < R, not the kept plane's first S: the sinks' positions, read at plane r from the scratch)."""
+        (at loop r < R, not the kept plane's first S: the sinks' positions, read at plane r from the scratch); made
+        once per pass, additive (:func:`~looped_kv.runtime.attention.additive_mask`, in ``dtype``), as every loop's
+        call reads it."""
         if start in self._gap_masks:  # made once per pass
             return self._gap_masks[start]
         lengths, gap = self.cache.host_lengths, self.cache.gap
@@ -661,8 +664,8 @@ class CachePass:
             if hole:
                 keep = keep & ((j < gap) | (j >= gap + hole))
             keep = keep[:, None, None]
-        self._gap_masks[start] = keep
-        return keep
+        self._gap_masks[start] = None if keep is None else additive_mask(keep, dtype)
+        return self._gap_masks[start]
 
     def _reads(self, site: Site, keys: Tensor, values: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
         """What the call reads: the prefix segments, then the uncommitted tokens and the block (one segment)."""
