@@ -679,9 +679,10 @@ if book.is_tiny(model):
                    + ("" if len(off) > 3 else " (" + ", ".join(
                        f"{m} on {w}, {v:.3f}x" for (w, m), v in off.items()) + ")")))
 
-    def ranges(values: pd.Series, fmt: str, what: str) -> str:
-        return " and ".join(f"{values[mode].min():{fmt}} to {values[mode].max():{fmt}}"
-                            f"{what} {mode}" for mode in checks)
+    def ranges(values: pd.Series, fmt: str, unit: str, what: str) -> str:
+        return " and ".join(f"{values[mode].min():{fmt}}{unit} to "
+                            f"{values[mode].max():{fmt}}{unit} {what} {mode}"
+                            for mode in checks)
 
     text = (
         f"- **Time against the model** ({int(prediction['runs'].iloc[0])} prompts per "
@@ -692,8 +693,8 @@ if book.is_tiny(model):
         f"{drift['verify'].max():.2f}x: "
         f"{spread('eager', at_drift)}; {spread('compiled', at_drift)}.\n"
         f"- **Where the rest lies**: the passes took "
-        f"{ranges(inside, '.2f', 'x their price')}; the loop outside them "
-        f"{ranges(outside, '.0%', ' of the time')}.\n"
+        f"{ranges(inside, '.2f', 'x', 'their price')}; the loop outside them "
+        f"{ranges(outside, '.0%', '', 'of the time')}.\n"
         "- **DAS-Wave** reaches "
         + " and ".join(", ".join(f"{v:.0%} ({w})" for w, v in wave[mode].items())
                        + f" {mode}" for mode in checks)
