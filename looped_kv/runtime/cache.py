@@ -583,6 +583,7 @@ class CachePass:
             self.stop = cache.max_length + n
             self.plane_mask = self._plane_mask()
             self.causal = self.plane_mask is None and cache.max_length == 0 and n > 1
+            self._additive_plane_mask: Tensor | None = None
 
     # -- masks, built once per block ---------------------------------------------------------
     def _segment_masks(self, kinds: tuple[str, ...]) -> list[Tensor | None]:
@@ -600,6 +601,15 @@ class CachePass:
         j = torch.arange(self.cache.max_length + n, device=self.positions.device)
         return (j <= self.positions[:, :, None])[:, None]
 
+    def _fused_plane_mask(self, dtype: torch.dtype) -> Tensor | None:
+        """:attr:`plane_mask` in the fused kernel's additive form (:func:`~looped_kv.runtime.attention.additive_mask`,
+        in ``dtype``), made once per pass, as every call of the pass reads it."""
+        if self.plane_mask is None:
+            return None
+        if self._additive_plane_mask is None or self._additive_plane_mask.dtype != dtype:
+            self._additive_plane_mask = additive_mask(self.plane_mask, dtype)
+        return self._additive_plane_mask
+
     # -- the router --------------------------------------------------------------------------
     def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
         if self.record is not None:  # the keys and values are views into wider projections: keep copies
@@ -610,7 +620,8 @@ class CachePass:
             self.cache.write(self.plane_writes, {site: (keys, values)}, plane=plane)  # writes it)
             plane_keys = self.cache.plane_tensor(0, site, plane).narrow(2, 0, self.stop)
             plane_values = self.cache.plane_tensor(1, site, plane).narrow(2, 0, self.stop)
-            return attend(queries, plane_keys, plane_values, self.plane_mask, causal=self.causal,
+            mask = self.plane_mask if self.softmax_dtype is not None else self._fused_plane_mask(queries.dtype)
+            return attend(queries, plane_keys, plane_values, mask, causal=self.causal,
                           softmax_dtype=self.softmax_dtype)
         if self.gapped and core:
             return self.attend_gapped(site, queries, keys, values)
