@@ -77,7 +77,7 @@ from looped_kv.protocol import batches
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import PRESETS, LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR, load, model_config, resolve_source
-from looped_kv.runtime.measurement import check_device
+from looped_kv.runtime.measurement import check_device, measurement_mode, source_commit
 from looped_kv.runtime.memory import BYTES, element_bytes, layer_token_bytes, m_deep, m_full, policy_bytes
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CACHE_POLICIES, make_policy
@@ -273,10 +273,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         args.repeats, args.caches)
     if args.sampling_overhead and (args.caches or args.deep_v):
         raise ValueError("--caches and --deep-v add arms to the speed bench, not to --sampling-overhead; drop them")
-    if args.batch is not None and (not args.caches or args.sampling_overhead or args.deep_v or args.record
-                                   or ("--modes" in args.words and args.modes != ["eager"])):
-        raise ValueError("--batch times --caches against the full cache, eager: give it --caches, without "
-                         "--sampling-overhead, --deep-v, --record or a compiled --modes")
+    if args.batch is not None and (not args.caches or args.sampling_overhead or args.deep_v):
+        raise ValueError("--batch times --caches against the full cache: give it --caches, without "
+                         "--sampling-overhead or --deep-v")
     if args.batch is not None:
         bench.check_batch(args.batch, args.prompts)
     config = _model_config(args)
@@ -287,15 +286,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the benchmark's prompts are text")
     if args.batch is not None:
-        for workload in args.workloads:
-            prompts = bench.workload_prompts(model, workload, args.prompts, args.max_new_tokens,
-                                             {c: bench.CACHE_ARMS[c] for c in args.caches})
-            table = bench.batched_caches(model, prompts, args.batch, args.caches, args.max_new_tokens, args.repeats,
-                                         progress=not args.quiet)
-            print(f"{workload}: greedy decoding of {args.batch} prompts together under each cache against the full "
-                  f"cache, eager, {len(prompts) // args.batch} sets x {args.repeats} interleaved rounds, "
-                  f"{args.max_new_tokens} new tokens per row; mean tokens/s ratio over sets, 95% paired bootstrap "
-                  f"interval\n{table.to_string(float_format=lambda x: f'{x:.3f}')}")
+        _bench_batched(args, model)
         return 0
     if args.sampling_overhead:
         configs = bench.method_configs(args.draft_loops, args.gamma)
@@ -314,6 +305,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench.write_record(args.record, measured, args.model, " ".join(["looped-kv", "bench", *args.words]))
         print(f"recorded in {args.record}")
     return 0
+
+
+def _bench_batched(args: argparse.Namespace, model: LoopedLM) -> None:
+    """--batch: greedy decoding of --batch prompts together under each of --caches against the full cache, per
+    workload and mode (:func:`~looped_kv.experiments.bench.batched_runs`), printed and, with --record, recorded."""
+    measured: dict[str, object] = {"commit": source_commit(), "runs": {}}
+    with measurement_mode() as environment:
+        measured["environment"] = dict(environment)
+        for workload in args.workloads:
+            prompts = bench.workload_prompts(model, workload, args.prompts, args.max_new_tokens,
+                                             {c: bench.CACHE_ARMS[c] for c in args.caches})
+            runs = bench.batched_runs(model, prompts, args.batch, args.caches, args.max_new_tokens, args.repeats,
+                                      args.modes, progress=not args.quiet)
+            measured["runs"][workload] = runs
+            print(f"{workload}: greedy decoding of {args.batch} prompts together under each cache against the full "
+                  f"cache, {runs['set'].nunique()} sets x {args.repeats} interleaved rounds per mode, "
+                  f"{args.max_new_tokens} new tokens per row; mean tokens/s ratio over sets, 95% paired bootstrap "
+                  f"interval\n{bench.batched_summary(runs).to_string(float_format=lambda x: f'{x:.3f}')}")
+    if args.record is not None:
+        bench.write_record(args.record, measured, args.model, " ".join(["looped-kv", "bench", *args.words]))
+        print(f"recorded in {args.record}")
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -358,8 +370,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                         "at top-k 1, so both emit the same tokens), in interleaved rounds; issue 41's budget is 5%%")
     p.add_argument("--batch", type=int,
                    help="instead: greedy decoding of this many prompts together under each of --caches against the "
-                        "full cache, eager, in interleaved rounds over sets of --batch prompts, every row to "
-                        "--max-new-tokens (chapter 7's fixed-memory budget holds 4 full-cache sequences: B_max)")
+                        "full cache, per --modes, in interleaved rounds over sets of --batch prompts, every row to "
+                        "--max-new-tokens (chapter 7's fixed-memory budget holds 4 full-cache sequences: B_max); "
+                        "--record saves its runs (the shipped model's: "
+                        f"{bench.BATCHED_CACHES_RECORD.relative_to(bench.RECORD.parents[2])})")
     p.add_argument("--record", type=Path, help="also save the runs with the command, commit, machine, date and the "
                                                f"weights' digest, which the chapters read (the shipped model's: "
                                                f"{bench.RECORD.relative_to(bench.RECORD.parents[2])}; a new file)")

@@ -114,31 +114,43 @@ def test_sampling_overhead_pairs_each_method_with_itself_on_greedys_tokens():
         bench.sampling_overhead(model, prompts(model), methods, 6, modes=("jit",), progress=False)
 
 
-def test_batched_caches_pairs_each_cache_with_the_full_cache_on_sets_of_prompts(monkeypatch):
-    """Issue 43's RIPE at B_max: B prompts decoded together under each cache and the full cache, interleaved per set
-    of B, every row to its budget; the ratio is the mean over sets of t_full / t_cache (the same tokens)."""
+def test_batched_runs_pair_each_cache_with_the_full_cache_on_sets_of_prompts_per_mode(monkeypatch):
+    """Issue 43's RIPE at B_max, eager and compiled: B prompts decoded together under each cache and the full cache,
+    interleaved per set of B and mode, every row to its budget; the ratio is the mean over sets of t_full / t_cache
+    (as many tokens). Compiled runs are asked for with compile=True (here run eager: the plumbing, not Inductor)."""
     model = random_model("huginn", seed=5, mean_recurrence=4)
     calls = []
     real = bench.generate
 
     def logged(m, ids, config=None, **options):
-        calls.append((len(ids), None if config is None else config.cache))
+        calls.append((len(ids), None if config is None else config.cache, bool(options.pop("compile", False))))
         return real(m, ids, config, **options)
 
     monkeypatch.setattr(bench, "generate", logged)
-    table = bench.batched_caches(model, prompts(model, (5, 3, 7, 4, 6)), 2, ["ripe", "sinks"], max_new_tokens=5,
-                                 repeats=2, progress=False, n_boot=200)
-    assert list(table.index) == ["greedy, ripe(8)", "greedy, sinks(4, 8)"]
+    runs = bench.batched_runs(model, prompts(model, (5, 3, 7, 4, 6)), 2, ["ripe", "sinks"], max_new_tokens=5,
+                              repeats=2, modes=("eager", "compiled"), progress=False)
+    assert len(runs) == 2 * 2 * 3 and (runs["new_tokens"] == 2 * 5).all()  # every row to its budget
+    eager = calls[1:7]  # after the warm-up: set 0, eager: 2 rounds x 3 arms, each call a batch of 2, order reversed
+    assert eager == [
+        (2, key, False) for key in ("full", "ripe", "sinks", "sinks", "ripe", "full")]
+    compiled = calls[7:16]  # set 0, compiled: each arm once untimed (traced), then the 2 timed rounds
+    assert all(flag for _, _, flag in compiled) and [c for _, c, _ in compiled[:3]] == ["full", "ripe", "sinks"]
+    table = bench.batched_summary(runs, n_boot=200)
+    assert list(table.index) == [(key, mode) for mode in ("eager", "compiled")
+                                 for key in ("greedy, ripe(8)", "greedy, sinks(4, 8)")]
     assert (table["sets"] == 2).all() and (table["batch"] == 2).all() and (table["repeats"] == 2).all()
     assert ((table["low"] <= table["tokens/s ratio"]) & (table["tokens/s ratio"] <= table["high"])).all()
-    timed = calls[1:]  # after the warm-up: 2 sets x 2 rounds x 3 arms, each call a batch of 2, the order reversed
-    assert [n for n, _ in timed] == [2] * 12
-    assert [c for _, c in timed[:6]] == ["full", "ripe", "sinks", "sinks", "ripe", "full"]
+    # the ratio is t_full / t_cache per set, averaged over sets
+    ripe = runs[(runs["cache"] == "greedy, ripe(8)") & (runs["mode"] == "eager")]["time_s"].to_numpy()
+    full = runs[(runs["cache"] == "full") & (runs["mode"] == "eager")]["time_s"].to_numpy()
+    assert table.loc[("greedy, ripe(8)", "eager"), "tokens/s ratio"] == pytest.approx((full / ripe).mean())
     for batch, message in ((3, "--batch must be in \\[1, 2\\]"), (0, "--batch must be in")):
         with pytest.raises(ValueError, match=message):
-            bench.batched_caches(model, prompts(model, (5, 3, 7, 4, 6)), batch, ["ripe"], 5, progress=False)
+            bench.batched_runs(model, prompts(model, (5, 3, 7, 4, 6)), batch, ["ripe"], 5, progress=False)
     with pytest.raises(ValueError, match="--caches must name some of"):
-        bench.batched_caches(model, prompts(model), 1, ["ring"], 5, progress=False)
+        bench.batched_runs(model, prompts(model), 1, ["ring"], 5, progress=False)
+    with pytest.raises(ValueError, match="modes must name"):
+        bench.batched_runs(model, prompts(model), 1, ["ripe"], 5, modes=("jit",), progress=False)
 
 
 def test_no_timed_compiled_run_compiles():

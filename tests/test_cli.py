@@ -17,6 +17,7 @@ from test_batches import model_source, small_spec  # noqa: F401  (model_source i
 
 import looped_kv.cli
 from looped_kv.cli import main
+from looped_kv.experiments import bench
 from looped_kv.protocol import batches
 from looped_kv.runtime.config import huginn_0125
 from looped_kv.runtime.memory import m_full, m_ripe
@@ -157,9 +158,8 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["bench", "--model", "./no-such-folder"], "--model './no-such-folder'"),
     (["bench", "--sampling-overhead", "--deep-v"], "--caches and --deep-v add arms to the speed bench, not to "
                                                    "--sampling-overhead"),
-    (["bench", "--batch", "4"], "--batch times --caches against the full cache, eager: give it --caches"),
-    (["bench", "--batch", "4", "--caches", "ripe", "--modes", "compiled"], "without --sampling-overhead, --deep-v, "
-                                                                          "--record or a compiled --modes"),
+    (["bench", "--batch", "4"], "--batch times --caches against the full cache: give it --caches"),
+    (["bench", "--batch", "4", "--caches", "ripe", "--deep-v"], "without --sampling-overhead or --deep-v"),
     (["bench", "--batch", "9", "--caches", "ripe", "--prompts", "16"], "--batch must be in [1, 8] (at least 2 sets "
                                                                       "of --prompts 16 for a paired interval), got 9"),
     pytest.param(["generate", "--device", "cuda", "hi"], "--device 'cuda': no cuda device is available",
@@ -278,6 +278,22 @@ def test_bench_prints_speedups_ceilings_and_the_mature_spec_verdicts(model_sourc
                  "Mature-Spec beats self-speculation, acceptance: inconclusive", "too few units (2 prompts",
                  "Mature-Spec beats self-speculation, speed: "):
         assert text in out, text
+
+
+def test_bench_batch_prints_and_records_each_cache_against_the_full_cache(model_source, tmp_path, capsys):  # noqa: F811
+    record = tmp_path / "batched.json"
+    words = ["bench", "--model", model_source, "--workloads", "problems", "--prompts", "4", "--max-new-tokens", "3",
+             "--batch", "2", "--caches", "ripe", "--repeats", "1", "--modes", "eager", "--quiet",
+             "--record", str(record)]
+    assert main(words) == 0
+    out = capsys.readouterr().out
+    assert "problems: greedy decoding of 2 prompts together under each cache against the full cache, 2 sets" in out
+    assert "greedy, ripe(8) eager" in out and f"recorded in {record}" in out
+    header, runs = bench.read_record(record, model_source)
+    assert header["command"] == "looped-kv " + " ".join(words)
+    assert set(runs["problems"]["cache"]) == {"full", "greedy, ripe(8)"} and len(runs["problems"]) == 4
+    assert main(words) == 2  # a record is never overwritten without --force
+    assert f"--record {record} exists" in capsys.readouterr().err
 
 
 def test_batch_commands_end_to_end(model_source, tmp_path, capsys):  # noqa: F811

@@ -358,34 +358,49 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: Mappi
     return pd.DataFrame(out).set_index(["method", "mode"])
 
 
-def batched_caches(model: LoopedLM, prompts: Sequence[Tensor], batch: int, caches: Sequence[str],
-                   max_new_tokens: int, repeats: int = 2, progress: bool = True, n_boot: int = 10_000) -> pd.DataFrame:
-    """Greedy decoding of ``batch`` prompts together under each of ``caches`` (:data:`CACHE_ARMS`) against the full
-    cache, eager (RIPE Sec. 5.3 sets caches side by side at a batch, B_max): the prompts in consecutive sets of
-    ``batch`` (a last incomplete set left out), each set decoded by every arm in ``repeats`` interleaved rounds (the
-    order reversed every other round), every row to its full budget, so that the arms decode the same tokens. Per
-    cache: the mean over sets of the tokens/s ratio to the full cache's median run (DAS Eq. 8 with sets as units), its
-    95% paired bootstrap interval, the sets and the rows per set."""
-    check_rounds(repeats, ("eager",))
+def batched_runs(model: LoopedLM, prompts: Sequence[Tensor], batch: int, caches: Sequence[str], max_new_tokens: int,
+                 repeats: int = 2, modes: Sequence[str] = ("eager",), progress: bool = True) -> pd.DataFrame:
+    """Greedy decoding of ``batch`` prompts together under each of ``caches`` (:data:`CACHE_ARMS`) beside the full
+    cache (RIPE Sec. 5.3 sets caches side by side at a batch, B_max): the prompts in consecutive sets of ``batch`` (a
+    last incomplete set left out), each set decoded by every arm in ``repeats`` interleaved rounds (the order reversed
+    every other round) per mode of ``modes`` (compiled steps traced before the rounds), every row to its full budget,
+    so that every arm emits as many tokens. One row per (set, mode, arm): its median time and the rows' new tokens;
+    :func:`batched_summary` reads them."""
+    check_rounds(repeats, modes)
     check_caches(caches, required=True)
     check_batch(batch, len(prompts))
-    sets = len(prompts) // batch
     arms = {"full": Greedy(), **{cache_key(c): CACHE_ARMS[c] for c in caches}}
-    options = dict(max_new_tokens=max_new_tokens, stop_at_eos=False)
-    units = [[p.reshape(-1) for p in prompts[k * batch:(k + 1) * batch]] for k in range(sets)]
+    units = [[p.reshape(-1) for p in prompts[k * batch:(k + 1) * batch]] for k in range(len(prompts) // batch)]
     generate(model, units[0], max_new_tokens=4)  # warm-up
-    times: dict[str, list[float]] = {key: [] for key in arms}
+    rows = []
     with frozen_heap():
-        for unit in tqdm(units, desc=f"prompt sets of {batch}", disable=not progress, leave=False):
-            rounds = interleaved_rounds(model, unit, arms, repeats, **options)
-            for key in arms:
-                times[key].append(float(np.median(rounds.times[key])))
+        for k, unit in enumerate(tqdm(units, desc=f"prompt sets of {batch}", disable=not progress, leave=False)):
+            for mode in modes:
+                rounds = interleaved_rounds(model, unit, arms, repeats, max_new_tokens=max_new_tokens,
+                                            stop_at_eos=False, compile=mode == "compiled")
+                for key in arms:
+                    rows.append({"method": "ar", "cache": key, "mode": mode, "set": k, "batch": batch,
+                                 "time_s": float(np.median(rounds.times[key])),
+                                 "new_tokens": rounds.first[key].num_new, "repeats": repeats})
+    return pd.DataFrame(rows)
+
+
+def batched_summary(runs: pd.DataFrame, n_boot: int = 10_000) -> pd.DataFrame:
+    """Per cache and mode of :func:`batched_runs`'s ``runs``: the mean over sets of the tokens/s ratio to the full
+    cache (DAS Eq. 8 with sets as units; as many tokens: t_full / t_cache), its 95% paired bootstrap interval, the
+    sets, the rows per set and the rounds."""
     rows = {}
-    for key in list(arms)[1:]:
-        ratio = mean_speedup(times["full"], times[key], n_boot=n_boot)  # the same tokens: t_full / t_cache
-        rows[key] = {"tokens/s ratio": ratio.estimate, "low": ratio.low, "high": ratio.high, "sets": sets,
-                     "batch": batch, "repeats": repeats}
-    return pd.DataFrame(rows).T.astype({"sets": int, "batch": int, "repeats": int})
+    for (key, mode), group in runs[runs["cache"] != "full"].groupby(["cache", "mode"], sort=False):
+        full = runs[(runs["cache"] == "full") & (runs["mode"] == mode)].set_index("set")["time_s"]
+        full_tokens = runs[(runs["cache"] == "full") & (runs["mode"] == mode)].set_index("set")["new_tokens"]
+        ratio = mean_speedup(full.loc[group["set"]].to_numpy(), group["time_s"].to_numpy(),
+                             full_tokens.loc[group["set"]].to_numpy(), group["new_tokens"].to_numpy(), n_boot=n_boot)
+        rows[(key, mode)] = {"tokens/s ratio": ratio.estimate, "low": ratio.low, "high": ratio.high,
+                             "sets": len(group), "batch": int(group["batch"].iloc[0]),
+                             "repeats": int(group["repeats"].iloc[0])}
+    table = pd.DataFrame(rows).T.astype({"sets": int, "batch": int, "repeats": int})
+    table.index = table.index.set_names(["cache", "mode"])
+    return table
 
 
 def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot: int = 2000) -> pd.DataFrame:
@@ -641,7 +656,7 @@ def check_caches(caches: Sequence[str], required: bool = False) -> None:
 
 
 def check_batch(batch: int, prompts: int) -> None:
-    """--batch of :func:`batched_caches`: at least 2 whole sets of B among the ``prompts`` (a paired interval)."""
+    """--batch of :func:`batched_runs`: at least 2 whole sets of B among the ``prompts`` (a paired interval)."""
     if not 1 <= batch <= prompts // 2:
         raise ValueError(f"--batch must be in [1, {prompts // 2}] (at least 2 sets of --prompts {prompts} for a paired "
                          f"interval), got {batch}")
@@ -736,6 +751,8 @@ RECORD = Path(__file__).resolve().parent.parent.parent / "book" / "data" / "benc
 #: The shipped model's greedy decoding under the smaller caches against the full cache's (chapter 7):
 #: ``looped-kv bench --methods ar --caches ripe deepest sinks ... --record`` (its command is in the file).
 CACHES_RECORD = RECORD.with_name("bench-caches-tiny.json")
+#: The same at chapter 7's B_max, prompts decoded together (``looped-kv bench --batch 4 --caches ... --record``).
+BATCHED_CACHES_RECORD = RECORD.with_name("bench-caches-batched-tiny.json")
 
 
 def weights_sha256(source: str | Path) -> str:
