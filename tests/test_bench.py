@@ -423,6 +423,20 @@ def test_the_recorded_bench_is_the_shipped_models():
         assert {"mature-spec", bench.DEEP_V_SPEC} <= set(r["method"]), workload  # DAS Table 7's speed verdict
 
 
+def test_the_recorded_batched_cache_bench_is_the_shipped_models():
+    """Chapter 7 reads book/data's batched cache bench at its B_max: the shipped weights, the committed command,
+    RIPE and the sinks cache each timed beside the full cache on at least 8 sets of 4 prompts per workload, eager
+    and compiled, every arm emitting as many tokens as the full cache."""
+    header, runs = bench.read_record(bench.BATCHED_CACHES_RECORD)
+    assert header["weights_sha256"] == bench.weights_sha256("tiny")
+    assert header["command"].startswith("looped-kv bench --batch 4 --caches ripe sinks ")
+    for workload, r in runs.items():
+        assert set(r["cache"]) == {"full", *(bench.cache_key(c) for c in ("ripe", "sinks"))}, workload
+        assert set(r["mode"]) == {"eager", "compiled"} and r["set"].nunique() >= 8, workload
+        assert (r["batch"] == 4).all() and (r["repeats"] >= 2).all(), workload
+        assert r.groupby(["set", "mode"])["new_tokens"].nunique().eq(1).all(), workload
+
+
 def test_the_recorded_cache_bench_is_the_shipped_models():
     """Chapter 7 reads book/data's cache bench: the shipped weights, the committed command, greedy decoding under
     RIPE, the deepest plane and sinks each timed beside the full cache's on 16 prompts per workload, eager and
