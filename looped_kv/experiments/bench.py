@@ -391,10 +391,9 @@ def batched_summary(runs: pd.DataFrame, n_boot: int = 10_000) -> pd.DataFrame:
     sets, the rows per set and the rounds."""
     rows = {}
     for (key, mode), group in runs[runs["cache"] != "full"].groupby(["cache", "mode"], sort=False):
-        full = runs[(runs["cache"] == "full") & (runs["mode"] == mode)].set_index("set")["time_s"]
-        full_tokens = runs[(runs["cache"] == "full") & (runs["mode"] == mode)].set_index("set")["new_tokens"]
-        ratio = mean_speedup(full.loc[group["set"]].to_numpy(), group["time_s"].to_numpy(),
-                             full_tokens.loc[group["set"]].to_numpy(), group["new_tokens"].to_numpy(), n_boot=n_boot)
+        full = runs[(runs["cache"] == "full") & (runs["mode"] == mode)].set_index("set").loc[group["set"]]
+        ratio = mean_speedup(full["time_s"].to_numpy(), group["time_s"].to_numpy(), full["new_tokens"].to_numpy(),
+                             group["new_tokens"].to_numpy(), n_boot=n_boot)
         rows[(key, mode)] = {"tokens/s ratio": ratio.estimate, "low": ratio.low, "high": ratio.high,
                              "sets": len(group), "batch": int(group["batch"].iloc[0]),
                              "repeats": int(group["repeats"].iloc[0])}
