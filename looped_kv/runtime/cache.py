@@ -583,7 +583,6 @@ class CachePass:
             self.stop = cache.max_length + n
             self.plane_mask = self._plane_mask()
             self.causal = self.plane_mask is None and cache.max_length == 0 and n > 1
-            self._additive_plane_mask: Tensor | None = None
 
     # -- masks, built once per block ---------------------------------------------------------
     def _segment_masks(self, kinds: tuple[str, ...]) -> list[Tensor | None]:
@@ -594,21 +593,15 @@ class CachePass:
         return self._masks[kinds]
 
     def _plane_mask(self) -> Tensor | None:
-        """Mask of a read over [0, max length + n) of the plane the block was written into: j <= t per row."""
+        """Mask of a read over [0, max length + n) of the plane the block was written into: j <= t per row; on the
+        fused path additive (:func:`~looped_kv.runtime.attention.additive_mask`, in the cache's dtype, which the
+        queries share), made once per pass as every call of the pass reads it."""
         B, n = self.positions.shape
         if self.cache.max_length == 0 or (B == 1 and n == 1):
             return None  # a fresh block reads itself causally; one token reads everything up to itself
         j = torch.arange(self.cache.max_length + n, device=self.positions.device)
-        return (j <= self.positions[:, :, None])[:, None]
-
-    def _fused_plane_mask(self, dtype: torch.dtype) -> Tensor | None:
-        """:attr:`plane_mask` in the fused kernel's additive form (:func:`~looped_kv.runtime.attention.additive_mask`,
-        in ``dtype``), made once per pass, as every call of the pass reads it."""
-        if self.plane_mask is None:
-            return None
-        if self._additive_plane_mask is None or self._additive_plane_mask.dtype != dtype:
-            self._additive_plane_mask = additive_mask(self.plane_mask, dtype)
-        return self._additive_plane_mask
+        keep = (j <= self.positions[:, :, None])[:, None]
+        return keep if self.softmax_dtype is not None else additive_mask(keep, self.cache.core[0].dtype)
 
     # -- the router --------------------------------------------------------------------------
     def attend(self, site: Site, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
@@ -620,8 +613,7 @@ class CachePass:
             self.cache.write(self.plane_writes, {site: (keys, values)}, plane=plane)  # writes it)
             plane_keys = self.cache.plane_tensor(0, site, plane).narrow(2, 0, self.stop)
             plane_values = self.cache.plane_tensor(1, site, plane).narrow(2, 0, self.stop)
-            mask = self.plane_mask if self.softmax_dtype is not None else self._fused_plane_mask(queries.dtype)
-            return attend(queries, plane_keys, plane_values, mask, causal=self.causal,
+            return attend(queries, plane_keys, plane_values, self.plane_mask, causal=self.causal,
                           softmax_dtype=self.softmax_dtype)
         if self.gapped and core:
             return self.attend_gapped(site, queries, keys, values)
