@@ -26,15 +26,22 @@ one line and exits 130. python -m looped_kv.cli is the same command.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 
 
 def _interrupted_while_loading(signum: int, frame: object) -> None:
-    """Ctrl-C while the command's modules load (seconds): one line and exit 130, not a traceback."""
-    print("looped-kv: interrupted", file=sys.stderr)
-    sys.exit(128 + signal.SIGINT)
+    """Ctrl-C while the command's modules load (seconds): one line and exit 130, not a traceback.
+
+    The process ends here (os._exit) rather than by raising SystemExit: the signal can land while torch's import is
+    inside C++, where a raised exception aborts the process (pybind11), or inside an import that catches it. Nothing
+    has been written yet, so there is nothing to flush but the line itself.
+    """
+    sys.stderr.write("looped-kv: interrupted\n")
+    sys.stderr.flush()
+    os._exit(128 + signal.SIGINT)
 
 
 # Installed before the imports below (torch, pandas), restored after them (only the main thread handles signals).
@@ -45,7 +52,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 from collections.abc import Callable
 from dataclasses import fields
