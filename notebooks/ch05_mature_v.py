@@ -636,8 +636,8 @@ book.md(
 # - **outside**: the decode loop's own share of the time (choosing, accepting and
 #   committing tokens);
 # - **at drift**: this machine's speed moves by tens of percent within an hour, so after
-#   each prompt the check re-times a few of the grid's pass and verification cells and
-#   prices each pass at the speed its kind of cell then ran.
+#   each prompt the check re-times a few of the grid's pass, verification and prefill
+#   cells and prices each pass at the speed its kind of cell then ran.
 #
 # The bound is the speed-up a decoder's passes allow; "of bound" is how much of it the
 # decoder reaches.
@@ -668,7 +668,7 @@ if book.is_tiny(model):
         "measured / predicted speed-up"]
     drift = {kind: pd.concat({mode: pd.concat(runs)[f"drift_{kind}"]
                               for mode, (_, runs) in checks.items()})
-             for kind in ("pass", "verify")}
+             for kind in ("pass", "verify", "prefill")}
 
     def spread(mode: str, ratio: pd.Series) -> str:
         r = ratio[mode]
@@ -689,8 +689,9 @@ if book.is_tiny(model):
         f"workload): {spread('eager', ratio)}; {spread('compiled', ratio)}.\n"
         f"- **At drift**, with the grid's pass cells then taking "
         f"{drift['pass'].min():.2f}x to {drift['pass'].max():.2f}x their recorded "
-        f"time and its verifications {drift['verify'].min():.2f}x to "
-        f"{drift['verify'].max():.2f}x: "
+        f"time, its verifications {drift['verify'].min():.2f}x to "
+        f"{drift['verify'].max():.2f}x and its prefills {drift['prefill'].min():.2f}x "
+        f"to {drift['prefill'].max():.2f}x: "
         f"{spread('eager', at_drift)}; {spread('compiled', at_drift)}.\n"
         f"- **Where the rest lies**: the passes took "
         f"{ranges(inside, '.2f', 'x', 'their price')}; the loop outside them "

@@ -415,37 +415,56 @@ def test_the_check_prices_each_runs_own_passes(tiny):
 
 def test_the_check_reads_the_machines_drift_per_kind_of_cell(tiny, monkeypatch):
     """After each prompt the check re-times, at every context, the record's narrowest and widest verifications and
-    its narrowest passes at every loop count, as the grid timed them (its calls), and keeps per kind the median of
-    time now / recorded: here a machine running pass cells at 2x and verifications at 3x their recorded time (a fake
-    clock). The prediction at drift prices drafts at the first and verifications and the prefill at the second."""
+    its narrowest passes at every loop count, as the grid timed them (its calls), and its prefill at every recorded
+    prompt length, and keeps per kind the median of time now / recorded: here a machine running pass cells at 2x,
+    verifications at 3x and prefills at 5x their recorded time (a fake clock). The prediction at drift prices drafts
+    at the first, verifications at the second and the prefill at the third."""
     cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"calls": 5})
     cells = experiment.drift_cells(cost, "eager")
     assert sorted((t.kind, t.tokens, t.loops, t.context) for t in cells) == sorted(
         [("verify", g, 32, L) for g in (1, 32) for L in CONTEXTS] + [("pass", 1, r, L) for r in LOOPS
-                                                                       for L in CONTEXTS])
-    asked = []
+                                                                       for L in CONTEXTS]
+        + [("prefill", n, 32, 0) for n in PROMPTS])
+    asked, prefills = [], []
 
     def fake_arms(model, timed_cells, widest, calls, generator):
         asked.append((sorted(timed_cells), widest, calls))
         return {cell: (lambda g=cell[2], r=cell[3], L=cell[4], kind=cell[1]:
                        2 * truth(g, r, L) if kind == "pass" else 3 * verify_truth(g, L)) for cell in timed_cells}
 
+    def fake_prefills(model, timed_cells, generator):
+        prefills.append(sorted(timed_cells))
+        return {cell: (lambda n=cell[2]: 5 * prefill_truth(n)) for cell in timed_cells}
+
     monkeypatch.setattr(experiment, "cell_arms", fake_arms)
+    monkeypatch.setattr(experiment, "prefill_arms", fake_prefills)
     ids = [tiny.tokenizer("Question: Ann has 3 pens and buys 4 more. How many pens? Answer:",
                           return_tensors="pt").input_ids] * 2
     runs = experiment.predictions(tiny, cost, ids, {"self-spec": SelfSpec(gamma=3)}, max_new_tokens=4, repeats=1,
                                   progress=False)
-    assert asked == [(sorted((t.mode, t.kind, t.tokens, t.loops, t.context) for t in cells), 32, 5)]
+    assert asked == [(sorted((t.mode, t.kind, t.tokens, t.loops, t.context) for t in cells if t.kind != "prefill"),
+                      32, 5)]
+    assert prefills == [sorted(("eager", "prefill", n, 32, 0) for n in PROMPTS)]
     assert runs["drift_pass"].tolist() == pytest.approx([2.0] * 4, rel=1e-12)
     assert runs["drift_verify"].tolist() == pytest.approx([3.0] * 4, rel=1e-12)
+    assert runs["drift_prefill"].tolist() == pytest.approx([5.0] * 4, rel=1e-12)
     drafts = runs["predicted_draft_s"].fillna(0.0)
-    assert (drafts[runs["method"] == "self-spec"] > 0).all()
+    assert (drafts[runs["method"] == "self-spec"] > 0).all() and (runs["predicted_prefill_s"] > 0).all()
     assert runs["predicted_at_drift_s"].to_numpy() == pytest.approx(
-        (3 * runs["predicted_s"] - drafts).to_numpy(), rel=1e-12)  # 2 x drafts + 3 x the rest
+        (3 * runs["predicted_s"] - drafts + 2 * runs["predicted_prefill_s"]).to_numpy(),
+        rel=1e-12)  # 2 x drafts + 5 x the prefill + 3 x the rest
     table = pass_cost.against_greedy(runs)
     sums = runs.groupby("method", sort=False)[["measured_s", "predicted_at_drift_s"]].sum()
     assert table["measured / predicted at drift"].to_numpy() == pytest.approx(
         (sums["measured_s"] / sums["predicted_at_drift_s"]).to_numpy(), rel=1e-12)
+
+
+def test_a_prefill_cell_is_timed_alone_on_a_new_cache(tiny):
+    """The prefill arms (the grid's and the check's drift probes) time a real prefill: positive seconds, each call on
+    a cache of its own, eager and compiled cells alike keyed as asked."""
+    cells = [("eager", "prefill", 5, 32, 0), ("eager", "prefill", 9, 32, 0)]
+    runs = experiment.prefill_arms(tiny, cells, torch.Generator().manual_seed(0))
+    assert list(runs) == cells and all(run() > 0 and run() > 0 for run in runs.values())  # twice: a new cache each
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -548,5 +567,5 @@ def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
         for workload, r in runs.items():
             assert set(r["method"]) == {"ar", "self-spec", "mature-spec", "pld", "das-wave"}, workload
             assert (r["mode"] == mode).all() and r["prompt"].nunique() >= 8 and (r["measured_s"] > 0).all(), workload
-            assert (r[["drift_pass", "drift_verify"]] > 0).all(axis=None), workload  # read beside every prompt
+            assert (r[["drift_pass", "drift_verify", "drift_prefill"]] > 0).all(axis=None), workload  # beside each
             assert ((r["in_passes_s"] > 0) & (r["in_passes_s"] < r["measured_s"])).all(), workload

@@ -279,14 +279,14 @@ def predict_seconds(cost: PassCost, passes: Sequence[PassRecord], prefill_second
 
 
 def priced_by(record: PassRecord) -> str:
-    """The kind of grid cell whose time prices a logged pass (:meth:`PassCost.record_seconds`): "verify" for a
-    verification in place and for the prefill (an R-loop pass too), else "pass"."""
-    return "verify" if record.in_place or record.kind == "prefill" else "pass"
+    """The kind of grid cell whose time prices a logged pass (:meth:`PassCost.record_seconds`): "prefill" for the
+    prefill, "verify" for a verification in place, else "pass"."""
+    return "prefill" if record.kind == "prefill" else "verify" if record.in_place else "pass"
 
 
 def predict_at_drift(cost: PassCost, passes: Sequence[PassRecord], drift: Mapping[str, float]) -> float:
     """:func:`predict_seconds` with each pass priced at the speed the machine runs its kind of cell now
-    (:func:`priced_by`): ``drift`` maps "pass" and "verify" to time now / recorded on such cells."""
+    (:func:`priced_by`): ``drift`` maps "pass", "verify" and "prefill" to time now / recorded on such cells."""
     return sum(cost.record_seconds(p) * drift[priced_by(p)] for p in passes)
 
 

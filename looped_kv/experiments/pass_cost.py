@@ -179,23 +179,32 @@ def _sync(model: LoopedLM) -> Callable[[], None]:
 
 def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], float]]:
     """One callable per cell that times it and returns its seconds per call: pass and verification cells
-    (:func:`cell_arms`), then prefill cells once each, on a new cache made before the clock starts."""
-    config, R = model.config, model.config.mean_recurrence
-    policy, sync = make_policy("full", R), _sync(model)
+    (:func:`cell_arms`), then prefill cells (:func:`prefill_arms`)."""
     generator = torch.Generator().manual_seed(seed)
-    out = cell_arms(model, cells(grid, config.block_size, R), _widest(grid), grid.calls, generator)
-    for mode in grid.modes:
+    out = cell_arms(model, cells(grid, model.config.block_size, model.config.mean_recurrence), _widest(grid),
+                    grid.calls, generator)
+    R = model.config.mean_recurrence
+    return out | prefill_arms(model, [(mode, "prefill", n, R, 0) for mode in grid.modes
+                                      for n in sorted(set(grid.prompt_lengths))], generator)
+
+
+def prefill_arms(model: LoopedLM, timed_cells: Sequence[Cell],
+                 generator: torch.Generator) -> dict[Cell, Callable[[], float]]:
+    """One callable per prefill cell (mode, "prefill", n, R, 0) that times the prefill of an n-token prompt alone, as
+    a decode starts: on a new full cache (compiled: of n's capacity bucket) made before the clock starts."""
+    policy, sync, out = make_policy("full", model.config.mean_recurrence), _sync(model), {}
+    for cell in timed_cells:
+        mode, n = cell[0], cell[2]
         passes_class = CompiledPasses if mode == "compiled" else Passes
-        for n in sorted(set(grid.prompt_lengths)):
-            capacity = capacity_bucket(n, config.block_size) if mode == "compiled" else n
-            prompt = torch.randint(0, config.vocab_size, (n,), generator=generator).to(model.device)
+        capacity = capacity_bucket(n, model.config.block_size) if mode == "compiled" else n
+        prompt = torch.randint(0, model.config.vocab_size, (n,), generator=generator).to(model.device)
 
-            def prefill(passes_class: type[Passes] = passes_class, capacity: int = capacity,
-                        prompt: torch.Tensor = prompt) -> float:
-                p = passes_class(model, new_cache(model, policy, BATCH, capacity))
-                return _timed(sync, lambda: p.prefill([prompt]))
+        def prefill(passes_class: type[Passes] = passes_class, capacity: int = capacity,
+                    prompt: torch.Tensor = prompt) -> float:
+            p = passes_class(model, new_cache(model, policy, BATCH, capacity))
+            return _timed(sync, lambda: p.prefill([prompt]))
 
-            out[mode, "prefill", n, R, 0] = prefill
+        out[cell] = prefill
     return out
 
 
@@ -326,7 +335,7 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
         for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
             rounds = interleaved_rounds(model, ids, configs, repeats, log_passes=True, max_new_tokens=max_new_tokens,
                                         compile=compiled)
-            ratios: dict[str, list[float]] = {"pass": [], "verify": []}
+            ratios: dict[str, list[float]] = {"pass": [], "verify": [], "prefill": []}
             for kind, recorded, run in probes:
                 ratios[kind].append(run() / recorded)
             drift = {kind: float(np.median(r)) for kind, r in ratios.items()}
@@ -336,33 +345,38 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
                              "passes": len(rounds.passes[key]), "measured_s": float(np.median(rounds.times[key])),
                              "in_passes_s": float(np.median(rounds.pass_seconds[key])),
                              "predicted_s": sum(by_kind.values()), "drift_pass": drift["pass"],
-                             "drift_verify": drift["verify"],
+                             "drift_verify": drift["verify"], "drift_prefill": drift["prefill"],
                              "predicted_at_drift_s": predict_at_drift(cost, rounds.passes[key], drift),
                              **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
     return pd.DataFrame(rows)
 
 
 def drift_cells(cost: PassCost, mode: str) -> list[Timing]:
-    """The recorded cells a check re-times beside its decodes, at every recorded context: ``mode``'s verifications
+    """The recorded cells a check re-times beside its decodes: at every recorded context, ``mode``'s verifications
     in place of its narrowest width (greedy decoding's step) and its widest, and its passes of its narrowest width
-    at every recorded loop count (a draft's shape)."""
-    timings = [t for t in cost.timings if t.mode == mode and t.kind in ("pass", "verify")]
+    at every recorded loop count (a draft's shape); and its prefill at every recorded prompt length."""
+    timings = [t for t in cost.timings if t.mode == mode]
     verify_widths = {min(t.tokens for t in timings if t.kind == "verify"),
                      max(t.tokens for t in timings if t.kind == "verify")}
     pass_width = min(t.tokens for t in timings if t.kind == "pass")
-    return [t for t in timings if t.tokens in (verify_widths if t.kind == "verify" else {pass_width})]
+    return [t for t in timings if t.kind == "prefill" or t.tokens in (verify_widths if t.kind == "verify"
+                                                                      else {pass_width})]
 
 
 def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
                seed: int = 1) -> list[tuple[str, float, Callable[[], float]]]:
-    """:func:`drift_cells` as the grid timed them (:func:`cell_arms`, the record's ``calls``), each with its kind
-    ("pass" or "verify") and its recorded time (the record's statistic over its rounds): per kind, the median of time
-    now / recorded over these cells is how much slower the machine runs such cells than when the grid was timed (its
-    drift; a short pass and an R-loop verification need not drift alike)."""
+    """:func:`drift_cells` as the grid timed them (:func:`cell_arms`, the record's ``calls``; :func:`prefill_arms`),
+    each with its kind ("pass", "verify" or "prefill") and its recorded time (the record's statistic over its
+    rounds): per kind, the median of time now / recorded over these cells is how much slower the machine runs such
+    cells than when the grid was timed (its drift; a short pass, an R-loop verification and a prompt's prefill need
+    not drift alike: on 6 December a compiled prefill ran at about 1.2x its recorded time while the verifications
+    beside it ran at 0.9x)."""
     timings = drift_cells(cost, mode)
     recorded = {(t.mode, t.kind, t.tokens, t.loops, t.context): STATISTICS[cost.statistic](t.seconds) for t in timings}
-    runs = cell_arms(model, list(recorded), max(t.tokens for t in timings), int(cost.meta["calls"]),
-                     torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed)
+    steps = [cell for cell in recorded if cell[1] != "prefill"]
+    runs = cell_arms(model, steps, max(cell[2] for cell in steps), int(cost.meta["calls"]), generator)
+    runs |= prefill_arms(model, [cell for cell in recorded if cell[1] == "prefill"], generator)
     return [(cell[1], recorded[cell], run) for cell, run in runs.items()]
 
 
@@ -389,7 +403,8 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
                                    axis=1).rename_axis("method").join(compare(r))
             print(f"{workload} (drift: the grid's pass cells took {r['drift_pass'].min():.3f}x to "
                   f"{r['drift_pass'].max():.3f}x their recorded time, its verifications {r['drift_verify'].min():.3f}x "
-                  f"to {r['drift_verify'].max():.3f}x; at drift: measured / the passes priced at their cells' drift; "
+                  f"to {r['drift_verify'].max():.3f}x, its prefills {r['drift_prefill'].min():.3f}x to "
+                  f"{r['drift_prefill'].max():.3f}x; at drift: measured / the passes priced at their cells' drift; "
                   f"in passes: the time inside the runs' passes; outside passes: the decode loop's share of the "
                   f"measured time):\n"
                   f"{table.to_string(float_format=lambda x: f'{x:.3f}')}")
