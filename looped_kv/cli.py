@@ -852,8 +852,8 @@ def _add_pass_cost_check(sub: argparse._SubParsersAction) -> None:
                        description="Every evaluation prompt is decoded alone by greedy decoding and each method, in "
                                    "interleaved rounds, with every model pass logged; the pass-cost model (looped-kv "
                                    "pass-cost) prices the passes and the prefill. After each prompt it re-times a few "
-                                   "of the grid's pass and verification cells and also prices each pass at the "
-                                   "speed its kind of cell then ran (at drift). Prints measured / predicted per "
+                                   "of the grid's pass, verification and prefill cells and also prices each pass at "
+                                   "the speed its kind of cell then ran (at drift). Prints measured / predicted per "
                                    "method and workload and records the runs.")
     _model_options(p)
     p.add_argument("--cost", type=Path, required=True, help="the pass-cost record (looped-kv pass-cost --out)")

@@ -312,12 +312,12 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     """Each method's measured decoding time against the pass-cost model's prediction: every prompt decoded alone by
     greedy decoding and each of ``methods`` (configs by name) in ``repeats`` interleaved rounds (the
     order reversed every other round), each run's passes logged (:class:`~looped_kv.decoding.loop.PassLog`). After
-    each prompt's rounds the machine's drift since the grid is read on a few of its pass and verification cells
-    (:func:`drift_arms`). One row per (prompt, method): the median measured seconds, the median seconds inside the
+    each prompt's rounds the machine's drift since the grid is read on a few of its pass, verification and prefill
+    cells (:func:`drift_arms`). One row per (prompt, method): the median measured seconds, the median seconds inside the
     run's passes (each pass timed from its call to its result, :attr:`~looped_kv.decoding.passes.PassRecord.seconds`:
     the rest is the decode loop's own work), the predicted seconds
     (:func:`~looped_kv.analysis.pass_cost.predict_seconds`: every pass the run made, and the model's prefill), the
-    drifts of the pass and the verification cells, the prediction at those drifts
+    drifts of the pass, the verification and the prefill cells, the prediction at those drifts
     (:func:`~looped_kv.analysis.pass_cost.predict_at_drift`), the prediction per kind of pass and the new tokens.
     Every method decodes the first prompt once, untimed, before the first timed run: a decoder's first run in a
     process pays for code paths and allocations met for the first time, which no later run does."""
