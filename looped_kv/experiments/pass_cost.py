@@ -180,10 +180,8 @@ def _sync(model: LoopedLM) -> Callable[[], None]:
 def arms(model: LoopedLM, grid: Grid, seed: int = 0) -> dict[Cell, Callable[[], float]]:
     """One callable per cell that times it and returns its seconds per call: pass and verification cells
     (:func:`cell_arms`), then prefill cells (:func:`prefill_arms`)."""
-    generator = torch.Generator().manual_seed(seed)
-    out = cell_arms(model, cells(grid, model.config.block_size, model.config.mean_recurrence), _widest(grid),
-                    grid.calls, generator)
-    R = model.config.mean_recurrence
+    generator, R = torch.Generator().manual_seed(seed), model.config.mean_recurrence
+    out = cell_arms(model, cells(grid, model.config.block_size, R), _widest(grid), grid.calls, generator)
     return out | prefill_arms(model, [(mode, "prefill", n, R, 0) for mode in grid.modes
                                       for n in sorted(set(grid.prompt_lengths))], generator)
 
