@@ -415,14 +415,14 @@ def test_the_check_prices_each_runs_own_passes(tiny):
 
 def test_the_check_reads_the_machines_drift_per_kind_of_cell(tiny, monkeypatch):
     """After each prompt the check re-times, at every context, the record's narrowest and widest verifications and
-    its narrowest passes at every loop count, as the grid timed them (its calls), and its prefill at every recorded
-    prompt length, and keeps per kind the median of time now / recorded: here a machine running pass cells at 2x,
-    verifications at 3x and prefills at 5x their recorded time (a fake clock). The prediction at drift prices drafts
-    at the first, verifications at the second and the prefill at the third."""
+    its narrowest and widest passes at every loop count, as the grid timed them (its calls), and its prefill at every
+    recorded prompt length, and keeps per kind the median of time now / recorded: here a machine running pass cells at
+    2x, verifications at 3x and prefills at 5x their recorded time (a fake clock). The prediction at drift prices
+    drafts at the first, verifications at the second and the prefill at the third."""
     cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"calls": 5})
     cells = experiment.drift_cells(cost, "eager")
     assert sorted((t.kind, t.tokens, t.loops, t.context) for t in cells) == sorted(
-        [("verify", g, 32, L) for g in (1, 32) for L in CONTEXTS] + [("pass", 1, r, L) for r in LOOPS
+        [("verify", g, 32, L) for g in (1, 32) for L in CONTEXTS] + [("pass", g, r, L) for g in (1, 32) for r in LOOPS
                                                                        for L in CONTEXTS]
         + [("prefill", n, 32, 0) for n in PROMPTS])
     asked, prefills = [], []

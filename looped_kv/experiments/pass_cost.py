@@ -352,13 +352,11 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
 def drift_cells(cost: PassCost, mode: str) -> list[Timing]:
     """The recorded cells a check re-times beside its decodes: at every recorded context, ``mode``'s verifications
     in place of its narrowest width (greedy decoding's step) and its widest, and its passes of its narrowest width
-    at every recorded loop count (a draft's shape); and its prefill at every recorded prompt length."""
+    (a draft's shape) and its widest (a DAS-Wave round's) at every recorded loop count; and its prefill at every
+    recorded prompt length."""
     timings = [t for t in cost.timings if t.mode == mode]
-    verify_widths = {min(t.tokens for t in timings if t.kind == "verify"),
-                     max(t.tokens for t in timings if t.kind == "verify")}
-    pass_width = min(t.tokens for t in timings if t.kind == "pass")
-    return [t for t in timings if t.kind == "prefill" or t.tokens in (verify_widths if t.kind == "verify"
-                                                                      else {pass_width})]
+    widths = {kind: {f(t.tokens for t in timings if t.kind == kind) for f in (min, max)} for kind in ("pass", "verify")}
+    return [t for t in timings if t.kind == "prefill" or t.tokens in widths[t.kind]]
 
 
 def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
@@ -366,7 +364,7 @@ def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
     """:func:`drift_cells` as the grid timed them (:func:`cell_arms`, the record's ``calls``; :func:`prefill_arms`),
     each with its kind ("pass", "verify" or "prefill") and its recorded time (the record's statistic over its
     rounds): per kind, the median of time now / recorded over these cells is how much slower the machine runs such
-    cells than when the grid was timed (its drift; a short pass, an R-loop verification and a prompt's prefill need
+    cells than when the grid was timed (its drift; a few loops, an R-loop verification and a prompt's prefill need
     not drift alike: on 6 December a compiled prefill ran at about 1.2x its recorded time while the verifications
     beside it ran at 0.9x)."""
     timings = drift_cells(cost, mode)
