@@ -460,8 +460,8 @@ def test_the_check_reads_the_machines_drift_per_kind_of_cell(tiny, monkeypatch):
 
 
 def test_a_prefill_cell_is_timed_alone_on_a_new_cache(tiny):
-    """The prefill arms (the grid's and the check's drift probes) time a real prefill: positive seconds, each call on
-    a cache of its own, eager and compiled cells alike keyed as asked."""
+    """The prefill arms (the grid's and the check's drift probes) time a real prefill, keyed as asked: positive
+    seconds, and a second call works, on a cache of its own (a prefill into a filled cache is refused)."""
     cells = [("eager", "prefill", 5, 32, 0), ("eager", "prefill", 9, 32, 0)]
     runs = experiment.prefill_arms(tiny, cells, torch.Generator().manual_seed(0))
     assert list(runs) == cells and all(run() > 0 and run() > 0 for run in runs.values())  # twice: a new cache each

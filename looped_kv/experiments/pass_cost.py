@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from looped_kv.analysis.pass_cost import (
     BATCH,
+    KINDS,
     MODES,
     STATISTICS,
     PassCost,
@@ -333,7 +334,7 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
         for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
             rounds = interleaved_rounds(model, ids, configs, repeats, log_passes=True, max_new_tokens=max_new_tokens,
                                         compile=compiled)
-            ratios: dict[str, list[float]] = {"pass": [], "verify": [], "prefill": []}
+            ratios: dict[str, list[float]] = {kind: [] for kind in KINDS}
             for kind, recorded, run in probes:
                 ratios[kind].append(run() / recorded)
             drift = {kind: float(np.median(r)) for kind, r in ratios.items()}
@@ -342,8 +343,7 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
                 rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": rounds.first[key].num_new,
                              "passes": len(rounds.passes[key]), "measured_s": float(np.median(rounds.times[key])),
                              "in_passes_s": float(np.median(rounds.pass_seconds[key])),
-                             "predicted_s": sum(by_kind.values()), "drift_pass": drift["pass"],
-                             "drift_verify": drift["verify"], "drift_prefill": drift["prefill"],
+                             "predicted_s": sum(by_kind.values()), **{f"drift_{kind}": drift[kind] for kind in KINDS},
                              "predicted_at_drift_s": predict_at_drift(cost, rounds.passes[key], drift),
                              **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
     return pd.DataFrame(rows)
