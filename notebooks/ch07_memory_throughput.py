@@ -50,6 +50,7 @@ from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import claims, pass_cost, perf, throughput
 from looped_kv.analysis.fits import mean_speedup
 from looped_kv.analysis.memory_bench import check_memory_model
+from looped_kv.analysis.operators import step_operators
 from looped_kv.analysis.verdicts import claim_summary, interval_table, tally
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.settings import DasWave, Greedy
@@ -395,21 +396,24 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # %% [markdown]
 # ## One sequence: RIPE's step against the full cache's
 #
-# RIPE reads fewer bytes per step than the full cache, but at this model's width a call
-# moves a few kilobytes, so what a step costs on a CPU is its number of small operators.
-# The full cache reads one contiguous plane with one fused kernel. At loop r < R, RIPE
-# reads the ring of the W most recent positions at plane r, the new token, and the
-# older positions at plane R. Eager, a one-token step writes the token into the ring,
-# which keeps one slot past the window for it, copies the ring into W + 1 scratch slots
-# in front of the deepest plane and reads them with it in one fused kernel, at the
-# price of one small copy per loop (the ring's keys and values) that the full cache
-# does not make. The sinks cache, four full-depth positions at the
-# start beside the same window, copies its sinks there too and masks the deepest
-# plane's own copy of them, so its fused call reads under a mask. Under every cache,
-# prelude and coda layers read their plane in place, and a prompt attends to itself
-# with one causal kernel. Compiled, each call's segments fuse into one kernel, and the
-# prefill runs compiled for every cache. Greedy decoding under each cache is timed side
-# by side with the full cache's, one prompt at a time, eager and compiled:
+# Per loop, a one-token step reads as many positions under RIPE as under the full
+# cache, L + 1: RIPE reads the W newest at plane r and the older ones at plane R. What
+# RIPE saves is what it stores, and the distinct bytes a step touches: its R loops
+# share one plane. At this model's width a call moves a few kilobytes that sit in the
+# CPU's caches, so what a step costs here is its number of small operators. The full
+# cache reads one contiguous plane with one fused kernel. At loop r < R, eager, RIPE
+# writes the token into the ring, which keeps one slot past the window for it, copies
+# the ring's keys and values into W + 1 scratch slots in front of the deepest plane
+# and reads them with it in one fused kernel: two small copies per loop that the full
+# cache does not make. The sinks cache, four full-depth positions at the start beside
+# the same window, copies its sinks there too and masks the deepest plane's own copy
+# of them, so its fused call reads under a mask. Under every cache, prelude and coda
+# layers read their plane in place, and a prompt attends to itself with one causal
+# kernel. Compiled, each call's segments fuse into one kernel, and the prefill runs
+# compiled for every cache. Greedy decoding under each cache is timed side by side
+# with the full cache's, one prompt at a time, eager and compiled, and each step's
+# operators are counted at
+# PyTorch's dispatcher (`looped_kv.analysis.operators.step_operators`):
 
 # %%
 CACHE_ARMS = {"ar": Greedy()}  # greedy, full cache
@@ -446,6 +450,23 @@ book.md(f"Source: {cache_where}. On {n_timed} word problems RIPE (W = "
         f"the full cache's speed, and the sinks cache ({SINKS_ARM.sinks} sinks, W = "
         f"{SINKS_ARM.window}) at {cache_ratios('sinks')}, end to end (mean of "
         "per-prompt ratios, paired bootstrap interval).")
+
+# %% tags=["remove-input"]
+step_counts = {cache: step_operators(model, prompts[0], arm)
+               for cache, arm in {"full": Greedy(), **bench.CACHE_ARMS}.items()}
+per_loop = {cache: counts.sum() / R for cache, counts in step_counts.items()}
+COPY = "aten.copy_.default"
+extra_copies = {cache: step_counts[cache][COPY] - step_counts["full"][COPY]
+                for cache in ("ripe", "sinks")}
+ops_full, ops_ripe, ops_sinks = (per_loop[c] for c in ("full", "ripe", "sinks"))
+book.md(f"Per loop, an eager step dispatches {ops_full:.1f} operators under the full "
+        f"cache, {ops_ripe:.1f} under RIPE ({extra_copies['ripe']:.0f} copies more per "
+        f"step of R = {R} loops) and {ops_sinks:.1f} under the sinks cache "
+        f"({extra_copies['sinks']:.0f} copies more, and its mask), on one word "
+        "problem. Were every operator equally costly, as where a step costs its "
+        f"number of calls, RIPE would decode at {ops_full / ops_ripe:.2f} and the "
+        f"sinks cache at {ops_full / ops_sinks:.2f} of the full cache's speed: one "
+        "sequence at a time, eager, neither can be expected to outrun it.")
 
 # %% [markdown]
 # ## Peak memory against the memory model (RIPE Figure 3)
@@ -829,7 +850,7 @@ book.md(f"Source: {batched_where}. Mean over {', '.join(map(str, sets))} sets of
 # Every ratio of this chapter between the full cache and the deepest plane is bounded by
 # $R$: the full cache holds $R$ planes per position, so the batch that fits a fixed
 # memory ($B_{max}$) and RIPE's asymptotic throughput gain grow with $R$. On a shallow
-# recurrence the chapter can show that RIPE fits more sequences and reads fewer bytes;
+# recurrence the chapter can show that RIPE fits more sequences and touches fewer bytes;
 # the size of that gain is a deep recurrence's, not a shallow one's.
 #
 # The depth settings of this chapter at the tiny model's $R$, Parcae's and Ouro's

@@ -1,0 +1,70 @@
+"""The operators a one-token step dispatches, per cache (looped_kv.analysis.operators)."""
+
+import pytest
+import torch
+
+from looped_kv.analysis.operators import step_operators
+from looped_kv.decoding.settings import Greedy, SelfSpec
+from tests.conftest import random_model
+
+COPY = "aten.copy_.default"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model()
+
+
+def prompt(n: int) -> torch.Tensor:
+    return torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(n))
+
+
+def other_operators(counts, base):
+    """Every operator but the copies, the difference of two counts."""
+    names = (set(counts.index) | set(base.index)) - {COPY}
+    return {name: counts.get(name, 0) - base.get(name, 0) for name in names
+            if counts.get(name, 0) != base.get(name, 0)}
+
+
+def test_ripe_adds_two_copies_per_loop_and_nothing_else(model):
+    """RIPE's step is the full cache's plus its ring's keys and values copied in front of the kept plane at every
+    loop of every core layer (at the kept loop: the token into the last scratch slot)."""
+    R, n_core = model.config.mean_recurrence, model.config.n_core
+    full = step_operators(model, prompt(40), Greedy())
+    ripe = step_operators(model, prompt(40), Greedy(cache="ripe", window=8))
+    assert ripe[COPY] - full[COPY] == n_core * 2 * R
+    assert other_operators(ripe, full) == {}
+
+
+@pytest.mark.parametrize("num_loops", [3, 6])
+def test_sinks_add_four_copies_per_loop_and_one_mask_per_pass(model, num_loops):
+    """The sinks cache copies its sinks too at loops r < R (4 copies; 2 at the kept loop), and makes its hole mask
+    once per pass: those operators do not grow with the loops."""
+    n_core = model.config.n_core
+    full = step_operators(model, prompt(40), Greedy(num_loops=num_loops))
+    sinks = step_operators(model, prompt(40), Greedy(cache="sinks", sinks=4, window=8, num_loops=num_loops))
+    assert sinks[COPY] - full[COPY] == n_core * (4 * (num_loops - 1) + 2)
+    mask = other_operators(sinks, full)
+    assert sum(mask.values()) > 0
+    if num_loops == 6:
+        shallow = step_operators(model, prompt(40), Greedy(cache="sinks", sinks=4, window=8, num_loops=3))
+        assert other_operators(shallow, step_operators(model, prompt(40), Greedy(num_loops=3))) == mask
+
+
+def test_a_full_cache_step_issues_as_many_operators_at_any_context(model):
+    """A step's operators do not grow with the prefix it reads: one fused read of the plane."""
+    short = step_operators(model, prompt(20), Greedy())
+    long = step_operators(model, prompt(90), Greedy())
+    assert short.to_dict() == long.to_dict()
+    assert short.sum() > 0
+
+
+@pytest.mark.parametrize("config, steps, match", [
+    (SelfSpec(), 4, "config must be a Greedy decoding"),
+    (Greedy(compile=True), 4, "config: compile must be False"),
+    (Greedy(), 0, "steps must be an int >= 1"),
+    (Greedy(), 2.0, "steps must be an int >= 1"),
+])
+def test_bad_inputs_are_refused(model, config, steps, match):
+    with pytest.raises(ValueError, match=match):
+        step_operators(model, prompt(20), config, steps)
