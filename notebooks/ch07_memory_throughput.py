@@ -50,7 +50,7 @@ from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import claims, pass_cost, perf, throughput
 from looped_kv.analysis.fits import mean_speedup
 from looped_kv.analysis.memory_bench import check_memory_model
-from looped_kv.analysis.operators import step_operators
+from looped_kv.analysis.operators import COPY, step_operators
 from looped_kv.analysis.verdicts import claim_summary, interval_table, tally
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.settings import DasWave, Greedy
@@ -412,8 +412,8 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # kernel. Compiled, each call's segments fuse into one kernel, and the prefill runs
 # compiled for every cache. Greedy decoding under each cache is timed side by side
 # with the full cache's, one prompt at a time, eager and compiled, and each step's
-# operators are counted at
-# PyTorch's dispatcher (`looped_kv.analysis.operators.step_operators`):
+# operators are counted at PyTorch's dispatcher
+# (`looped_kv.analysis.operators.step_operators`):
 
 # %%
 CACHE_ARMS = {"ar": Greedy()}  # greedy, full cache
@@ -455,7 +455,6 @@ book.md(f"Source: {cache_where}. On {n_timed} word problems RIPE (W = "
 step_counts = {cache: step_operators(model, prompts[0], arm)
                for cache, arm in {"full": Greedy(), **bench.CACHE_ARMS}.items()}
 per_loop = {cache: counts.sum() / R for cache, counts in step_counts.items()}
-COPY = "aten.copy_.default"
 extra_copies = {cache: step_counts[cache][COPY] - step_counts["full"][COPY]
                 for cache in ("ripe", "sinks")}
 ops_full, ops_ripe, ops_sinks = (per_loop[c] for c in ("full", "ripe", "sinks"))

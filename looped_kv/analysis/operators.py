@@ -21,6 +21,9 @@ from looped_kv.decoding.generate import generate
 from looped_kv.decoding.settings import Greedy
 from looped_kv.runtime.model import LoopedLM
 
+#: The operator of every cache write and scratch copy: what RIPE and the sinks cache add to a step.
+COPY = "aten.copy_.default"
+
 
 class _Count(TorchDispatchMode):
     """Every ATen operator call under the mode, by name."""
