@@ -739,7 +739,7 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
 def cmd_speed(args: argparse.Namespace) -> int:
     _at_least_one(prompt=args.prompt, new_tokens=args.new_tokens, num_loops=args.num_loops, rounds=args.rounds,
                   threads=args.threads)
-    _all_at_least_one(batch_sizes=args.batch_sizes)
+    _all_at_least_one(batch_sizes=args.batch_sizes, layout_tokens=args.layout_tokens)
     if args.layers is not None:
         _check_layers(args.layers)
     if args.methods and "ar" not in args.methods:
@@ -751,6 +751,9 @@ def cmd_speed(args: argparse.Namespace) -> int:
     block_size = LoopedConfig.from_file(TINY_DIR / "config.json").block_size
     if args.prompt + args.new_tokens > block_size:
         raise ValueError(f"--prompt + --new-tokens must be <= {block_size}, got {args.prompt + args.new_tokens}")
+    if args.layout_tokens and args.prompt + max(args.layout_tokens) > block_size:
+        raise ValueError(f"--prompt + the largest --layout-tokens must be <= {block_size}, got "
+                         f"{args.prompt + max(args.layout_tokens)}")
     speed.run(_options(speed.Options, args))
     return 0
 
@@ -772,6 +775,9 @@ def _add_speed(sub: argparse._SubParsersAction) -> None:
                    help="methods timed eager and compiled on the tiny model (default: all; none: skip)")
     p.add_argument("--workload", default=data.WORKLOADS[0], choices=data.WORKLOADS,
                    help=f"the evaluation prompt's workload for the methods (default {data.WORKLOADS[0]})")
+    p.add_argument("--layout-tokens", type=int, nargs="*", default=[1, 9, 25],
+                   help="tokens per pass of the weights' layout comparison, eager, after --prompt tokens "
+                        "(default 1 9 25; none: skip)")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled passes")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.set_defaults(func=cmd_speed)

@@ -47,7 +47,13 @@ def test_remark1_predicts_the_claim_from_the_models_ripeness():
 
 
 def test_measured_ripeness_labels_keys_and_values():
+    """On a random model whose recurrence contracts (its core's matrices scaled down, so that Delta_r falls with r and
+    c rho^r has a fit), keys and values each get one of Remark 1's two labels."""
     model = random_model("huginn", seed=1, mean_recurrence=16)
+    with torch.no_grad():
+        for p in model.transformer.core_block.parameters():
+            if p.dim() == 2:
+                p.mul_(0.2)
     ids = torch.randint(0, 50, (3, 20), generator=torch.Generator().manual_seed(0))
     found = claims.measured_ripeness(in_dtype(model, torch.float32), in_dtype(model, torch.bfloat16), ids, decoded=4,
                                      chunk=3)

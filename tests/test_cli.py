@@ -41,7 +41,8 @@ HELP = {
     ("batch", "compare"): ["first", "second", "torchrun", "identical", "largest", "Exit status"],
     ("batch", "ledger"): ["archives", "Appendix B", "--key-file"],
     ("speed",): ["--reference", "--prompt", "--new-tokens", "--num-loops", "--layers", "--rounds", "--batch-sizes",
-                 "--methods", "--workload", "--no-compile", "--threads", "generate_minimal", "recurrent-pretraining"],
+                 "--methods", "--workload", "--layout-tokens", "--no-compile", "--threads", "generate_minimal",
+                 "recurrent-pretraining"],
     ("gpu-check",): ["--config", "--device", "--batch-sizes", "--prompt-tokens", "--new-tokens", "--draft-loops",
                      "--repeats", "--out", "random bf16 weights"],
     ("plan-check",): ["--model", "--profile", "--device", "--chapters", "--out", "peak memory recorded"],
@@ -170,6 +171,9 @@ def test_a_closed_pipe_stops_the_cli_quietly():
     (["speed", "--rounds", "0"], "--rounds must be >= 1, got 0"),
     (["speed", "--layers", "1", "0", "1"], "--layers needs PRELUDE >= 0, CORE >= 1, CODA >= 0, got [1, 0, 1]"),
     (["speed", "--batch-sizes", "0"], "--batch-sizes must all be >= 1, got [0]"),
+    (["speed", "--layout-tokens", "2", "0"], "--layout-tokens must all be >= 1, got [2, 0]"),
+    (["speed", "--prompt", "1000", "--new-tokens", "1", "--layout-tokens", "25"],
+     "--prompt + the largest --layout-tokens must be <= 1024, got 1025"),
     (["speed", "--methods", "self-spec"], "--methods must include ar"),
     (["speed", "--reference", "no-such-checkout"], "--reference no-such-checkout is not a folder"),
     (["speed", "--prompt", "1000"], "--prompt + --new-tokens must be <= 1024, got 1064"),
@@ -360,8 +364,20 @@ def test_generate_flags_and_their_help_come_from_the_settings():
 def test_the_speed_comparison_builds_its_checkpoint_with_the_layers_asked_for(capsys):
     """``looped-kv speed --layers 1 2 1`` times greedy decoding on a random checkpoint of those layer counts."""
     assert main(["speed", "--layers", "1", "2", "1", "--prompt", "8", "--new-tokens", "2", "--num-loops", "2",
-                 "--rounds", "1", "--batch-sizes", "--methods", "--no-compile"]) == 0
-    assert "(d = 128, 1/2/1 layers), R = 2, prompt 8, 2 new tokens" in capsys.readouterr().out
+                 "--rounds", "1", "--batch-sizes", "--methods", "--layout-tokens", "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "(d = 128, 1/2/1 layers), R = 2, prompt 8, 2 new tokens" in out
+    assert "the weights' layout" not in out  # no --layout-tokens: no layout section
+
+
+def test_the_speed_comparison_times_the_weights_layouts_side_by_side(capsys):
+    """``looped-kv speed --layout-tokens 1 3`` prints each width's pass, column-major against row-major, paired."""
+    assert main(["speed", "--layers", "1", "1", "1", "--prompt", "8", "--new-tokens", "2", "--num-loops", "2",
+                 "--rounds", "1", "--batch-sizes", "--methods", "--layout-tokens", "1", "3", "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "after a 8-token prompt" in out and "row-major time / column-major time" in out
+    assert re.search(r"g = 1 +column-major +[\d.]+ ms +row-major +[\d.]+ ms +[\d.]+x \(", out)
+    assert re.search(r"g = 3 +column-major", out)
 
 
 def test_the_reference_comparison_refuses_a_transformers_it_cannot_run_under():

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 import looped_kv.runtime.loading
 from looped_kv import LoopedConfig, load, make_policy
 from looped_kv.decoding.greedy import greedy
+from looped_kv.experiments import speed
 from looped_kv.runtime.loading import TINY_DIR
 
 
@@ -54,6 +55,28 @@ def test_round_trip_any_config(tmp_path, family, overrides, shards):
     assert torch.allclose(loaded(ids, num_loops=3), model(ids, num_loops=3), rtol=0, atol=1e-12)
     out = greedy(loaded, ids, 5, policy=make_policy("full", 3))
     assert torch.equal(model(out.tokens[:, :-1], num_loops=3)[:, 8:].argmax(-1), out.new_tokens)
+
+
+def test_linear_weights_are_stored_transposed_and_written_as_read(tmp_path):
+    """Every linear weight but the head is stored column-major (W^T contiguous, so x @ W^T is a plain product), when
+    built and when loaded; a written checkpoint holds the same values, contiguous; float64 logits are the row-major
+    model's."""
+    def linears(model):
+        return {f"{name}.weight": module.weight for name, module in model.named_modules()
+                if isinstance(module, torch.nn.Linear) and name != "lm_head"}
+
+    model = random_model("huginn")
+    assert len(linears(model)) == 17 and all(w.t().is_contiguous() and not w.is_contiguous()
+                                            for w in linears(model).values())
+    looped_kv.runtime.loading.save(model, tmp_path / "ckpt")
+    stored = load_file(tmp_path / "ckpt" / "model.safetensors")
+    loaded = load(tmp_path / "ckpt", dtype=torch.float64)
+    for name, weight in linears(loaded).items():
+        assert weight.t().is_contiguous() and stored[name].is_contiguous() and torch.equal(weight, stored[name])
+    row_major = speed.row_major(loaded)
+    assert all(w.is_contiguous() for w in linears(row_major).values())
+    ids = torch.randint(0, model.config.vocab_size, (2, 9))
+    assert torch.allclose(loaded(ids, num_loops=3), row_major(ids, num_loops=3), rtol=0, atol=1e-12)
 
 
 def test_config_family_detection():

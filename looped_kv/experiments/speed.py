@@ -9,6 +9,10 @@ every method eager and compiled.
    defaults), eager and compiled, on the shipped tiny model and an evaluation prompt of a workload, where
    drafts are accepted as they are in the book. Each method is compared with greedy decoding of its own mode
    and its compiled run with its eager one.
+3. The weights' layout: one pass of g tokens through all R loops (a verification block; g = 1 is greedy decoding's
+   step) after a prompt, eager and compiled, on the shipped tiny model with its linear weights stored as looped_kv
+   stores them (column-major: :meth:`~looped_kv.runtime.model.LoopedLM.store_weights_transposed`) against the same
+   weights row-major, as a checkpoint holds them and ``nn.Linear`` keeps them.
 
 Runs are interleaved (A, B, C, A, B, C, ...) so that drifts in machine speed fall on every arm alike; each
 ratio is the median of the per-round ratios of paired runs, with the range over rounds. Compiled steps are
@@ -28,9 +32,11 @@ transformers ahead of the installed one, as this project's measurements did:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import importlib.util
+import itertools
 import json
 import shutil
 import statistics
@@ -45,12 +51,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from looped_kv.decoding.compiled import CompiledPasses
 from looped_kv.decoding.generate import generate
-from looped_kv.decoding.passes import capacity_bucket, capacity_buckets
+from looped_kv.decoding.passes import Passes, capacity_bucket, capacity_buckets, new_cache
 from looped_kv.decoding.settings import DISPLAY
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR, load
 from looped_kv.runtime.model import LoopedLM
+from looped_kv.runtime.policy import make_policy
 from looped_kv.workloads import data
 
 REFERENCE_FILES = ("raven_config_minimal.py", "raven_modeling_minimal.py")
@@ -69,6 +77,7 @@ class Options:
     rounds: int
     batch_sizes: list[int]  # of the tokens/s table; empty: skip it
     methods: list[str]  # timed eager and compiled on the tiny model; empty: skip them
+    layout_tokens: list[int]  # tokens per pass of the layout comparison; empty: skip it
     workload: str
     no_compile: bool
     threads: int
@@ -288,8 +297,50 @@ def methods_side_by_side(args: Options) -> None:
         print(row)
 
 
+def row_major(model: LoopedLM) -> LoopedLM:
+    """A copy of ``model`` with every linear weight stored row-major (contiguous), as ``nn.Linear`` keeps it."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in out.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.data = module.weight.data.contiguous()
+    return out
+
+
+def layout_side_by_side(args: Options) -> None:
+    """Section 3: one pass of g tokens through all R loops, eager and compiled, weights column-major against
+    row-major."""
+    model = load("tiny", dtype=torch.float32)
+    models = {"column-major": model, "row-major": row_major(model)}
+    generator = torch.Generator().manual_seed(3)
+    widest, R = max(args.layout_tokens), model.config.mean_recurrence
+    prompt = torch.randint(0, model.config.vocab_size, (args.prompt,), generator=generator)
+    block = torch.randint(0, model.config.vocab_size, (1, widest), generator=generator)
+    modes = ("eager",) if args.no_compile else ("eager", "compiled")
+    arms = {}
+    for mode, (name, m) in itertools.product(modes, models.items()):
+        compiled = mode == "compiled"
+        capacity = capacity_bucket(args.prompt + widest, m.config.block_size) if compiled else args.prompt + widest
+        passes = (CompiledPasses if compiled else Passes)(m, new_cache(m, make_policy("full", R), 1, capacity), widest)
+        passes.prefill([prompt])
+        for g in args.layout_tokens:  # a verification written past the prompt, not committed: the same each call
+            arms[f"{mode} {name} {g}"] = lambda passes=passes, g=g: passes.verify(block[:, :g], None)
+    with torch.no_grad():
+        for run in arms.values():  # warm-up (the compiled passes are traced here)
+            run()
+        times = interleaved(arms, args.rounds)
+    print(f"\nthe weights' layout: one pass of g tokens through R = {R} loops after a {args.prompt}-token prompt, "
+          f"shipped tiny model, float32, {args.rounds} interleaved rounds; ratio: row-major time / column-major time, "
+          f"median of the paired rounds (range)")
+    for mode, g in itertools.product(modes, args.layout_tokens):
+        column, row = f"{mode} column-major {g}", f"{mode} row-major {g}"
+        print(f"  {mode:<8} g = {g:<3} column-major {1e3 * statistics.median(times[column]):7.2f} ms   row-major "
+              f"{1e3 * statistics.median(times[row]):7.2f} ms   {paired(times, column, row)}")
+
+
 def run(options: Options) -> None:
-    """Both sections, printed: greedy decoding against the reference, then every method (unless none)."""
+    """The sections asked for, printed: greedy decoding against the reference, every method (unless none), and the
+    weights' layout (unless no widths)."""
     torch.set_num_threads(options.threads)
     config = LoopedConfig.from_file(TINY_DIR / "config.json")
     if options.layers is not None:
@@ -298,3 +349,5 @@ def run(options: Options) -> None:
     greedy_against_reference(options, config)
     if options.methods:
         methods_side_by_side(options)
+    if options.layout_tokens:
+        layout_side_by_side(options)

@@ -328,6 +328,7 @@ def load(source: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
                           assign=True)
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
+    model.store_weights_transposed()
     model.rotary = Rotary(config)
     model = model.to(device=device, dtype=dtype).eval()
     model.tokenizer = load_tokenizer(folder, parcae=config.family == "parcae")

@@ -257,9 +257,9 @@ class Block(nn.Module):
     and after each sublayer (Ouro): ``config.norm_layout``; the MLP is SiLU-gated, or Parcae's ReLU^2.
 
     Its sublayers compute with :class:`BlockWeights` on the tokens as rows (``torch.mm`` with the transposed
-    weights, which is what ``F.linear`` calls, and :func:`rms_norm`), not through module calls: the same arithmetic,
-    without the attribute lookups, reshapes and module-call overhead that would otherwise be most of a one-token
-    decoding step's time.
+    weights, which is what ``F.linear`` calls, stored contiguous by :meth:`LoopedLM.store_weights_transposed`, and
+    :func:`rms_norm`), not through module calls: the same arithmetic, without the attribute lookups, reshapes and
+    module-call overhead that would otherwise be most of a one-token decoding step's time.
     """
 
     def __init__(self, config: LoopedConfig, stage: Stage, layer: int) -> None:
@@ -378,6 +378,21 @@ class LoopedLM(nn.Module):
         self.state_seed = 0
         self._states: Tensor | None = None
         self._states_key: tuple | None = None
+        self.store_weights_transposed()
+
+    def store_weights_transposed(self) -> None:
+        """Store every linear weight the passes multiply as ``x @ W^T`` (all but the head) column-major: W (out, in)
+        keeps its shape and values, and W^T is contiguous, so each product reads both operands row by row.
+
+        On a CPU, MKL's product with a transposed second operand is up to 4x slower at some shapes (the tiny
+        model's MLP projection, K = 256, from 11 rows on): a verification block, a wide draft or DAS-Wave round and a
+        prefill paid it. In place of the parameters' data (an in-place load keeps the layout; :func:`load`, which
+        assigns the checkpoint's tensors, calls this again); a checkpoint is written contiguous, as read.
+        """
+        with torch.no_grad():
+            for name, module in self.named_modules():
+                if isinstance(module, nn.Linear) and name != "lm_head" and not module.weight.is_meta:
+                    module.weight.data = module.weight.data.t().contiguous().t()
 
     @property
     def dtype(self) -> torch.dtype:
