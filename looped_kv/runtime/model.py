@@ -384,10 +384,11 @@ class LoopedLM(nn.Module):
         """Store every linear weight the passes multiply as ``x @ W^T`` (all but the head) column-major: W (out, in)
         keeps its shape and values, and W^T is contiguous, so each product reads both operands row by row.
 
-        On a CPU, MKL's product with a transposed second operand is up to 4x slower at some shapes (the tiny
+        On a CPU, MKL's product with a transposed second operand is 3 to 5 times slower at some shapes (the tiny
         model's MLP projection, K = 256, from 11 rows on): a verification block, a wide draft or DAS-Wave round and a
-        prefill paid it. In place of the parameters' data (an in-place load keeps the layout; :func:`load`, which
-        assigns the checkpoint's tensors, calls this again); a checkpoint is written contiguous, as read.
+        prefill paid it (``looped-kv speed --layout-tokens``). It replaces the parameters' data, one weight at a time;
+        an in-place load keeps the layout, and :func:`load`, which assigns the checkpoint's tensors, calls this
+        again. A checkpoint is written contiguous, as read.
         """
         with torch.no_grad():
             for name, module in self.named_modules():
