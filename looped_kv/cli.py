@@ -776,8 +776,8 @@ def _add_speed(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", default=data.WORKLOADS[0], choices=data.WORKLOADS,
                    help=f"the evaluation prompt's workload for the methods (default {data.WORKLOADS[0]})")
     p.add_argument("--layout-tokens", type=int, nargs="*", default=[1, 9, 25],
-                   help="tokens per pass of the weights' layout comparison, eager, after --prompt tokens "
-                        "(default 1 9 25; none: skip)")
+                   help="tokens per pass of the weights' layout comparison after --prompt tokens, eager and "
+                        "compiled (default 1 9 25; none: skip)")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled passes")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.set_defaults(func=cmd_speed)

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from conftest import random_model
 
 from looped_kv.analysis.operators import COPY, step_operators
 from looped_kv.decoding.settings import Greedy, SelfSpec
-from tests.conftest import random_model
 
 
 @pytest.fixture(scope="module")

@@ -392,7 +392,7 @@ class LoopedLM(nn.Module):
         """
         with torch.no_grad():
             for name, module in self.named_modules():
-                if isinstance(module, nn.Linear) and name != "lm_head" and not module.weight.is_meta:
+                if isinstance(module, nn.Linear) and name != "lm_head":
                     module.weight.data = module.weight.data.t().contiguous().t()
 
     @property
