@@ -17,31 +17,39 @@ def prompt(n: int) -> torch.Tensor:
     return torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(n))
 
 
+SLICE = "aten.slice.Tensor"
+
+
 def other_operators(counts, base):
-    """Every operator but the copies, the difference of two counts."""
-    names = (set(counts.index) | set(base.index)) - {COPY}
+    """Every operator but the copies and the slices, the difference of two counts."""
+    names = (set(counts.index) | set(base.index)) - {COPY, SLICE}
     return {name: counts.get(name, 0) - base.get(name, 0) for name in names
             if counts.get(name, 0) != base.get(name, 0)}
 
 
-def test_ripe_adds_two_copies_per_loop_and_nothing_else(model):
+def test_ripe_adds_two_copies_per_loop_and_slices_its_reads_once_per_pass(model):
     """RIPE's step is the full cache's plus its ring's keys and values copied in front of the kept plane at every
-    loop of every core layer (at the kept loop: the token into the last scratch slot)."""
+    loop of every core layer (at the kept loop: the token into the last scratch slot), less the slicing of each
+    loop's read: the full cache reads a plane of its own per loop, RIPE the same slots of a layer at every loop r < R
+    (keys and values sliced twice per layer and pass: for the loops r < R and for the kept loop)."""
     R, n_core = model.config.mean_recurrence, model.config.n_core
     full = step_operators(model, prompt(40), Greedy())
     ripe = step_operators(model, prompt(40), Greedy(cache="ripe", window=8))
     assert ripe[COPY] - full[COPY] == n_core * 2 * R
+    assert ripe[SLICE] - full[SLICE] == -2 * n_core * (R - 2)
     assert other_operators(ripe, full) == {}
 
 
 def test_sinks_add_four_copies_per_loop_and_one_mask_per_pass(model):
     """The sinks cache copies its sinks too at loops r < R (4 copies; 2 at the kept loop), and makes its hole mask
-    once per pass: those operators do not grow with the loops."""
+    once per pass: those operators do not grow with the loops; its reads are sliced once per layer and pass, as
+    RIPE's."""
     n_core, masks = model.config.n_core, []
     for num_loops in (3, 6):
         full = step_operators(model, prompt(40), Greedy(num_loops=num_loops))
         sinks = step_operators(model, prompt(40), Greedy(cache="sinks", sinks=4, window=8, num_loops=num_loops))
         assert sinks[COPY] - full[COPY] == n_core * (4 * (num_loops - 1) + 2)
+        assert sinks[SLICE] - full[SLICE] == -2 * n_core * (num_loops - 2)
         masks.append(other_operators(sinks, full))
     assert sum(masks[0].values()) > 0 and masks[0] == masks[1]
 

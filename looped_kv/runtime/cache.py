@@ -574,6 +574,7 @@ class CachePass:
                        and reads == ALIGNED and softmax_dtype is None
                        and min(cache.host_lengths) >= cache.sink_size + cache.policy.window)
         self._gap_masks: dict[int, Tensor | None] = {}
+        self._gap_reads: dict[tuple[int, bool], tuple[Tensor, Tensor, Tensor | None]] = {}
         if self.gapped:
             self.gap_stop = cache.gap + cache.max_length
             # every row's token into its ring slot (position mod (W + 1): the next position's, past every row's window)
@@ -643,10 +644,13 @@ class CachePass:
         else:
             token_keys.copy_(keys)
             token_values.copy_(values)
-        start, behind = (0, self.cache.policy.window) if copies else (self.cache.gap - 1, 0)  # behind: window
-        stop = self.gap_stop - behind  # positions not read at plane R
-        out = attend(queries, base_keys[:, :, start:stop], base_values[:, :, start:stop],
-                     self._gap_mask(start, behind, queries.dtype))
+        read = (site.layer, not copies)
+        if read not in self._gap_reads:  # the same slots at every loop r < R of a layer: sliced once per pass
+            start, behind = (0, self.cache.policy.window) if copies else (self.cache.gap - 1, 0)  # behind: window
+            stop = self.gap_stop - behind  # positions not read at plane R
+            self._gap_reads[read] = (base_keys[:, :, start:stop], base_values[:, :, start:stop],
+                                     self._gap_mask(start, behind, queries.dtype))
+        out = attend(queries, *self._gap_reads[read])
         if self.store == "cache" and not copies:
             self.cache.write(self.writes, {site: (keys, values)})
         return out
