@@ -50,7 +50,7 @@ from looped_kv import book, papers, profiles, workloads
 from looped_kv.analysis import claims, pass_cost, perf, throughput
 from looped_kv.analysis.fits import mean_speedup
 from looped_kv.analysis.memory_bench import check_memory_model
-from looped_kv.analysis.operators import COPY, step_operators
+from looped_kv.analysis.operators import COPY, SLICE, step_operators
 from looped_kv.analysis.verdicts import claim_summary, interval_table, tally
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.settings import DasWave, Greedy
@@ -405,9 +405,11 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # writes the token into the ring, which keeps one slot past the window for it, copies
 # the ring's keys and values into W + 1 scratch slots in front of the deepest plane
 # and reads them with it in one fused kernel: two small copies per loop that the full
-# cache does not make. The sinks cache, four full-depth positions at the start beside
-# the same window, copies its sinks there too and masks the deepest plane's own copy
-# of them, so its fused call reads under a mask. Under every cache, prelude and coda
+# cache does not make. In return its loops r < R read the same slots, sliced once per
+# step, where the full cache slices a plane of its own at every loop. The sinks cache,
+# four full-depth positions at the start beside the same window, copies its sinks
+# there too and masks the deepest plane's own copy of them, so its fused call reads
+# under a mask. Under every cache, prelude and coda
 # layers read their plane in place, and a prompt attends to itself with one causal
 # kernel. Compiled, each call's segments fuse into one kernel, and the prefill runs
 # compiled for every cache. Greedy decoding under each cache is timed side by side
@@ -455,17 +457,18 @@ book.md(f"Source: {cache_where}. On {n_timed} word problems RIPE (W = "
 step_counts = {cache: step_operators(model, prompts[0], arm)
                for cache, arm in {"full": Greedy(), **bench.CACHE_ARMS}.items()}
 per_loop = {cache: counts.sum() / R for cache, counts in step_counts.items()}
-extra_copies = {cache: step_counts[cache][COPY] - step_counts["full"][COPY]
-                for cache in ("ripe", "sinks")}
+extra = {(cache, op): step_counts[cache].get(op, 0) - step_counts["full"].get(op, 0)
+         for cache in ("ripe", "sinks") for op in (COPY, SLICE)}
 ops_full, ops_ripe, ops_sinks = (per_loop[c] for c in ("full", "ripe", "sinks"))
 book.md(f"Per loop, an eager step dispatches {ops_full:.1f} operators under the full "
-        f"cache, {ops_ripe:.1f} under RIPE ({extra_copies['ripe']:.0f} copies more per "
-        f"step of R = {R} loops) and {ops_sinks:.1f} under the sinks cache "
-        f"({extra_copies['sinks']:.0f} copies more, and its mask), on one word "
-        "problem. Were every operator equally costly, as where a step costs its "
-        f"number of calls, RIPE would decode at {ops_full / ops_ripe:.2f} and the "
-        f"sinks cache at {ops_full / ops_sinks:.2f} of the full cache's speed: one "
-        "sequence at a time, eager, neither can be expected to outrun it.")
+        f"cache, {ops_ripe:.1f} under RIPE ({extra['ripe', COPY]:.0f} copies more and "
+        f"{-extra['ripe', SLICE]:.0f} slices fewer per step of R = {R} loops) and "
+        f"{ops_sinks:.1f} under the sinks cache ({extra['sinks', COPY]:.0f} copies "
+        f"more, {-extra['sinks', SLICE]:.0f} slices fewer, and its mask), on one word "
+        "problem. Were every operator equally costly, as where a step costs its number "
+        f"of calls, RIPE would decode at {ops_full / ops_ripe:.2f} and the sinks cache "
+        f"at {ops_full / ops_sinks:.2f} of the full cache's speed, one sequence at a "
+        "time, eager.")
 
 # %% [markdown]
 # ## Peak memory against the memory model (RIPE Figure 3)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import random_model
 
-from looped_kv.analysis.operators import COPY, step_operators
+from looped_kv.analysis.operators import COPY, SLICE, step_operators
 from looped_kv.decoding.settings import Greedy, SelfSpec
 
 
@@ -15,9 +15,6 @@ def model():
 
 def prompt(n: int) -> torch.Tensor:
     return torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(n))
-
-
-SLICE = "aten.slice.Tensor"
 
 
 def other_operators(counts, base):

@@ -3,8 +3,9 @@
 At a small width on a CPU, an eager step's time is its number of operator calls, not the bytes they move. Under
 every cache a one-token step reads L + 1 positions per loop (RIPE: the ring's W newest at plane r and the older ones
 at plane R), so what sets RIPE's and the sinks cache's eager speed against the full cache's is the operators they
-add: the copies that line their ring and sinks up in front of the kept plane for one fused read
-(:meth:`~looped_kv.runtime.cache.CachePass.attend_gapped`). :func:`step_operators` counts them at the dispatcher.
+add and save: the copies that line their ring and sinks up in front of the kept plane for one fused read
+(:meth:`~looped_kv.runtime.cache.CachePass.attend_gapped`), and the slices of that read, made once per layer and
+pass where the full cache slices each loop's plane. :func:`step_operators` counts them at the dispatcher.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from looped_kv.runtime.model import LoopedLM
 
 #: The operator of every cache write and scratch copy: what RIPE and the sinks cache add to a step.
 COPY = "aten.copy_.default"
+#: The operator that cuts a read out of its plane: what RIPE and the sinks cache make once per layer and pass, and the
+#: full cache at every loop.
+SLICE = "aten.slice.Tensor"
 
 
 class _Count(TorchDispatchMode):
