@@ -635,7 +635,8 @@ class CachePass:
         slot beyond the window: stored, or past the row's length until a commit), the sinks' S and the ring's
         W + 1 slots are copied into the scratch slots before the kept plane, and the call reads [0, gap + L - W) but
         the kept plane's first S positions. Loop R reads every position at plane R: the token in the last scratch
-        slot, then the kept plane, [gap - 1, gap + L). Rows of other lengths mask the positions past their own."""
+        slot, then the kept plane, [gap - 1, gap + L). Rows of other lengths mask the positions past their own. Both
+        reads are the same slots at every loop of a layer, sliced once per pass."""
         base_keys, base_values, copies, (token_keys, token_values) = self.cache.gapped(site)
         if copies:  # loop r < R: the sinks and the ring at plane r (aligned reads)
             self.cache.write(self.ring_writes, {site: (keys, values)})
