@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -20,8 +22,11 @@ from looped_kv.analysis.depth import (
     encode_texts,
     loss_by_loops,
     loss_by_text,
+    read_by_loops,
 )
 from looped_kv.workloads import data
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +60,21 @@ def test_loss_by_text_is_each_texts_mean_loss(tiny):
         loss_by_text(tiny, ids, [0], real)
     with pytest.raises(ValueError, match="two real tokens"):
         loss_by_text(tiny, ids, [1], torch.zeros_like(real))
+
+
+@pytest.mark.parametrize("fixture", ["tiny", "huginn-tiny", "ouro-tiny", "parcae-tiny"])
+def test_one_deep_forward_reads_out_every_r_as_its_own_forward_bit_for_bit(tiny, fixture: str) -> None:
+    """read_by_loops runs the deepest R once and reads out the others on the way: each R's logits are those of an
+    R-loop forward, to the last bit, in every family's readout (Huginn's coda, Ouro's head on the normed state,
+    Parcae's C and value embeddings)."""
+    model = tiny if fixture == "tiny" else load(FIXTURES / fixture, dtype=torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    read = read_by_loops(model, ids, [3, 1, 5], lambda logits: logits)
+    assert list(read) == [3, 1, 5]
+    for R, logits in read.items():
+        assert torch.equal(logits, model(ids, num_loops=R)), R
+    with pytest.raises(ValueError, match="distinct"):
+        loss_by_loops(model, ids, [2, 2])
 
 
 def test_chain_loss_is_taken_on_answers_alone(tiny):

@@ -16,8 +16,9 @@ The book's rate of ripening, rho, is RIPE's alone (:func:`looped_kv.analysis.pla
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from looped_kv.decoding.prompts import row_chunks
+from looped_kv.runtime.attention import CausalRouter
 from looped_kv.runtime.model import LoopedLM
 from looped_kv.workloads.data import ChainProgram
 
@@ -54,9 +56,29 @@ def encode_texts(tokenizer, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
 
 def _check_loops(loops: Sequence[int]) -> list[int]:
     loops = list(loops)
-    if not loops or any(not isinstance(r, int) or r < 1 for r in loops):
-        raise ValueError(f"loops must be a non-empty list of integers >= 1, got {loops}")
+    if not loops or any(not isinstance(r, int) or r < 1 for r in loops) or len(set(loops)) < len(loops):
+        raise ValueError(f"loops must be a non-empty list of distinct integers >= 1, got {loops}")
     return loops
+
+
+Read = TypeVar("Read")
+
+
+def read_by_loops(model: LoopedLM, ids: Tensor, loops: Sequence[int],
+                  read: Callable[[Tensor], Read]) -> dict[int, Read]:
+    """``read(logits)`` of teacher-forced ``ids`` (B, n) after each R in ``loops``, from one forward of the deepest
+    R: its readout after loop R is the R-loop forward's logits (B, n, V), the same operations (``each_loop``), so
+    the loops below the deepest are run once, not once per R. Each R's logits are freed once read."""
+    loops = _check_loops(loops)
+    deepest, wanted, out = max(loops), set(loops), {}
+    positions = torch.arange(ids.shape[1], device=ids.device)
+
+    def read_out(r: int, state: Tensor) -> None:
+        if r in wanted and r < deepest:
+            out[r] = read(model.readout(state, positions, CausalRouter(), tokens=ids))
+
+    out[deepest] = read(model(ids, num_loops=deepest, each_loop=read_out))
+    return {R: out[R] for R in loops}
 
 
 @torch.no_grad()
@@ -72,10 +94,8 @@ def loss_by_loops(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tens
     targets = ids[:, 1:].clone()
     if real is not None:
         targets[~real[:, 1:].to(model.device)] = -100
-    out = {}
-    for R in loops:
-        logits = model(ids[:, :-1], num_loops=R)
-        out[R] = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100).item()
+    out = read_by_loops(model, ids[:, :-1], loops, lambda logits: F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100).item())
     return pd.Series(out, name="loss").rename_axis("loops")
 
 
@@ -98,13 +118,12 @@ def loss_by_text(model: LoopedLM, ids: Tensor, loops: Sequence[int], real: Tenso
     keep = torch.ones_like(ids[:, 1:], dtype=torch.bool) if real is None else real[:, 1:].to(model.device)
     if not keep.any(1).all():
         raise ValueError("every text must hold at least two real tokens")
-    out = {}
-    for R in loops:
-        logits = model(ids[:, :-1], num_loops=R).float()
-        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        out[R] = ((nll * keep).sum(1) / keep.sum(1)).cpu().numpy()
-        del logits, nll  # freed before the next forward, which would otherwise hold them beside its own
-    return pd.DataFrame(out).rename_axis(index="text", columns="loops")
+
+    def text_means(logits: Tensor) -> np.ndarray:
+        nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
+        return ((nll * keep).sum(1) / keep.sum(1)).cpu().numpy()
+
+    return pd.DataFrame(read_by_loops(model, ids[:, :-1], loops, text_means)).rename_axis(index="text", columns="loops")
 
 
 def depth_stops_paying(curve: pd.Series, gain: float) -> int:
@@ -180,9 +199,10 @@ def answer_hits(model: LoopedLM, batch: ChainBatch, loops: Sequence[int]) -> pd.
     """Every query's teacher-forced answer after each R: one row per (R, query) with its program, binding
     depth and depth bucket, ``hit`` (the argmax is the answer) and ``nll`` (the answer's loss, nats)."""
     loops = _check_loops(loops)
+    answers = read_by_loops(model, batch.ids.to(model.device), loops,
+                            lambda logits: logits[batch.rows, batch.positions].float().cpu())
     frames = []
-    for R in loops:
-        logits = model(batch.ids.to(model.device), num_loops=R)[batch.rows, batch.positions].float().cpu()
+    for R, logits in answers.items():
         frames.append(pd.DataFrame({
             "loops": R, "query": np.arange(len(batch.answers)), "program": batch.rows.numpy(),
             "depth": batch.depths.numpy(), "bucket": [depth_bucket(int(d)) for d in batch.depths],
