@@ -8,7 +8,9 @@ These are the measurements behind the tiny model's gates and the book's training
 * :func:`answer_accuracy`: on variable-chain programs (:func:`looped_kv.workloads.data.chain_programs` and
   ``multichain_programs``), how often the argmax after a query's cue (``x?`` or ``x``) is x's value, and its loss,
   by R and by the binding depth; :func:`answer_hits` gives the same per query, :func:`answer_loss_by_program` per
-  program, and :func:`decoded_hits` scores a decoded continuation.
+  program, and :func:`decoded_hits` scores a decoded continuation;
+* :func:`read_by_loops`: what a function of the logits gives after each R, from one forward of the deepest R (the
+  loss and answer tables read theirs this way).
 
 The book's rate of ripening, rho, is RIPE's alone (:func:`looped_kv.analysis.planes.ripening_rates`).
 """
@@ -64,6 +66,7 @@ def _check_loops(loops: Sequence[int]) -> list[int]:
 Read = TypeVar("Read")
 
 
+@torch.no_grad()
 def read_by_loops(model: LoopedLM, ids: Tensor, loops: Sequence[int],
                   read: Callable[[Tensor], Read]) -> dict[int, Read]:
     """``read(logits)`` of teacher-forced ``ids`` (B, n) after each R in ``loops``, from one forward of the deepest
