@@ -201,7 +201,6 @@ def depth_bucket(depth: int) -> str:
 def answer_hits(model: LoopedLM, batch: ChainBatch, loops: Sequence[int]) -> pd.DataFrame:
     """Every query's teacher-forced answer after each R: one row per (R, query) with its program, binding
     depth and depth bucket, ``hit`` (the argmax is the answer) and ``nll`` (the answer's loss, nats)."""
-    loops = _check_loops(loops)
     answers = read_by_loops(model, batch.ids.to(model.device), loops,
                             lambda logits: logits[batch.rows, batch.positions].float().cpu())
     frames = []
