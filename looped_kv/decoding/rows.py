@@ -10,15 +10,15 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from looped_kv.decoding.result import Generation
-from looped_kv.runtime.cache import BlockBuffer, PlaneCache
+from looped_kv.runtime.cache import PlaneCache
 
 
 class Rows:
     """Which prompt each row of the batch is, what each emitted, and when each stops (budget or end-of-text).
 
-    ``batch`` lists the prompt of every row the decoder still computes; a stopped row either leaves it
-    (:meth:`drop_stopped`, the eager decoders: it stops costing work) or stays as padding whose results are
-    ignored (:meth:`retire`, the compiled decoders: the batch keeps its shape, so no step is traced again).
+    ``batch`` lists the prompt of every row the decoder still computes; :meth:`retire` marks the rows that stopped,
+    which the decode loop then drops from the batch (the eager decoders: they stop costing work) or keeps as padding
+    whose results are ignored (the compiled decoders: the batch keeps its shape, so no step is traced again).
     """
 
     def __init__(self, prompts: list[Tensor], budgets: list[int], eos: int | None, progress: bool, desc: str) -> None:
@@ -80,18 +80,6 @@ class Rows:
         if keep:
             self.batch_per_pass.append(len(keep))
         return keep
-
-    def drop_stopped(self, cache: PlaneCache, *tensors: Tensor, buffer: BlockBuffer | None = None) -> list[Tensor]:
-        """Drop the rows that stopped from the cache (and buffer); returns ``tensors`` for the remaining rows."""
-        keep = self.retire(cache)
-        if len(keep) < len(self.batch):
-            self.batch = [self.batch[i] for i in keep]
-            if keep:
-                cache.keep_rows(keep)
-                if buffer is not None:
-                    buffer.keep_rows(len(keep))
-            tensors = tuple(t[keep] for t in tensors)
-        return list(tensors)
 
     def result(self, cache: PlaneCache, forward_passes: int, pad_id: int | None, **options: object) -> Generation:
         self.bar.close()
