@@ -208,19 +208,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not text:
         raise ValueError("prompt must be non-empty text (or '-' to read it from stdin)")
+    flags = {"exact": False if args.inexact else None, "carry": False if args.no_carry else None,
+             "stop_at_eos": not args.no_stop_at_eos, "compile": args.compile}
+    # every option checked (one line each) before the model loads
+    config = settings.method_config(args.method, cache=args.cache, max_new_tokens=args.max_new_tokens,
+                                    progress=args.progress, **generate_options(args), **flags)
     model = _load(args)
     if model.tokenizer is None:
         raise ValueError(f"model {args.model!r} has no tokenizer; generate needs one for text in and out")
     ids = model.tokenizer(text, return_tensors="pt").input_ids.to(model.device)
-    flags = {"exact": False if args.inexact else None, "carry": False if args.no_carry else None}
-    options = generate_options(args)
     printer = None if args.json else TextPrinter(model.tokenizer)
-    out = generate(model, ids, method=args.method, cache=args.cache, max_new_tokens=args.max_new_tokens,
-                   progress=args.progress, observer=printer, **options, **flags)
+    out = generate(model, ids, config, observer=printer)
     completion = model.tokenizer.decode(out.new_tokens[0].tolist())
     stats = {"method": args.method, "cache": out.policy, **out.stats()}
-    if args.json:
-        print(json.dumps({"prompt": text, "completion": completion, "stats": stats}))
+    if args.json:  # standard JSON has no NaN: a statistic the method does not have (greedy decoding's tau) is null
+        stats = {key: None if isinstance(val, float) and math.isnan(val) else val for key, val in stats.items()}
+        print(json.dumps({"prompt": text, "completion": completion, "stats": stats}, allow_nan=False))
     else:
         print(completion[len(printer.shown):])  # the rest (text held back mid-character) and the line's end
         print("  ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in stats.items()),
@@ -229,7 +232,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 #: generate()'s options that ``looped-kv generate`` sets itself (the cache, the budget, the progress bar), from flags
-#: of another form (``--inexact``, ``--no-carry``), or leaves at their defaults.
+#: of another form (``--inexact``, ``--no-carry``, ``--no-stop-at-eos``, ``--compile``), or leaves at their defaults
+#: (the end-of-text id, the row chunks of a batch: the command decodes one prompt).
 GENERATE_SET_APART = ("max_new_tokens", "cache", "progress", "exact", "carry", "stop_at_eos", "eos_token_id",
                       "compile", "rows_per_chunk")
 
@@ -266,6 +270,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     for flag, name in (("--inexact", "exact"), ("--no-carry", "carry")):
         p.add_argument(flag, action="store_true",
                        help=f"do not {settings.MEANING[name]} ({', '.join(settings.takers(name))})")
+    p.add_argument("--no-stop-at-eos", action="store_true",
+                   help=f"do not {settings.MEANING['stop_at_eos']}: emit --max-new-tokens tokens")
+    p.add_argument("--compile", action="store_true",
+                   help=f"{settings.MEANING['compile']} (the first call of each capacity bucket traces: a minute or "
+                        f"more on a CPU; then from Inductor's cache on disk)")
     p.add_argument("--json", action="store_true", help="print one JSON object (prompt, completion, stats)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     p.set_defaults(func=cmd_generate)

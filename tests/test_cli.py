@@ -260,6 +260,39 @@ def test_generate_text_in_text_out(model_source, capsys):  # noqa: F811
     assert "RIPE Proposition 1" in capsys.readouterr().err
 
 
+def _strict_json(text: str) -> dict:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not standard JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_generate_compiles_runs_past_end_of_text_and_prints_standard_json(traced, capsys):
+    """--compile is generate's compile=True (its tokens are the eager ones in float64), --no-stop-at-eos decodes the
+    whole budget past end-of-text, --json prints a statistic the method has not (greedy decoding's tau) as null, and
+    an option refused with --compile is refused before the model loads."""
+    prompt = "Question: Ava has 3 apples. She buys 2 bags with 4 apples in each bag. How many apples?\nAnswer:"
+    words = ["generate", "--model", "tiny", "--dtype", "float64", "--max-new-tokens", "40", "--json"]
+    outputs, traced_graphs = [], []
+    for extra in ([], ["--no-stop-at-eos"], ["--compile"], ["--compile", "--method", "mature-spec", "--num-loops",
+                                                           "8", "--draft-loops", "2"],
+                  ["--method", "mature-spec", "--num-loops", "8", "--draft-loops", "2"]):
+        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        assert main([*words, *extra, prompt]) == 0
+        outputs.append(_strict_json(capsys.readouterr().out))
+        traced_graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"] - before)
+    stopped, whole, compiled, compiled_spec, eager_spec = outputs
+    assert traced_graphs[0] == traced_graphs[1] == traced_graphs[4] == 0 and min(traced_graphs[2:4]) > 0
+    assert stopped["completion"].endswith("<|endoftext|>") and stopped["stats"]["new_tokens"] < 40
+    assert whole["stats"]["new_tokens"] == 40 and whole["completion"].startswith(stopped["completion"])
+    assert len(whole["completion"]) > len(stopped["completion"])
+    assert compiled["completion"] == stopped["completion"] and stopped["stats"]["tau"] is None
+    assert compiled_spec["completion"] == eager_spec["completion"] and compiled_spec["stats"]["tau"] > 1
+    assert main(["generate", "--model", "no-such-folder", "--exit", "kl", "--compile", prompt]) == 2
+    assert capsys.readouterr().err == ("looped-kv generate: error: compile=True runs no early exit (exit='kl' runs "
+                                       "eager): use compile=False\n")
+
+
 def test_generate_samples_with_a_seed(model_source, capsys):  # noqa: F811
     """--temperature, --top-k/-p, --min-p and --seed reach every method: one seed, one completion."""
     words = ["generate", "--model", model_source, "--method", "das-wave", "--max-width", "4", "--rounds", "2",
