@@ -511,11 +511,22 @@ def test_the_check_records_its_runs_with_the_machine(tiny, tmp_path, monkeypatch
     pd.testing.assert_frame_equal(read["chains"], runs["chains"], check_dtype=False)
     printed = capsys.readouterr().out
     assert all(c in printed for c in ("measured / predicted", "at drift", "in passes / predicted", "outside passes"))
+    assert "the pass-cost model of 2026-12-04, measured on a machine its record does not name" in printed
     record = json.loads(out.read_text())
     record["weights_sha256"] = "0" * 64
     out.write_text(json.dumps(record))
     with pytest.raises(ValueError, match="measured on other weights"):
         experiment.read_check(out)
+
+
+def test_the_check_says_whether_its_pass_cost_model_was_measured_on_this_machine():
+    here = {"torch": "2.13.0+cpu", "cuda": None, "cpu": "Intel(R) Xeon(R) Processor", "threads": 1}
+    assert experiment.where_measured(dict(here, cudnn=None), here) == "measured on this machine"
+    other = experiment.where_measured(dict(here, cpu="Intel(R) Xeon(R) Processor @ 2.80GHz", threads=2), here)
+    assert other == ("measured on another machine (cpu 'Intel(R) Xeon(R) Processor @ 2.80GHz' here 'Intel(R) Xeon(R) "
+                     "Processor'; threads 2 here 1): its predictions are that machine's, and looped-kv pass-cost fits "
+                     "this one's")
+    assert experiment.where_measured(None, here) == "measured on a machine its record does not name"
 
 
 def test_relative_cost_is_each_widths_pass_over_a_one_token_step():

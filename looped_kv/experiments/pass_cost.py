@@ -376,6 +376,24 @@ def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
     return [(cell[1], recorded[cell], run) for cell, run in runs.items()]
 
 
+#: What must match for a pass-cost model to describe the machine a check runs on.
+MACHINE = ("cpu", "cuda", "threads", "torch")
+
+
+def where_measured(measured: Mapping[str, object] | None, here: Mapping[str, object]) -> str:
+    """Where the pass-cost model was measured, as the check's header says it: on this machine, or on another one
+    (what differs), whose predictions describe that machine, not this one (the at drift column prices its passes at
+    the grid cells' times now, a correction of speed alone)."""
+    if measured is None:
+        return "measured on a machine its record does not name"
+    differ = [f"{key} {measured.get(key)!r} here {here.get(key)!r}" for key in MACHINE
+              if measured.get(key) != here.get(key)]
+    if not differ:
+        return "measured on this machine"
+    return (f"measured on another machine ({'; '.join(differ)}): its predictions are that machine's, and "
+            f"looped-kv pass-cost fits this one's")
+
+
 def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: int, max_new_tokens: int,
           methods: Mapping[str, Decoding], out: Path, source: str, command: str, repeats: int = 2,
           mode: str = "eager", progress: bool = True) -> dict[str, pd.DataFrame]:
@@ -388,7 +406,8 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
     commit = source_commit()  # what ran, read before a long measurement
     with measurement_mode() as environment:
         print(f"model {source}, {environment['threads']} thread(s), {environment['cpu']}; {mode}, {prompts} prompts "
-              f"per workload x {repeats} interleaved rounds; the pass-cost model of {cost.meta.get('date', '?')}")
+              f"per workload x {repeats} interleaved rounds; the pass-cost model of {cost.meta.get('date', '?')}, "
+              f"{where_measured(cost.meta.get('environment'), environment)}")
         for workload in workloads:
             encoded = workload_prompts(model, workload, prompts, max_new_tokens, methods)
             runs[workload] = predictions(model, cost, encoded, methods, max_new_tokens, repeats, mode, progress)
