@@ -80,6 +80,7 @@ from looped_kv.decoding.settings import (
 )
 from looped_kv.experiments import bench, gpu_check, pass_cost, plan_check, plan_time, speed, throughput
 from looped_kv.protocol import batches
+from looped_kv.protocol.run import finite_or_none
 from looped_kv.protocol.selftest import SelfTestFailure
 from looped_kv.runtime.config import PRESETS, LoopedConfig
 from looped_kv.runtime.loading import TINY_DIR, load, model_config, resolve_source
@@ -222,7 +223,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     completion = model.tokenizer.decode(out.new_tokens[0].tolist())
     stats = {"method": args.method, "cache": out.policy, **out.stats()}
     if args.json:  # standard JSON has no NaN: a statistic the method does not have (greedy decoding's tau) is null
-        stats = {key: None if isinstance(val, float) and math.isnan(val) else val for key, val in stats.items()}
+        stats = {key: finite_or_none(val) if isinstance(val, float) else val for key, val in stats.items()}
         print(json.dumps({"prompt": text, "completion": completion, "stats": stats}, allow_nan=False))
     else:
         print(completion[len(printer.shown):])  # the rest (text held back mid-character) and the line's end

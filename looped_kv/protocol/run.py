@@ -47,7 +47,9 @@ from looped_kv.runtime.model import LoopedLM
 from looped_kv.runtime.policy import CachePolicy, make_policy
 
 
-def _finite(x: float) -> float | None:
+def finite_or_none(x: float) -> float | None:
+    """``x``, or None (JSON's null) where it is not finite: a decode's tau or A without a verification is NaN, which
+    standard JSON does not have (the records are written with ``allow_nan=False``)."""
     return x if math.isfinite(x) else None
 
 
@@ -120,8 +122,8 @@ def _generation_unit(spec: BatchSpec, models: dict[str, LoopedLM], unit: Unit,
         out = generate(model, ids, method=arm.decoder, **kwargs, **arm.options)
         base = generate(model, ids, method="ar", **kwargs)
         prompts.append({"prompt": unit.index, "set": unit.set, "arm": arm.name,
-                        "same_as_greedy": bool(torch.equal(out.tokens, base.tokens)), "tau": _finite(out.tau),
-                        "A": _finite(out.mean_accepted), "verifications": out.verifications,
+                        "same_as_greedy": bool(torch.equal(out.tokens, base.tokens)), "tau": finite_or_none(out.tau),
+                        "A": finite_or_none(out.mean_accepted), "verifications": out.verifications,
                         "accepted": list(out.accepted), "new_tokens": out.new_tokens[0].tolist()})
         timings.append({"prompt": unit.index, "arm": arm.name, "time_s": out.wall_time,
                         "greedy_time_s": base.wall_time, "new_tokens": out.num_new})
