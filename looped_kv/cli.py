@@ -53,6 +53,7 @@ import dataclasses
 import json
 import math
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -395,6 +396,17 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                                                f"{bench.RECORD.relative_to(bench.RECORD.parents[2])}; a new file)")
     p.add_argument("--force", action="store_true", help="overwrite --record if it exists")
     p.set_defaults(func=cmd_bench)
+
+
+def bench_arms_of(command: str, num_loops: int) -> dict[str, settings.Decoding]:
+    """The arms a ``looped-kv bench`` command line times (:func:`looped_kv.experiments.bench.bench_arms`), such as a
+    recorded bench's (its header's ``command``), d defaulting as there for R = ``num_loops``."""
+    words = shlex.split(command)
+    if words[:2] != ["looped-kv", "bench"]:
+        raise ValueError(f"command must be a looped-kv bench line, got {command!r}")
+    args = parser().parse_args(words[1:])
+    draft_loops = args.draft_loops or default_draft_loops(num_loops)
+    return bench.bench_arms(args.methods, draft_loops, args.gamma, args.caches, args.deep_v)
 
 
 # -- memory ---------------------------------------------------------------------------------------------------------
@@ -824,6 +836,10 @@ def _add_pass_cost(sub: argparse._SubParsersAction) -> None:
                                                         "default draft depth, R / 2 and R)")
     p.add_argument("--verify-tokens", type=int, nargs="+",
                    help="widths of the verifications in place, R loops (default: --tokens and --held-out-tokens)")
+    p.add_argument("--draft-chains", type=int, nargs="*", default=[SelfSpec.gamma],
+                   help=f"compiled only: chains of gamma one-token drafts in one step, as compiled self-spec and "
+                        f"Mature-Spec draft, timed at each --loops below R; gammas between 1 and these are "
+                        f"interpolated (default: {SelfSpec.gamma}, generate's gamma; none: no chains)")
     p.add_argument("--contexts", type=int, nargs="+", default=[64, 256, 512],
                    help="prefix positions read by eager cells, 2 or more (default: 64 256 512)")
     p.add_argument("--capacities", type=int, nargs="+",

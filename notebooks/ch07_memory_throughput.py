@@ -52,10 +52,12 @@ from looped_kv.analysis.fits import mean_speedup
 from looped_kv.analysis.memory_bench import check_memory_model
 from looped_kv.analysis.operators import COPY, SLICE, step_operators
 from looped_kv.analysis.verdicts import claim_summary, interval_table, tally
+from looped_kv.cli import bench_arms_of
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.settings import DasWave, Greedy
 from looped_kv.experiments import bench, gpu_check
 from looped_kv.experiments import pass_cost as pass_cost_runs
+from looped_kv.prose import listing
 from looped_kv.runtime.memory import m_deep, m_full, memory_table
 
 book.setup()
@@ -300,6 +302,70 @@ if book.is_tiny(model):
 else:
     text = ("This section reads the pass-cost record of the shipped tiny model; for "
             "this model run `looped-kv pass-cost`.")
+book.md(text)
+
+# %% [markdown]
+# ## How fast the passes let each decoder go
+#
+# The same prices bound each decoder. Eq. (8) with measured pass times sets one
+# verification cycle (its drafts, then their verification) against as many greedy
+# steps as the tokens it commits: the decode-phase speed-up the decoder would reach if
+# its time were only its passes. The table puts each decoder at the tokens per
+# verification it committed in the bench of chapters 5 and 6, then with every proposal
+# accepted, and beside that Eq. (8)'s bound with every proposal accepted, where a pass
+# costs its layers whatever its tokens. All at the figure's 256-position prefix;
+# chapter 5 shows how much of its bound each decoder reaches.
+
+# %%
+if book.is_tiny(model):
+    bench_header, bench_runs = bench.read_record()
+    arms = bench_arms_of(bench_header["command"], R)
+    drafters = {k: c for k, c in arms.items() if bench.ceiling(c, R) is not None}
+    tokens = {w: bench.tokens_per_verification(r) for w, r in bench_runs.items()}
+    bounds = {mode: pass_cost.bounds(cost, drafters, tokens, cfg, R, 256, mode)
+              for mode in modes}
+    for mode, shown in bounds.items():
+        display(book.table(shown.rename(index=bench.label), caption=mode))
+
+# %% tags=["remove-input"]
+if book.is_tiny(model):
+    ceilings = {mode: pass_cost.ceilings(cost, drafters, R, mode) for mode in modes}
+    drafting = [key for key in drafters if key != "pld"]  # drafts that cost passes
+
+    def span(mode: str, key: str) -> str:
+        row = ceilings[mode].loc[key]
+        return f"{row.min():.2f}x to {row.max():.2f}x"
+
+    def alike(values: dict[str, str]) -> str:
+        """Decoders with one cycle (the same d and gamma) share their figures."""
+        names: dict[str, list[str]] = {}
+        for key, value in values.items():
+            names.setdefault(value, []).append(bench.label(key))
+        return "; ".join(f"{listing(n)} {v}" for v, n in names.items())
+
+    eq8 = bounds[modes[0]]["Eq. (8), all accepted"]
+    text = (
+        "- **With every proposal accepted**, over the contexts the pass costs were "
+        "measured at, the passes let the decoders whose drafts cost passes go at most "
+        "this many times as fast as greedy decoding:\n"
+        + "".join(f"  - {m}: " + alike({k: span(m, k) for k in drafting}) + ";\n"
+                  for m in modes)
+        + "- **Eq. (8)** would let them reach "
+        + alike({k: f"{eq8[k]:.2f}x" for k in drafting})
+        + ": here a pass of more tokens costs more, and a draft of a few loops still "
+        "pays the prelude, the coda and the head.\n")
+    if "pld" in drafters:
+        text += (
+            "- **Prompt lookup's** drafts cost no pass, so with all accepted its bound "
+            "is " + " and ".join(f"{span(m, 'pld')} ({m})" for m in modes)
+            + "; it commits "
+            + ", ".join(f"{tokens[w]['pld']:.2f} ({w})" for w in tokens)
+            + " tokens per verification here.\n")
+    text += f"\nThe bench was {bench.provenance(bench_header)}."
+else:
+    text = ("This section reads the bench and pass-cost records of the shipped "
+            "tiny model; for this model run `looped-kv bench` and "
+            "`looped-kv pass-cost`.")
 book.md(text)
 
 # %% [markdown]

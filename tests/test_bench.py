@@ -50,6 +50,17 @@ def test_ceilings():
     assert bench.ceiling(settings.DasWave(), 8).value == 7  # J = 6 at Parcae's R = 8: 2 + 6 - 1
 
 
+
+def test_tokens_per_verification_is_a_ratio_of_sums_over_the_runs_that_verified():
+    """Two prompts of one drafter: 2 verifications committing 3 + 5 tokens and 1 committing 2: 10 / 3, not the mean of
+    per-prompt G (3.0); greedy decoding's runs, with no verification, are left out."""
+    runs = pd.DataFrame({"method": ["ar", "self-spec", "self-spec", "das-wave"], "verifications": [0, 2, 1, 1],
+                         "accepted": [[], [2, 4], [1], [7]], "retained": [[], [1, 1], [1], [0]]})
+    tokens = bench.tokens_per_verification(runs)
+    assert tokens.to_dict() == {"self-spec": pytest.approx(10 / 3), "das-wave": 7.0}
+    with pytest.raises(ValueError, match="no run made a verification"):
+        bench.tokens_per_verification(runs[runs["method"] == "ar"])
+
 def test_das_wave_rounds_follow_r_with_the_papers_24_at_32():
     """J k stays the paper's 1.5 R loops of refinement (J = 24, k = 2 at R = 32); a given J is kept."""
     assert [settings.default_rounds(R) for R in (1, 4, 8, 16, 32, 64)] == [1, 3, 6, 12, 24, 48]
@@ -421,6 +432,7 @@ def test_the_recorded_bench_is_the_shipped_models():
         assert set(r["mode"]) == {"eager", "compiled"}, workload
         assert r["prompt"].nunique() >= 16 and (r["repeats"] >= 2).all(), workload
         assert {"mature-spec", bench.DEEP_V_SPEC} <= set(r["method"]), workload  # DAS Table 7's speed verdict
+
 
 
 def test_the_recorded_batched_cache_bench_is_the_shipped_models():

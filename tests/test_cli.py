@@ -17,6 +17,7 @@ from test_batches import model_source, small_spec  # noqa: F401  (model_source i
 
 import looped_kv.cli
 from looped_kv.cli import main
+from looped_kv.decoding.settings import Greedy, MatureSpec, PromptLookup
 from looped_kv.experiments import bench
 from looped_kv.protocol import batches
 from looped_kv.runtime.config import huginn_0125
@@ -420,3 +421,16 @@ def test_the_reference_comparison_refuses_a_transformers_it_cannot_run_under():
     speed.check_transformers("4.57.6")
     with pytest.raises(ValueError, match=r"runs under transformers < 5 .* found transformers 5\.25\.0; run this"):
         speed.check_transformers("5.25.0")
+
+
+def test_a_recorded_bench_command_gives_the_arms_it_timed():
+    header, runs = bench.read_record()
+    arms = looped_kv.cli.bench_arms_of(header["command"], 32)
+    assert list(arms) == list(runs["code"]["method"].unique())  # every arm the runs hold, in their order
+    assert arms["mature-spec"] == MatureSpec(draft_loops=4, gamma=8)  # --gamma 8, d = R // 8
+    assert arms[bench.DEEP_V_SPEC].prefix_reads == "deep-v"
+    line = "looped-kv bench --methods pld --gamma 3 --draft-loops 2 --caches ripe --record x.json"
+    assert looped_kv.cli.bench_arms_of(line, 32) == {"ar": Greedy(), "pld": PromptLookup(gamma=3),
+                                                     "greedy, ripe(8)": bench.CACHE_ARMS["ripe"]}
+    with pytest.raises(ValueError, match="command must be a looped-kv bench line, got 'looped-kv pass-cost'"):
+        looped_kv.cli.bench_arms_of("looped-kv pass-cost", 32)

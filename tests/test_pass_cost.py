@@ -51,8 +51,18 @@ def prefill_truth(n: int) -> float:
     return 2e-3 + 4e-5 * n
 
 
+CHAINS = (4, 8)  # compiled chains of one-token drafts, at each loop count below 32
+
+
+def chain_truth(gamma: int, r: int, L: int) -> float:
+    """A known compiled chain of gamma drafts: cheaper than gamma drafts alone, the more so the longer."""
+    return truth(1, r, L) * (1 + 0.6 * (gamma - 1)) if gamma > 1 else truth(1, r, L)
+
+
 def priced(p: PassRecord) -> float:
     """What the known costs make of one logged pass other than the prefill."""
+    if p.kind == "drafts":
+        return chain_truth(p.tokens, p.loops, p.context)
     return verify_truth(p.tokens, p.context) if p.in_place else truth(p.tokens, p.loops, p.context)
 
 
@@ -64,6 +74,8 @@ def synthetic(statistic: str = "median", modes: tuple[str, ...] = ("eager", "com
              for m in modes for g in (*WIDTHS, *HELD_OUT) for r in LOOPS for L in CONTEXTS]
     cells += [Timing(m, "verify", g, 32, L, tuple(verify_truth(g, L) * s for s in spread))
               for m in modes for g in (*WIDTHS, *HELD_OUT) for L in CONTEXTS]
+    cells += [Timing("compiled", "drafts", g, r, L, tuple(chain_truth(g, r, L) * s for s in spread))
+              for g in CHAINS for r in LOOPS if r < 32 for L in CONTEXTS if "compiled" in modes]
     return cells + [Timing(m, "prefill", n, 32, 0, tuple(prefill_truth(n) * s for s in spread))
                     for m in modes for n in PROMPTS]
 
@@ -134,6 +146,9 @@ def test_the_record_round_trips_with_its_metadata(tmp_path):
     assert again.seconds(25, 4, 200, "compiled") == cost.seconds(25, 4, 200, "compiled")
     assert again.verifications == cost.verifications
     assert again.verify_seconds(9, 200, "compiled") == cost.verify_seconds(9, 200, "compiled")
+    assert again.drafts == cost.drafts and again.drafts_seconds(6, 4, 200) == cost.drafts_seconds(6, 4, 200)
+    unchained = PassCost.from_dict({k: v for k, v in cost.to_dict().items() if k != "drafts"})  # before chains
+    assert unchained.drafts == {} and unchained.verifications == cost.verifications
     with pytest.raises(ValueError, match=r"not a pass-cost record of this version: it lacks .*'verifications'"):
         PassCost.from_dict(meta)
     one_token_steps = {k: v for k, v in cost.to_dict().items() if k != "verifications"}
@@ -201,6 +216,47 @@ def test_compiled_passes_log_their_capacity_and_width_buckets(traced):
     assert refined == [refined_width(w, 6) for w in (3, 4, 5)] == [3, 4, 6]
 
 
+def test_a_chain_of_drafts_is_priced_by_its_own_cells_linearly_in_its_length_from_one_draft():
+    cost = fit_pass_cost(synthetic(), held_out=HELD_OUT)
+    for r, L in [(4, 256), (1, 64), (4, 400)]:
+        for g in CHAINS:
+            assert cost.drafts_seconds(g, r, L) == pytest.approx(chain_truth(g, r, L), rel=1e-9)
+        one = cost.seconds(1, r, L, "compiled")
+        assert cost.drafts_seconds(1, r, L) == pytest.approx(one, rel=1e-12)  # one draft: a pass cell
+        assert cost.drafts_seconds(2, r, L) == pytest.approx(one + (chain_truth(4, r, L) - one) / 3, rel=1e-9)
+        assert cost.drafts_seconds(6, r, L) == pytest.approx((chain_truth(4, r, L) + chain_truth(8, r, L)) / 2,
+                                                             rel=1e-9)
+    record = PassRecord("drafts", 1, 8, 4, 256, True, seconds=1e-3)
+    assert pass_cost.priced_by(record) == "drafts"
+    assert cost.record_seconds(record) == pytest.approx(chain_truth(8, 4, 256), rel=1e-9)
+    assert pass_cost.predict_at_drift(cost, [record], {"drafts": 2.0}) == pytest.approx(2 * chain_truth(8, 4, 256))
+    with pytest.raises(ValueError, match=r"compiled chain of drafts 9 is outside the measured 1\.\.8; re-run "
+                                         r"looped-kv pass-cost with --draft-chains covering it"):
+        cost.drafts_seconds(9, 4, 256)
+    with pytest.raises(ValueError, match=r"compiled chains of drafts of 2 loops were not measured \(measured: \[1, "
+                                         r"4\]\); re-run looped-kv pass-cost with --draft-chains and --loops 2"):
+        cost.drafts_seconds(4, 2, 256)
+    with pytest.raises(ValueError, match=r"eager chains of drafts of 4 loops were not measured \(measured: none\)"):
+        cost.drafts_seconds(4, 4, 256, "eager")
+
+
+def test_compiled_sequential_drafts_are_one_chain_per_verification(traced):
+    """Compiled self-spec drafts each block as one step (:meth:`CompiledPasses.drafts`), told as one pass of kind
+    "drafts" of gamma tokens; eager, as gamma passes."""
+    model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=4)
+    ids = torch.randint(0, model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(0))
+    logs = {compiled: PassLog() for compiled in (False, True)}
+    outs = {compiled: generate(model, ids, method="self-spec", gamma=3, draft_loops=1, max_new_tokens=12,
+                               stop_at_eos=False, compile=compiled, observer=log) for compiled, log in logs.items()}
+    assert outs[True].tokens.tolist() == outs[False].tokens.tolist()
+    kinds = {compiled: [p.kind for p in log.passes] for compiled, log in logs.items()}
+    verifications = outs[True].verifications
+    assert kinds[True] == ["prefill"] + ["drafts", "verify"] * verifications
+    assert kinds[False] == ["prefill"] + (["draft"] * 3 + ["verify"]) * verifications
+    chains = [p for p in logs[True].passes if p.kind == "drafts"]
+    assert {(p.tokens, p.loops, p.context) for p in chains} == {(3, 1, 64)}
+
+
 def test_a_compiled_capacity_is_looked_up_not_priced_on_a_line():
     """A compiled step is a kernel per capacity: its measured time at every capacity is what the model gives there,
     however unlike a line in the capacity (here a jump from 64 to 96, as measured), and halfway between two measured
@@ -237,11 +293,14 @@ def test_the_grid_times_verifications_at_their_own_widths_and_compiled_cells_at_
 def test_the_grid_times_every_cell_in_every_round(traced):
     model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=4)
     grid = experiment.Grid(modes=["eager", "compiled"], tokens=[1, 4], held_out_tokens=[2], loops=[1, 4],
-                           contexts=[10, 70], prompt_lengths=[5, 9], rounds=2, statistic="median", calls=2)
+                           contexts=[10, 70], prompt_lengths=[5, 9], rounds=2, statistic="median", calls=2,
+                           draft_chains=[3])
     experiment.check_grid(grid, model.config)
     timings = experiment.measure(model, grid, progress=False)
     cells = {(t.mode, t.kind, t.tokens, t.loops, t.context) for t in timings}
-    assert len(cells) == len(timings) == 2 * 3 * 2 * 2 + 2 * 3 * 2 + 2 * 2
+    assert len(cells) == len(timings) == 2 * 3 * 2 * 2 + 2 * 3 * 2 + 2 * 2 + 2
+    # chains of 3 one-token drafts, compiled only, of the loop counts below R = 4, at each capacity
+    assert {c for c in cells if c[1] == "drafts"} == {("compiled", "drafts", 3, 1, L) for L in (64, 96)}
     assert {t.context for t in timings if t.mode == "compiled" and t.kind == "pass"} == {64, 96}
     assert {c for c in cells if c[1] == "verify"} == {(m, "verify", g, 4, L) for m, contexts in
                                                       (("eager", (10, 70)), ("compiled", (64, 96)))
@@ -274,17 +333,75 @@ def test_eq_8_is_the_bound_of_pass_costs_that_ignore_the_tokens():
             speedup(tau, d, gamma, (n_pre, n_core, n_coda), num_loops=32), rel=1e-9)
     assert pass_cost.speedup_bound(cost, 1.0, pass_cost.cycle(Greedy(), 32), 32, 100) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="tau must be >= 1"):
-        pass_cost.speedup_bound(cost, 0.5, [(1, 32)], 32, 100)
+        pass_cost.speedup_bound(cost, 0.5, [("verify", 1, 32)], 32, 100)
     with pytest.raises(ValueError, match="passes must end with the verification, through all 32 loops"):
-        pass_cost.speedup_bound(cost, 2.0, [(5, 32), (1, 4)], 32, 100)
+        pass_cost.speedup_bound(cost, 2.0, [("verify", 5, 32), ("pass", 1, 4)], 32, 100)
 
+
+
+def test_eq_8_over_a_cycles_layer_passes_is_the_papers_speedup_at_eta_1():
+    layers = (2, 4, 2)  # c(r) = 4 + 4 r
+    for tau, d, gamma in [(3.4, 4, 4), (1.0, 2, 8), (9.0, 4, 8)]:
+        passes = pass_cost.cycle(SelfSpec(draft_loops=d, gamma=gamma), 32)
+        assert pass_cost.layer_pass_bound(layers, tau, passes, 32) == pytest.approx(
+            speedup(tau, d, gamma, layers, num_loops=32), rel=1e-12)
+    # DAS-Wave: J = 24 rounds of k = 2 loops (c = 12 each) and a verification (c(32) = 132), w = 25 tokens
+    wave = pass_cost.cycle(DasWave(), 32)
+    assert pass_cost.layer_pass_bound(layers, 25, wave, 32) == pytest.approx(25 * 132 / (24 * 12 + 132))
+    assert pass_cost.layer_pass_bound(layers, 1.0, pass_cost.cycle(Greedy(), 32), 32) == 1.0
+    # a compiled chain of gamma drafts costs gamma drafts' layer passes
+    chained = pass_cost.cycle(SelfSpec(draft_loops=4, gamma=8), 32, compiled=True)
+    assert pass_cost.layer_pass_bound(layers, 5.0, chained, 32) == pytest.approx(speedup(5.0, 4, 8, layers,
+                                                                                          num_loops=32))
+    with pytest.raises(ValueError, match="tau must be >= 1"):
+        pass_cost.layer_pass_bound(layers, 0.0, [("verify", 1, 32)], 32)
+    with pytest.raises(ValueError, match="passes must end with the verification, through all 32 loops"):
+        pass_cost.layer_pass_bound(layers, 2.0, [("verify", 5, 32), ("pass", 1, 4)], 32)
+
+
+def test_bounds_price_each_drafters_cycle_at_its_tokens_per_verification_and_with_all_accepted():
+    configs = {"self-spec": SelfSpec(draft_loops=4, gamma=8), "pld": PromptLookup(gamma=6), "das-wave": DasWave()}
+    tokens = {"code": {"self-spec": 4.5, "pld": 1.75, "das-wave": 20.0}, "chains": {"self-spec": 9.0, "pld": 7.0,
+                                                                                     "das-wave": 1.0}}
+    cost = fit_pass_cost(synthetic(), held_out=HELD_OUT)
+    for mode in ("eager", "compiled"):
+        for L in CONTEXTS:
+            table = pass_cost.bounds(cost, configs, tokens, (1, 1, 1), 32, L, mode)
+            assert list(table.columns) == ["code", "chains", "all accepted", "Eq. (8), all accepted"]
+            # prompt lookup: 7 tokens for one verification of 7 instead of 7 one-token steps
+            assert table.loc["pld", "all accepted"] == pytest.approx(7 * verify_truth(1, L) / verify_truth(7, L))
+            # 8 one-token 4-loop drafts (compiled: one chain of 8), a verification of 9
+            drafts = chain_truth(8, 4, L) if mode == "compiled" else 8 * truth(1, 4, L)
+            spent = drafts + verify_truth(9, L)
+            assert table.loc["self-spec", "code"] == pytest.approx(4.5 * verify_truth(1, L) / spent)
+            assert table.loc["self-spec", "chains"] == table.loc["self-spec", "all accepted"]  # tau = gamma + 1
+            assert table.loc["das-wave", "code"] == pytest.approx(0.8 * table.loc["das-wave", "all accepted"])
+            assert table.loc["pld", "Eq. (8), all accepted"] == 7.0  # a verification costs one step's layer passes
+            assert table.loc["das-wave", "Eq. (8), all accepted"] == pytest.approx(25 * 34 / (24 * 4 + 34))
+            assert (table["all accepted"] < table["Eq. (8), all accepted"]).all()  # more tokens cost more here
+        ceilings = pass_cost.ceilings(cost, configs, 32, mode)
+        assert list(ceilings.columns) == list(CONTEXTS)
+        assert ceilings[64].to_numpy() == pytest.approx(
+            pass_cost.bounds(cost, configs, {}, (1, 1, 1), 32, 64, mode)["all accepted"].to_numpy())
+    with pytest.raises(ValueError, match="tokens\\['code'\\] has no tokens per verification of \\['das-wave'\\]"):
+        pass_cost.bounds(cost, configs, {"code": {"self-spec": 2.0, "pld": 1.0}}, (1, 1, 1), 32, 64)
+    # passes that cost their layer passes whatever their tokens: every bound with all accepted is Eq. (8)'s
+    flat = [Timing("eager", "pass", g, r, L, (1e-3 * (2 + r),)) for g in (1, 32) for r in (1, 32) for L in (64, 512)]
+    flat += [Timing("eager", "verify", g, 32, L, (1e-3 * 34,)) for g in (1, 32) for L in (64, 512)]
+    table = pass_cost.bounds(fit_pass_cost(flat), configs, {}, (1, 1, 1), 32, 512)
+    assert table["all accepted"].to_numpy() == pytest.approx(table["Eq. (8), all accepted"].to_numpy())
+    with pytest.raises(ValueError, match="mode 'compiled' was not measured"):
+        pass_cost.ceilings(fit_pass_cost(flat), configs, 32, "compiled")
 
 def test_a_cycle_lists_each_methods_passes():
-    assert pass_cost.cycle(SelfSpec(), 32) == [(1, 4)] * 4 + [(5, 32)]
-    assert pass_cost.cycle(PromptLookup(gamma=6), 32) == [(7, 32)]
+    assert pass_cost.cycle(SelfSpec(), 32) == [("pass", 1, 4)] * 4 + [("verify", 5, 32)]
+    assert pass_cost.cycle(SelfSpec(), 32, compiled=True) == [("drafts", 4, 4), ("verify", 5, 32)]  # one chain
+    assert pass_cost.cycle(PromptLookup(gamma=6), 32) == [("verify", 7, 32)]
+    assert pass_cost.cycle(Greedy(), 32, compiled=True) == [("verify", 1, 32)]
     wave = pass_cost.cycle(DasWave(), 32)  # J = 24 rounds of k = 2 over 2, 3, ..., 25 positions, then w = 25
-    assert wave[:3] == [(2, 2), (3, 2), (4, 2)] and wave[-2:] == [(25, 2), (25, 32)] and len(wave) == 25
-    assert pass_cost.cycle(DasWave(), 32, compiled=True)[-2] == (32, 2)
+    assert wave[:3] == [("pass", 2, 2), ("pass", 3, 2), ("pass", 4, 2)] and len(wave) == 25
+    assert wave[-2:] == [("pass", 25, 2), ("verify", 25, 32)]
+    assert pass_cost.cycle(DasWave(), 32, compiled=True)[-2] == ("pass", 32, 2)
 
 
 # -- the command ----------------------------------------------------------------------------------------------------
@@ -319,6 +436,7 @@ def no_work(monkeypatch):
                                   "(1 and 32) and not be among them, got [40]"),
     (["--prompt-lengths", "16", "2000"], "--prompt-lengths must each be in [1, 1024]"),
     (["--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["--draft-chains", "1", "8"], "--draft-chains must each be >= 2 (one draft is a pass cell), got [1, 8]"),
     (["--calls", "0"], "--calls must be >= 1, got 0"),
     (["--tokens", *map(str, range(1, 25)), "--held-out-tokens", "--modes", "compiled"],
      "make 288 compiled cells, each a trace of one compiled step, which holds at most 256"),

@@ -25,7 +25,9 @@ commit and the date.
 A decoder's predicted time is the model's time of every pass it ran (its :class:`~looped_kv.decoding.loop.PassLog`)
 plus its prefill (:func:`predict_seconds`); :func:`compare` sets predictions against measured times per method, and
 :func:`speedup_bound` is Eq. (8) with measured pass times: the decode-phase speed-up over greedy decoding that a
-drafter's tokens per verification allow, before any per-verification overhead.
+drafter's tokens per verification allow, before any per-verification overhead; :func:`bounds` and :func:`ceilings`
+tabulate it per drafter, at measured acceptance and with every proposal accepted, beside Eq. (8)'s own
+(:func:`layer_pass_bound`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from looped_kv.analysis.perf import LayerCounts, layer_passes
 from looped_kv.decoding.compiled import refined_width
 from looped_kv.decoding.das_wave import proposal_width
 from looped_kv.decoding.passes import PassRecord
@@ -50,15 +53,16 @@ STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": lambda s:
                                                              "min": lambda s: float(np.min(s))}
 #: The batch every cell is timed at.
 BATCH = 1
-KINDS = ("pass", "verify", "prefill")
+KINDS = ("pass", "verify", "prefill", "drafts")
 
 
 @dataclass(frozen=True)
 class Timing:
     """One cell of the timed grid in ``mode``: a pass (``kind`` "pass") of ``tokens`` new tokens through ``loops``
     loops reading ``context`` prefix positions, an R-loop verification of ``tokens`` tokens written into the cache and
-    read there (``kind`` "verify"), or a prefill (``kind`` "prefill") of ``tokens`` prompt tokens through
-    ``loops`` loops (``context`` 0); ``seconds`` holds one time per round."""
+    read there (``kind`` "verify"), a compiled chain of ``tokens`` one-token drafts of ``loops`` loops each in one
+    step (``kind`` "drafts", :meth:`~looped_kv.decoding.passes.Passes.drafts`), or a prefill (``kind`` "prefill") of
+    ``tokens`` prompt tokens through ``loops`` loops (``context`` 0); ``seconds`` holds one time per round."""
 
     mode: str
     kind: str
@@ -101,8 +105,8 @@ class PassCost:
     """A fitted pass-cost model (see the module docstring): per mode, width and measured context, the coefficients
     of :data:`TERMS` (``coefficients[mode][g][L]``) and the time of a verification in place (``verifications[mode][g]
     [L]``), the prefill's time per measured prompt length, the timings it was fitted on (``held_out`` widths timed but
-    not fitted) and ``meta``: what :mod:`looped_kv.experiments.pass_cost` records (machine, command, commit, threads,
-    date, model)."""
+    not fitted), ``meta``: what :mod:`looped_kv.experiments.pass_cost` records (machine, command, commit, threads,
+    date, model), and the time of a compiled chain of gamma one-token drafts (``drafts[mode][loops][gamma][L]``)."""
 
     statistic: str
     coefficients: dict[str, dict[int, dict[int, tuple[float, float]]]]
@@ -111,12 +115,18 @@ class PassCost:
     timings: tuple[Timing, ...]
     held_out: tuple[int, ...] = ()
     meta: dict = field(default_factory=dict)
+    drafts: dict[str, dict[int, dict[int, dict[int, float]]]] = field(default_factory=dict)
 
     def _mode(self, mode: str, table: dict) -> dict:
         if mode not in table:
             raise ValueError(f"mode {mode!r} was not measured; this pass-cost model holds {sorted(table)} (re-run "
                              f"looped-kv pass-cost with --modes {mode})")
         return table[mode]
+
+    def contexts(self, mode: str = "eager") -> list[int]:
+        """The contexts measured in ``mode`` (compiled: the capacities), where predictions are cells, not
+        interpolated."""
+        return sorted({L for by_context in self._mode(mode, self.verifications).values() for L in by_context})
 
     def seconds(self, tokens: int, loops: int, context: int, mode: str = "eager") -> float:
         """Predicted seconds of one pass of ``tokens`` new tokens through ``loops`` loops reading ``context`` prefix
@@ -134,16 +144,40 @@ class PassCost:
         return float(_interpolate(by_width, tokens, f"{mode} verification of tokens",
                                   "re-run looped-kv pass-cost with --verify-tokens covering it"))
 
+    def drafts_seconds(self, gamma: int, loops: int, context: int, mode: str = "compiled") -> float:
+        """Predicted seconds of a chain of ``gamma`` one-token drafts of ``loops`` loops in one compiled step
+        (:meth:`~looped_kv.decoding.passes.Passes.drafts`) at ``context`` (the capacity): linear in gamma between one
+        draft's pass (:meth:`seconds`) and the measured chains."""
+        by_loops = self.drafts.get(mode, {})
+        if loops not in by_loops:
+            raise ValueError(f"{mode} chains of drafts of {loops} loops were not measured (measured: "
+                             f"{sorted(by_loops) or 'none'}); re-run looped-kv pass-cost with --draft-chains and "
+                             f"--loops {loops}")
+        nodes = {1: self.seconds(1, loops, context, mode)}
+        nodes |= {g: _along(by_context, context) for g, by_context in by_loops[loops].items()}
+        return float(_interpolate(nodes, gamma, f"{mode} chain of drafts",
+                                  "re-run looped-kv pass-cost with --draft-chains covering it"))
+
+    def price(self, kind: str, tokens: int, loops: int, context: int, mode: str = "eager") -> float:
+        """Predicted seconds of one pass by the kind of cell that prices it (:func:`priced_by`): "pass"
+        (:meth:`seconds`), "verify" (:meth:`verify_seconds`), "drafts" (:meth:`drafts_seconds`) or "prefill"
+        (:meth:`prefill_seconds`)."""
+        if kind == "pass":
+            return self.seconds(tokens, loops, context, mode)
+        if kind == "verify":
+            return self.verify_seconds(tokens, context, mode)
+        if kind == "drafts":
+            return self.drafts_seconds(tokens, loops, context, mode)
+        if kind == "prefill":
+            return self.prefill_seconds(tokens, mode)
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
     def record_seconds(self, record: PassRecord) -> float:
         """Predicted seconds of one logged pass: the prefill at its prompt's length, a verification in place
-        (:attr:`~looped_kv.decoding.passes.PassRecord.in_place`) at its width's in-place price, any other at its
-        width's pass price."""
-        mode = "compiled" if record.compiled else "eager"
-        if record.kind == "prefill":
-            return self.prefill_seconds(record.tokens, mode)
-        if record.in_place:
-            return self.verify_seconds(record.tokens, record.context, mode)
-        return self.seconds(record.tokens, record.loops, record.context, mode)
+        (:attr:`~looped_kv.decoding.passes.PassRecord.in_place`) at its width's in-place price, a compiled chain of
+        drafts at its own, any other at its width's pass price."""
+        return self.price(priced_by(record), record.tokens, record.loops, record.context,
+                          "compiled" if record.compiled else "eager")
 
     def prefill_seconds(self, tokens: int, mode: str = "eager") -> float:
         """Predicted seconds of the prefill of a ``tokens``-token prompt (interpolated between measured lengths)."""
@@ -157,7 +191,7 @@ class PassCost:
         (verifications)."""
         rows = []
         for t in self.timings:
-            if t.kind == "prefill":
+            if t.kind in ("prefill", "drafts"):  # looked up, not fitted
                 continue
             measured = STATISTICS[self.statistic](t.seconds)
             cells = "held out" if t.tokens in self.held_out else "fitted"
@@ -184,6 +218,9 @@ class PassCost:
                 "verifications": {m: {str(g): {str(L): s for L, s in by_context.items()}
                                       for g, by_context in by.items()} for m, by in self.verifications.items()},
                 "prefill": {m: {str(n): s for n, s in by.items()} for m, by in self.prefill.items()},
+                "drafts": {m: {str(r): {str(g): {str(L): s for L, s in by_context.items()}
+                                        for g, by_context in by_gamma.items()} for r, by_gamma in by.items()}
+                           for m, by in self.drafts.items()},
                 "timings": [{"mode": t.mode, "kind": t.kind, "tokens": t.tokens, "loops": t.loops,
                              "context": t.context, "seconds": list(t.seconds)} for t in self.timings]}
 
@@ -191,6 +228,7 @@ class PassCost:
     def from_dict(cls, record: Mapping) -> PassCost:
         """The model of :meth:`to_dict`'s dict (the other keys are its ``meta``)."""
         own = ("statistic", "held_out_tokens", "terms", "coefficients", "verifications", "prefill", "timings")
+        optional = ("drafts",)  # a record timed before chains of drafts were compiled as one step has none
         missing = [k for k in own if k not in record]
         if missing:
             raise ValueError(f"not a pass-cost record of this version: it lacks {missing} (re-run looped-kv pass-cost)")
@@ -205,7 +243,11 @@ class PassCost:
                    prefill={m: {int(n): float(s) for n, s in by.items()} for m, by in record["prefill"].items()},
                    timings=tuple(Timing(t["mode"], t["kind"], t["tokens"], t["loops"], t["context"],
                                         tuple(t["seconds"])) for t in record["timings"]),
-                   held_out=tuple(record["held_out_tokens"]), meta={k: v for k, v in record.items() if k not in own})
+                   held_out=tuple(record["held_out_tokens"]),
+                   meta={k: v for k, v in record.items() if k not in own + optional},
+                   drafts={m: {int(r): {int(g): {int(L): float(s) for L, s in by_context.items()}
+                                        for g, by_context in by_gamma.items()} for r, by_gamma in by.items()}
+                           for m, by in record.get("drafts", {}).items()})
 
     def write(self, path: str | Path) -> None:
         """Save as JSON (the caller checks ``path`` first: :func:`looped_kv.outputs.check_file`)."""
@@ -222,7 +264,8 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
     """Fit :data:`TERMS` by least squares per mode, width and context on the ``statistic`` ("median" or "min") of each
     pass cell's rounds, widths in ``held_out`` left out (their cells are predicted by interpolation, :meth:`PassCost.
     residuals`); a verification's time per mode, width and context is its cell's statistic, held-out widths left out
-    alike; the prefill's time per prompt length is its cells' statistic."""
+    alike; the prefill's time per prompt length is its cells' statistic, and a compiled chain of drafts' time per
+    loops, chain length and context its cell's."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {tuple(STATISTICS)}, got {statistic!r}")
     timings, held_out = tuple(timings), tuple(sorted(set(held_out)))
@@ -232,6 +275,7 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
     coefficients: dict[str, dict[int, dict[int, tuple[float, float]]]] = {}
     verifications: dict[str, dict[int, dict[int, float]]] = {}
     prefill: dict[str, dict[int, float]] = {}
+    drafts: dict[str, dict[int, dict[int, dict[int, float]]]] = {}
     for mode in MODES:
         cells = [t for t in timings if t.mode == mode and t.kind == "pass" and t.tokens not in held_out]
         for g, L in sorted({(t.tokens, t.context) for t in cells}):
@@ -250,9 +294,12 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
         for t in timings:
             if t.mode == mode and t.kind == "prefill":
                 prefill.setdefault(mode, {})[t.tokens] = stat(t.seconds)
+            elif t.mode == mode and t.kind == "drafts":
+                drafts.setdefault(mode, {}).setdefault(t.loops, {}).setdefault(t.tokens, {})[t.context] = stat(
+                    t.seconds)
     if not coefficients:
         raise ValueError("timings must hold pass cells of at least one width that is not held out")
-    return PassCost(statistic, coefficients, verifications, prefill, timings, held_out, dict(meta or {}))
+    return PassCost(statistic, coefficients, verifications, prefill, timings, held_out, dict(meta or {}), drafts)
 
 
 # -- predictions from what decoding ran -------------------------------------------------------------------------------
@@ -261,8 +308,8 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
 def predict_by_kind(cost: PassCost, passes: Sequence[PassRecord],
                     prefill_seconds: float | None = None) -> dict[str, float]:
     """Predicted seconds of a decoding run's passes (its :class:`~looped_kv.decoding.loop.PassLog`), summed per kind
-    (prefill, draft, refine, verify); ``prefill_seconds`` (e.g. the bench's measured prefill) replaces the model's
-    prefill."""
+    (prefill, draft, drafts, refine, verify); ``prefill_seconds`` (e.g. the bench's measured prefill) replaces the
+    model's prefill."""
     totals: dict[str, float] = {}
     for i, p in enumerate(passes):
         if p.rows != BATCH:
@@ -280,13 +327,16 @@ def predict_seconds(cost: PassCost, passes: Sequence[PassRecord], prefill_second
 
 def priced_by(record: PassRecord) -> str:
     """The kind of grid cell whose time prices a logged pass (:meth:`PassCost.record_seconds`): "prefill" for the
-    prefill, "verify" for a verification in place, else "pass"."""
-    return "prefill" if record.kind == "prefill" else "verify" if record.in_place else "pass"
+    prefill, "verify" for a verification in place, "drafts" for a compiled chain of drafts, else "pass"."""
+    if record.kind in ("prefill", "drafts"):
+        return record.kind
+    return "verify" if record.in_place else "pass"
 
 
 def predict_at_drift(cost: PassCost, passes: Sequence[PassRecord], drift: Mapping[str, float]) -> float:
     """:func:`predict_seconds` with each pass priced at the speed the machine runs its kind of cell now
-    (:func:`priced_by`): ``drift`` maps "pass", "verify" and "prefill" to time now / recorded on such cells."""
+    (:func:`priced_by`): ``drift`` maps "pass", "verify", "prefill" (and "drafts", for compiled chains of drafts) to
+    time now / recorded on such cells."""
     return sum(cost.record_seconds(p) * drift[priced_by(p)] for p in passes)
 
 
@@ -311,40 +361,95 @@ def compare(runs: pd.DataFrame) -> pd.DataFrame:
 # -- the speed-up a drafter's acceptance implies (Eq. 8 with measured pass times) ------------------------------------
 
 
-def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[tuple[int, int]]:
-    """The passes, as (tokens, loops), of one verification cycle of ``config``'s method at R = ``num_loops``, at their
-    widest: greedy decoding one R-loop step; self-spec and Mature-Spec gamma one-token d-loop drafts and a verification
-    of gamma + 1; prompt lookup a verification of gamma + 1 (its drafts cost no pass); DAS-Wave J rounds of k loops
-    over min(max_width, W_init + j) positions (compiled: their width bucket, :func:`~looped_kv.decoding.compiled.
+#: One pass of a verification cycle: the kind of cell that prices it (:func:`priced_by`), its tokens and its loops.
+Planned = tuple[str, int, int]
+
+
+def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[Planned]:
+    """The passes, as (kind, tokens, loops), of one verification cycle of ``config``'s method at R = ``num_loops``,
+    at their widest: greedy decoding one R-loop step ("verify", 1, R); self-spec and Mature-Spec gamma one-token
+    d-loop drafts (eager: gamma passes; compiled: one chain, ("drafts", gamma, d)) and a verification of gamma + 1;
+    prompt lookup a verification of gamma + 1 (its drafts cost no pass); DAS-Wave J rounds of k loops over
+    min(max_width, W_init + j) positions (compiled: their width bucket, :func:`~looped_kv.decoding.compiled.
     refined_width`) and a verification of w = min(max_width, W_init + J - 1) (DAS Eq. 5)."""
     if isinstance(config, SelfSpec | MatureSpec):
-        return [(1, config.draft_depth(num_loops))] * config.gamma + [(config.gamma + 1, num_loops)]
+        d, gamma = config.draft_depth(num_loops), config.gamma
+        drafts = [("drafts", gamma, d)] if compiled else [("pass", 1, d)] * gamma
+        return [*drafts, ("verify", gamma + 1, num_loops)]
     if isinstance(config, PromptLookup):
-        return [(config.gamma + 1, num_loops)]
+        return [("verify", config.gamma + 1, num_loops)]
     if isinstance(config, DasWave):
         rounds = config.wave_rounds(num_loops)
         widths = [min(config.max_width, config.initial_width + j) for j in range(rounds)]
         if compiled:
             widths = [refined_width(w, config.max_width) for w in widths]
-        return ([(w, config.updates) for w in widths]
-                + [(proposal_width(config.max_width, rounds, config.initial_width), num_loops)])
-    return [(1, num_loops)]
+        return ([("pass", w, config.updates) for w in widths]
+                + [("verify", proposal_width(config.max_width, rounds, config.initial_width), num_loops)])
+    return [("verify", 1, num_loops)]
 
 
-def speedup_bound(cost: PassCost, tau: float, passes: Sequence[tuple[int, int]], num_loops: int, context: int,
-                  mode: str = "eager") -> float:
-    """RIPE Eq. (8) with measured pass times: S = tau t_verify(1, L) / (the cycle's drafts' t(g, r, L) + its
-    verification's t_verify(w, L)) over one verification cycle's ``passes`` (:func:`cycle`: the drafts, then the
-    verification of w tokens through ``num_loops`` loops, in place as under the full cache), for ``tau`` tokens
-    committed per verification, at ``context`` (compiled: the capacity). The decode phase's speed-up over greedy
-    decoding that the pass costs allow, before per-verification overhead and the prefill."""
+def _check_cycle(tau: float, passes: Sequence[Planned], num_loops: int) -> None:
     if not (np.isfinite(tau) and tau >= 1):
         raise ValueError(f"tau must be >= 1 (tokens committed per verification), got {tau}")
-    if not passes or passes[-1][1] != num_loops:
+    if not passes or passes[-1][0] != "verify" or passes[-1][2] != num_loops:
         raise ValueError(f"passes must end with the verification, through all {num_loops} loops, got {passes}")
-    *drafts, (width, _) = passes
-    spent = sum(cost.seconds(g, r, context, mode) for g, r in drafts) + cost.verify_seconds(width, context, mode)
+
+
+def speedup_bound(cost: PassCost, tau: float, passes: Sequence[Planned], num_loops: int, context: int,
+                  mode: str = "eager") -> float:
+    """RIPE Eq. (8) with measured pass times: S = tau t_verify(1, L) / (the cycle's drafts' times + its
+    verification's t_verify(w, L)) over one verification cycle's ``passes`` (:func:`cycle`: the drafts, then the
+    verification of w tokens through ``num_loops`` loops, in place as under the full cache), each priced by its kind
+    (:meth:`PassCost.price`), for ``tau`` tokens committed per verification, at ``context`` (compiled: the capacity).
+    The decode phase's speed-up over greedy decoding that the pass costs allow, before per-verification overhead and
+    the prefill."""
+    _check_cycle(tau, passes, num_loops)
+    spent = sum(cost.price(kind, g, r, context, mode) for kind, g, r in passes)
     return tau * cost.verify_seconds(1, context, mode) / spent
+
+
+def layer_pass_bound(model: LayerCounts, tau: float, passes: Sequence[Planned], num_loops: int) -> float:
+    """RIPE Eq. (8) at eta = 1 over one cycle's ``passes``, each priced by its layer passes c(r) = n_pre + r n_core +
+    n_coda whatever its tokens (a chain of gamma drafts: gamma c(d); the papers' premise, true on a GPU at batch 1):
+    S = tau c(R) / sum of c(r). For self-spec and Mature-Spec it is :func:`looped_kv.analysis.perf.speedup` at
+    eta = 1."""
+    _check_cycle(tau, passes, num_loops)
+    spent = sum((g if kind == "drafts" else 1) * float(layer_passes(model, r)) for kind, g, r in passes)
+    return tau * float(layer_passes(model, num_loops)) / spent
+
+
+def bounds(cost: PassCost, configs: Mapping[str, Decoding], tokens: Mapping[str, Mapping[str, float]],
+           model: LayerCounts, num_loops: int, context: int, mode: str = "eager") -> pd.DataFrame:
+    """How fast each drafter of ``configs`` could decode at ``context`` (compiled: the capacity): per row (its key), the
+    decode-phase speed-up over greedy decoding its passes allow (:func:`speedup_bound` over its :func:`cycle`) at the
+    tokens per verification it committed on each workload of ``tokens`` (``tokens[workload][key]``), then with every
+    proposal accepted (each verification of g tokens committing all g: gamma + 1, or DAS-Wave's w), and Eq. (8)'s bound
+    with every proposal accepted (:func:`layer_pass_bound`: passes priced by their layer passes)."""
+    for workload, by_method in tokens.items():
+        missing = [key for key in configs if key not in by_method]
+        if missing:
+            raise ValueError(f"tokens[{workload!r}] has no tokens per verification of {missing}; it has "
+                             f"{sorted(by_method)}")
+    table = {}
+    for key, config in configs.items():
+        passes = cycle(config, num_loops, compiled=mode == "compiled")
+        most = passes[-1][1]  # a verification of g tokens commits at most g
+        row = {workload: speedup_bound(cost, by_method[key], passes, num_loops, context, mode)
+               for workload, by_method in tokens.items()}
+        row["all accepted"] = speedup_bound(cost, most, passes, num_loops, context, mode)
+        row["Eq. (8), all accepted"] = layer_pass_bound(model, most, passes, num_loops)
+        table[key] = row
+    return pd.DataFrame.from_dict(table, orient="index")
+
+
+def ceilings(cost: PassCost, configs: Mapping[str, Decoding], num_loops: int, mode: str = "eager") -> pd.DataFrame:
+    """:func:`bounds`' "all accepted" column at every context the model measured in ``mode`` (compiled: each
+    capacity): rows are ``configs``' keys, columns the contexts."""
+    table = {}
+    for key, config in configs.items():
+        passes = cycle(config, num_loops, compiled=mode == "compiled")
+        table[key] = {L: speedup_bound(cost, passes[-1][1], passes, num_loops, L, mode) for L in cost.contexts(mode)}
+    return pd.DataFrame.from_dict(table, orient="index").rename_axis(columns="context")
 
 
 def relative_cost(cost: PassCost, loops: Sequence[int], context: int, mode: str = "eager") -> pd.DataFrame:

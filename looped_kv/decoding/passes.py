@@ -130,7 +130,8 @@ def check_logits(model: LoopedLM, logits: Tensor, what: str) -> None:
 
 @dataclass(frozen=True)
 class PassRecord:
-    """One model pass: its ``kind`` (prefill, draft, refine or verify), the batch ``rows``, the new ``tokens`` per row
+    """One model pass: its ``kind`` (prefill, draft, refine or verify; "drafts": a compiled chain of ``tokens``
+    one-token drafts in one step, :meth:`Passes.drafts`), the batch ``rows``, the new ``tokens`` per row
     (the prefill: the longest prompt), its ``loops`` and the prefix positions its attention reads, ``context``: eager,
     the longest row's committed prefix and the block's earlier drafts; compiled, the cache's whole capacity (a static
     step attends over all of it under masks); 0 for the prefill. ``compiled``: whether it ran on a compiled step.
@@ -155,12 +156,13 @@ class Passes:
     that holds a block's uncommitted keys/values.
 
     ``run`` is any pass of n tokens per row after each row's committed prefix (and ``offset`` uncommitted
-    ones): d-loop drafts written to the buffer. ``refine`` is one DAS-Wave round, written nowhere. ``verify`` is the
-    R-loop verification; it returns where its keys/values wait, and ``commit`` keeps the planes of each row's first
-    ``counts`` verified tokens from there. ``run`` and ``verify`` also return the tokens their ``pick`` makes of
-    their logits (:data:`~looped_kv.decoding.sampling.Pick`; compiled passes run it inside their graph).
-    ``padded_width`` is the width a proposal runs at. Each pass is given to ``on_pass`` (if any) as a
-    :class:`PassRecord`. ``report`` adds what the passes measured to the run's result.
+    ones): d-loop drafts written to the buffer; ``drafts`` chains a block's one-token drafts. ``refine`` is one
+    DAS-Wave round, written nowhere. ``verify`` is the R-loop verification; it returns where its keys/values wait,
+    and ``commit`` keeps the planes of each row's first ``counts`` verified tokens from there. ``run``, ``drafts``
+    and ``verify`` also return the tokens their ``pick`` makes of their logits
+    (:data:`~looped_kv.decoding.sampling.Pick`; compiled passes run it inside their graph). ``padded_width`` is the
+    width a proposal runs at. Each pass is given to ``on_pass`` (if any) as a :class:`PassRecord`. ``report`` adds
+    what the passes measured to the run's result.
     """
 
     compiled = False
@@ -203,6 +205,20 @@ class Passes:
         picks = picked(logits, pick)
         self._tell(start, "draft", tokens.shape[1], num_loops, self.cache.max_length + offset)
         return logits, state, picks
+
+    def drafts(self, token: Tensor, num_loops: int, *, reads: PrefixReads,
+               picks: Sequence[Pick]) -> tuple[Tensor, list[Any]]:
+        """One draft per pick, in sequence (RIPE Algorithm 1, lines 2-5): the i-th a one-token ``num_loops``-loop pass
+        of the (i - 1)-th draft (the first: each row's pending ``token`` (B, 1)) at offset i, reading the prefix per
+        ``reads`` and the earlier drafts in the buffer, where it writes its own keys/values, its draft the first
+        output of ``picks[i]``. Returns the drafts (B, len(picks)) and each pick's second output (its q, or None when
+        greedy). Eager, each draft is a pass told on its own; compiled, the chain is one step."""
+        drafts, q = [], []
+        for i, pick in enumerate(picks):
+            _, _, (token, q_i) = self.run(token, num_loops, reads=reads, offset=i, store="buffer", pick=pick)
+            drafts.append(token)
+            q.append(q_i)
+        return torch.cat(drafts, dim=1), q
 
     def _run(self, tokens: Tensor, num_loops: int, *, reads: PrefixReads = ALIGNED, offset: int = 0,
              store: str | None = None, state: Tensor | None = None, first_loop: int = 1) -> tuple[Tensor, Tensor]:

@@ -67,13 +67,9 @@ class LoopDrafts(Drafter):
         check_reads(policy, self.reads)
 
     def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
-        token, drafts, q = pending, [], []
-        for i in range(self.gamma):
-            _, _, (token, q_i) = passes.run(token, self.draft_loops, reads=self.reads, offset=i, store="buffer",
-                                            pick=sampler.drafting(1 + i))
-            drafts.append(token)
-            q.append(q_i)
-        return Proposal(torch.cat(drafts, dim=1), q=None if sampler.greedy else torch.cat(q, dim=1))
+        drafts, q = passes.drafts(pending, self.draft_loops, reads=self.reads,
+                                  picks=[sampler.drafting(1 + i) for i in range(self.gamma)])
+        return Proposal(drafts, q=None if sampler.greedy else torch.cat(q, dim=1))
 
     def accept(self, pending: Tensor, proposal: Proposal, targets: Tensor) -> Outcome:
         return prefix_outcome(proposal.tokens.tolist(), targets, [self.gamma] * len(proposal.tokens))

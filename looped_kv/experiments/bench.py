@@ -200,6 +200,18 @@ def _rows(out: Generation, key: Hashable, config: Decoding, num_loops: int) -> l
     return rows
 
 
+
+def tokens_per_verification(runs: pd.DataFrame) -> pd.Series:
+    """Per method that verified (keyed as ``runs``' ``method``): the tokens its verifications committed over their
+    number, summed over prompts (the tau of Eq. (8) that prices a whole run: a ratio of sums, not a mean of
+    per-prompt G)."""
+    drafted = runs[runs["verifications"] > 0]
+    if drafted.empty:
+        raise ValueError("no run made a verification")
+    committed = drafted["accepted"].map(sum) + drafted["retained"].map(sum)
+    by_method = drafted.assign(committed=committed).groupby("method", sort=False)
+    return by_method["committed"].sum() / by_method["verifications"].sum()
+
 def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding],
                     max_new_tokens: int,
                     progress: bool = False, rows_per_chunk: int | None = None) -> pd.DataFrame:
@@ -684,6 +696,20 @@ def workload_prompts(model: LoopedLM, workload: str, prompts: int, max_new_token
     return encoded
 
 
+
+def bench_arms(methods: Sequence[str], draft_loops: int, gamma: int, caches: Sequence[str] = (),
+               deep_v: bool = False) -> dict[str, Decoding]:
+    """Every arm :func:`report` times, keyed as its runs' ``method``: greedy decoding (the reference, always),
+    ``methods``' configs (:func:`method_configs` at ``draft_loops`` and ``gamma``), greedy decoding under each of
+    ``caches`` (:func:`cache_key`) and, with ``deep_v``, self-spec with Deep V reads (:data:`DEEP_V_SPEC`)."""
+    configs = {name: config for name, config in method_configs(draft_loops, gamma).items()
+               if name in methods or name == "ar"}
+    configs |= {cache_key(cache): CACHE_ARMS[cache] for cache in caches}
+    if deep_v:
+        configs[DEEP_V_SPEC] = deep_v_config(draft_loops, gamma)
+    return configs
+
+
 def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_tokens: int, methods: Sequence[str],
            draft_loops: int | None = None, gamma: int = SelfSpec.gamma, progress: bool = True,
            n_boot: int = 10_000, repeats: int = 2, modes: Sequence[str] = MODES,
@@ -699,10 +725,7 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
     commit = source_commit()  # what ran, read before a long measurement
     if draft_loops is None:
         draft_loops = settings.default_draft_loops(model.config.mean_recurrence)
-    configs = {name: config for name, config in method_configs(draft_loops, gamma).items() if name in methods}
-    configs |= {cache_key(cache): CACHE_ARMS[cache] for cache in caches}
-    if deep_v:
-        configs[DEEP_V_SPEC] = deep_v_config(draft_loops, gamma)
+    configs = bench_arms(methods, draft_loops, gamma, caches, deep_v)
     encoded = {workload: workload_prompts(model, workload, prompts, max_new_tokens, configs) for workload in workloads}
     pd.set_option("display.width", 250)
     wave = DasWave().schedule(model.config.mean_recurrence)

@@ -37,7 +37,6 @@ from tqdm.auto import tqdm
 
 from looped_kv.analysis.pass_cost import (
     BATCH,
-    KINDS,
     MODES,
     STATISTICS,
     PassCost,
@@ -52,6 +51,7 @@ from looped_kv.analysis.pass_cost import (
 from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses
 from looped_kv.decoding.generate import generate
 from looped_kv.decoding.passes import Passes, capacity_bucket, capacity_buckets, new_cache
+from looped_kv.decoding.sampling import Sampler
 from looped_kv.decoding.settings import Decoding, Greedy, default_draft_loops
 from looped_kv.experiments.bench import (
     check_rounds,
@@ -66,9 +66,10 @@ from looped_kv.experiments.speed import frozen_heap
 from looped_kv.runtime.config import LoopedConfig
 from looped_kv.runtime.measurement import measurement_mode, source_commit
 from looped_kv.runtime.model import LoopedLM
-from looped_kv.runtime.policy import make_policy
+from looped_kv.runtime.policy import ALIGNED, make_policy
 
 Cell = tuple[str, str, int, int, int]  # mode, kind, tokens, loops, context
+GREEDY = Sampler()  # the chains' drafts pick greedily
 #: The shipped tiny model's records, which chapters 5 and 7 read (made by the commands in their headers).
 COST_RECORD = Path(__file__).resolve().parent.parent.parent / "book" / "data" / "pass-cost-tiny.json"
 #: Each mode's recorded check (looped-kv pass-cost-check, and with --mode compiled).
@@ -91,6 +92,7 @@ class Grid:
     calls: int  # consecutive calls per timing of a pass or verification cell
     verify_tokens: list[int] | None = None  # widths of the verifications in place (None: tokens and held-out tokens)
     capacities: list[int] | None = None  # compiled contexts (None: the contexts' capacity buckets)
+    draft_chains: list[int] | None = None  # gammas of the compiled chains of one-token drafts, at each loops < R
 
 
 def default_loops(num_loops: int) -> list[int]:
@@ -109,7 +111,7 @@ def verify_widths(grid: Grid) -> list[int]:
 
 
 def _widest(grid: Grid) -> int:
-    return max(pass_widths(grid) + verify_widths(grid))
+    return max(pass_widths(grid) + verify_widths(grid) + (grid.draft_chains or []))
 
 
 def capacities(grid: Grid, block_size: int) -> list[int]:
@@ -132,6 +134,8 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
              ("--prompt-lengths", grid.prompt_lengths, 2)]
     lists += [(flag, values, least) for flag, values, least in (("--verify-tokens", grid.verify_tokens, 1),
                                                                 ("--capacities", grid.capacities, 2)) if values]
+    if grid.draft_chains and min(grid.draft_chains) < 2:
+        raise ValueError(f"--draft-chains must each be >= 2 (one draft is a pass cell), got {grid.draft_chains}")
     for flag, values, least in lists:
         if any(v < 1 for v in values) or len(set(values)) < least:
             raise ValueError(f"{flag} must be {least} or more distinct integers >= 1, got {values}")
@@ -164,13 +168,17 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
 
 
 def cells(grid: Grid, block_size: int, num_loops: int) -> list[Cell]:
-    """Every cell of the grid but the prefills: pass cells (mode, "pass", g, r, L) and verification cells (mode,
-    "verify", g, R, L)."""
+    """Every cell of the grid but the prefills: pass cells (mode, "pass", g, r, L), verification cells (mode,
+    "verify", g, R, L) and, compiled, chains of gamma one-token drafts of each loop count r < R ("compiled", "drafts",
+    gamma, r, L; eager drafts are passes of their own)."""
     out: list[Cell] = []
     for mode in grid.modes:
         contexts = capacities(grid, block_size) if mode == "compiled" else sorted(set(grid.contexts))
         out += [(mode, "pass", g, r, c) for g in pass_widths(grid) for r in sorted(set(grid.loops)) for c in contexts]
         out += [(mode, "verify", g, num_loops, c) for g in verify_widths(grid) for c in contexts]
+        if mode == "compiled":
+            out += [(mode, "drafts", g, r, c) for g in sorted(set(grid.draft_chains or [])) for r in
+                    sorted(set(grid.loops)) if r < num_loops for c in contexts]
     return out
 
 
@@ -218,9 +226,10 @@ def _timed(sync: Callable[[], None], run: Callable[[], object], calls: int = 1) 
 
 def cell_arms(model: LoopedLM, timed_cells: Sequence[Cell], widest: int, calls: int,
               generator: torch.Generator) -> dict[Cell, Callable[[], float]]:
-    """One callable per pass or verification cell that times it and returns its seconds per call: on a prefilled
-    full cache per (mode, context) with room for ``widest`` tokens, one untimed call then ``calls`` timed back to back
-    (a verification writes past the prefix, which it does not commit: every call writes the same positions)."""
+    """One callable per pass, verification or chain-of-drafts cell that times it and returns its seconds per call: on
+    a prefilled full cache per (mode, context) with room for ``widest`` tokens, one untimed call then ``calls`` timed
+    back to back (a verification writes past the prefix, and a chain's greedy drafts into the block buffer, neither
+    committed: every call writes the same positions)."""
     R, sync = model.config.mean_recurrence, _sync(model)
     policy = make_policy("full", R)
 
@@ -244,6 +253,9 @@ def cell_arms(model: LoopedLM, timed_cells: Sequence[Cell], widest: int, calls: 
             passes[mode, context].prefill([ids(capacity - widest if compiled else context)[0]])
         if kind == "verify":
             out[cell] = lambda p=passes[mode, context], g=g: consecutive(lambda: p.verify(block[:, :g], None))
+        elif kind == "drafts":
+            out[cell] = lambda p=passes[mode, context], g=g, r=r: consecutive(
+                lambda: p.drafts(block[:, :1], r, reads=ALIGNED, picks=[GREEDY.drafting(1 + i) for i in range(g)]))
         else:
             out[cell] = lambda p=passes[mode, context], g=g, r=r: consecutive(lambda: p.run(block[:, :g], r))
     return out
@@ -283,7 +295,7 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
             "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device), "batch": BATCH,
             "rounds": grid.rounds, "calls": grid.calls, "loops": grid.loops, "contexts": grid.contexts,
             "capacities": capacities(grid, model.config.block_size), "verify_tokens": verify_widths(grid),
-            "prompt_lengths": grid.prompt_lengths}
+            "prompt_lengths": grid.prompt_lengths, "draft_chains": sorted(set(grid.draft_chains or []))}
     cost = fit_pass_cost(timings, grid.statistic, grid.held_out_tokens, meta)
     print(f"t(g, r, L) = a + b r per width g and context L, and the verification in place, fitted on the "
           f"{grid.statistic} of each cell; residuals (model / measured - 1):")
@@ -297,6 +309,12 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
                                  for g, by_context in cost.verifications[mode].items()}).T
         print(f"{mode} verifications in place (R loops), ms, per width (rows) and context (columns):\n"
               f"{verified.to_string(float_format=lambda x: f'{x:.3f}')}")
+        for r, by_gamma in cost.drafts.get(mode, {}).items():
+            chains = pd.DataFrame({g: {L: 1e3 * s / g for L, s in by_context.items()}
+                                   for g, by_context in by_gamma.items()}).T
+            print(f"{mode} chains of one-token {r}-loop drafts in one step, ms per draft, per chain length (rows) and "
+                  f"context (columns), beside one draft alone ({1e3 * cost.seconds(1, r, chains.columns[0], mode):.3f}"
+                  f" ms at {chains.columns[0]}):\n{chains.to_string(float_format=lambda x: f'{x:.3f}')}")
     cost.write(out)
     print(f"recorded in {out}")
     return cost
@@ -334,7 +352,7 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
         for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
             rounds = interleaved_rounds(model, ids, configs, repeats, log_passes=True, max_new_tokens=max_new_tokens,
                                         compile=compiled)
-            ratios: dict[str, list[float]] = {kind: [] for kind in KINDS}
+            ratios: dict[str, list[float]] = {kind: [] for kind, _, _ in probes}
             for kind, recorded, run in probes:
                 ratios[kind].append(run() / recorded)
             drift = {kind: float(np.median(r)) for kind, r in ratios.items()}
@@ -343,7 +361,7 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
                 rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": rounds.first[key].num_new,
                              "passes": len(rounds.passes[key]), "measured_s": float(np.median(rounds.times[key])),
                              "in_passes_s": float(np.median(rounds.pass_seconds[key])),
-                             "predicted_s": sum(by_kind.values()), **{f"drift_{kind}": drift[kind] for kind in KINDS},
+                             "predicted_s": sum(by_kind.values()), **{f"drift_{kind}": drift[kind] for kind in drift},
                              "predicted_at_drift_s": predict_at_drift(cost, rounds.passes[key], drift),
                              **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
     return pd.DataFrame(rows)
@@ -352,17 +370,17 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
 def drift_cells(cost: PassCost, mode: str) -> list[Timing]:
     """The recorded cells a check re-times beside its decodes: at every recorded context, ``mode``'s verifications
     in place of its narrowest width (greedy decoding's step) and its widest, and its passes of its narrowest width
-    (a draft's shape) and its widest (a DAS-Wave round's) at every recorded loop count; and its prefill at every
-    recorded prompt length."""
+    (a draft's shape) and its widest (a DAS-Wave round's) at every recorded loop count; its chains of drafts; and its
+    prefill at every recorded prompt length."""
     timings = [t for t in cost.timings if t.mode == mode]
     widths = {kind: {f(t.tokens for t in timings if t.kind == kind) for f in (min, max)} for kind in ("pass", "verify")}
-    return [t for t in timings if t.kind == "prefill" or t.tokens in widths[t.kind]]
+    return [t for t in timings if t.kind in ("prefill", "drafts") or t.tokens in widths[t.kind]]
 
 
 def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
                seed: int = 1) -> list[tuple[str, float, Callable[[], float]]]:
     """:func:`drift_cells` as the grid timed them (:func:`cell_arms`, the record's ``calls``; :func:`prefill_arms`),
-    each with its kind ("pass", "verify" or "prefill") and its recorded time (the record's statistic over its
+    each with its kind ("pass", "verify", "drafts" or "prefill") and its recorded time (the record's statistic over its
     rounds): per kind, the median of time now / recorded over these cells is how much slower the machine runs such
     cells than when the grid was timed (its drift; a few loops, an R-loop verification and a prompt's prefill need
     not drift alike: on 6 December a compiled prefill ran at about 1.2x its recorded time while the verifications
