@@ -867,11 +867,12 @@ def cmd_pass_cost_check(args: argparse.Namespace) -> int:
     pass_cost.check_mode(cost, args.mode, f"--cost {args.cost}")
     config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
+    methods = {m: c for m, c in bench.method_configs(args.draft_loops, args.gamma).items() if m in args.methods}
+    pass_cost.check_prices(cost, methods, args.mode, config.mean_recurrence, f"--cost {args.cost}")
     out = outputs.check_file(args.out, "--out", args.force)
     model = _load(args)
     if model.tokenizer is None:
         raise ValueError(f"--model {args.model!r} has no tokenizer; the check's prompts are text")
-    methods = {m: c for m, c in bench.method_configs(args.draft_loops, args.gamma).items() if m in args.methods}
     pass_cost.check(model, cost, args.workloads, args.prompts, args.max_new_tokens, methods, out, args.model,
                     " ".join(["looped-kv", "pass-cost-check", *args.words]), args.repeats, args.mode,
                     progress=not args.quiet)

@@ -626,7 +626,9 @@ book.md(
 #   timed at the capacities decodes allocate and looked up there;
 # - a verification under the full cache writes its tokens past the prefix and reads them
 #   there in one fused kernel, so it is timed apart, at the widths decoders verify
-#   (greedy decoding's step is its one-token case).
+#   (greedy decoding's step is its one-token case);
+# - compiled, self-spec and Mature-Spec draft a block's $\gamma$ tokens as one chain in
+#   one step, timed as a cell of its own at the $\gamma$ they draft.
 #
 # `looped-kv pass-cost-check` decodes each workload's prompts with every decoder, eager
 # and compiled, logs the passes each run made and sets their price, plus the prefill's,

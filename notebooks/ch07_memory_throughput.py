@@ -310,11 +310,13 @@ book.md(text)
 # The same prices bound each decoder. Eq. (8) with measured pass times sets one
 # verification cycle (its drafts, then their verification) against as many greedy
 # steps as the tokens it commits: the decode-phase speed-up the decoder would reach if
-# its time were only its passes. The table puts each decoder at the tokens per
-# verification it committed in the bench of chapters 5 and 6, then with every proposal
-# accepted, and beside that Eq. (8)'s bound with every proposal accepted, where a pass
-# costs its layers whatever its tokens. All at the figure's 256-position prefix;
-# chapter 5 shows how much of its bound each decoder reaches.
+# its time were only its passes. Compiled, self-spec and Mature-Spec draft a block as
+# one chain of $\gamma$ drafts in one step, priced by its own cells. The table puts
+# each decoder at the tokens per verification it committed in the bench of chapters 5
+# and 6, then with every proposal accepted, and beside that Eq. (8)'s bound with every
+# proposal accepted, where a pass costs its layers whatever its tokens. All at the
+# figure's 256-position prefix; chapter 5 shows how much of its bound each decoder
+# reaches.
 
 # %%
 if book.is_tiny(model):

@@ -26,6 +26,7 @@ from looped_kv.decoding.compiled import refined_width
 from looped_kv.decoding.loop import PassLog
 from looped_kv.decoding.passes import PassRecord
 from looped_kv.decoding.settings import DasWave, Greedy, PromptLookup, SelfSpec
+from looped_kv.experiments import bench
 from looped_kv.experiments import pass_cost as experiment
 
 WIDTHS, HELD_OUT, LOOPS, CONTEXTS, PROMPTS = (1, 2, 4, 8, 32), (5, 25), (1, 4, 32), (64, 256, 512), (16, 128, 512)
@@ -607,6 +608,22 @@ def test_the_check_refuses_bad_input_in_one_line_before_any_work(tmp_path, monke
     assert not (tmp_path / "check.json").exists()
 
 
+def test_the_check_refuses_a_cost_that_cannot_price_a_decoders_passes_before_any_work(tmp_path, monkeypatch, capsys):
+    """A compiled check of self-spec with a record timed before chains of drafts: refused in one line, naming the
+    record, the decoder and the missing cells, before the model loads."""
+    monkeypatch.setattr("looped_kv.cli.load", lambda *a, **k: (_ for _ in ()).throw(AssertionError("work started")))
+    unchained = [t for t in synthetic() if t.kind != "drafts"]
+    cost_file = tmp_path / "cost.json"
+    fit_pass_cost(unchained, held_out=HELD_OUT).write(cost_file)
+    status = main(["pass-cost-check", "--cost", str(cost_file), "--out", str(tmp_path / "check.json"), "--mode",
+                   "compiled", "--methods", "pld", "self-spec"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert (f"--cost {cost_file} cannot price self-spec: compiled chains of drafts of 4 loops were not measured "
+            f"(measured: none); re-run looped-kv pass-cost with --draft-chains and --loops 4") in err
+    assert not (tmp_path / "check.json").exists()
+
+
 def test_the_check_keeps_an_existing_file_and_refuses_a_missing_cost(tmp_path, capsys):
     out = tmp_path / "check.json"
     out.write_text("mine")
@@ -695,6 +712,8 @@ def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
         args = parser().parse_args(words[1:])
         assert args.cost == Path("book/data/pass-cost-tiny.json") and args.out == Path("book/data") / path.name, mode
         assert args.mode == mode
+        methods = {m: c for m, c in bench.method_configs(args.draft_loops, args.gamma).items() if m in args.methods}
+        experiment.check_prices(cost, methods, mode, 32)  # every pass the check's decoders run has its cells
         assert header["pass_cost"]["date"] == cost.meta["date"] and set(runs) == {"problems", "code", "chains"}
         assert header["environment"] == cost.meta["environment"]
         for workload, r in runs.items():

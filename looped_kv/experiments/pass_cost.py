@@ -4,8 +4,9 @@ Every cell is one model pass at batch 1 on the decode loop's own passes (:class:
 :class:`~looped_kv.decoding.compiled.CompiledPasses`): g new tokens after a committed prefix, through r loops, eager
 and compiled, writing its keys/values nowhere, as a DAS-Wave round does (a draft's write, a copy of g positions'
 keys/values, is left out); at each width and context, the R-loop verification written into the full cache past the
-prefix and read there in place (greedy decoding's step at one token; timed without committing it); and the prefill of
-prompts of a few lengths. Eager cells read a prefix of L positions; compiled ones attend over their cache's whole
+prefix and read there in place (greedy decoding's step at one token; timed without committing it); compiled, chains of
+``--draft-chains`` one-token drafts in one step, as compiled self-spec and Mature-Spec draft a block; and the prefill
+of prompts of a few lengths. Eager cells read a prefix of L positions; compiled ones attend over their cache's whole
 capacity, which is then their context: ``--capacities`` (best, every capacity the decodes priced allocate), else the
 bucket of each L (:func:`~looped_kv.decoding.passes.capacity_bucket`). Verifications are timed at ``--verify-tokens``
 (the widths decoders verify), else at the passes' widths. Compiled steps are traced before the first timed round (one
@@ -43,6 +44,7 @@ from looped_kv.analysis.pass_cost import (
     Timing,
     against_greedy,
     compare,
+    cycle,
     fit_pass_cost,
     predict_at_drift,
     predict_by_kind,
@@ -452,6 +454,19 @@ def check_mode(cost: PassCost, mode: str, where: str = "the pass-cost record") -
     if mode not in cost.coefficients:
         raise ValueError(f"--mode {mode}: {where} holds {sorted(cost.coefficients)} only; re-run looped-kv pass-cost "
                          f"with --modes {mode}")
+
+
+def check_prices(cost: PassCost, methods: Mapping[str, Decoding], mode: str, num_loops: int,
+                 where: str = "the pass-cost record") -> None:
+    """Refuse, before any work, a pass-cost model that cannot price every pass of each method's verification cycle
+    (:func:`~looped_kv.analysis.pass_cost.cycle`) in ``mode``, such as a compiled chain of drafts it did not time."""
+    context = cost.contexts(mode)[0]
+    for name, config in methods.items():
+        for kind, tokens, loops in cycle(config, num_loops, compiled=mode == "compiled"):
+            try:
+                cost.price(kind, tokens, loops, context, mode)
+            except ValueError as error:
+                raise ValueError(f"{where} cannot price {name}: {error}") from None
 
 
 def read_cost(path: str | Path = COST_RECORD, source: str | Path = "tiny") -> PassCost:
