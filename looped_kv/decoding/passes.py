@@ -208,7 +208,7 @@ class Passes:
 
     def drafts(self, token: Tensor, num_loops: int, *, reads: PrefixReads,
                picks: Sequence[Pick]) -> tuple[Tensor, list[Any]]:
-        """One draft per pick, in sequence (RIPE Algorithm 1, lines 2-5): the i-th a one-token ``num_loops``-loop pass
+        """One draft per pick, in sequence (RIPE Algorithm 1, lines 2-4): the i-th a one-token ``num_loops``-loop pass
         of the (i - 1)-th draft (the first: each row's pending ``token`` (B, 1)) at offset i, reading the prefix per
         ``reads`` and the earlier drafts in the buffer, where it writes its own keys/values, its draft the first
         output of ``picks[i]``. Returns the drafts (B, len(picks)) and each pick's second output (its q, or None when
