@@ -200,7 +200,6 @@ def _rows(out: Generation, key: Hashable, config: Decoding, num_loops: int) -> l
     return rows
 
 
-
 def tokens_per_verification(runs: pd.DataFrame) -> pd.Series:
     """Per method that verified (keyed as ``runs``' ``method``): the tokens its verifications committed over their
     number, summed over prompts (the tau of Eq. (8) that prices a whole run: a ratio of sums, not a mean of
@@ -211,6 +210,7 @@ def tokens_per_verification(runs: pd.DataFrame) -> pd.Series:
     committed = drafted["accepted"].map(sum) + drafted["retained"].map(sum)
     by_method = drafted.assign(committed=committed).groupby("method", sort=False)
     return by_method["committed"].sum() / by_method["verifications"].sum()
+
 
 def acceptance_runs(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hashable, Decoding],
                     max_new_tokens: int,
@@ -694,7 +694,6 @@ def workload_prompts(model: LoopedLM, workload: str, prompts: int, max_new_token
     except ValueError as error:
         raise ValueError(f"--max-new-tokens {max_new_tokens} on {workload}: {error}") from None
     return encoded
-
 
 
 def bench_arms(methods: Sequence[str], draft_loops: int, gamma: int, caches: Sequence[str] = (),
