@@ -475,10 +475,11 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # and reads them with it in one fused kernel: two small copies per loop that the full
 # cache does not make. In return its loops r < R read the same slots, sliced once per
 # step, where the full cache slices a plane of its own at every loop. The sinks cache,
-# four full-depth positions at the start beside the same window, copies its sinks
-# there too and masks the deepest plane's own copy of them, so its fused call reads
-# under a mask. Under every cache, prelude and coda layers read their plane in place,
-# and a prompt attends to itself with one causal kernel. Compiled, each call's
+# four full-depth positions at the start beside the same window, stores its sinks'
+# slots beside its ring's, so the same two copies move both, and masks the deepest
+# plane's own copy of the sinks, so its fused call reads under a mask. Under every
+# cache, prelude and coda layers read their plane in place, and a prompt attends to
+# itself with one causal kernel. Compiled, each call's
 # segments fuse into one kernel, and the prefill runs compiled for every cache. Greedy
 # decoding under each cache is timed side by side with the full cache's, one prompt at
 # a time, eager and compiled, and each step's operators are counted at PyTorch's

@@ -285,6 +285,23 @@ def test_the_fused_one_token_read_is_the_segment_read(family, name, params, leng
             assert torch.allclose(x, y, rtol=0, atol=1e-12)
 
 
+def test_the_sinks_and_the_ring_are_one_store_in_the_scratch_order_and_passes_record_no_autograd():
+    """Each extra plane's sinks and ring slots are views of one tensor, sinks first, as the scratch slots before the
+    kept plane are laid out (so that one copy moves both). Cache passes run under a caller's autograd (ragged rows,
+    the fused one-token read) record nothing: the cache's in-place writes are never differentiated."""
+    model = random_model("huginn", seed=5).to(torch.float64)
+    cache = new_cache(model, make_policy("sinks", 5, sinks=2, window=3), 3, 16)
+    for kind in (0, 1):
+        base = cache.extra_base[kind]
+        assert cache.sink[kind].data_ptr() == base.data_ptr()
+        assert cache.ring[kind].data_ptr() == base.narrow(-2, cache.sink_size, 1).data_ptr()
+        assert base.shape[-2] == cache.gap == cache.sink_size + cache.ring_size
+    assert torch.is_grad_enabled()
+    prefill(model, cache, torch.randint(0, model.config.vocab_size, (3, 9)), 5, lengths=torch.tensor([7, 5, 9]))
+    logits = step(model, cache, torch.randint(0, model.config.vocab_size, (3, 1)), 5)
+    assert not logits.requires_grad and not any(t.requires_grad for t in cache._tensors())
+
+
 @pytest.mark.parametrize("name, params", [("ripe", {"window": 3}), ("ripe", {"window": 2, "sinks": 2}),
                                           ("sinks", {"sinks": 3})])
 def test_a_fused_pass_that_stores_nothing_writes_only_the_ring_slot_past_every_window(name, params):

@@ -37,15 +37,16 @@ def test_ripe_adds_two_copies_per_loop_and_slices_its_reads_once_per_pass(model)
     assert other_operators(ripe, full) == {}
 
 
-def test_sinks_add_four_copies_per_loop_and_one_mask_per_pass(model):
-    """The sinks cache copies its sinks too at loops r < R (4 copies; 2 at the kept loop), and makes its hole mask
-    once per pass: those operators do not grow with the loops; its reads are sliced once per layer and pass, as
-    RIPE's."""
+def test_sinks_add_two_copies_per_loop_as_ripe_and_one_mask_per_pass(model):
+    """The sinks cache copies as many times as RIPE: its sinks' slots sit beside its ring's in one store, in the
+    scratch slots' order, so one copy of keys and one of values moves both at loops r < R (and the token's at the kept
+    loop). It makes its hole mask once per pass: those operators do not grow with the loops; its reads are sliced once
+    per layer and pass, as RIPE's."""
     n_core, masks = model.config.n_core, []
     for num_loops in (3, 6):
         full = step_operators(model, prompt(40), Greedy(num_loops=num_loops))
         sinks = step_operators(model, prompt(40), Greedy(cache="sinks", sinks=4, window=8, num_loops=num_loops))
-        assert sinks[COPY] - full[COPY] == n_core * (4 * (num_loops - 1) + 2)
+        assert sinks[COPY] - full[COPY] == n_core * 2 * num_loops
         assert sinks[SLICE] - full[SLICE] == -2 * n_core * (num_loops - 2)
         masks.append(other_operators(sinks, full))
     assert sum(masks[0].values()) > 0 and masks[0] == masks[1]

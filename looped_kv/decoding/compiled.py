@@ -154,7 +154,8 @@ _TRACED: dict[tuple, Callable] = {}
 
 def traced(fn: Callable, device: torch.device, *, dynamic: bool = False) -> Callable:
     """``fn`` compiled with :data:`BACKEND` and the :data:`OPTIONS` of ``device``'s type (one graph), made once per
-    setting: with static shapes, or (``dynamic``) with the sizes the caller marks dynamic and every other one static."""
+    setting: with static shapes, or (``dynamic``) with the sizes the caller marks dynamic and every other one static.
+    Inference, as the eager passes (:func:`~looped_kv.decoding.passes.run_pass`): traced without autograd."""
     options = OPTIONS.get(device.type) if BACKEND == "inductor" else None
     key = (fn.__module__, fn.__qualname__, BACKEND, device.type, repr(sorted((options or {}).items())), dynamic)
     if key not in _TRACED:
@@ -164,14 +165,17 @@ def traced(fn: Callable, device: torch.device, *, dynamic: bool = False) -> Call
         settings = {} if own_limit else {"recompile_limit": RECOMPILE_LIMIT}
         if dynamic:  # only the sizes marked dynamic (static ones: dynamic=False turns automatic dynamism off)
             settings["automatic_dynamic_shapes"] = False
-        if not settings:  # a config patch on every call costs about what the call does (~25 us on a CPU)
-            _TRACED[key] = compiled
-        else:
-            def call(*args: object) -> tuple[Tensor, Tensor]:
-                with torch._dynamo.config.patch(**settings):
-                    return compiled(*args)
 
-            _TRACED[key] = call
+        def call(*args: object) -> Any:
+            if torch.is_grad_enabled():  # a caller under autograd (the decoders are not): trace and run without it
+                with torch.no_grad():
+                    return call(*args)
+            if not settings:  # a config patch on every call costs about what the call does (~25 us on a CPU)
+                return compiled(*args)
+            with torch._dynamo.config.patch(**settings):
+                return compiled(*args)
+
+        _TRACED[key] = call
     return _TRACED[key]
 
 

@@ -63,9 +63,11 @@ def pass_positions(cache: PlaneCache, n: int, offset: int = 0) -> range | Tensor
     return cache.lengths[:, None] + offset + torch.arange(n, device=cache.lengths.device)
 
 
+@torch.no_grad()
 def run_pass(model: LoopedLM, tokens: Tensor, router: CachePass, num_loops: int,
               initial_state: Tensor | None = None, *, first_loop: int = 1) -> tuple[Tensor, Tensor]:
-    """One pass of ``tokens`` (B, n) at ``router.positions`` through ``num_loops`` loops: (logits, final state)."""
+    """One pass of ``tokens`` (B, n) at ``router.positions`` through ``num_loops`` loops: (logits, final state).
+    Inference: the cache's in-place writes record no autograd graph, whatever the caller's grad mode."""
     return model(tokens, num_loops, initial_state, positions=router.positions, router=router, first_loop=first_loop,
                  return_state=True, max_position=router.last_position, check=False)
 

@@ -9,7 +9,8 @@ A :class:`PlaneCache` holds, for B rows of one cache policy (:mod:`looped_kv.run
   (RIPE's window, Eq. 9: a position leaving it drops its shallow planes; the one slot beyond the window is the
   next position's, where a one-token pass writes it before it is committed, as block passes write past a row's
   length);
-* ``sink``: the other planes for the first ``sinks`` positions.
+* ``sink``: the other planes for the first ``sinks`` positions (with the ring, views of one store per plane,
+  :attr:`PlaneCache.extra_base`: the sinks' slots, then the ring's).
 
 Everything is allocated once, with one committed length per row, and written by index through one
 method, :meth:`PlaneCache.write`: the cache passes, :meth:`PlaneCache.commit` (from a
@@ -25,8 +26,8 @@ and, where the policy lets it, the block is written into the plane its prefix is
 a single fused attention over that plane: for every policy at prelude and coda layers, and in the core
 for policies whose planes are each last written by their own loop (full, deepest, k-deepest, share) under
 aligned reads. Under RIPE and the sinks policy a one-token pass writes itself into its ring slot, then copies the
-sinks' and the ring's plane into S + W + 1 scratch slots in front of the kept plane (:attr:`PlaneCache.gap`) and
-reads them with it in one fused attention as well.
+sinks' and the ring's plane (one copy of keys, one of values) into S + W + 1 scratch slots in front of the kept plane
+(:attr:`PlaneCache.gap`) and reads them with it in one fused attention as well.
 :class:`StaticCachePass` is the pass of a compiled step: the same reads over the whole
 preallocated tensors with masks computed on the device, so that every tensor has one shape at every call;
 :class:`PrefillPass` is a compiled run's prefill, the prompts causally into the empty cache.
@@ -122,8 +123,10 @@ class PlaneCache:
         self.core_base = [torch.zeros(n_core, len(policy.kept), batch, H, self.gap + capacity, D, **like)
                           for _ in range(2)]
         self.core = [t.narrow(-2, self.gap, capacity) for t in self.core_base]  # position p at index p
-        self.ring = [torch.zeros(n_core, n_extra, batch, H, self.ring_size, D, **like) for _ in range(2)]
-        self.sink = [torch.zeros(n_core, n_extra, batch, H, self.sink_size, D, **like) for _ in range(2)]
+        # the sinks' S slots, then the ring's W + 1, of each extra plane side by side: the order of the scratch slots,
+        # so that a one-token pass copies both in one call
+        self.extra_base = [torch.zeros(n_core, n_extra, batch, H, full_depth, D, **like) for _ in range(2)]
+        self._extra_views()
         self._views: dict[tuple, Tensor] = {}  # plane_tensor's views, made once per site (the hot path)
         # the storage the memory equations count at capacity (Eq. 3 / 10), and RIPE's scratch beside it: the slots
         # before the kept plane and the ring's slot beyond the window
@@ -136,6 +139,10 @@ class PlaneCache:
         self.scratch_bytes = nbytes(self.core_base) - nbytes(self.core) + spare_bytes
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.edge[0].device)
         self.host_lengths = [0] * batch  # the same, on the host: read without a device sync
+
+    def _extra_views(self) -> None:
+        self.sink = [t.narrow(-2, 0, self.sink_size) for t in self.extra_base]
+        self.ring = [t.narrow(-2, self.sink_size, self.ring_size) for t in self.extra_base]
 
     # -- shape and accounting ------------------------------------------------------------------
     def _tensors(self) -> list[Tensor]:
@@ -184,13 +191,14 @@ class PlaneCache:
         rows = list(rows)
         if not rows or rows != sorted(set(rows)) or rows[0] < 0 or rows[-1] >= self.batch:
             raise ValueError(f"rows must be increasing indices in [0, {self.batch}), at least one, got {rows}")
-        for tensors in (self.edge, self.core_base, self.ring, self.sink):
+        for tensors in (self.edge, self.core_base, self.extra_base):
             for i, t in enumerate(tensors):  # the batch dimension is -4 in every plane tensor
                 for dst, src in enumerate(rows):
                     if dst != src:
                         t.select(-4, dst).copy_(t.select(-4, src))
                 tensors[i] = t.narrow(-4, 0, len(rows))
         self.core = [t.narrow(-2, self.gap, self.capacity) for t in self.core_base]
+        self._extra_views()
         self._views.clear()
         self.host_lengths = [self.host_lengths[i] for i in rows]
         self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.lengths.device)
@@ -226,17 +234,15 @@ class PlaneCache:
     def gapped(self, site: Site) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]], tuple[Tensor, Tensor]]:
         """A core site's kept plane with the scratch slots before it (:attr:`gap`: the sinks' S, then the ring's
         W + 1), keys and values (B, H, gap + capacity, D); the (scratch slots, own plane) pairs a one-token pass copies
-        at the site's loop (the sinks' and the ring's keys and values of :meth:`own_planes`; none at a kept loop, and
-        none for an empty store); and the last scratch slot, keys and values, where a kept loop puts the token. Views
-        made once per site."""
+        at the site's loop (the sinks' and the ring's keys, then values, of its own plane, stored side by side in that
+        order: one copy each; none at a kept loop); and the last scratch slot, keys and values, where a kept loop puts
+        the token. Views made once per site."""
         key = ("gap", site.layer, site.loop)
         if key not in self._views:
             keys, values = self.core_base[0][site.layer, 0], self.core_base[1][site.layer, 0]
-            own, S, W = self.own_planes(site), self.sink_size, self.ring_size
-            copies = [] if own is None else [
-                (base.narrow(2, at, size), plane) for at, size, planes in ((0, S, own[:2]), (S, W, own[2:])) if size
-                for base, plane in zip((keys, values), planes, strict=True)]
-            last = self.gap - 1
+            slot, last = self.extra_slot.get(site.loop), self.gap - 1
+            copies = [] if slot is None else [(base.narrow(2, 0, self.gap), extra[site.layer, slot])
+                                              for base, extra in zip((keys, values), self.extra_base, strict=True)]
             self._views[key] = (keys, values, copies, (keys.narrow(2, last, 1), values.narrow(2, last, 1)))
         return self._views[key]
 
