@@ -78,6 +78,13 @@ class RowWrites:
     sink: _Scatter
 
 
+def _shifted(scatter: _Scatter, by: int) -> _Scatter:
+    """``scatter`` with every slot ``by`` further on (the ring's entries in the store it shares with the sinks)."""
+    if scatter.runs is not None:
+        return _slices(*((slot + by, column, length) for slot, column, length in scatter.runs))
+    return _Scatter(scatter.rows, scatter.cols, scatter.index + by, valid=scatter.valid)
+
+
 def _put(dest: Tensor, scatter: _Scatter, src: Tensor) -> None:
     """dest[..., row, :, index, :] = src[..., row, :, col, :] for every entry: dest (..., B, H, P, D) and src
     (..., B, H, n, D) with the same leading dimensions (none for one site, layers and planes for a whole store)."""
@@ -126,7 +133,6 @@ class PlaneCache:
         # the sinks' S slots, then the ring's W + 1, of each extra plane side by side: the order of the scratch slots,
         # so that a one-token pass copies both in one call
         self.extra_base = [torch.zeros(n_core, n_extra, batch, H, full_depth, D, **like) for _ in range(2)]
-        self._extra_views()
         self._views: dict[tuple, Tensor] = {}  # plane_tensor's views, made once per site (the hot path)
         # the storage the memory equations count at capacity (Eq. 3 / 10), and RIPE's scratch beside it: the slots
         # before the kept plane and the ring's slot beyond the window
@@ -140,9 +146,16 @@ class PlaneCache:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.edge[0].device)
         self.host_lengths = [0] * batch  # the same, on the host: read without a device sync
 
-    def _extra_views(self) -> None:
-        self.sink = [t.narrow(-2, 0, self.sink_size) for t in self.extra_base]
-        self.ring = [t.narrow(-2, self.sink_size, self.ring_size) for t in self.extra_base]
+    @property
+    def sink(self) -> list[Tensor]:
+        """The sinks' slots of every extra plane, keys and values: views made at each use, so that a compiled step
+        takes one input per store (two inputs aliasing one tensor would be copied around every call)."""
+        return [t.narrow(-2, 0, self.sink_size) for t in self.extra_base]
+
+    @property
+    def ring(self) -> list[Tensor]:
+        """The ring's slots of every extra plane, keys and values: views made at each use (see :attr:`sink`)."""
+        return [t.narrow(-2, self.sink_size, self.ring_size) for t in self.extra_base]
 
     # -- shape and accounting ------------------------------------------------------------------
     def _tensors(self) -> list[Tensor]:
@@ -198,7 +211,6 @@ class PlaneCache:
                         t.select(-4, dst).copy_(t.select(-4, src))
                 tensors[i] = t.narrow(-4, 0, len(rows))
         self.core = [t.narrow(-2, self.gap, self.capacity) for t in self.core_base]
-        self._extra_views()
         self._views.clear()
         self.host_lengths = [self.host_lengths[i] for i in rows]
         self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.lengths.device)
@@ -265,8 +277,8 @@ class PlaneCache:
             return t.gather(2, index.expand(-1, t.shape[1], -1, t.shape[3]))
         if plane not in self.extra_slot:
             raise ValueError(f"plane {plane} is not stored by cache policy {self.policy.name}")
-        store = self.ring if kind == "ring" else self.sink
-        return store[which][layer, self.extra_slot[plane]]
+        at, size = (self.sink_size, self.ring_size) if kind == "ring" else (0, self.sink_size)
+        return self.extra_base[which][layer, self.extra_slot[plane]].narrow(-2, at, size)
 
     def segments(self, site: Site, reads: PrefixReads = ALIGNED, *, planes: tuple | None = None,
                  static: bool = False, lengths: Tensor | None = None) -> list[tuple[Tensor, Tensor, str]]:
@@ -417,10 +429,13 @@ class PlaneCache:
         for name, entries in stores.items():
             if not entries:
                 continue
-            targets = ((self.sink, writes.sink), (self.ring, writes.ring)) if name == "extra" else \
-                (({"edge": self.edge, "core": self.core}[name], writes.main),)
-            for tensors, scatter in targets:
-                if not tensors[0].shape[-2]:
+            # the sinks and the ring into their one store itself, not into views of it: in a compiled step an in-place
+            # write into a view of a tensor rewrites the whole tensor
+            targets = ((self.extra_base, writes.sink, self.sink_size),
+                       (self.extra_base, _shifted(writes.ring, self.sink_size), self.ring_size)) if name == "extra" \
+                else (({"edge": self.edge, "core": self.core}[name], writes.main, 1),)
+            for tensors, scatter, size in targets:
+                if not (size and tensors[0].shape[-2]):
                     continue
                 lead = tensors[0].shape[:-4]
                 if len(entries) > 1 and len(entries) == math.prod(lead):  # the whole store: one stacked write
