@@ -149,7 +149,7 @@ class PlaneCache:
     @property
     def sink(self) -> list[Tensor]:
         """The sinks' slots of every extra plane, keys and values: views made at each use, so that a compiled step
-        takes one input per store (two inputs aliasing one tensor would be copied around every call)."""
+        takes the store as its one input. Writes go into the store itself (:meth:`write`)."""
         return [t.narrow(-2, 0, self.sink_size) for t in self.extra_base]
 
     @property
