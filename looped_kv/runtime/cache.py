@@ -80,6 +80,8 @@ class RowWrites:
 
 def _shifted(scatter: _Scatter, by: int) -> _Scatter:
     """``scatter`` with every slot ``by`` further on (the ring's entries in the store it shares with the sinks)."""
+    if not by:
+        return scatter
     if scatter.runs is not None:
         return _slices(*((slot + by, column, length) for slot, column, length in scatter.runs))
     return _Scatter(scatter.rows, scatter.cols, scatter.index + by, valid=scatter.valid)
@@ -146,16 +148,20 @@ class PlaneCache:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.edge[0].device)
         self.host_lengths = [0] * batch  # the same, on the host: read without a device sync
 
+    def extra_slots(self, kind: str) -> tuple[int, int]:
+        """Where ``kind`` ("sinks" or "ring") sits in each plane of :attr:`extra_base`: (first slot, slots)."""
+        return (0, self.sink_size) if kind == "sinks" else (self.sink_size, self.ring_size)
+
     @property
     def sink(self) -> list[Tensor]:
         """The sinks' slots of every extra plane, keys and values: views made at each use, so that a compiled step
         takes the store as its one input. Writes go into the store itself (:meth:`write`)."""
-        return [t.narrow(-2, 0, self.sink_size) for t in self.extra_base]
+        return [t.narrow(-2, *self.extra_slots("sinks")) for t in self.extra_base]
 
     @property
     def ring(self) -> list[Tensor]:
         """The ring's slots of every extra plane, keys and values: views made at each use (see :attr:`sink`)."""
-        return [t.narrow(-2, self.sink_size, self.ring_size) for t in self.extra_base]
+        return [t.narrow(-2, *self.extra_slots("ring")) for t in self.extra_base]
 
     # -- shape and accounting ------------------------------------------------------------------
     def _tensors(self) -> list[Tensor]:
@@ -277,8 +283,7 @@ class PlaneCache:
             return t.gather(2, index.expand(-1, t.shape[1], -1, t.shape[3]))
         if plane not in self.extra_slot:
             raise ValueError(f"plane {plane} is not stored by cache policy {self.policy.name}")
-        at, size = (self.sink_size, self.ring_size) if kind == "ring" else (0, self.sink_size)
-        return self.extra_base[which][layer, self.extra_slot[plane]].narrow(-2, at, size)
+        return self.extra_base[which][layer, self.extra_slot[plane]].narrow(-2, *self.extra_slots(kind))
 
     def segments(self, site: Site, reads: PrefixReads = ALIGNED, *, planes: tuple | None = None,
                  static: bool = False, lengths: Tensor | None = None) -> list[tuple[Tensor, Tensor, str]]:
@@ -431,11 +436,15 @@ class PlaneCache:
                 continue
             # the sinks and the ring into their one store itself, not into views of it: in a compiled step an in-place
             # write into a view of a tensor rewrites the whole tensor
-            targets = ((self.extra_base, writes.sink, self.sink_size),
-                       (self.extra_base, _shifted(writes.ring, self.sink_size), self.ring_size)) if name == "extra" \
-                else (({"edge": self.edge, "core": self.core}[name], writes.main, 1),)
+            if name == "extra":
+                targets = [(self.extra_base, _shifted(scatter, at), size)
+                           for scatter, (at, size) in ((writes.sink, self.extra_slots("sinks")),
+                                                       (writes.ring, self.extra_slots("ring")))]
+            else:
+                store = {"edge": self.edge, "core": self.core}[name]
+                targets = [(store, writes.main, store[0].shape[-2])]
             for tensors, scatter, size in targets:
-                if not (size and tensors[0].shape[-2]):
+                if not size:
                     continue
                 lead = tensors[0].shape[:-4]
                 if len(entries) > 1 and len(entries) == math.prod(lead):  # the whole store: one stacked write
