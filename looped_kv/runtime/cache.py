@@ -264,6 +264,18 @@ class PlaneCache:
             self._views[key] = (keys, values, copies, (keys.narrow(2, last, 1), values.narrow(2, last, 1)))
         return self._views[key]
 
+    def hole_mask(self, dtype: torch.dtype) -> Tensor:
+        """(1, 1, 1, gap + capacity), additive in ``dtype``: a loop r < R's one-token read of rows of one length
+        reads every slot but the kept plane's first S (the sinks at plane R; the scratch holds them at plane r).
+        Made once per dtype; a pass reads a slice of it, as a mask made per pass would cost more operators than its
+        attention calls."""
+        key = ("hole", dtype)
+        if key not in self._views:
+            slots = torch.arange(self.gap + self.capacity, device=self.lengths.device)
+            keep = (slots < self.gap) | (slots >= self.gap + self.sink_size)
+            self._views[key] = additive_mask(keep, dtype).view(1, 1, 1, -1)
+        return self._views[key]
+
     def own_planes(self, site: Site) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """The sinks' and the ring's keys and values of a core site's own loop (None where the loop is kept or not
         stored), views made once per site."""
@@ -695,15 +707,16 @@ class CachePass:
             return self._gap_masks[start]
         lengths, gap = self.cache.host_lengths, self.cache.gap
         hole = self.cache.sink_size if start == 0 else 0
-        keep = None
-        if len(set(lengths)) > 1 or hole:
+        if len(set(lengths)) == 1:  # rows of one length: no mask, or a slice of the cache's hole mask
+            mask = self.cache.hole_mask(dtype)[..., :gap + lengths[0] - behind] if hole else None
+        else:
             j = torch.arange(start, gap + max(lengths) - behind, device=self.cache.lengths.device)
             keep = j < gap + self.cache.lengths[:, None] - behind
             if hole:
                 keep = keep & ((j < gap) | (j >= gap + hole))
-            keep = keep[:, None, None]
-        self._gap_masks[start] = None if keep is None else additive_mask(keep, dtype)
-        return self._gap_masks[start]
+            mask = additive_mask(keep[:, None, None], dtype)
+        self._gap_masks[start] = mask
+        return mask
 
     def _reads(self, site: Site, keys: Tensor, values: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
         """What the call reads: the prefix segments, then the uncommitted tokens and the block (one segment)."""
