@@ -306,8 +306,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _bench_batched(args, model)
         return 0
     if args.sampling_overhead:
-        configs = bench.method_configs(args.draft_loops, args.gamma)
-        methods = {key: configs[key] for key in ["ar", *(m for m in args.methods if m != "ar")]}
+        methods = bench.method_configs(args.draft_loops, args.gamma, methods=["ar", *args.methods])
         for workload in args.workloads:
             prompts = bench.workload_prompts(model, workload, args.prompts, args.max_new_tokens, methods)
             table = bench.sampling_overhead(model, prompts, methods, args.max_new_tokens, args.repeats, args.modes,
@@ -867,7 +866,7 @@ def cmd_pass_cost_check(args: argparse.Namespace) -> int:
     pass_cost.check_mode(cost, args.mode, f"--cost {args.cost}")
     config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
-    methods = {m: c for m, c in bench.method_configs(args.draft_loops, args.gamma).items() if m in args.methods}
+    methods = bench.method_configs(args.draft_loops, args.gamma, methods=args.methods)
     pass_cost.check_prices(cost, methods, args.mode, config.mean_recurrence, f"--cost {args.cost}")
     out = outputs.check_file(args.out, "--out", args.force)
     model = _load(args)

@@ -287,8 +287,7 @@ book.md(
 
 # %%
 d, gamma = P.draft_loops, P.gamma
-methods = {name: c for name, c in bench.method_configs(d, gamma).items()
-           if name in ("ar", "self-spec", "mature-spec")}
+methods = bench.method_configs(d, gamma, methods=("ar", "self-spec", "mature-spec"))
 methods[bench.DEEP_V_SPEC] = bench.deep_v_config(d, gamma)  # DAS Table 7
 acceptance = {w: bench.acceptance_runs(model, prompts[:P.acceptance_prompts], methods,
                                        P.acceptance_tokens,

@@ -34,8 +34,11 @@ def test_method_configs_use_one_vocabulary():
     assert configs["das-wave"] == settings.DasWave(max_width=32, initial_width=2, updates=1, carry=True)
     assert configs["das-wave"].rounds is None
     assert bench.method_configs(wave={"rounds": 5})["das-wave"].rounds == 5
+    chosen = bench.method_configs(draft_loops=2, gamma=3, methods=("das-wave", "ar"))  # in METHODS' order
+    assert list(chosen.items()) == [("ar", configs["ar"]), ("das-wave", bench.method_configs()["das-wave"])]
     for kwargs, message in (({"draft_loops": 0}, "draft_loops must be >= 1"), ({"gamma": 0}, "gamma must be >= 1"),
-                            ({"wave": {"width": 2}}, "wave must set only"), ({"wave": {"rounds": 0}}, "rounds")):
+                            ({"wave": {"width": 2}}, "wave must set only"), ({"wave": {"rounds": 0}}, "rounds"),
+                            ({"methods": ["ar", "greedy"]}, r"methods must be among \('ar', .*got \['greedy'\]")):
         with pytest.raises(ValueError, match=message):
             bench.method_configs(**kwargs)
 

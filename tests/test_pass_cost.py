@@ -712,7 +712,7 @@ def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
         args = parser().parse_args(words[1:])
         assert args.cost == Path("book/data/pass-cost-tiny.json") and args.out == Path("book/data") / path.name, mode
         assert args.mode == mode
-        methods = {m: c for m, c in bench.method_configs(args.draft_loops, args.gamma).items() if m in args.methods}
+        methods = bench.method_configs(args.draft_loops, args.gamma, methods=args.methods)
         experiment.check_prices(cost, methods, mode, 32)  # every pass the check's decoders run has its cells
         assert header["pass_cost"]["date"] == cost.meta["date"] and set(runs) == {"problems", "code", "chains"}
         assert header["environment"] == cost.meta["environment"]

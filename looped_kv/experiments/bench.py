@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -66,6 +66,7 @@ from looped_kv.decoding.passes import PassRecord
 from looped_kv.decoding.prompts import check_prompts
 from looped_kv.decoding.result import Generation
 from looped_kv.decoding.settings import (
+    METHODS,
     PAPER_LOOPS,
     WAVE_KEYS,
     DasWave,
@@ -107,9 +108,9 @@ PREFILL = "prefill"
 
 
 def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
-                   wave: dict | None = None) -> dict[str, Decoding]:
-    """The config (:mod:`~looped_kv.decoding.settings`) of every method of
-    :data:`~looped_kv.decoding.settings.METHODS`, keyed by method.
+                   wave: dict | None = None, methods: Iterable[str] = METHODS) -> dict[str, Decoding]:
+    """The config (:mod:`~looped_kv.decoding.settings`) of each of ``methods`` (default every method of
+    :data:`~looped_kv.decoding.settings.METHODS`), keyed by method, in that tuple's order.
 
     Self-spec and Mature-Spec draft ``draft_loops`` (d; None: generate's default for the R decoded at,
     :func:`~looped_kv.decoding.settings.default_draft_loops`) loops and verify ``gamma`` drafts at a time, so that
@@ -124,11 +125,15 @@ def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
     unknown = sorted(set(wave or {}) - set(WAVE_KEYS))
     if unknown:
         raise ValueError(f"wave must set only {WAVE_KEYS}, got {unknown}")
+    methods = set(methods)
+    if not methods <= set(METHODS):
+        raise ValueError(f"methods must be among {METHODS}, got {sorted(methods - set(METHODS))}")
     schedule = DasWave(**(wave or {}))  # J None (not given): the R decoded at sets it (settings.default_rounds)
     check_wave(schedule.max_width, schedule.wave_rounds(PAPER_LOOPS), schedule.initial_width, schedule.updates)
-    return {"ar": Greedy(), "self-spec": method_config("self-spec", draft_loops=draft_loops, gamma=gamma),
-            "mature-spec": method_config("mature-spec", draft_loops=draft_loops, gamma=gamma),
-            "pld": PromptLookup(gamma=gamma), "das-wave": schedule}
+    configs = {"ar": Greedy(), "self-spec": method_config("self-spec", draft_loops=draft_loops, gamma=gamma),
+               "mature-spec": method_config("mature-spec", draft_loops=draft_loops, gamma=gamma),
+               "pld": PromptLookup(gamma=gamma), "das-wave": schedule}
+    return {method: config for method, config in configs.items() if method in methods}
 
 
 #: The key (and table label) of sequential self-speculation with Deep V prefix reads (``--deep-v``; DAS Table 7).
@@ -701,8 +706,7 @@ def bench_arms(methods: Sequence[str], draft_loops: int, gamma: int, caches: Seq
     """Every arm :func:`report` times, keyed as its runs' ``method``: greedy decoding (the reference, always),
     ``methods``' configs (:func:`method_configs` at ``draft_loops`` and ``gamma``), greedy decoding under each of
     ``caches`` (:func:`cache_key`) and, with ``deep_v``, self-spec with Deep V reads (:data:`DEEP_V_SPEC`)."""
-    configs = {name: config for name, config in method_configs(draft_loops, gamma).items()
-               if name in methods or name == "ar"}
+    configs = method_configs(draft_loops, gamma, methods=["ar", *methods])
     configs |= {cache_key(cache): CACHE_ARMS[cache] for cache in caches}
     if deep_v:
         configs[DEEP_V_SPEC] = deep_v_config(draft_loops, gamma)

@@ -164,15 +164,14 @@ def ch05(model: LoopedLM, profile: profiles.Profile) -> None:
     p, rows = profile.ch05, profile.rows_per_chunk
     measure.agreement_by_prompt(model, _prompts(model, profile, p.agreement_prompts), p.agreement_tokens, [1, 4],
                                 ("aligned", "deep-v"), stop_at_eos=False, rows_per_chunk=rows)
-    methods = {key: c for key, c in bench.method_configs(p.draft_loops, p.gamma).items() if key == "mature-spec"}
+    methods = bench.method_configs(p.draft_loops, p.gamma, methods=["mature-spec"])
     bench.acceptance_runs(model, _prompts(model, profile, p.acceptance_prompts), methods, p.acceptance_tokens,
                           rows_per_chunk=rows)
 
 
 def ch06(model: LoopedLM, profile: profiles.Profile) -> None:
     p = profile.ch06
-    methods = {key: c for key, c in bench.method_configs(profile.ch05.draft_loops, profile.ch05.gamma).items()
-               if key == "das-wave"}
+    methods = bench.method_configs(profile.ch05.draft_loops, profile.ch05.gamma, methods=["das-wave"])
     bench.acceptance_runs(model, _prompts(model, profile, p.acceptance_prompts), methods, p.acceptance_tokens,
                           rows_per_chunk=profile.rows_per_chunk)
 
