@@ -267,8 +267,7 @@ class PlaneCache:
     def hole_mask(self, dtype: torch.dtype) -> Tensor:
         """(1, 1, 1, gap + capacity), additive in ``dtype``: a loop r < R's one-token read of rows of one length
         reads every slot but the kept plane's first S (the sinks at plane R; the scratch holds them at plane r).
-        Made once per dtype; a pass reads a slice of it, as a mask made per pass would cost more operators than its
-        attention calls."""
+        Made once per dtype: a pass takes a slice of it, one operator per pass where building the mask took fourteen."""
         key = ("hole", dtype)
         if key not in self._views:
             slots = torch.arange(self.gap + self.capacity, device=self.lengths.device)
