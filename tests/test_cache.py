@@ -285,6 +285,44 @@ def test_the_fused_one_token_read_is_the_segment_read(family, name, params, leng
             assert torch.allclose(x, y, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("name, params", [("ripe", {"window": 3}), ("sinks", {"sinks": 2, "window": 3}),
+                                          ("sinks", {"sinks": 3}), ("sinks", {"sinks": 5, "window": 2}),
+                                          ("ripe", {"window": 2, "sinks": 1})])
+def test_the_fused_read_serves_rows_of_one_length_shorter_than_the_sinks_and_the_window(name, params, monkeypatch):
+    """Rows of one length L < S + W read every position at plane r at loops r < R: at L <= W the ring's slots 0..L
+    alone, then the scratch less the sinks the ring holds. From a one-token prompt on, every step takes the fused
+    read, and in float64 it gives the segment read's logits and planes, for one row and for two."""
+    from looped_kv.runtime import cache as cache_module
+
+    model = random_model("huginn", seed=4).to(torch.float64)
+    R, V = 5, model.config.vocab_size
+    policy = make_policy(name, R, **params)
+    init = cache_module.CachePass.__init__
+
+    def run(fused: bool, batch: int) -> tuple[list[torch.Tensor], PlaneCache]:
+        def chosen(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            fused_here.append(self.gapped)
+            self.gapped = self.gapped and fused
+
+        fused_here: list[bool] = []
+        monkeypatch.setattr(cache_module.CachePass, "__init__", chosen)
+        g = torch.Generator().manual_seed(batch)
+        prompt, tokens = torch.randint(0, V, (batch, 1), generator=g), torch.randint(0, V, (batch, 10), generator=g)
+        cache = new_cache(model, policy, batch, 16)
+        prefill(model, cache, prompt, R)
+        logits = [step(model, cache, tokens[:, i:i + 1], R) for i in range(tokens.shape[1])]
+        assert all(fused_here[1:])  # every step took (or could take) the fused read
+        return logits, cache
+
+    for batch in (1, 2):
+        (fused, a), (segments, b) = run(True, batch), run(False, batch)
+        for x, y in zip(fused, segments, strict=True):
+            assert torch.allclose(x, y, rtol=0, atol=1e-12)
+        for x, y in zip([*a.core, *a.ring, *a.sink], [*b.core, *b.ring, *b.sink], strict=True):
+            assert torch.allclose(x, y, rtol=0, atol=1e-12)
+
+
 def test_the_sinks_and_the_ring_are_one_store_in_the_scratch_order_and_passes_record_no_autograd():
     """Each extra plane's sinks and ring slots are views of one tensor, sinks first, as the scratch slots before the
     kept plane are laid out (so that one copy moves both). Cache passes run under a caller's autograd (ragged rows,

@@ -608,16 +608,16 @@ class CachePass:
             self.plane_writes = self.writes if counts is None or self.core_in_plane else \
                 cache.plan_writes(self.positions)
         self._masks: dict[tuple[str, ...], list[Tensor | None]] = {}
-        # RIPE and sinks, one token per row past the sinks and a full window: the token is written into its ring slot,
-        # and the sinks' and the ring's plane (the token included) are copied into the scratch slots before the kept
-        # plane (PlaneCache.gap) and read with it in one fused call (see attend_gapped)
+        # RIPE and sinks, one token per row, rows of one length or all past the sinks and a full window: the token is
+        # written into its ring slot, and the sinks' and the ring's plane (the token included) are copied into the
+        # scratch slots before the kept plane (PlaneCache.gap) and read with it in one fused call (see attend_gapped)
+        lengths = cache.host_lengths if cache is not None else []
         self.gapped = (cache is not None and cache.gap > 0 and n == 1 and offset == 0 and store in ("cache", None)
                        and reads == ALIGNED and softmax_dtype is None
-                       and min(cache.host_lengths) >= cache.sink_size + cache.policy.window)
-        self._gap_masks: dict[int, Tensor | None] = {}
+                       and (len(set(lengths)) == 1 or min(lengths) >= cache.sink_size + cache.policy.window))
+        self._gap_spans: dict[bool, tuple[int, int, Tensor | None]] = {}
         self._gap_reads: dict[tuple[int, bool], tuple[Tensor, Tensor, Tensor | None]] = {}
         if self.gapped:
-            self.gap_stop = cache.gap + cache.max_length
             # every row's token into its ring slot (position mod (W + 1): the next position's, past every row's window)
             self.ring_writes = self.plane_writes if store == "cache" else \
                 cache.span_writes(*span) if span is not None else cache.plan_writes(self.positions)
@@ -675,9 +675,10 @@ class CachePass:
         r, the token, then the positions between them at plane R: the token is written into its ring slot (the
         slot beyond the window: stored, or past the row's length until a commit), the sinks' S and the ring's
         W + 1 slots are copied into the scratch slots before the kept plane, and the call reads [0, gap + L - W) but
-        the kept plane's first S positions. Loop R reads every position at plane R: the token in the last scratch
-        slot, then the kept plane, [gap - 1, gap + L). Rows of other lengths mask the positions past their own. Both
-        reads are the same slots at every loop of a layer, sliced once per pass."""
+        the kept plane's first S positions (rows shorter than S + W: the scratch alone, :meth:`_gap_span`). Loop R
+        reads every position at plane R: the token in the last scratch slot, then the kept plane, [gap - 1, gap + L).
+        Rows of other lengths mask the positions past their own. Both reads are the same slots at every loop of a
+        layer, sliced once per pass."""
         base_keys, base_values, copies, (token_keys, token_values) = self.cache.gapped(site)
         if copies:  # loop r < R: the sinks and the ring at plane r (aligned reads)
             self.cache.write(self.ring_writes, {site: (keys, values)})
@@ -688,34 +689,46 @@ class CachePass:
             token_values.copy_(values)
         read = (site.layer, not copies)
         if read not in self._gap_reads:  # the same slots at every loop r < R of a layer: sliced once per pass
-            start, behind = (0, self.cache.policy.window) if copies else (self.cache.gap - 1, 0)  # behind: window
-            stop = self.gap_stop - behind  # positions not read at plane R
-            self._gap_reads[read] = (base_keys[:, :, start:stop], base_values[:, :, start:stop],
-                                     self._gap_mask(start, behind, queries.dtype))
+            start, stop, mask = self._gap_span(not copies, queries.dtype)
+            self._gap_reads[read] = (base_keys[:, :, start:stop], base_values[:, :, start:stop], mask)
         out = attend(queries, *self._gap_reads[read])
         if self.store == "cache" and not copies:
             self.cache.write(self.writes, {site: (keys, values)})
         return out
 
-    def _gap_mask(self, start: int, behind: int, dtype: torch.dtype) -> Tensor | None:
-        """Which slots of [start, gap + longest row - behind) each row reads: the scratch, then its own positions
-        (at loop r < R, not the kept plane's first S: the sinks' positions, read at plane r from the scratch); made
-        once per pass, additive (:func:`~looped_kv.runtime.attention.additive_mask`, in ``dtype``), as every loop's
-        call reads it."""
-        if start in self._gap_masks:  # made once per pass
-            return self._gap_masks[start]
-        lengths, gap = self.cache.host_lengths, self.cache.gap
-        hole = self.cache.sink_size if start == 0 else 0
-        if len(set(lengths)) == 1:  # rows of one length: no mask, or a slice of the cache's hole mask
-            mask = self.cache.hole_mask(dtype)[..., :gap + lengths[0] - behind] if hole else None
-        else:
-            j = torch.arange(start, gap + max(lengths) - behind, device=self.cache.lengths.device)
+    def _gap_span(self, kept: bool, dtype: torch.dtype) -> tuple[int, int, Tensor | None]:
+        """The slots [start, stop) of the scratch and the kept plane that a loop's fused call reads, and which of them
+        each row reads (None: all; else additive, :func:`~looped_kv.runtime.attention.additive_mask`, in ``dtype``);
+        made once per pass, as every loop's call reads them. Rows of length L, every position read at plane r where
+        t - j <= W or j < S (the sinks) and at plane R otherwise:
+
+        * the kept loop: the token in the last scratch slot, then the kept plane, [gap - 1, gap + L);
+        * loop r < R, L >= S + W: the scratch (the sinks and the ring at plane r), then the kept plane but its first S
+          positions (the sinks at plane R) and the window's W, [0, gap + L - W);
+        * L <= W (every position in the window): the ring's slots 0..L, which hold positions 0..L, [S, S + L + 1);
+        * W < L < S + W: the scratch, but the sinks' slots [L - W, S) (positions the ring holds, or none yet).
+
+        Rows of other lengths (all at least S + W) mask the positions past their own."""
+        if kept in self._gap_spans:
+            return self._gap_spans[kept]
+        lengths, gap, S, W = self.cache.host_lengths, self.cache.gap, self.cache.sink_size, self.cache.policy.window
+        L, mask = max(lengths), None
+        start, stop = (gap - 1, gap + L) if kept else (0, gap + L - W) if L >= S + W else \
+            (S, S + L + 1) if L <= W else (0, gap)
+        if len(set(lengths)) > 1:
+            behind = 0 if kept else W
+            j = torch.arange(start, stop, device=self.cache.lengths.device)
             keep = j < gap + self.cache.lengths[:, None] - behind
-            if hole:
-                keep = keep & ((j < gap) | (j >= gap + hole))
+            if not kept and S:
+                keep = keep & ((j < gap) | (j >= gap + S))
             mask = additive_mask(keep[:, None, None], dtype)
-        self._gap_masks[start] = mask
-        return mask
+        elif not kept and S and L >= S + W:  # a slice of the cache's hole mask
+            mask = self.cache.hole_mask(dtype)[..., :stop]
+        elif not kept and W < L < S + W:
+            slots = torch.arange(gap, device=self.cache.lengths.device)
+            mask = additive_mask(((slots < L - W) | (slots >= S)).view(1, 1, 1, -1), dtype)
+        self._gap_spans[kept] = (start, stop, mask)
+        return self._gap_spans[kept]
 
     def _reads(self, site: Site, keys: Tensor, values: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
         """What the call reads: the prefix segments, then the uncommitted tokens and the block (one segment)."""
