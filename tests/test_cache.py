@@ -243,6 +243,36 @@ def test_layer_token_bytes():
     assert layer_token_bytes(huginn_0125(), "bf16") == 2 * 55 * 96 * 2
 
 
+def assert_the_fused_read_is_the_segment_read(model, policy, prompts, steps, monkeypatch, lengths=None):
+    """Prefill ``prompts`` (rows of ``lengths`` tokens) and decode ``steps`` one token per pass, once with the fused
+    one-token read and once with the segment read: every step after the prefill can take the fused read, and in
+    float64 both give the same logits and store the same planes."""
+    from looped_kv.runtime import cache as cache_module
+
+    init, R = cache_module.CachePass.__init__, policy.num_loops
+    runs = []
+    for fused in (True, False):
+        fused_here: list[bool] = []
+
+        def chosen(self, *args, fused=fused, fused_here=fused_here, **kwargs):
+            init(self, *args, **kwargs)
+            fused_here.append(self.gapped)
+            self.gapped = self.gapped and fused
+
+        with monkeypatch.context() as patch:  # undone before the next run
+            patch.setattr(cache_module.CachePass, "__init__", chosen)
+            cache = new_cache(model, policy, prompts.shape[0], 16)
+            prefill(model, cache, prompts, R, lengths=lengths)
+            logits = [step(model, cache, steps[:, i:i + 1], R) for i in range(steps.shape[1])]
+        assert all(fused_here[1:]) and cache.scratch_bytes > 0
+        runs.append((logits, cache))
+    (fused_logits, a), (segment_logits, b) = runs
+    for x, y in zip(fused_logits, segment_logits, strict=True):
+        assert torch.allclose(x, y, rtol=0, atol=1e-12)
+    for x, y in zip([*a.core, *a.ring, *a.sink], [*b.core, *b.ring, *b.sink], strict=True):
+        assert torch.allclose(x, y, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("family", ["huginn", "ouro", "parcae"])
 @pytest.mark.parametrize("name, params, lengths", [("ripe", {"window": 3}, [7, 4, 9]),
                                                    ("sinks", {"sinks": 2, "window": 3}, [7, 5, 9]),
@@ -253,36 +283,14 @@ def test_the_fused_one_token_read_is_the_segment_read(family, name, params, leng
     into the kept plane's scratch slots, read in one fused call. In float64 it gives the segment softmax's logits and
     stores the same planes, for one row and for rows of different lengths (the shortest at S + W), over steps that
     wrap the ring."""
-    from looped_kv.runtime import cache as cache_module
-
     model = random_model(family, seed=3).to(torch.float64)
-    R = 5
-    policy = make_policy(name, R, **params)
+    policy = make_policy(name, 5, **params)
     lengths = torch.tensor(lengths)
     prompts = torch.randint(0, model.config.vocab_size, (3, 9))
     steps = torch.randint(0, model.config.vocab_size, (3, 5))
-    init = cache_module.CachePass.__init__
-
-    def run(fused: bool, rows: slice) -> tuple[list[torch.Tensor], PlaneCache]:
-        def chosen(self, *args, **kwargs):
-            init(self, *args, **kwargs)
-            fused_here.append(self.gapped)
-            self.gapped = self.gapped and fused
-
-        fused_here: list[bool] = []
-        monkeypatch.setattr(cache_module.CachePass, "__init__", chosen)
-        cache = new_cache(model, policy, len(range(3)[rows]), 16)
-        prefill(model, cache, prompts[rows], R, lengths=lengths[rows])
-        logits = [step(model, cache, steps[rows, i:i + 1], R) for i in range(steps.shape[1])]
-        assert all(fused_here[1:]) and cache.scratch_bytes > 0  # every step could take the fused read
-        return logits, cache
-
     for rows in (slice(0, 1), slice(0, 3)):
-        (fused, a), (segments, b) = run(True, rows), run(False, rows)
-        for x, y in zip(fused, segments, strict=True):
-            assert torch.allclose(x, y, rtol=0, atol=1e-12)
-        for x, y in zip([*a.core, *a.ring, *a.sink], [*b.core, *b.ring, *b.sink], strict=True):
-            assert torch.allclose(x, y, rtol=0, atol=1e-12)
+        assert_the_fused_read_is_the_segment_read(model, policy, prompts[rows], steps[rows], monkeypatch,
+                                                  lengths=lengths[rows])
 
 
 @pytest.mark.parametrize("name, params", [("ripe", {"window": 3}), ("sinks", {"sinks": 2, "window": 3}),
@@ -292,35 +300,13 @@ def test_the_fused_read_serves_rows_of_one_length_shorter_than_the_sinks_and_the
     """Rows of one length L < S + W read every position at plane r at loops r < R: at L <= W the ring's slots 0..L
     alone, then the scratch less the sinks the ring holds. From a one-token prompt on, every step takes the fused
     read, and in float64 it gives the segment read's logits and planes, for one row and for two."""
-    from looped_kv.runtime import cache as cache_module
-
     model = random_model("huginn", seed=4).to(torch.float64)
-    R, V = 5, model.config.vocab_size
-    policy = make_policy(name, R, **params)
-    init = cache_module.CachePass.__init__
-
-    def run(fused: bool, batch: int) -> tuple[list[torch.Tensor], PlaneCache]:
-        def chosen(self, *args, **kwargs):
-            init(self, *args, **kwargs)
-            fused_here.append(self.gapped)
-            self.gapped = self.gapped and fused
-
-        fused_here: list[bool] = []
-        monkeypatch.setattr(cache_module.CachePass, "__init__", chosen)
-        g = torch.Generator().manual_seed(batch)
-        prompt, tokens = torch.randint(0, V, (batch, 1), generator=g), torch.randint(0, V, (batch, 10), generator=g)
-        cache = new_cache(model, policy, batch, 16)
-        prefill(model, cache, prompt, R)
-        logits = [step(model, cache, tokens[:, i:i + 1], R) for i in range(tokens.shape[1])]
-        assert all(fused_here[1:])  # every step took (or could take) the fused read
-        return logits, cache
-
+    policy = make_policy(name, 5, **params)
     for batch in (1, 2):
-        (fused, a), (segments, b) = run(True, batch), run(False, batch)
-        for x, y in zip(fused, segments, strict=True):
-            assert torch.allclose(x, y, rtol=0, atol=1e-12)
-        for x, y in zip([*a.core, *a.ring, *a.sink], [*b.core, *b.ring, *b.sink], strict=True):
-            assert torch.allclose(x, y, rtol=0, atol=1e-12)
+        g = torch.Generator().manual_seed(batch)
+        prompt = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g)
+        steps = torch.randint(0, model.config.vocab_size, (batch, 10), generator=g)
+        assert_the_fused_read_is_the_segment_read(model, policy, prompt, steps, monkeypatch)
 
 
 def test_the_sinks_and_the_ring_are_one_store_in_the_scratch_order_and_passes_record_no_autograd():
