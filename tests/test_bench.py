@@ -144,10 +144,10 @@ def test_batched_runs_pair_each_cache_with_the_full_cache_on_sets_of_prompts_per
     runs = bench.batched_runs(model, prompts(model, (5, 3, 7, 4, 6)), 2, ["ripe", "sinks"], max_new_tokens=5,
                               repeats=2, modes=("eager", "compiled"), progress=False)
     assert len(runs) == 2 * 2 * 3 and (runs["new_tokens"] == 2 * 5).all()  # every row to its budget
-    eager = calls[1:7]  # after the warm-up: set 0, eager: 2 rounds x 3 arms, each call a batch of 2, order reversed
-    assert eager == [
-        (2, key, False) for key in ("full", "ripe", "sinks", "sinks", "ripe", "full")]
-    compiled = calls[7:16]  # set 0, compiled: each arm once untimed (traced), then the 2 timed rounds
+    eager = calls[1:10]  # after the warm-up: set 0, eager: each arm once untimed, then 2 rounds x 3 arms, each call a
+    assert eager == [  # batch of 2, the order reversed every other round
+        (2, key, False) for key in ("full", "ripe", "sinks", "full", "ripe", "sinks", "sinks", "ripe", "full")]
+    compiled = calls[10:19]  # set 0, compiled: each arm once untimed (traced), then the 2 timed rounds
     assert all(flag for _, _, flag in compiled) and [c for _, c, _ in compiled[:3]] == ["full", "ripe", "sinks"]
     table = bench.batched_summary(runs, n_boot=200)
     assert list(table.index) == [(key, mode) for mode in ("eager", "compiled")
