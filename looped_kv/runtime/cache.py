@@ -712,21 +712,25 @@ class CachePass:
         if kept in self._gap_spans:
             return self._gap_spans[kept]
         lengths, gap, S, W = self.cache.host_lengths, self.cache.gap, self.cache.sink_size, self.cache.policy.window
-        L, mask = max(lengths), None
-        start, stop = (gap - 1, gap + L) if kept else (0, gap + L - W) if L >= S + W else \
-            (S, S + L + 1) if L <= W else (0, gap)
-        if len(set(lengths)) > 1:
-            behind = 0 if kept else W
-            j = torch.arange(start, stop, device=self.cache.lengths.device)
-            keep = j < gap + self.cache.lengths[:, None] - behind
-            if not kept and S:
-                keep = keep & ((j < gap) | (j >= gap + S))
-            mask = additive_mask(keep[:, None, None], dtype)
-        elif not kept and S and L >= S + W:  # a slice of the cache's hole mask
+        L = max(lengths)
+        if kept:
+            start, stop, hole = gap - 1, gap + L, (0, 0)
+        elif L >= S + W:
+            start, stop, hole = 0, gap + L - W, (gap, gap + S)
+        elif L <= W:
+            start, stop, hole = S, S + L + 1, (0, 0)
+        else:
+            start, stop, hole = 0, gap, (L - W, S)
+        ragged, holed, mask = len(set(lengths)) > 1, hole[0] < hole[1], None
+        if holed and not ragged and hole == (gap, gap + S):  # a slice of the cache's hole mask
             mask = self.cache.hole_mask(dtype)[..., :stop]
-        elif not kept and W < L < S + W:
-            slots = torch.arange(gap, device=self.cache.lengths.device)
-            mask = additive_mask(((slots < L - W) | (slots >= S)).view(1, 1, 1, -1), dtype)
+        elif holed or ragged:
+            j = torch.arange(start, stop, device=self.cache.lengths.device)
+            keep = (j < hole[0]) | (j >= hole[1]) if holed else None
+            if ragged:
+                rows = j < gap + self.cache.lengths[:, None] - (0 if kept else W)
+                keep = rows if keep is None else keep & rows
+            mask = additive_mask(keep.view(-1, 1, 1, len(j)), dtype)
         self._gap_spans[kept] = (start, stop, mask)
         return self._gap_spans[kept]
 
