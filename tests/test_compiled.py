@@ -260,7 +260,7 @@ def test_prefill_bound_is_greedy_time_over_the_prefill_time():
     """Two prompts, greedy decoding 2 s and 3 s, their prefills 1 s and 0.5 s: no decoder passes (2 + 6) / 2 = 4x,
     and the prefill's median share is (1/2 + 1/6) / 2."""
     runs = pd.DataFrame({"mode": "compiled", "prompt": [0, 0, 1, 1], "method": ["a", "b", "a", "b"],
-                         "greedy_time_s": [2.0, 2.0, 3.0, 3.0], "prefill_time_s": [1.0, 1.0, 0.5, 0.5]})
+                         "greedy_time_s": [2.0, 2.0, 3.0, 3.0], "greedy_prefill_time_s": [1.0, 1.0, 0.5, 0.5]})
     bound, share = bench.prefill_bound(runs, "compiled")
     assert bound == pytest.approx(4.0) and share == pytest.approx((1 / 2 + 1 / 6) / 2)
 

@@ -12,8 +12,9 @@ Two kinds of runs, one row per (prompt, method, mode) each:
   (n/t)_method / (n/t)_greedy, prefill included, each time the median over the rounds, with a paired
   prompt bootstrap interval (:func:`looped_kv.analysis.fits.mean_speedup`); every compiled run is
   also paired with eager greedy decoding (what compilation gains). The prefill alone (one new token) is
-  timed in the same rounds: no decoder's speed-up can pass greedy decoding's time over it
-  (:func:`prefill_bound`), since every decoder runs the same prefill;
+  timed in the same rounds, under each cache the arms decode under (:func:`prefill_arms`): no decoder under the full
+  cache can pass greedy decoding's time over it (:func:`prefill_bound`), since all run that prefill, and the decode
+  phase (:func:`decode_phase_speedup`) is each run's time less its own cache's prefill;
 * acceptance (:func:`acceptance_runs`): each method decodes all prompts as one batch. Every row is
   what decoding that prompt alone gives, so the per-prompt accepted length A (Eq. 9), committed
   progress G (Eq. 10) and tokens per verification tau cost a fraction of the timing runs.
@@ -103,8 +104,29 @@ INTERACTION = Claim("carry strengthens the complementarity of mature keys and va
 FACTORIAL_READS = {(0, 0): "aligned", (0, 1): "deep-v", (1, 0): "deep-k", (1, 1): "deep-kv"}
 #: The timing modes: eager passes, and every pass on a compiled step (``compile=True``).
 MODES = ("eager", "compiled")
-#: The timing arm of the prefill alone in :func:`run_paired`'s rounds.
+#: The timing arm of the prefill alone in :func:`run_paired`'s rounds (the full cache's: greedy decoding's).
 PREFILL = "prefill"
+#: The options that name a decoder's cache policy (:func:`~looped_kv.runtime.policy.make_policy`), which its
+#: prefill fills.
+CACHE_OPTIONS = ("cache", "num_loops", "window", "k", "sinks")
+
+
+def prefill_key(config: Decoding) -> Hashable:
+    """The key of ``config``'s prefill arm in :func:`run_paired`'s rounds: :data:`PREFILL` under the full cache (every
+    decoder there shares greedy decoding's prefill), else (:data:`PREFILL`, its cache options), since the prefill
+    fills the decoder's own cache."""
+    options = tuple(getattr(config, name) for name in CACHE_OPTIONS)
+    return PREFILL if options == tuple(getattr(Greedy(), name) for name in CACHE_OPTIONS) else (PREFILL, options)
+
+
+def prefill_arms(configs: Iterable[Decoding]) -> dict[Hashable, Greedy]:
+    """One prefill arm per cache policy ``configs`` decode under (:func:`prefill_key`), the full cache's first:
+    greedy decoding of one token under that policy (the prompt's pass and the first token)."""
+    arms: dict[Hashable, Greedy] = {PREFILL: Greedy(max_new_tokens=1)}
+    for config in configs:
+        arms.setdefault(prefill_key(config), Greedy(max_new_tokens=1, **{name: getattr(config, name)
+                                                                          for name in CACHE_OPTIONS}))
+    return arms
 
 
 def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
@@ -313,9 +335,9 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hash
             for mode in modes:
                 compiled = mode == "compiled"
                 arms = {**{key: replace(configs[key], max_new_tokens=max_new_tokens) for key in keys},
-                        PREFILL: Greedy(max_new_tokens=1)}  # the prefill arm: every decoder's, and its first token
+                        **prefill_arms(configs.values())}
                 rounds = interleaved_rounds(model, ids, arms, repeats, compile=compiled)
-                times, outs, prefill = rounds.times, rounds.first, rounds.times[PREFILL]
+                times, outs, prefill = rounds.times, rounds.first, float(np.median(rounds.times[PREFILL]))
                 reference, greedy_time = outs["ar"], float(np.median(times["ar"]))
                 if not compiled and eager is None:
                     eager = (reference, greedy_time)
@@ -325,7 +347,8 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hash
                     rows.append({**row, "prompt": i, "mode": mode, "time_s": time_s,
                                  "tokens_per_s": out.num_new / time_s, "greedy_time_s": greedy_time,
                                  "greedy_tokens": reference.num_new,
-                                 "prefill_time_s": float(np.median(prefill)),
+                                 "prefill_time_s": float(np.median(times[prefill_key(config)])),
+                                 "greedy_prefill_time_s": prefill,
                                  "speed-up": (out.num_new / time_s) / (reference.num_new / greedy_time),
                                  "eager_greedy_time_s": np.nan if eager is None else eager[1],
                                  "eager_greedy_tokens": np.nan if eager is None else eager[0].num_new,
@@ -457,13 +480,16 @@ def decode_phase_speedup(runs: pd.DataFrame, n_boot: int = 2000):
     """DAS Eq. (8) on the decode phase alone, as LoopSpec and the papers report speed-ups: each run's time less the
     paired prefill's (the prompt's pass and the first token, which every decoder shares) and its tokens less that
     first one, over paired greedy decoding's; with its 95% paired bootstrap interval, over the prompts that have a
-    decode phase (both runs emitted more than one token and outlasted their prefill)."""
-    decode, greedy = runs["time_s"] - runs["prefill_time_s"], runs["greedy_time_s"] - runs["prefill_time_s"]
-    kept = runs[(decode > 0) & (greedy > 0) & (runs["new_tokens"] > 1) & (runs["greedy_tokens"] > 1)]
-    if kept.empty:
+    decode phase (both runs emitted more than one token and outlasted their prefill). Each run loses its own prefill:
+    a decoder under another cache than the full one fills that cache (``prefill_time_s``), greedy decoding the full
+    one (``greedy_prefill_time_s``)."""
+    decode = runs["time_s"] - runs["prefill_time_s"]
+    greedy = runs["greedy_time_s"] - runs["greedy_prefill_time_s"]
+    kept = (decode > 0) & (greedy > 0) & (runs["new_tokens"] > 1) & (runs["greedy_tokens"] > 1)
+    if not kept.any():
         raise ValueError("no prompt has a decode phase: every run emitted one token or ended within its prefill")
-    return mean_speedup(kept["greedy_time_s"] - kept["prefill_time_s"], kept["time_s"] - kept["prefill_time_s"],
-                        kept["greedy_tokens"] - 1, kept["new_tokens"] - 1, n_boot=n_boot)
+    return mean_speedup(greedy[kept], decode[kept], runs["greedy_tokens"][kept] - 1, runs["new_tokens"][kept] - 1,
+                        n_boot=n_boot)
 
 
 def side_by_side(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
@@ -509,7 +535,7 @@ def prefill_bound(runs: pd.DataFrame, mode: str) -> tuple[float, float]:
     prompts, the mean over prompts of greedy decoding's time over the prefill's (a decoder that cost nothing after
     its prefill), and the prefill's median share of greedy decoding's time."""
     per_prompt = runs[runs["mode"] == mode].groupby("prompt").first()
-    ratio = per_prompt["greedy_time_s"] / per_prompt["prefill_time_s"]
+    ratio = per_prompt["greedy_time_s"] / per_prompt["greedy_prefill_time_s"]
     return float(ratio.mean()), float((1 / ratio).median())
 
 

@@ -197,7 +197,7 @@ def measure(model: LoopedLM, programs: int = 512, prompts: int = 32, timed: int 
     bar.update()
     timing = run_paired(model, [i[None] for i in ids[:timed]], {"ar": Greedy()}, budget, progress=False,
                         repeats=2, modes=("compiled",))
-    figures["prefill share of compiled greedy"] = timing["prefill_time_s"].sum() / timing["greedy_time_s"].sum()
+    figures["prefill share of compiled greedy"] = timing["greedy_prefill_time_s"].sum() / timing["greedy_time_s"].sum()
     bar.update()
     bar.close()
     return {name: float(value) for name, value in figures.items()}  # plain floats (pandas gives numpy ones)
