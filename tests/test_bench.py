@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import replace
 
 import numpy as np
@@ -16,6 +17,7 @@ from looped_kv.analysis.verdicts import AGREES, DISAGREES, IDENTICAL, INCONCLUSI
 from looped_kv.decoding import settings
 from looped_kv.experiments import bench
 from looped_kv.runtime.config import PRESETS
+from looped_kv.runtime.measurement import source_commit
 
 SMALL_WAVE = {"max_width": 4, "rounds": 3, "initial_width": 2, "updates": 1}
 
@@ -410,6 +412,30 @@ def test_a_recorded_bench_names_its_weights_and_is_refused_for_others(tmp_path):
     (other / "model.safetensors").write_bytes(b"not the shipped weights")
     with pytest.raises(ValueError, match="measured on other weights"):
         bench.read_record(path, other)
+
+
+def test_a_records_commit_is_dirty_only_where_the_package_changed(tmp_path):
+    """A chain of recorded runs writes book/data as it goes: a record's commit says what code ran, so the records the
+    chain wrote before it leave it clean, and only the package's own files make it "-dirty"."""
+    repo, package = tmp_path / "repo", tmp_path / "repo" / "package"
+    package.mkdir(parents=True)
+    (package / "module.py").write_text("x = 1\n")
+    (repo / "record.json").write_text("{}\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "first")
+    head = git("rev-parse", "--short", "HEAD")
+    assert source_commit(package) == head
+    (repo / "record.json").write_text('{"runs": 1}\n')  # a record written by an earlier run of the chain
+    assert source_commit(package) == head
+    (package / "module.py").write_text("x = 2\n")
+    assert source_commit(package) == f"{head}-dirty"
+    (tmp_path / "outside").mkdir()
+    assert source_commit(tmp_path / "outside") == "unknown"
 
 
 def _timed(mode: str, faster: float, prompts: int = 16) -> pd.DataFrame:

@@ -478,7 +478,7 @@ def summarize(runs: pd.DataFrame, acceptance: pd.DataFrame | None = None, n_boot
 
 def decode_phase_speedup(runs: pd.DataFrame, n_boot: int = 2000):
     """DAS Eq. (8) on the decode phase alone, as LoopSpec and the papers report speed-ups: each run's time less the
-    paired prefill's (the prompt's pass and the first token, which every decoder shares) and its tokens less that
+    paired prefill's (the prompt's pass and the first token, under its own cache) and its tokens less that
     first one, over paired greedy decoding's; with its 95% paired bootstrap interval, over the prompts that have a
     decode phase (both runs emitted more than one token and outlasted their prefill). Each run loses its own prefill:
     a decoder under another cache than the full one fills that cache (``prefill_time_s``), greedy decoding the full

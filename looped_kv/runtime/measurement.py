@@ -69,15 +69,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def source_commit() -> str:
-    """The package's git commit (``git describe --always --dirty``), or "unknown" outside a checkout: what a recorded
-    measurement ran."""
+#: This package's folder, whose files a recorded measurement's commit describes (:func:`source_commit`).
+PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def source_commit(package: Path = PACKAGE) -> str:
+    """What a recorded measurement ran: the commit of ``package`` (default this package's folder; ``git describe
+    --always``), with "-dirty" where the package's own files differ from it (not the data, chapters or records
+    elsewhere in the checkout, which a chain of recorded runs writes as it goes), or "unknown" outside a checkout."""
     try:
-        described = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                                   cwd=Path(__file__).parent).stdout.strip()
+        described, changed = (subprocess.run(["git", *args], capture_output=True, text=True, cwd=package).stdout.strip()
+                              for args in (["describe", "--always"], ["status", "--porcelain", "--", "."]))
     except OSError:  # no git on this machine
         described = ""
-    return described or "unknown"
+    return described + ("-dirty" if changed else "") if described else "unknown"
 
 
 def environment() -> dict[str, Any]:
