@@ -482,8 +482,9 @@ book.md(f"From B = 1 to B = {BATCH_SIZES[-1]}, greedy decoding with the full cac
 # itself with one causal kernel. Compiled, each call's
 # segments fuse into one kernel, and the prefill runs compiled for every cache. Greedy
 # decoding under each cache is timed side by side with the full cache's, one prompt at
-# a time, eager and compiled, and each step's operators are counted at PyTorch's
-# dispatcher (`looped_kv.analysis.operators.step_operators`):
+# a time, eager and compiled, end to end and in the decode phase (each run less the
+# prefill of its own cache, timed in the same rounds), and each step's operators are
+# counted at PyTorch's dispatcher (`looped_kv.analysis.operators.step_operators`):
 
 # %%
 CACHE_ARMS = {"ar": Greedy()}  # greedy, full cache
