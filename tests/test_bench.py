@@ -412,6 +412,11 @@ def test_a_recorded_bench_names_its_weights_and_is_refused_for_others(tmp_path):
     (other / "model.safetensors").write_bytes(b"not the shipped weights")
     with pytest.raises(ValueError, match="measured on other weights"):
         bench.read_record(path, other)
+    timed = {**measured, "runs": {"problems": pd.DataFrame({"prompt": [0], "method": ["ar"], "prefill_time_s": [1.0]})}}
+    bench.write_record(path, timed, "tiny", "looped-kv bench --record bench.json")  # a record made before 2e2777b
+    with pytest.raises(ValueError, match=r"predates each cache's own prefill arm \(its problems runs have no "
+                                         r"greedy_prefill_time_s.*re-run `looped-kv bench --record bench.json`"):
+        bench.read_record(path, "tiny")
 
 
 def test_a_records_commit_is_dirty_only_where_the_package_changed(tmp_path):

@@ -844,10 +844,16 @@ def check_weights(path: str | Path, digest: str | None, command: str, source: st
 
 def read_record(path: Path = RECORD, source: str | Path = "tiny") -> tuple[dict, dict[str, pd.DataFrame]]:
     """A recorded bench (:func:`write_record`): its header and each workload's runs. A record measured on other
-    weights than ``source``'s is refused: its speed-ups say nothing of this model."""
+    weights than ``source``'s is refused: its speed-ups say nothing of this model; so is one made before
+    :func:`run_paired` timed each cache's own prefill."""
     record = json.loads(Path(path).read_text())
     check_weights(path, record["weights_sha256"], record["command"], source)
-    return {k: v for k, v in record.items() if k != "runs"}, {w: pd.DataFrame(r) for w, r in record["runs"].items()}
+    runs = {w: pd.DataFrame(r) for w, r in record["runs"].items()}
+    for w, r in runs.items():
+        if "prefill_time_s" in r and "greedy_prefill_time_s" not in r:
+            raise ValueError(f"{path} predates each cache's own prefill arm (its {w} runs have no "
+                             f"greedy_prefill_time_s, which the decode phase needs): re-run `{record['command']}`")
+    return {k: v for k, v in record.items() if k != "runs"}, runs
 
 
 def provenance(header: Mapping[str, object]) -> str:
