@@ -111,12 +111,17 @@ PREFILL = "prefill"
 CACHE_OPTIONS = ("cache", "num_loops", "window", "k", "sinks")
 
 
+def cache_options(config: Decoding) -> dict[str, object]:
+    """``config``'s cache policy: its :data:`CACHE_OPTIONS` by name."""
+    return {name: getattr(config, name) for name in CACHE_OPTIONS}
+
+
 def prefill_key(config: Decoding) -> Hashable:
     """The key of ``config``'s prefill arm in :func:`run_paired`'s rounds: :data:`PREFILL` under the full cache (every
     decoder there shares greedy decoding's prefill), else (:data:`PREFILL`, its cache options), since the prefill
     fills the decoder's own cache."""
-    options = tuple(getattr(config, name) for name in CACHE_OPTIONS)
-    return PREFILL if options == tuple(getattr(Greedy(), name) for name in CACHE_OPTIONS) else (PREFILL, options)
+    options = cache_options(config)
+    return PREFILL if options == cache_options(Greedy()) else (PREFILL, tuple(options.values()))
 
 
 def prefill_arms(configs: Iterable[Decoding]) -> dict[Hashable, Greedy]:
@@ -124,8 +129,7 @@ def prefill_arms(configs: Iterable[Decoding]) -> dict[Hashable, Greedy]:
     greedy decoding of one token under that policy (the prompt's pass and the first token)."""
     arms: dict[Hashable, Greedy] = {PREFILL: Greedy(max_new_tokens=1)}
     for config in configs:
-        arms.setdefault(prefill_key(config), Greedy(max_new_tokens=1, **{name: getattr(config, name)
-                                                                          for name in CACHE_OPTIONS}))
+        arms.setdefault(prefill_key(config), Greedy(max_new_tokens=1, **cache_options(config)))
     return arms
 
 
@@ -337,18 +341,18 @@ def run_paired(model: LoopedLM, prompts: Sequence[Tensor], methods: Mapping[Hash
                 arms = {**{key: replace(configs[key], max_new_tokens=max_new_tokens) for key in keys},
                         **prefill_arms(configs.values())}
                 rounds = interleaved_rounds(model, ids, arms, repeats, compile=compiled)
-                times, outs, prefill = rounds.times, rounds.first, float(np.median(rounds.times[PREFILL]))
-                reference, greedy_time = outs["ar"], float(np.median(times["ar"]))
+                median = {key: float(np.median(times)) for key, times in rounds.times.items()}
+                outs, reference, greedy_time = rounds.first, rounds.first["ar"], median["ar"]
                 if not compiled and eager is None:
                     eager = (reference, greedy_time)
                 for key, config in methods.items():
-                    out, time_s = outs[key], float(np.median(times[key]))
+                    out, time_s = outs[key], median[key]
                     (row,) = _rows(out, key, config, model.config.mean_recurrence)
                     rows.append({**row, "prompt": i, "mode": mode, "time_s": time_s,
                                  "tokens_per_s": out.num_new / time_s, "greedy_time_s": greedy_time,
                                  "greedy_tokens": reference.num_new,
-                                 "prefill_time_s": float(np.median(times[prefill_key(config)])),
-                                 "greedy_prefill_time_s": prefill,
+                                 "prefill_time_s": median[prefill_key(config)],
+                                 "greedy_prefill_time_s": median[PREFILL],
                                  "speed-up": (out.num_new / time_s) / (reference.num_new / greedy_time),
                                  "eager_greedy_time_s": np.nan if eager is None else eager[1],
                                  "eager_greedy_tokens": np.nan if eager is None else eager[0].num_new,
@@ -370,7 +374,8 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: Mappi
     """What sampling costs over greedy decoding, per method and mode: each prompt decoded alone by the method
     greedily and with :data:`ARGMAX_SAMPLING`, the two interleaved in ``repeats`` rounds (the order reversed every
     other round); the ratio of their median times per prompt, its mean over prompts with a paired 95% bootstrap
-    interval, and whether every sampled run emitted the greedy tokens (so the ratio is the sampler's cost alone)."""
+    interval, and whether every sampled run emitted the greedy tokens (so the ratio is the sampler's cost alone).
+    Each arm decodes each prompt once untimed before its rounds (:func:`interleaved_rounds`)."""
     check_rounds(repeats, modes)
     rows = []
     with frozen_heap():
@@ -378,9 +383,6 @@ def sampling_overhead(model: LoopedLM, prompts: Sequence[Tensor], methods: Mappi
             for mode in modes:
                 arms = {"greedy": config, "sampled": replace(config, **ARGMAX_SAMPLING)}
                 options = dict(max_new_tokens=max_new_tokens, compile=mode == "compiled")
-                if mode == "eager":  # warm before any timed run (compiled runs: each prompt, interleaved_rounds)
-                    for arm in arms.values():
-                        generate(model, prompts[0], arm, **options)
                 for i, ids in enumerate(prompts):
                     rounds = interleaved_rounds(model, ids, arms, repeats, **options)
                     rows.append({"method": key, "mode": mode, "prompt": i,
