@@ -638,7 +638,8 @@ book.md(
 #   committing tokens);
 # - **at drift**: this machine's speed moves by tens of percent within an hour, so after
 #   each prompt the check re-times a few of the grid's pass, verification and prefill
-#   cells and prices each pass at the speed its kind of cell then ran.
+#   cells, narrow and wide, and prices each pass at the speed cells of its kind and
+#   width then ran (a one-token step and a long prefill need not drift alike).
 #
 # The bound is the speed-up a decoder's passes allow; "of bound" is how much of it the
 # decoder reaches.

@@ -230,7 +230,7 @@ def test_a_chain_of_drafts_is_priced_by_its_own_cells_linearly_in_its_length_fro
     record = PassRecord("drafts", 1, 8, 4, 256, True, seconds=1e-3)
     assert pass_cost.priced_by(record) == "drafts"
     assert cost.record_seconds(record) == pytest.approx(chain_truth(8, 4, 256), rel=1e-9)
-    assert pass_cost.predict_at_drift(cost, [record], {"drafts": 2.0}) == pytest.approx(2 * chain_truth(8, 4, 256))
+    assert pass_cost.predict_at_drift(cost, [record], {("drafts", 8): 2.0}) == pytest.approx(2 * chain_truth(8, 4, 256))
     with pytest.raises(ValueError, match=r"compiled chain of drafts 9 is outside the measured 1\.\.8; re-run "
                                          r"looped-kv pass-cost with --draft-chains covering it"):
         cost.drafts_seconds(9, 4, 256)
@@ -534,12 +534,36 @@ def test_the_check_prices_each_runs_own_passes(tiny):
     assert list(table.index) == ["ar", "self-spec", "das-wave"] and (table["runs"] == 2).all()
 
 
-def test_the_check_reads_the_machines_drift_per_kind_of_cell(tiny, monkeypatch):
+def drifted(kind: str, tokens: int) -> float:
+    """A machine's drift per kind of cell, linear in its tokens (so that interpolating between two widths is exact):
+    passes at 2x their recorded time at one token and 4x at 32, verifications 3x and 6x, prefills 5x at 16 tokens
+    and 12x at 128."""
+    if kind == "prefill":
+        return 4 + tokens / 16
+    low, high = {"pass": (2.0, 4.0), "verify": (3.0, 6.0)}[kind]
+    return low + (high - low) * (tokens - 1) / 31
+
+
+def test_the_machines_drift_is_read_per_kind_and_width_linearly_between_widths():
+    drift = {("pass", 1): 2.0, ("pass", 32): 4.0, ("prefill", 16): 5.0, ("prefill", 128): 12.0}
+    assert pass_cost.drift_at(drift, "pass", 1) == 2.0 and pass_cost.drift_at(drift, "pass", 32) == 4.0
+    assert pass_cost.drift_at(drift, "pass", 8) == pytest.approx(drifted("pass", 8), rel=1e-12)
+    assert pass_cost.drift_at(drift, "prefill", 72) == pytest.approx(drifted("prefill", 72), rel=1e-12)
+    assert pass_cost.drift_at(drift, "prefill", 4) == 5.0 and pass_cost.drift_at(drift, "prefill", 400) == 12.0
+    with pytest.raises(ValueError, match=r"drift has no 'verify' cells; it has \['pass', 'prefill'\]"):
+        pass_cost.drift_at(drift, "verify", 1)
+    record = PassRecord("verify", 1, 8, 32, 256, False, in_place=False)  # a pass of 8 tokens, priced by pass cells
+    cost = fit_pass_cost(synthetic(), held_out=HELD_OUT)
+    assert pass_cost.predict_at_drift(cost, [record], drift) == pytest.approx(
+        drifted("pass", 8) * cost.record_seconds(record), rel=1e-12)
+
+
+def test_the_check_reads_the_machines_drift_per_kind_and_width_of_cell(tiny, monkeypatch):
     """After each prompt the check re-times, at every context, the record's narrowest and widest verifications and
     its narrowest and widest passes at every loop count, as the grid timed them (its calls), and its prefill at every
-    recorded prompt length, and keeps per kind the median of time now / recorded: here a machine running pass cells at
-    2x, verifications at 3x and prefills at 5x their recorded time (a fake clock). The prediction at drift prices
-    drafts at the first, verifications at the second and the prefill at the third."""
+    recorded prompt length, and keeps per kind and width the median of time now / recorded (a fake clock:
+    :func:`drifted`), and per kind the median over all its cells. The prediction at drift prices each pass the run
+    logged at the drift of its kind at its width."""
     cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"calls": 5})
     cells = experiment.drift_cells(cost, "eager")
     assert sorted((t.kind, t.tokens, t.loops, t.context) for t in cells) == sorted(
@@ -550,30 +574,38 @@ def test_the_check_reads_the_machines_drift_per_kind_of_cell(tiny, monkeypatch):
 
     def fake_arms(model, timed_cells, widest, calls, generator):
         asked.append((sorted(timed_cells), widest, calls))
-        return {cell: (lambda g=cell[2], r=cell[3], L=cell[4], kind=cell[1]:
-                       2 * truth(g, r, L) if kind == "pass" else 3 * verify_truth(g, L)) for cell in timed_cells}
+        return {cell: (lambda g=cell[2], r=cell[3], L=cell[4], kind=cell[1]: drifted(kind, g) * (
+            truth(g, r, L) if kind == "pass" else verify_truth(g, L))) for cell in timed_cells}
 
     def fake_prefills(model, timed_cells, generator):
         prefills.append(sorted(timed_cells))
-        return {cell: (lambda n=cell[2]: 5 * prefill_truth(n)) for cell in timed_cells}
+        return {cell: (lambda n=cell[2]: drifted("prefill", n) * prefill_truth(n)) for cell in timed_cells}
 
     monkeypatch.setattr(experiment, "cell_arms", fake_arms)
     monkeypatch.setattr(experiment, "prefill_arms", fake_prefills)
     ids = [tiny.tokenizer("Question: Ann has 3 pens and buys 4 more. How many pens? Answer:",
                           return_tensors="pt").input_ids] * 2
-    runs = experiment.predictions(tiny, cost, ids, {"self-spec": SelfSpec(gamma=3)}, max_new_tokens=4, repeats=1,
+    config = SelfSpec(gamma=3)
+    runs = experiment.predictions(tiny, cost, ids, {"self-spec": config}, max_new_tokens=4, repeats=1,
                                   progress=False)
     assert asked == [(sorted((t.mode, t.kind, t.tokens, t.loops, t.context) for t in cells if t.kind != "prefill"),
                       32, 5)]
     assert prefills == [sorted(("eager", "prefill", n, 32, 0) for n in PROMPTS)]
-    assert runs["drift_pass"].tolist() == pytest.approx([2.0] * 4, rel=1e-12)
-    assert runs["drift_verify"].tolist() == pytest.approx([3.0] * 4, rel=1e-12)
-    assert runs["drift_prefill"].tolist() == pytest.approx([5.0] * 4, rel=1e-12)
+    for kind, widths in (("pass", (1, 32)), ("verify", (1, 32)), ("prefill", PROMPTS)):
+        for g in widths:
+            assert runs[f"drift_{kind}_{g}"].tolist() == pytest.approx([drifted(kind, g)] * 4, rel=1e-12)
+    assert runs["drift_pass"].tolist() == pytest.approx([3.0] * 4, rel=1e-12)  # half the cells at 2x, half at 4x
+    assert runs["drift_prefill"].tolist() == pytest.approx([drifted("prefill", 128)] * 4, rel=1e-12)
     drafts = runs["predicted_draft_s"].fillna(0.0)
     assert (drafts[runs["method"] == "self-spec"] > 0).all() and (runs["predicted_prefill_s"] > 0).all()
-    assert runs["predicted_at_drift_s"].to_numpy() == pytest.approx(
-        (3 * runs["predicted_s"] - drafts + 2 * runs["predicted_prefill_s"]).to_numpy(),
-        rel=1e-12)  # 2 x drafts + 5 x the prefill + 3 x the rest
+    for _, row in runs.iterrows():  # decoding is deterministic: a fresh run logs the same passes
+        log = PassLog()
+        generate(tiny, ids[row["prompt"]], Greedy() if row["method"] == "ar" else config, max_new_tokens=4,
+                 observer=log)
+        if row["method"] == "self-spec":  # its verifications are wider than one token
+            assert {p.tokens for p in log.passes if pass_cost.priced_by(p) == "verify"} - {1}
+        assert row["predicted_at_drift_s"] == pytest.approx(sum(
+            cost.record_seconds(p) * drifted(pass_cost.priced_by(p), p.tokens) for p in log.passes), rel=1e-12)
     table = pass_cost.against_greedy(runs)
     sums = runs.groupby("method", sort=False)[["measured_s", "predicted_at_drift_s"]].sum()
     assert table["measured / predicted at drift"].to_numpy() == pytest.approx(

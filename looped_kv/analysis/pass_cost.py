@@ -333,11 +333,26 @@ def priced_by(record: PassRecord) -> str:
     return "verify" if record.in_place else "pass"
 
 
-def predict_at_drift(cost: PassCost, passes: Sequence[PassRecord], drift: Mapping[str, float]) -> float:
-    """:func:`predict_seconds` with each pass priced at the speed the machine runs its kind of cell now
-    (:func:`priced_by`): ``drift`` maps "pass", "verify", "prefill" (and "drafts", for compiled chains of drafts) to
-    time now / recorded on such cells."""
-    return sum(cost.record_seconds(p) * drift[priced_by(p)] for p in passes)
+#: The machine's drift since the grid: (kind of cell, its tokens) -> time now / recorded on the cells of that kind
+#: and width re-timed. Kinds: "pass", "verify", "prefill" (tokens: the prompt's) and, compiled, "drafts".
+Drift = Mapping[tuple[str, int], float]
+
+
+def drift_at(drift: Drift, kind: str, tokens: int) -> float:
+    """The drift of a ``kind`` cell ``tokens`` wide: linear in tokens between the widths re-timed, the nearest one's
+    beyond them. Wide and narrow cells need not drift alike: a one-token step is bound by the operators' dispatch, a
+    wide pass or a long prefill by their arithmetic (on 7 December a 4-token prefill ran at 0.83x its recorded time
+    while a 256-token one ran at 0.98x)."""
+    widths = sorted(w for k, w in drift if k == kind)
+    if not widths:
+        raise ValueError(f"drift has no {kind!r} cells; it has {sorted({k for k, _ in drift})}")
+    return float(np.interp(tokens, widths, [drift[kind, w] for w in widths]))
+
+
+def predict_at_drift(cost: PassCost, passes: Sequence[PassRecord], drift: Drift) -> float:
+    """:func:`predict_seconds` with each pass priced at the speed the machine runs cells of its kind
+    (:func:`priced_by`) and width now (:func:`drift_at`)."""
+    return sum(cost.record_seconds(p) * drift_at(drift, priced_by(p), p.tokens) for p in passes)
 
 
 def compare(runs: pd.DataFrame) -> pd.DataFrame:

@@ -336,8 +336,10 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     run's passes (each pass timed from its call to its result, :attr:`~looped_kv.decoding.passes.PassRecord.seconds`:
     the rest is the decode loop's own work), the predicted seconds
     (:func:`~looped_kv.analysis.pass_cost.predict_seconds`: every pass the run made, and the model's prefill), the
-    drifts of the pass, the verification and the prefill cells, the prediction at those drifts
-    (:func:`~looped_kv.analysis.pass_cost.predict_at_drift`), the prediction per kind of pass and the new tokens.
+    drift of each kind of cell (``drift_<kind>``: the median of time now / recorded over its cells) and of each kind
+    and width (``drift_<kind>_<tokens>``), the prediction at those drifts
+    (:func:`~looped_kv.analysis.pass_cost.predict_at_drift`, by kind and width), the prediction per kind of pass and
+    the new tokens.
     Every method decodes the first prompt once, untimed, before the first timed run: a decoder's first run in a
     process pays for code paths and allocations met for the first time, which no later run does."""
     check_rounds(repeats, (mode,))
@@ -347,23 +349,26 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     for config in configs.values():  # warm-up (compiled steps: each prompt's, interleaved_rounds)
         generate(model, prompts[0], config, max_new_tokens=max_new_tokens, compile=compiled)
     probes = drift_arms(model, cost, mode)
-    for _, _, run in probes:  # warm-up (compiled: traced here)
+    for *_, run in probes:  # warm-up (compiled: traced here)
         run()
     keys, rows = list(configs), []
     with frozen_heap():
         for i, ids in enumerate(tqdm(prompts, desc=f"prompts ({mode})", disable=not progress, leave=False)):
             rounds = interleaved_rounds(model, ids, configs, repeats, log_passes=True, max_new_tokens=max_new_tokens,
                                         compile=compiled)
-            ratios: dict[str, list[float]] = {kind: [] for kind, _, _ in probes}
-            for kind, recorded, run in probes:
-                ratios[kind].append(run() / recorded)
-            drift = {kind: float(np.median(r)) for kind, r in ratios.items()}
+            ratios: dict[tuple[str, int], list[float]] = {}
+            for kind, tokens, recorded, run in probes:
+                ratios.setdefault((kind, tokens), []).append(run() / recorded)
+            drift = {cell: float(np.median(r)) for cell, r in ratios.items()}
+            kinds = {kind: float(np.median([x for (k, _), r in ratios.items() if k == kind for x in r]))
+                     for kind, _ in ratios}
             for key in keys:
                 by_kind = predict_by_kind(cost, rounds.passes[key])
                 rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": rounds.first[key].num_new,
                              "passes": len(rounds.passes[key]), "measured_s": float(np.median(rounds.times[key])),
                              "in_passes_s": float(np.median(rounds.pass_seconds[key])),
-                             "predicted_s": sum(by_kind.values()), **{f"drift_{kind}": drift[kind] for kind in drift},
+                             "predicted_s": sum(by_kind.values()), **{f"drift_{kind}": d for kind, d in kinds.items()},
+                             **{f"drift_{kind}_{tokens}": d for (kind, tokens), d in drift.items()},
                              "predicted_at_drift_s": predict_at_drift(cost, rounds.passes[key], drift),
                              **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
     return pd.DataFrame(rows)
@@ -380,20 +385,21 @@ def drift_cells(cost: PassCost, mode: str) -> list[Timing]:
 
 
 def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
-               seed: int = 1) -> list[tuple[str, float, Callable[[], float]]]:
+               seed: int = 1) -> list[tuple[str, int, float, Callable[[], float]]]:
     """:func:`drift_cells` as the grid timed them (:func:`cell_arms`, the record's ``calls``; :func:`prefill_arms`),
-    each with its kind ("pass", "verify", "drafts" or "prefill") and its recorded time (the record's statistic over its
-    rounds): per kind, the median of time now / recorded over these cells is how much slower the machine runs such
-    cells than when the grid was timed (its drift; a few loops, an R-loop verification and a prompt's prefill need
-    not drift alike: on 6 December a compiled prefill ran at about 1.2x its recorded time while the verifications
-    beside it ran at 0.9x)."""
+    each with its kind ("pass", "verify", "drafts" or "prefill"), its tokens and its recorded time (the record's
+    statistic over its rounds): per kind and width, the median of time now / recorded over these cells is how much
+    slower the machine runs such cells than when the grid was timed (its drift; a few loops, an R-loop verification
+    and a prompt's prefill need not drift alike: on 6 December a compiled prefill ran at about 1.2x its recorded time
+    while the verifications beside it ran at 0.9x; nor need a one-token and a wide one,
+    :func:`~looped_kv.analysis.pass_cost.drift_at`)."""
     timings = drift_cells(cost, mode)
     recorded = {(t.mode, t.kind, t.tokens, t.loops, t.context): STATISTICS[cost.statistic](t.seconds) for t in timings}
     generator = torch.Generator().manual_seed(seed)
     steps = [cell for cell in recorded if cell[1] != "prefill"]
     runs = cell_arms(model, steps, max(cell[2] for cell in steps), int(cost.meta["calls"]), generator)
     runs |= prefill_arms(model, [cell for cell in recorded if cell[1] == "prefill"], generator)
-    return [(cell[1], recorded[cell], run) for cell, run in runs.items()]
+    return [(cell[1], cell[2], recorded[cell], run) for cell, run in runs.items()]
 
 
 #: What must match for a pass-cost model to describe the machine a check runs on.
@@ -439,7 +445,8 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
             print(f"{workload} (drift: the grid's pass cells took {r['drift_pass'].min():.3f}x to "
                   f"{r['drift_pass'].max():.3f}x their recorded time, its verifications {r['drift_verify'].min():.3f}x "
                   f"to {r['drift_verify'].max():.3f}x, its prefills {r['drift_prefill'].min():.3f}x to "
-                  f"{r['drift_prefill'].max():.3f}x; at drift: measured / the passes priced at their cells' drift; "
+                  f"{r['drift_prefill'].max():.3f}x; at drift: measured / the passes priced at the drift of "
+                  f"cells of their kind and width; "
                   f"in passes: the time inside the runs' passes; outside passes: the decode loop's share of the "
                   f"measured time):\n"
                   f"{table.to_string(float_format=lambda x: f'{x:.3f}')}")
