@@ -530,6 +530,10 @@ def test_the_check_prices_each_runs_own_passes(tiny):
         out = generate(tiny, ids[row["prompt"]], config, max_new_tokens=6, observer=log)
         assert row["passes"] == len(log.passes) and row["new_tokens"] == out.num_new
         assert row["predicted_s"] == pytest.approx(pass_cost.predict_seconds(cost, log.passes), rel=1e-12)
+        assert log.passes[0].kind == "prefill"  # then the passes after it (none where the first token ends the run)
+        assert (row["first_pass_s"] > 0, row["later_passes_s"] > 0) == (len(log.passes) > 1, len(log.passes) > 2)
+        assert row["first_pass_price_s"] == pytest.approx(sum(map(cost.record_seconds, log.passes[1:2])), rel=1e-12)
+        assert row["later_passes_price_s"] == pytest.approx(sum(map(cost.record_seconds, log.passes[2:])), rel=1e-12)
     table = pass_cost.compare(runs)
     assert list(table.index) == ["ar", "self-spec", "das-wave"] and (table["runs"] == 2).all()
 
@@ -677,7 +681,8 @@ def test_the_check_records_its_runs_with_the_machine(tiny, tmp_path, monkeypatch
     assert header["pass_cost"]["date"] == "2026-12-04" and list(read) == ["chains"]
     pd.testing.assert_frame_equal(read["chains"], runs["chains"], check_dtype=False)
     printed = capsys.readouterr().out
-    assert all(c in printed for c in ("measured / predicted", "at drift", "in passes / predicted", "outside passes"))
+    assert all(c in printed for c in ("measured / predicted", "at drift", "in passes / predicted", "outside passes",
+                                      "first pass", "later passes"))
     assert "the pass-cost model of 2026-12-04, measured on a machine its record does not name" in printed
     record = json.loads(out.read_text())
     record["weights_sha256"] = "0" * 64
@@ -723,6 +728,12 @@ def test_against_greedy_pairs_each_method_with_greedy_on_its_prompt():
     drifted = pass_cost.against_greedy(runs.assign(predicted_at_drift_s=[2.0, 1.0, 3.0, 1.5]))
     assert drifted.loc["ar", "measured / predicted at drift"] == pytest.approx(6 / 5)
     assert drifted.loc["pld", "measured / predicted at drift"] == pytest.approx(2 / 2.5)
+    assert "first pass / price" not in drifted
+    after = pass_cost.against_greedy(runs.assign(first_pass_s=[0.3, 0.2, 0.5, 0.2], first_pass_price_s=0.2,
+                                                 later_passes_s=[1.0, 0.5, 2.0, 0.5],
+                                                 later_passes_price_s=[1.0, 0.25, 2.0, 0.25]))
+    assert after.loc["ar", "first pass / price"] == pytest.approx(0.8 / 0.4)
+    assert after.loc["pld", "first pass / price"] == 1 and after.loc["pld", "later passes / price"] == 2
     with pytest.raises(ValueError, match="greedy decoding's"):
         pass_cost.against_greedy(runs[runs["method"] == "pld"])
     with pytest.raises(ValueError, match="missing \\['predicted_s'\\]"):

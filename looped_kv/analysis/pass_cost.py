@@ -485,7 +485,9 @@ def against_greedy(runs: pd.DataFrame) -> pd.DataFrame:
     ``predicted_at_drift_s`` column (the passes priced at the speed their cells ran beside the run:
     :func:`predict_at_drift`), measured / predicted at drift too; with ``in_passes_s`` (the time inside each run's
     passes), in passes / predicted (how well the grid prices the passes decoding ran) and the share of the measured
-    time outside the passes (the decode loop's own work)."""
+    time outside the passes (the decode loop's own work); with ``first_pass_s`` and ``later_passes_s`` (the first
+    pass after the prefill and the passes after it, of each method's first run) and their prices, each measured /
+    its price: the first pass meets the caches the prefill left, where the grid times a pass after the same pass."""
     missing = [c for c in ("prompt", "method", "new_tokens", "measured_s", "predicted_s") if c not in runs]
     if missing:
         raise ValueError(f"runs must have columns prompt, method, new_tokens, measured_s and predicted_s; missing "
@@ -509,4 +511,8 @@ def against_greedy(runs: pd.DataFrame) -> pd.DataFrame:
         if "in_passes_s" in r:
             rows[method]["in passes / predicted"] = r["in_passes_s"].sum() / r["predicted_s"].sum()
             rows[method]["outside passes"] = 1 - r["in_passes_s"].sum() / r["measured_s"].sum()
+        for which in ("first_pass", "later_passes"):
+            if f"{which}_s" in r:
+                label = which.replace("_", " ")
+                rows[method][f"{label} / price"] = r[f"{which}_s"].sum() / r[f"{which}_price_s"].sum()
     return pd.DataFrame(rows).T.astype({"runs": int})

@@ -338,8 +338,8 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     (:func:`~looped_kv.analysis.pass_cost.predict_seconds`: every pass the run made, and the model's prefill), the
     drift of each kind of cell (``drift_<kind>``: the median of time now / recorded over its cells) and of each kind
     and width (``drift_<kind>_<tokens>``), the prediction at those drifts
-    (:func:`~looped_kv.analysis.pass_cost.predict_at_drift`, by kind and width), the prediction per kind of pass and
-    the new tokens.
+    (:func:`~looped_kv.analysis.pass_cost.predict_at_drift`, by kind and width), the prediction per kind of pass, the
+    new tokens, and the seconds and price of the first run's first pass after its prefill and of its later passes.
     Every method decodes the first prompt once, untimed, before the first timed run: a decoder's first run in a
     process pays for code paths and allocations met for the first time, which no later run does."""
     check_rounds(repeats, (mode,))
@@ -364,13 +364,18 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
                      for kind, _ in ratios}
             for key in keys:
                 by_kind = predict_by_kind(cost, rounds.passes[key])
+                after = [p for p in rounds.passes[key] if p.kind != "prefill"]
                 rows.append({"prompt": i, "method": key, "mode": mode, "new_tokens": rounds.first[key].num_new,
                              "passes": len(rounds.passes[key]), "measured_s": float(np.median(rounds.times[key])),
                              "in_passes_s": float(np.median(rounds.pass_seconds[key])),
                              "predicted_s": sum(by_kind.values()), **{f"drift_{kind}": d for kind, d in kinds.items()},
                              **{f"drift_{kind}_{tokens}": d for (kind, tokens), d in drift.items()},
                              "predicted_at_drift_s": predict_at_drift(cost, rounds.passes[key], drift),
-                             **{f"predicted_{kind}_s": s for kind, s in by_kind.items()}})
+                             **{f"predicted_{kind}_s": s for kind, s in by_kind.items()},
+                             "first_pass_s": after[0].seconds if after else 0.0,
+                             "first_pass_price_s": cost.record_seconds(after[0]) if after else 0.0,
+                             "later_passes_s": sum(p.seconds for p in after[1:]),
+                             "later_passes_price_s": sum(cost.record_seconds(p) for p in after[1:])})
     return pd.DataFrame(rows)
 
 
@@ -439,16 +444,18 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
             runs[workload] = predictions(model, cost, encoded, methods, max_new_tokens, repeats, mode, progress)
             r = runs[workload]
             split = against_greedy(r)[["measured / predicted", "measured / predicted at drift",
-                                       "in passes / predicted", "outside passes"]]
-            table = split.set_axis(["measured / predicted", "at drift", "in passes / predicted", "outside passes"],
-                                   axis=1).rename_axis("method").join(compare(r))
+                                       "in passes / predicted", "outside passes", "first pass / price",
+                                       "later passes / price"]]
+            table = split.set_axis(["measured / predicted", "at drift", "in passes / predicted", "outside passes",
+                                    "first pass", "later passes"], axis=1).rename_axis("method").join(compare(r))
             print(f"{workload} (drift: the grid's pass cells took {r['drift_pass'].min():.3f}x to "
                   f"{r['drift_pass'].max():.3f}x their recorded time, its verifications {r['drift_verify'].min():.3f}x "
                   f"to {r['drift_verify'].max():.3f}x, its prefills {r['drift_prefill'].min():.3f}x to "
                   f"{r['drift_prefill'].max():.3f}x; at drift: measured / the passes priced at the drift of "
                   f"cells of their kind and width; "
                   f"in passes: the time inside the runs' passes; outside passes: the decode loop's share of the "
-                  f"measured time):\n"
+                  f"measured time; first pass, later passes: the first run's first pass after its prefill and its "
+                  f"later passes, measured / their price):\n"
                   f"{table.to_string(float_format=lambda x: f'{x:.3f}')}")
     write_record(out, {"commit": commit, "environment": environment, "runs": runs}, source, command,
                  pass_cost={k: cost.meta.get(k) for k in ("command", "commit", "date", "weights_sha256")})
