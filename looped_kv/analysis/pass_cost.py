@@ -341,8 +341,7 @@ Drift = Mapping[tuple[str, int], float]
 def drift_at(drift: Drift, kind: str, tokens: int) -> float:
     """The drift of a ``kind`` cell ``tokens`` wide: linear in tokens between the widths re-timed, the nearest one's
     beyond them. Wide and narrow cells need not drift alike: a one-token step is bound by the operators' dispatch, a
-    wide pass or a long prefill by their arithmetic (on 7 December a 4-token prefill ran at 0.83x its recorded time
-    while a 256-token one ran at 0.98x)."""
+    long prefill by their arithmetic (a check's ``drift_prefill_<tokens>`` columns show how far apart they drift)."""
     widths = sorted(w for k, w in drift if k == kind)
     if not widths:
         raise ValueError(f"drift has no {kind!r} cells; it has {sorted({k for k, _ in drift})}")
