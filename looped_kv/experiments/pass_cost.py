@@ -360,8 +360,10 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
             for kind, tokens, recorded, run in probes:
                 ratios.setdefault((kind, tokens), []).append(run() / recorded)
             drift = {cell: float(np.median(r)) for cell, r in ratios.items()}
-            kinds = {kind: float(np.median([x for (k, _), r in ratios.items() if k == kind for x in r]))
-                     for kind, _ in ratios}
+            by_cell_kind: dict[str, list[float]] = {}
+            for (kind, _), r in ratios.items():
+                by_cell_kind.setdefault(kind, []).extend(r)
+            kinds = {kind: float(np.median(r)) for kind, r in by_cell_kind.items()}
             for key in keys:
                 by_kind = predict_by_kind(cost, rounds.passes[key])
                 after = [p for p in rounds.passes[key] if p.kind != "prefill"]
