@@ -77,11 +77,14 @@ def source_commit(package: Path = PACKAGE) -> str:
     """What a recorded measurement ran: the commit of ``package`` (default this package's folder; ``git describe
     --always``), with "-dirty" where the package's own files differ from it (not the data, chapters or records
     elsewhere in the checkout, which a chain of recorded runs writes as it goes), or "unknown" outside a checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=package).stdout.strip()
+
     try:
-        described, changed = (subprocess.run(["git", *args], capture_output=True, text=True, cwd=package).stdout.strip()
-                              for args in (["describe", "--always"], ["status", "--porcelain", "--", "."]))
+        described = git("describe", "--always")
+        changed = bool(described) and bool(git("status", "--porcelain", "--", "."))
     except OSError:  # no git on this machine
-        described = ""
+        return "unknown"
     return described + ("-dirty" if changed else "") if described else "unknown"
 
 
