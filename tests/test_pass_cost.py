@@ -505,21 +505,24 @@ def test_the_command_records_the_fit_with_the_machine_and_the_command(tmp_path, 
 
 def test_the_check_prices_each_runs_own_passes(tiny):
     """pass-cost-check's rows: every method's runs, measured and predicted from the passes the run itself logged
-    (the prediction equals pricing a fresh run's PassLog: decoding is deterministic)."""
+    (the prediction equals pricing a fresh run's PassLog: decoding is deterministic); every method decodes each
+    prompt once, unlogged and untimed, before its rounds."""
     cost = fit_pass_cost(synthetic(modes=("eager",)), held_out=HELD_OUT, meta={"calls": 2})
     ids = [tiny.tokenizer(t, return_tensors="pt").input_ids for t in (
         "Question: Ann has 3 pens and buys 4 more. How many pens? Answer:", "a=3;b=a+2;c=b;d=c+1;e=d;x=e;f=x+4;y=f;")]
     methods = {"self-spec": SelfSpec(gamma=3), "das-wave": DasWave(max_width=8)}
-    warmed = []
+    calls = []
 
     def counted(model, ids_, config=None, **options):
-        warmed.append((config.method, ids_ is ids[0]))
+        calls.append((config.method, next(i for i, p in enumerate(ids) if p is ids_), "observer" in options))
         return generate(model, ids_, config, **options)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(experiment, "generate", counted)
+        patch.setattr(bench, "generate", counted)
         runs = experiment.predictions(tiny, cost, ids, methods, max_new_tokens=6, repeats=2, progress=False)
-    assert warmed == [("ar", True), ("self-spec", True), ("das-wave", True)]  # each decoder once before the clock
+    order = ["ar", "self-spec", "das-wave"]  # per prompt: each unlogged once, then two rounds, the second reversed
+    assert calls == [(m, i, logged) for i in range(2)
+                     for logged, rounds in ((False, order), (True, order + order[::-1])) for m in rounds]
     assert list(runs["method"]) == ["ar", "self-spec", "das-wave"] * 2 and (runs["measured_s"] > 0).all()
     assert ((runs["in_passes_s"] > 0) & (runs["in_passes_s"] < runs["measured_s"])).all()
     for column in ("drift_pass", "drift_verify"):  # one per prompt

@@ -51,7 +51,6 @@ from looped_kv.analysis.pass_cost import (
     read,
 )
 from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses
-from looped_kv.decoding.generate import generate
 from looped_kv.decoding.passes import Passes, capacity_bucket, capacity_buckets, new_cache
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.decoding.settings import Decoding, Greedy, default_draft_loops
@@ -340,14 +339,12 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
     and width (``drift_<kind>_<tokens>``), the prediction at those drifts
     (:func:`~looped_kv.analysis.pass_cost.predict_at_drift`, by kind and width), the prediction per kind of pass, the
     new tokens, and the seconds and price of the first run's first pass after its prefill and of its later passes.
-    Every method decodes the first prompt once, untimed, before the first timed run: a decoder's first run in a
-    process pays for code paths and allocations met for the first time, which no later run does."""
+    Every method decodes each prompt once, untimed, before its rounds (:func:`interleaved_rounds`): a decoder's
+    first run in a process pays for code paths and allocations met for the first time, which no later run does."""
     check_rounds(repeats, (mode,))
     check_mode(cost, mode)
     compiled = mode == "compiled"
     configs = {"ar": Greedy(), **{k: c for k, c in methods.items() if c.method != "ar"}}
-    for config in configs.values():  # warm-up (compiled steps: each prompt's, interleaved_rounds)
-        generate(model, prompts[0], config, max_new_tokens=max_new_tokens, compile=compiled)
     probes = drift_arms(model, cost, mode)
     for *_, run in probes:  # warm-up (compiled: traced here)
         run()
