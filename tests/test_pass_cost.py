@@ -728,10 +728,10 @@ def test_against_greedy_pairs_each_method_with_greedy_on_its_prompt():
     assert inside.loc["pld", "outside passes"] == pytest.approx(1 - 1 / 2)
     assert inside.loc["ar", "outside passes"] == pytest.approx(1 - 4.5 / 6)
     assert "measured / predicted at drift" not in table
-    drifted = pass_cost.against_greedy(runs.assign(predicted_at_drift_s=[2.0, 1.0, 3.0, 1.5]))
-    assert drifted.loc["ar", "measured / predicted at drift"] == pytest.approx(6 / 5)
-    assert drifted.loc["pld", "measured / predicted at drift"] == pytest.approx(2 / 2.5)
-    assert "first pass / price" not in drifted
+    at_drift = pass_cost.against_greedy(runs.assign(predicted_at_drift_s=[2.0, 1.0, 3.0, 1.5]))
+    assert at_drift.loc["ar", "measured / predicted at drift"] == pytest.approx(6 / 5)
+    assert at_drift.loc["pld", "measured / predicted at drift"] == pytest.approx(2 / 2.5)
+    assert "first pass / price" not in at_drift
     after = pass_cost.against_greedy(runs.assign(first_pass_s=[0.3, 0.2, 0.5, 0.2], first_pass_price_s=0.2,
                                                  later_passes_s=[1.0, 0.5, 2.0, 0.5],
                                                  later_passes_price_s=[1.0, 0.25, 2.0, 0.25]))

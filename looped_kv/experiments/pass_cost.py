@@ -406,6 +406,12 @@ def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
     return [(cell[1], cell[2], recorded[cell], run) for cell, run in runs.items()]
 
 
+#: The columns of :func:`~looped_kv.analysis.pass_cost.against_greedy` a check prints, each under its printed name.
+CHECK_COLUMNS = {"measured / predicted": "measured / predicted", "measured / predicted at drift": "at drift",
+                 "in passes / predicted": "in passes / predicted", "outside passes": "outside passes",
+                 "first pass / price": "first pass", "later passes / price": "later passes"}
+
+
 #: What must match for a pass-cost model to describe the machine a check runs on.
 MACHINE = ("cpu", "cuda", "threads", "torch")
 
@@ -442,11 +448,8 @@ def check(model: LoopedLM, cost: PassCost, workloads: Sequence[str], prompts: in
             encoded = workload_prompts(model, workload, prompts, max_new_tokens, methods)
             runs[workload] = predictions(model, cost, encoded, methods, max_new_tokens, repeats, mode, progress)
             r = runs[workload]
-            split = against_greedy(r)[["measured / predicted", "measured / predicted at drift",
-                                       "in passes / predicted", "outside passes", "first pass / price",
-                                       "later passes / price"]]
-            table = split.set_axis(["measured / predicted", "at drift", "in passes / predicted", "outside passes",
-                                    "first pass", "later passes"], axis=1).rename_axis("method").join(compare(r))
+            shown = against_greedy(r)[list(CHECK_COLUMNS)].rename(columns=CHECK_COLUMNS)
+            table = shown.rename_axis("method").join(compare(r))
             print(f"{workload} (drift: the grid's pass cells took {r['drift_pass'].min():.3f}x to "
                   f"{r['drift_pass'].max():.3f}x their recorded time, its verifications {r['drift_verify'].min():.3f}x "
                   f"to {r['drift_verify'].max():.3f}x, its prefills {r['drift_prefill'].min():.3f}x to "
