@@ -839,6 +839,9 @@ def _add_pass_cost(sub: argparse._SubParsersAction) -> None:
                    help=f"compiled only: chains of gamma one-token drafts in one step, as compiled self-spec and "
                         f"Mature-Spec draft, timed at each --loops below R; gammas between 1 and these are "
                         f"interpolated (default: {SelfSpec.gamma}, generate's gamma; none: no chains)")
+    p.add_argument("--waves", type=int, nargs="*", default=[],
+                   help="compiled only: DAS-Wave waves of J rounds in one step (fuse_rounds), each J given, with "
+                        "DAS-Wave's default max_width, W_init and k (default: none)")
     p.add_argument("--contexts", type=int, nargs="+", default=[64, 256, 512],
                    help="prefix positions read by eager cells, 2 or more (default: 64 256 512)")
     p.add_argument("--capacities", type=int, nargs="+",
@@ -866,7 +869,7 @@ def cmd_pass_cost_check(args: argparse.Namespace) -> int:
     pass_cost.check_mode(cost, args.mode, f"--cost {args.cost}")
     config = _model_config(args)
     bench.check_model(config.mean_recurrence, args.draft_loops)
-    methods = bench.method_configs(args.draft_loops, args.gamma, methods=args.methods)
+    methods = bench.method_configs(args.draft_loops, args.gamma, methods=args.methods, fuse_rounds=True)
     pass_cost.check_prices(cost, methods, args.mode, config.mean_recurrence, f"--cost {args.cost}")
     out = outputs.check_file(args.out, "--out", args.force)
     model = _load(args)

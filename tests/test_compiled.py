@@ -20,7 +20,7 @@ from looped_kv import generate, make_policy
 from looped_kv.decoding import compiled
 from looped_kv.decoding.das_wave import WaveDrafts
 from looped_kv.decoding.lookup import NgramDrafts
-from looped_kv.decoding.loop import decode
+from looped_kv.decoding.loop import PassLog, decode
 from looped_kv.decoding.passes import Passes, capacity_bucket, capacity_buckets, new_cache
 from looped_kv.decoding.settings import Greedy, SelfSpec
 from looped_kv.decoding.speculative import LoopDrafts
@@ -218,6 +218,28 @@ def test_das_wave_rounds_share_one_trace_per_width_bucket(backend, model):
     assert backend.graphs - before == 4 + 1
     eager = generate(model, prompts(model, (4,)), **{**options, "compile": False})
     assert torch.equal(traced.tokens, eager.tokens) and traced.accepted == eager.accepted
+
+
+@pytest.mark.parametrize("carry", [True, False])
+def test_a_fused_wave_runs_its_rounds_in_one_step_and_emits_the_eager_tokens(backend, model, carry):
+    """``fuse_rounds``: DAS-Wave's J rounds in one compiled step, traced once per schedule and capacity, told as one
+    pass of kind "wave" with its rounds' refined widths; greedy and sampled, the eager run's tokens and acceptance."""
+    ids = prompts(model)
+    options = dict(max_new_tokens=[6, 5], method="das-wave", num_loops=R, stop_at_eos=False, max_width=5, rounds=4,
+                   initial_width=1, updates=2, carry=carry)
+    for sampled in ({}, dict(temperature=0.9, top_k=20, seed=[3, 8])):
+        eager = generate(model, ids, **options, **sampled)
+        log = PassLog()
+        fused = generate(model, ids, **options, **sampled, compile=True, fuse_rounds=True, observer=log)
+        assert all(torch.equal(a, b) for a, b in zip(eager.sequences, fused.sequences, strict=True)), sampled
+        assert fused.row_accepted == eager.row_accepted and fused.options["fuse_rounds"]
+        cycles = (len(log.passes) - 1) // 2  # the batch's cycles
+        assert cycles and [p.kind for p in log.passes] == ["prefill"] + ["wave", "verify"] * cycles
+        waves = {(p.tokens, p.loops, p.widths) for p in log.passes if p.kind == "wave"}
+        assert waves == {(4, 2, (2, 2, 3, 4))}  # 4 rounds of widths 1, 2, 3, 4, each refining its bucket
+        traces = backend.graphs
+        generate(model, ids, **options, **sampled, compile=True, fuse_rounds=True)
+        assert backend.graphs == traces
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

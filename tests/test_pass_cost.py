@@ -291,6 +291,27 @@ def test_the_grid_times_verifications_at_their_own_widths_and_compiled_cells_at_
         for L in contexts}
 
 
+def test_the_grid_times_a_compiled_wave_of_das_waves_default_schedule_and_the_check_re_times_it(traced):
+    """``--waves 3``: a compiled wave of DAS-Wave's default schedule with J = 3 (max_width 32, W_init 2, k 2) at each
+    capacity, recorded with its rounds' widths, priced by its cells, and re-timed by a check for its drift."""
+    model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=4)
+    grid = experiment.Grid(modes=["compiled"], tokens=[1, 4], held_out_tokens=[], loops=[1, 4], contexts=[10, 70],
+                           prompt_lengths=[5, 9], rounds=2, statistic="median", calls=1, waves=[3])
+    experiment.check_grid(grid, model.config)
+    assert experiment.grid_wave(3) == ([(0, 2, 1), (2, 3, 3), (3, 4, 5)], 2, (2, 3, 4))
+    timings = experiment.measure(model, grid, progress=False)
+    waves = [t for t in timings if t.kind == "wave"]
+    assert {(t.tokens, t.loops, t.context, t.widths) for t in waves} == {(3, 2, L, (2, 3, 4)) for L in (64, 96)}
+    cost = fit_pass_cost(timings, meta={"calls": 1})
+    assert cost.wave_seconds((2, 3, 4), 2, 96, "compiled") > 0
+    probes = experiment.drift_arms(model, cost, "compiled")
+    assert {(kind, tokens) for kind, tokens, _, _ in probes if kind == "wave"} == {("wave", 3)}
+    assert all(run() > 0 for kind, _, _, run in probes if kind == "wave")
+    moved = replace(cost, timings=tuple(replace(t, widths=(2, 3, 6)) if t.kind == "wave" else t for t in timings))
+    with pytest.raises(ValueError, match="waves of \\[3, 3\\] rounds refine other widths than DAS-Wave's default"):
+        experiment.drift_arms(model, moved, "compiled")
+
+
 def test_the_grid_times_every_cell_in_every_round(traced):
     model = random_model("huginn", seed=3, block_size=160, n_core=1, mean_recurrence=4)
     grid = experiment.Grid(modes=["eager", "compiled"], tokens=[1, 4], held_out_tokens=[2], loops=[1, 4],
@@ -403,6 +424,49 @@ def test_a_cycle_lists_each_methods_passes():
     assert wave[:3] == [("pass", 2, 2), ("pass", 3, 2), ("pass", 4, 2)] and len(wave) == 25
     assert wave[-2:] == [("pass", 25, 2), ("verify", 25, 32)]
     assert pass_cost.cycle(DasWave(), 32, compiled=True)[-2] == ("pass", 32, 2)
+    fused = pass_cost.cycle(DasWave(fuse_rounds=True), 32, compiled=True)  # one step of 24 rounds, then w = 25
+    rounds = tuple(p[1] for p in pass_cost.cycle(DasWave(), 32, compiled=True)[:-1])
+    assert fused == [("wave", 24, 2, rounds), ("verify", 25, 32)] and rounds[:4] == (2, 3, 4, 6)
+    assert pass_cost.cycle(DasWave(fuse_rounds=True), 32) == wave  # eager rounds are passes of their own
+
+
+WAVE = (2, 3, 4, 6, 6)  # the refined widths of a wave of five rounds
+
+
+def wave_truth(L: int) -> float:
+    """A known compiled wave of :data:`WAVE`'s rounds of 2 loops: cheaper than its rounds as passes."""
+    return 0.6 * sum(truth(w, 2, L) for w in WAVE)
+
+
+def test_a_compiled_wave_is_priced_by_its_own_cells_of_its_rounds_widths(tmp_path):
+    waves = [Timing("compiled", "wave", len(WAVE), 2, L, (wave_truth(L), 2 * wave_truth(L), 0.5 * wave_truth(L)),
+                    widths=WAVE) for L in (64, 256)]
+    cost = fit_pass_cost([*synthetic(), *waves], held_out=HELD_OUT)
+    assert cost.waves == {"compiled": {2: {WAVE: {64: wave_truth(64), 256: wave_truth(256)}}}}
+    assert cost.wave_seconds(WAVE, 2, 64) == pytest.approx(wave_truth(64), rel=1e-12)
+    assert cost.wave_seconds(WAVE, 2, 160) == pytest.approx((wave_truth(64) + wave_truth(256)) / 2, rel=1e-12)
+    record = PassRecord("wave", 1, 5, 2, 256, True, seconds=1e-3, widths=WAVE)
+    assert pass_cost.priced_by(record) == "wave"
+    assert cost.record_seconds(record) == pytest.approx(wave_truth(256), rel=1e-12)
+    assert pass_cost.predict_at_drift(cost, [record], {("wave", 5): 1.5}) == pytest.approx(1.5 * wave_truth(256))
+    fused = [("wave", 5, 2, WAVE), ("verify", 6, 32)]
+    assert pass_cost.speedup_bound(cost, 6.0, fused, 32, 256, "compiled") == pytest.approx(
+        6 * verify_truth(1, 256) / (wave_truth(256) + verify_truth(6, 256)), rel=1e-9)
+    layers = (2, 4, 2)  # a wave of J rounds costs its J rounds' layer passes
+    rounds = [("pass", w, 2) for w in WAVE] + [("verify", 6, 32)]
+    assert pass_cost.layer_pass_bound(layers, 6.0, fused, 32) == pass_cost.layer_pass_bound(layers, 6.0, rounds, 32)
+    path = tmp_path / "cost.json"
+    cost.write(path)
+    assert pass_cost.read(path) == cost and pass_cost.read(path).waves == cost.waves
+    with pytest.raises(ValueError, match=r"no compiled wave of 3 rounds of 2 loops over \[2, 3, 4\] positions was "
+                                         r"measured \(measured: \[\(2, \[2, 3, 4, 6, 6\]\)\]\); re-run looped-kv "
+                                         r"pass-cost with --waves 3"):
+        cost.wave_seconds((2, 3, 4), 2, 64)
+    with pytest.raises(ValueError, match=r"no compiled wave of 5 rounds of 1 loops .* \(measured: none\)"):
+        cost.record_seconds(replace(record, loops=1))
+    for kind, widths in (("wave", ()), ("wave", (2, 3)), ("pass", (2,))):
+        with pytest.raises(ValueError, match="a wave timing \\(only\\) must give its rounds' widths, one per round"):
+            fit_pass_cost([*synthetic(), Timing("compiled", kind, 5, 2, 64, (1e-3,), widths=widths)])
 
 
 # -- the command ----------------------------------------------------------------------------------------------------
@@ -438,6 +502,11 @@ def no_work(monkeypatch):
     (["--prompt-lengths", "16", "2000"], "--prompt-lengths must each be in [1, 1024]"),
     (["--rounds", "0"], "--rounds must be >= 1, got 0"),
     (["--draft-chains", "1", "8"], "--draft-chains must each be >= 2 (one draft is a pass cell), got [1, 8]"),
+    (["--waves", "0"], "--waves must each be >= 1, with --modes compiled (a wave is one compiled step), got [0]"),
+    (["--waves", "24", "--modes", "eager"], "--waves must each be >= 1, with --modes compiled (a wave is one "
+                                            "compiled step), got [24] with --modes ['eager']"),
+    (["--waves", "24", "--tokens", "1", "16"], "--tokens must span the widths the --waves' rounds refine, 2 to 32, got "
+                                               "[1, 16]"),
     (["--calls", "0"], "--calls must be >= 1, got 0"),
     (["--tokens", *map(str, range(1, 25)), "--held-out-tokens", "--modes", "compiled"],
      "make 288 compiled cells, each a trace of one compiled step, which holds at most 256"),

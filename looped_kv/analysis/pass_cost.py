@@ -53,7 +53,7 @@ STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": lambda s:
                                                              "min": lambda s: float(np.min(s))}
 #: The batch every cell is timed at.
 BATCH = 1
-KINDS = ("pass", "verify", "prefill", "drafts")
+KINDS = ("pass", "verify", "prefill", "drafts", "wave")
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,10 @@ class Timing:
     """One cell of the timed grid in ``mode``: a pass (``kind`` "pass") of ``tokens`` new tokens through ``loops``
     loops reading ``context`` prefix positions, an R-loop verification of ``tokens`` tokens written into the cache and
     read there (``kind`` "verify"), a compiled chain of ``tokens`` one-token drafts of ``loops`` loops each in one
-    step (``kind`` "drafts", :meth:`~looped_kv.decoding.passes.Passes.drafts`), or a prefill (``kind`` "prefill") of
-    ``tokens`` prompt tokens through ``loops`` loops (``context`` 0); ``seconds`` holds one time per round."""
+    step (``kind`` "drafts", :meth:`~looped_kv.decoding.passes.Passes.drafts`), a compiled DAS-Wave wave of ``tokens``
+    rounds of ``loops`` loops each in one step, its rounds refining ``widths`` positions (``kind`` "wave",
+    :meth:`~looped_kv.decoding.passes.Passes.wave`), or a prefill (``kind`` "prefill") of ``tokens`` prompt tokens
+    through ``loops`` loops (``context`` 0); ``seconds`` holds one time per round."""
 
     mode: str
     kind: str
@@ -70,6 +72,7 @@ class Timing:
     loops: int
     context: int
     seconds: tuple[float, ...]
+    widths: tuple[int, ...] = ()
 
 
 def _check_timing(t: Timing) -> None:
@@ -79,6 +82,9 @@ def _check_timing(t: Timing) -> None:
     if not t.seconds or not all(np.isfinite(t.seconds)) or min(t.seconds) <= 0:
         raise ValueError(f"a timing's seconds must be finite and > 0, got {t.seconds} ({t.mode} {t.kind} "
                          f"g={t.tokens} r={t.loops} L={t.context})")
+    if (t.kind == "wave") != bool(t.widths) or (t.widths and len(t.widths) != t.tokens):
+        raise ValueError(f"a wave timing (only) must give its rounds' widths, one per round, got {t.kind!r} of "
+                         f"{t.tokens} rounds with widths {list(t.widths)}")
 
 
 def _interpolate(nodes: Mapping[int, np.ndarray | float], x: float, what: str, hint: str) -> np.ndarray | float:
@@ -106,7 +112,9 @@ class PassCost:
     of :data:`TERMS` (``coefficients[mode][g][L]``) and the time of a verification in place (``verifications[mode][g]
     [L]``), the prefill's time per measured prompt length, the timings it was fitted on (``held_out`` widths timed but
     not fitted), ``meta``: what :mod:`looped_kv.experiments.pass_cost` records (machine, command, commit, threads,
-    date, model), and the time of a compiled chain of gamma one-token drafts (``drafts[mode][loops][gamma][L]``)."""
+    date, model), the time of a compiled chain of gamma one-token drafts (``drafts[mode][loops][gamma][L]``) and of
+    a compiled DAS-Wave wave whose rounds refine ``widths`` positions with k loops each
+    (``waves[mode][k][widths][L]``)."""
 
     statistic: str
     coefficients: dict[str, dict[int, dict[int, tuple[float, float]]]]
@@ -116,6 +124,7 @@ class PassCost:
     held_out: tuple[int, ...] = ()
     meta: dict = field(default_factory=dict)
     drafts: dict[str, dict[int, dict[int, dict[int, float]]]] = field(default_factory=dict)
+    waves: dict[str, dict[int, dict[tuple[int, ...], dict[int, float]]]] = field(default_factory=dict)
 
     def _mode(self, mode: str, table: dict) -> dict:
         if mode not in table:
@@ -158,16 +167,30 @@ class PassCost:
         return float(_interpolate(nodes, gamma, f"{mode} chain of drafts",
                                   "re-run looped-kv pass-cost with --draft-chains covering it"))
 
-    def price(self, kind: str, tokens: int, loops: int, context: int, mode: str = "eager") -> float:
+    def wave_seconds(self, widths: Sequence[int], loops: int, context: int, mode: str = "compiled") -> float:
+        """Predicted seconds of a compiled DAS-Wave wave in one step (:meth:`~looped_kv.decoding.passes.Passes.wave`)
+        whose rounds refine ``widths`` positions with ``loops`` loops each, at ``context`` (the capacity): the
+        measured wave of those rounds, linear in the capacity between the measured ones."""
+        measured = self.waves.get(mode, {}).get(loops, {})
+        if tuple(widths) not in measured:
+            raise ValueError(f"no {mode} wave of {len(widths)} rounds of {loops} loops over {list(widths)} positions "
+                             f"was measured (measured: {[(loops, list(w)) for w in measured] or 'none'}); re-run "
+                             f"looped-kv pass-cost with --waves {len(widths)}")
+        return _along(measured[tuple(widths)], context)
+
+    def price(self, kind: str, tokens: int, loops: int, context: int, mode: str = "eager",
+              widths: Sequence[int] = ()) -> float:
         """Predicted seconds of one pass by the kind of cell that prices it (:func:`priced_by`): "pass"
-        (:meth:`seconds`), "verify" (:meth:`verify_seconds`), "drafts" (:meth:`drafts_seconds`) or "prefill"
-        (:meth:`prefill_seconds`)."""
+        (:meth:`seconds`), "verify" (:meth:`verify_seconds`), "drafts" (:meth:`drafts_seconds`), "wave"
+        (:meth:`wave_seconds` of its rounds' ``widths``) or "prefill" (:meth:`prefill_seconds`)."""
         if kind == "pass":
             return self.seconds(tokens, loops, context, mode)
         if kind == "verify":
             return self.verify_seconds(tokens, context, mode)
         if kind == "drafts":
             return self.drafts_seconds(tokens, loops, context, mode)
+        if kind == "wave":
+            return self.wave_seconds(widths, loops, context, mode)
         if kind == "prefill":
             return self.prefill_seconds(tokens, mode)
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -175,9 +198,9 @@ class PassCost:
     def record_seconds(self, record: PassRecord) -> float:
         """Predicted seconds of one logged pass: the prefill at its prompt's length, a verification in place
         (:attr:`~looped_kv.decoding.passes.PassRecord.in_place`) at its width's in-place price, a compiled chain of
-        drafts at its own, any other at its width's pass price."""
+        drafts and a compiled wave at their own, any other at its width's pass price."""
         return self.price(priced_by(record), record.tokens, record.loops, record.context,
-                          "compiled" if record.compiled else "eager")
+                          "compiled" if record.compiled else "eager", record.widths)
 
     def prefill_seconds(self, tokens: int, mode: str = "eager") -> float:
         """Predicted seconds of the prefill of a ``tokens``-token prompt (interpolated between measured lengths)."""
@@ -191,7 +214,7 @@ class PassCost:
         (verifications)."""
         rows = []
         for t in self.timings:
-            if t.kind in ("prefill", "drafts"):  # looked up, not fitted
+            if t.kind in ("prefill", "drafts", "wave"):  # looked up, not fitted
                 continue
             measured = STATISTICS[self.statistic](t.seconds)
             cells = "held out" if t.tokens in self.held_out else "fitted"
@@ -221,14 +244,19 @@ class PassCost:
                 "drafts": {m: {str(r): {str(g): {str(L): s for L, s in by_context.items()}
                                         for g, by_context in by_gamma.items()} for r, by_gamma in by.items()}
                            for m, by in self.drafts.items()},
+                "waves": {m: {str(r): {_key(w): {str(L): s for L, s in by_context.items()}
+                                       for w, by_context in by_widths.items()} for r, by_widths in by.items()}
+                          for m, by in self.waves.items()},
                 "timings": [{"mode": t.mode, "kind": t.kind, "tokens": t.tokens, "loops": t.loops,
-                             "context": t.context, "seconds": list(t.seconds)} for t in self.timings]}
+                             "context": t.context, "seconds": list(t.seconds), **({"widths": list(t.widths)}
+                                                                                  if t.widths else {})}
+                            for t in self.timings]}
 
     @classmethod
     def from_dict(cls, record: Mapping) -> PassCost:
         """The model of :meth:`to_dict`'s dict (the other keys are its ``meta``)."""
         own = ("statistic", "held_out_tokens", "terms", "coefficients", "verifications", "prefill", "timings")
-        optional = ("drafts",)  # a record timed before chains of drafts were compiled as one step has none
+        optional = ("drafts", "waves")  # a record timed before chains of drafts (waves) were one step has none
         missing = [k for k in own if k not in record]
         if missing:
             raise ValueError(f"not a pass-cost record of this version: it lacks {missing} (re-run looped-kv pass-cost)")
@@ -242,16 +270,25 @@ class PassCost:
                                       for g, by_context in by.items()} for m, by in record["verifications"].items()},
                    prefill={m: {int(n): float(s) for n, s in by.items()} for m, by in record["prefill"].items()},
                    timings=tuple(Timing(t["mode"], t["kind"], t["tokens"], t["loops"], t["context"],
-                                        tuple(t["seconds"])) for t in record["timings"]),
+                                        tuple(t["seconds"]), tuple(t.get("widths", ()))) for t in record["timings"]),
                    held_out=tuple(record["held_out_tokens"]),
                    meta={k: v for k, v in record.items() if k not in own + optional},
                    drafts={m: {int(r): {int(g): {int(L): float(s) for L, s in by_context.items()}
                                         for g, by_context in by_gamma.items()} for r, by_gamma in by.items()}
-                           for m, by in record.get("drafts", {}).items()})
+                           for m, by in record.get("drafts", {}).items()},
+                   waves={m: {int(r): {tuple(int(w) for w in key.split(",")): {int(L): float(s) for L, s in
+                                                                                 by_context.items()}
+                                       for key, by_context in by_widths.items()} for r, by_widths in by.items()}
+                          for m, by in record.get("waves", {}).items()})
 
     def write(self, path: str | Path) -> None:
         """Save as JSON (the caller checks ``path`` first: :func:`looped_kv.outputs.check_file`)."""
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def _key(widths: Sequence[int]) -> str:
+    """A wave's rounds' widths as a record's key: "2,3,4,6"."""
+    return ",".join(str(w) for w in widths)
 
 
 def read(path: str | Path) -> PassCost:
@@ -265,7 +302,7 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
     pass cell's rounds, widths in ``held_out`` left out (their cells are predicted by interpolation, :meth:`PassCost.
     residuals`); a verification's time per mode, width and context is its cell's statistic, held-out widths left out
     alike; the prefill's time per prompt length is its cells' statistic, and a compiled chain of drafts' time per
-    loops, chain length and context its cell's."""
+    loops, chain length and context its cell's, as is a compiled wave's per loops, rounds' widths and context."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {tuple(STATISTICS)}, got {statistic!r}")
     timings, held_out = tuple(timings), tuple(sorted(set(held_out)))
@@ -276,6 +313,7 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
     verifications: dict[str, dict[int, dict[int, float]]] = {}
     prefill: dict[str, dict[int, float]] = {}
     drafts: dict[str, dict[int, dict[int, dict[int, float]]]] = {}
+    waves: dict[str, dict[int, dict[tuple[int, ...], dict[int, float]]]] = {}
     for mode in MODES:
         cells = [t for t in timings if t.mode == mode and t.kind == "pass" and t.tokens not in held_out]
         for g, L in sorted({(t.tokens, t.context) for t in cells}):
@@ -297,9 +335,13 @@ def fit_pass_cost(timings: Iterable[Timing], statistic: str = "median", held_out
             elif t.mode == mode and t.kind == "drafts":
                 drafts.setdefault(mode, {}).setdefault(t.loops, {}).setdefault(t.tokens, {})[t.context] = stat(
                     t.seconds)
+            elif t.mode == mode and t.kind == "wave":
+                waves.setdefault(mode, {}).setdefault(t.loops, {}).setdefault(t.widths, {})[t.context] = stat(
+                    t.seconds)
     if not coefficients:
         raise ValueError("timings must hold pass cells of at least one width that is not held out")
-    return PassCost(statistic, coefficients, verifications, prefill, timings, held_out, dict(meta or {}), drafts)
+    return PassCost(statistic, coefficients, verifications, prefill, timings, held_out, dict(meta or {}), drafts,
+                    waves)
 
 
 # -- predictions from what decoding ran -------------------------------------------------------------------------------
@@ -327,14 +369,16 @@ def predict_seconds(cost: PassCost, passes: Sequence[PassRecord], prefill_second
 
 def priced_by(record: PassRecord) -> str:
     """The kind of grid cell whose time prices a logged pass (:meth:`PassCost.record_seconds`): "prefill" for the
-    prefill, "verify" for a verification in place, "drafts" for a compiled chain of drafts, else "pass"."""
-    if record.kind in ("prefill", "drafts"):
+    prefill, "verify" for a verification in place, "drafts" for a compiled chain of drafts, "wave" for a compiled
+    wave, else "pass"."""
+    if record.kind in ("prefill", "drafts", "wave"):
         return record.kind
     return "verify" if record.in_place else "pass"
 
 
 #: The machine's drift since the grid: (kind of cell, its tokens) -> time now / recorded on the cells of that kind
-#: and width re-timed. Kinds: "pass", "verify", "prefill" (tokens: the prompt's) and, compiled, "drafts".
+#: and width re-timed. Kinds: "pass", "verify", "prefill" (tokens: the prompt's) and, compiled, "drafts" and "wave"
+#: (tokens: its rounds).
 Drift = Mapping[tuple[str, int], float]
 
 
@@ -375,8 +419,9 @@ def compare(runs: pd.DataFrame) -> pd.DataFrame:
 # -- the speed-up a drafter's acceptance implies (Eq. 8 with measured pass times) ------------------------------------
 
 
-#: One pass of a verification cycle: the kind of cell that prices it (:func:`priced_by`), its tokens and its loops.
-Planned = tuple[str, int, int]
+#: One pass of a verification cycle: the kind of cell that prices it (:func:`priced_by`), its tokens and its loops
+#: (a compiled wave: its rounds and loops per round, then its rounds' widths).
+Planned = tuple[str, int, int] | tuple[str, int, int, tuple[int, ...]]
 
 
 def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[Planned]:
@@ -385,7 +430,8 @@ def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[Plan
     d-loop drafts (eager: gamma passes; compiled: one chain, ("drafts", gamma, d)) and a verification of gamma + 1;
     prompt lookup a verification of gamma + 1 (its drafts cost no pass); DAS-Wave J rounds of k loops over
     min(max_width, W_init + j) positions (compiled: their width bucket, :func:`~looped_kv.decoding.compiled.
-    refined_width`) and a verification of w = min(max_width, W_init + J - 1) (DAS Eq. 5)."""
+    refined_width`; with ``fuse_rounds``, one wave ("wave", J, k, those widths)) and a verification of
+    w = min(max_width, W_init + J - 1) (DAS Eq. 5)."""
     if isinstance(config, SelfSpec | MatureSpec):
         d, gamma = config.draft_depth(num_loops), config.gamma
         drafts = [("drafts", gamma, d)] if compiled else [("pass", 1, d)] * gamma
@@ -395,10 +441,12 @@ def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[Plan
     if isinstance(config, DasWave):
         rounds = config.wave_rounds(num_loops)
         widths = [min(config.max_width, config.initial_width + j) for j in range(rounds)]
+        verification = ("verify", proposal_width(config.max_width, rounds, config.initial_width), num_loops)
         if compiled:
             widths = [refined_width(w, config.max_width) for w in widths]
-        return ([("pass", w, config.updates) for w in widths]
-                + [("verify", proposal_width(config.max_width, rounds, config.initial_width), num_loops)])
+            if config.fuse_rounds:
+                return [("wave", rounds, config.updates, tuple(widths)), verification]
+        return [*(("pass", w, config.updates) for w in widths), verification]
     return [("verify", 1, num_loops)]
 
 
@@ -418,17 +466,17 @@ def speedup_bound(cost: PassCost, tau: float, passes: Sequence[Planned], num_loo
     The decode phase's speed-up over greedy decoding that the pass costs allow, before per-verification overhead and
     the prefill."""
     _check_cycle(tau, passes, num_loops)
-    spent = sum(cost.price(kind, g, r, context, mode) for kind, g, r in passes)
+    spent = sum(cost.price(kind, g, r, context, mode, *widths) for kind, g, r, *widths in passes)
     return tau * cost.verify_seconds(1, context, mode) / spent
 
 
 def layer_pass_bound(model: LayerCounts, tau: float, passes: Sequence[Planned], num_loops: int) -> float:
     """RIPE Eq. (8) at eta = 1 over one cycle's ``passes``, each priced by its layer passes c(r) = n_pre + r n_core +
-    n_coda whatever its tokens (a chain of gamma drafts: gamma c(d); the papers' premise, true on a GPU at batch 1):
-    S = tau c(R) / sum of c(r). For self-spec and Mature-Spec it is :func:`looped_kv.analysis.perf.speedup` at
-    eta = 1."""
+    n_coda whatever its tokens (a chain of gamma drafts: gamma c(d); a wave of J rounds: J c(k); the papers'
+    premise, true on a GPU at batch 1): S = tau c(R) / sum of c(r). For self-spec and Mature-Spec it is
+    :func:`looped_kv.analysis.perf.speedup` at eta = 1."""
     _check_cycle(tau, passes, num_loops)
-    spent = sum((g if kind == "drafts" else 1) * float(layer_passes(model, r)) for kind, g, r in passes)
+    spent = sum((g if kind in ("drafts", "wave") else 1) * float(layer_passes(model, r)) for kind, g, r, *_ in passes)
     return tau * float(layer_passes(model, num_loops)) / spent
 
 

@@ -22,7 +22,7 @@ So each tensor has one shape at every call, and a step is traced once per shape:
 * a DAS-Wave round refines the first :func:`refined_width` positions, a bucket of its active width (the
   inactive ones after the active ones, so no active position reads them), and keeps the active guesses and
   states with masks, so its J rounds take one trace per width bucket whenever they read the same planes
-  (always with deep K/V reads).
+  (always with deep K/V reads); with ``fuse_rounds`` the J rounds are one traced step (:meth:`CompiledPasses.wave`).
 
 The cache's capacity is bucketed (:func:`~looped_kv.decoding.passes.capacity_bucket`), so prompts of new
 lengths reuse a trace, and stopped rows stay in the batch as padding. Writing into the planes inside the
@@ -44,6 +44,7 @@ from torch import Tensor
 from looped_kv.decoding.passes import (
     Passes,
     PassRecord,
+    Round,
     capacity_bucket,
     check_empty,
     check_logits,
@@ -142,6 +143,17 @@ def _refine(model: LoopedLM, cache: PlaneCache, guesses: Tensor, carried: Tensor
     kept = torch.where(active[None, :, None], state, carried[:, :n])
     return (torch.cat([guesses[:, :1], head, guesses[:, n + 1:]], dim=1), torch.cat([kept, carried[:, n:]], dim=1),
             logits)
+
+
+def _wave(model: LoopedLM, cache: PlaneCache, guesses: Tensor, lengths: Tensor, num_loops: int,
+          plan: tuple[tuple[int, int, int, tuple], ...]) -> tuple[Tensor, Tensor]:
+    """:meth:`CompiledPasses.wave` in one graph: each round of ``plan`` (previous, width, the positions it refines,
+    the planes its loops read) is :func:`_refine`; (the guesses, the last round's logits)."""
+    carried = torch.zeros(*guesses.shape, model.config.n_embd, dtype=model.dtype, device=guesses.device)[:, 1:]
+    for previous, width, n, planes in plan:
+        guesses, carried, logits = _refine(model, cache, guesses, carried, previous, width, lengths, num_loops, planes,
+                                           n)
+    return guesses, logits
 
 
 #: Traces one compiled function may hold: one per capacity bucket, batch size, cache policy, read plan and (DAS-Wave)
@@ -274,6 +286,22 @@ class CompiledPasses(Passes):
                    self.planes(reads, first_loop, num_loops), n)
         self._tell(start, "refine", n, num_loops, self.cache.capacity)
         return out
+
+    def wave(self, guesses: Tensor, rounds: Sequence[Round], num_loops: int, *, reads: PrefixReads,
+             fused: bool = False, trace: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """:meth:`Passes.wave`; ``fused`` (without ``trace``): every round in one compiled step (:func:`_wave`, a
+        trace per schedule), told as one pass of kind "wave" whose ``widths`` are its rounds' refined widths. One
+        step saves each round's call and the buffers it allocates, at a longer compile (``looped-kv pass-cost
+        --waves`` times it beside the rounds)."""
+        if not fused or trace is not None:
+            return super().wave(guesses, rounds, num_loops, reads=reads, trace=trace)
+        start = time.perf_counter()
+        plan = tuple((previous, width, refined_width(width, guesses.shape[1] - 1),
+                      self.planes(reads, first_loop, num_loops)) for previous, width, first_loop in rounds)
+        step = traced(_wave, guesses.device)
+        guesses, logits = step(self.model, self.cache, guesses, self.cache.lengths, num_loops, plan)
+        self._tell(start, "wave", len(plan), num_loops, self.cache.capacity, widths=tuple(n for _, _, n, _ in plan))
+        return guesses, logits
 
 
 def refined_width(width: int, max_width: int) -> int:

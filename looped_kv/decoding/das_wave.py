@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from looped_kv.decoding.loop import Drafter, Outcome, Proposal, accept
-from looped_kv.decoding.passes import Passes
+from looped_kv.decoding.passes import Passes, Round
 from looped_kv.decoding.sampling import Sampler
 from looped_kv.decoding.speculative import check_reads, check_speculation
 from looped_kv.runtime.cache import PlaneCache
@@ -58,33 +58,36 @@ def proposal_width(max_width: int, rounds: int, initial_width: int) -> int:
     return min(max_width, initial_width + rounds - 1)
 
 
+def rounds_of(max_width: int, rounds: int, initial_width: int, updates: int, carry: bool) -> list[Round]:
+    """The wave's rounds as (previous, width, first_loop) (:meth:`~looped_kv.decoding.passes.Passes.wave`): round j
+    refines W_j = min(max_width, W_init + j) positions (Eq. 5) with k updates; with ``carry`` the positions the last
+    round refined start from its states and the loops run on (1 + j k), else every round starts afresh at loop 1."""
+    widths = [min(max_width, initial_width + j) for j in range(rounds)]
+    if not carry:
+        return [(0, width, 1) for width in widths]
+    previous = [0, *widths[:-1]]
+    return [(p, width, 1 + j * updates) for j, (p, width) in enumerate(zip(previous, widths, strict=True))]
+
+
 def wave(passes: Passes, anchor: Tensor, *, max_width: int, rounds: int, initial_width: int, updates: int, carry: bool,
-         reads: PrefixReads, trace: list[Tensor] | None = None,
-         sampler: Sampler = GREEDY) -> tuple[Tensor, Tensor | None]:
+         reads: PrefixReads, trace: list[Tensor] | None = None, sampler: Sampler = GREEDY,
+         fuse_rounds: bool = False) -> tuple[Tensor, Tensor | None]:
     """Carried parallel refinement (DAS Eq. 5-6) of B rows; returns the proposals y_1..y_w (B, w) and their
     distributions q (B, w, V) (None when greedy).
 
     Round j refines the first W_j = min(max_width, W_init + j) positions with k updates, reading the prefix per
     ``reads`` and each other's current keys/values (nothing is stored); position i's readout updates guess
-    i + 1 (:meth:`~looped_kv.decoding.passes.Passes.refine`). With ``carry`` only the newly active positions start
-    from their initial states. With ``trace``, each round's guesses after its readout (B, W_j) are appended to it.
-    The rounds refine greedily; under sampling the last round's readout is the draft distribution q, and the
-    proposals are drawn from it.
+    i + 1 (:meth:`~looped_kv.decoding.passes.Passes.wave`, :func:`rounds_of`). With ``carry`` only the newly active
+    positions start from their initial states. With ``trace``, each round's guesses after its readout (B, W_j) are
+    appended to it. ``fuse_rounds``: compiled passes run the J rounds in one step. The rounds refine greedily; under
+    sampling the last round's readout is the draft distribution q, and the proposals are drawn from it.
     """
     guesses = anchor.expand(-1, max_width + 1).clone()  # guesses[:, i] conditions position L + i
-    states: Tensor | None = None
-    previous, q = 0, None
-    for j in range(rounds):
-        width = min(max_width, initial_width + j)
-        first_loop = 1 + (j * updates if carry else 0)
-        guesses, states, logits = passes.refine(guesses, states if carry else None, previous if carry else 0, width,
-                                                updates, reads=reads, first_loop=first_loop)
-        if j == rounds - 1 and not sampler.greedy:
-            guesses[:, 1:width + 1], q = sampler.draft(logits[:, :width], 1)
-        del logits  # not held through the next round's pass
-        previous = width
-        if trace is not None:
-            trace.append(guesses[:, 1:width + 1].clone())
+    schedule = rounds_of(max_width, rounds, initial_width, updates, carry)
+    guesses, logits = passes.wave(guesses, schedule, updates, reads=reads, fused=fuse_rounds, trace=trace)
+    width, q = schedule[-1][1], None
+    if not sampler.greedy:
+        guesses[:, 1:width + 1], q = sampler.draft(logits[:, :width], 1)
     return guesses[:, 1:width + 1], q
 
 
@@ -97,16 +100,17 @@ def refine(model: LoopedLM, cache: PlaneCache, anchor: Tensor, *, max_width: int
 
 class WaveDrafts(Drafter):
     """DAS-Wave's carried wave (DAS Appendix B.2): w proposals from J rounds of parallel refinement, verified by the
-    unchanged target on [x_t, y_1..y_{w-1}]; with all w accepted there is no bonus token."""
+    unchanged target on [x_t, y_1..y_{w-1}]; with all w accepted there is no bonus token. ``fuse_rounds``: on compiled
+    passes the J rounds run as one step (:meth:`~looped_kv.decoding.passes.Passes.wave`)."""
 
     name = "das-wave"
 
     def __init__(self, *, max_width: int, rounds: int, initial_width: int, updates: int, carry: bool,
-                 reads: PrefixReads = DEEP_KV, exact: bool = True) -> None:
+                 reads: PrefixReads = DEEP_KV, exact: bool = True, fuse_rounds: bool = False) -> None:
         check_wave(max_width, rounds, initial_width, updates)
         self.schedule = dict(max_width=max_width, rounds=rounds, initial_width=initial_width, updates=updates,
                              carry=carry)
-        self.max_width, self.reads, self.exact = max_width, reads, exact
+        self.max_width, self.reads, self.exact, self.fuse_rounds = max_width, reads, exact, fuse_rounds
         self.w = proposal_width(max_width, rounds, initial_width)
         self.lookahead, self.width, self.passes_per_verification = max_width + 1, max_width, rounds + 1
 
@@ -115,7 +119,8 @@ class WaveDrafts(Drafter):
         check_reads(policy, self.reads)
 
     def propose(self, passes: Passes, pending: Tensor, sampler: Sampler) -> Proposal:
-        tokens, q = wave(passes, pending, **self.schedule, reads=self.reads, sampler=sampler)
+        tokens, q = wave(passes, pending, **self.schedule, reads=self.reads, sampler=sampler,
+                         fuse_rounds=self.fuse_rounds)
         return Proposal(tokens, q=q)
 
     def tokens_to_verify(self, pending: Tensor, proposal: Proposal) -> Tensor:
@@ -135,4 +140,4 @@ class WaveDrafts(Drafter):
 
     @property
     def options(self) -> dict:
-        return dict(self.schedule)
+        return dict(self.schedule, fuse_rounds=self.fuse_rounds)

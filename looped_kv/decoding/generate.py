@@ -26,7 +26,8 @@ def drafter(config: Decoding, num_loops: int) -> Drafter | None:
     if isinstance(config, PromptLookup):
         return NgramDrafts(gamma=config.gamma, ngram=config.ngram, exact=config.exact)
     if isinstance(config, DasWave):
-        return WaveDrafts(**config.schedule(num_loops), reads=config.reads(num_loops), exact=config.exact)
+        return WaveDrafts(**config.schedule(num_loops), reads=config.reads(num_loops), exact=config.exact,
+                          fuse_rounds=config.fuse_rounds)
     return None
 
 

@@ -130,10 +130,17 @@ def check_logits(model: LoopedLM, logits: Tensor, what: str) -> None:
                          f"logits; no token follows from them (check the checkpoint's weights and config)")
 
 
+#: One DAS-Wave round (:meth:`Passes.wave`): positions < previous start from the last round's states, the first width
+#: positions are refined, from loop first_loop on.
+Round = tuple[int, int, int]
+
+
 @dataclass(frozen=True)
 class PassRecord:
     """One model pass: its ``kind`` (prefill, draft, refine or verify; "drafts": a compiled chain of ``tokens``
-    one-token drafts in one step, :meth:`Passes.drafts`), the batch ``rows``, the new ``tokens`` per row
+    one-token drafts in one step, :meth:`Passes.drafts`; "wave": a compiled DAS-Wave wave of ``tokens`` rounds of
+    ``loops`` loops each in one step, whose rounds refine ``widths`` positions, :meth:`Passes.wave`), the batch
+    ``rows``, the new ``tokens`` per row
     (the prefill: the longest prompt), its ``loops`` and the prefix positions its attention reads, ``context``: eager,
     the longest row's committed prefix and the block's earlier drafts; compiled, the cache's whole capacity (a static
     step attends over all of it under masks); 0 for the prefill. ``compiled``: whether it ran on a compiled step.
@@ -149,6 +156,7 @@ class PassRecord:
     compiled: bool
     in_place: bool = False
     seconds: float | None = None
+    widths: tuple[int, ...] = ()
 
 
 class Passes:
@@ -159,9 +167,9 @@ class Passes:
 
     ``run`` is any pass of n tokens per row after each row's committed prefix (and ``offset`` uncommitted
     ones): d-loop drafts written to the buffer; ``drafts`` chains a block's one-token drafts. ``refine`` is one
-    DAS-Wave round, written nowhere. ``verify`` is the R-loop verification; it returns where its keys/values wait,
-    and ``commit`` keeps the planes of each row's first ``counts`` verified tokens from there. ``run``, ``drafts``
-    and ``verify`` also return the tokens their ``pick`` makes of their logits
+    DAS-Wave round, written nowhere, and ``wave`` a wave of them. ``verify`` is the R-loop verification; it returns
+    where its keys/values wait, and ``commit`` keeps the planes of each row's first ``counts`` verified tokens from
+    there. ``run``, ``drafts`` and ``verify`` also return the tokens their ``pick`` makes of their logits
     (:data:`~looped_kv.decoding.sampling.Pick`; compiled passes run it inside their graph). ``padded_width`` is the
     width a proposal runs at. Each pass is given to ``on_pass`` (if any) as a :class:`PassRecord`. ``report`` adds
     what the passes measured to the run's result.
@@ -176,7 +184,7 @@ class Passes:
         self.buffer = new_buffer(model, self.policy.num_loops, cache.batch, width) if width else None
 
     def _tell(self, start: float, kind: str, tokens: int, loops: int, context: int, compiled: bool | None = None,
-              in_place: bool = False) -> None:
+              in_place: bool = False, widths: tuple[int, ...] = ()) -> None:
         """Tell ``on_pass`` of a pass that began at ``start`` (:func:`time.perf_counter`) and has just returned
         (``compiled``: default whether these passes are)."""
         if self.on_pass is not None:
@@ -184,7 +192,7 @@ class Passes:
                 torch.cuda.synchronize()
             self.on_pass(PassRecord(kind, self.cache.batch, tokens, loops, context,
                                     self.compiled if compiled is None else compiled, in_place,
-                                    time.perf_counter() - start))
+                                    time.perf_counter() - start, widths))
 
     def prefill(self, prompts: list[Tensor]) -> Tensor:
         start = time.perf_counter()
@@ -258,6 +266,22 @@ class Passes:
         guesses = torch.cat([guesses[:, :1], logits.argmax(-1), guesses[:, width + 1:]], dim=1)
         self._tell(start, "refine", width, num_loops, self.cache.max_length)
         return guesses, state, logits
+
+    def wave(self, guesses: Tensor, rounds: Sequence[Round], num_loops: int, *, reads: PrefixReads,
+             fused: bool = False, trace: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """DAS-Wave's rounds (DAS Eq. 5-6) one after the other (:meth:`refine`): round (previous, width, first_loop)
+        refines the first width positions with ``num_loops`` loops from loop first_loop on, positions < previous
+        starting from the last round's states. Returns the guesses after the last round and its logits (B, >= width,
+        V). ``fused``: compiled passes run the rounds in one step (eager ones run them one by one alike). With
+        ``trace``, each round's guesses after its readout (B, width) are appended to it."""
+        logits = states = None
+        for previous, width, first_loop in rounds:
+            del logits  # not held through the next round's pass
+            guesses, states, logits = self.refine(guesses, states if previous else None, previous, width, num_loops,
+                                                  reads=reads, first_loop=first_loop)
+            if trace is not None:
+                trace.append(guesses[:, 1:width + 1].clone())
+        return guesses, logits
 
     def verification_store(self, n: int) -> str:
         """Where a verification of ``n`` tokens per row writes its keys/values: the cache, past each row's length, for

@@ -297,7 +297,8 @@ class DasWave(_Speculative):
     ``prefix_reads``; the defaults are the paper's Huginn configuration (DAS Sec. 4.1, Table 5: gamma 32, J 24,
     W_init 2, k 2, carried states, deep K/V) at R = 32. J follows R (None, the default: :func:`default_rounds`,
     3R // 4), so that J k stays the paper's 1.5 R loops of refinement; the others are widths and counts of tokens
-    and loops per round, which do not depend on R."""
+    and loops per round, which do not depend on R. ``fuse_rounds`` (with ``compile``): the J rounds run as one
+    compiled step, which saves each round's call (faster waves, a longer compile; the same tokens)."""
 
     method: ClassVar[str] = "das-wave"
     max_width: int = 32
@@ -306,6 +307,7 @@ class DasWave(_Speculative):
     updates: int = 2
     carry: bool = True
     prefix_reads: str | tuple[int, int] = "deep-kv"
+    fuse_rounds: bool = False
 
     @classmethod
     def _ints(cls) -> tuple[str, ...]:
@@ -317,7 +319,7 @@ class DasWave(_Speculative):
 
     @classmethod
     def _flags(cls) -> tuple[str, ...]:
-        return ("exact", "carry")
+        return ("exact", "carry", "fuse_rounds")
 
     def reads(self, num_loops: int) -> PrefixReads:
         return make_prefix_reads(self.prefix_reads, num_loops)
@@ -370,6 +372,7 @@ MEANING = {
     "initial_width": "W_init, the first round's width",
     "updates": "k, updates per round",
     "carry": "carry refined states to the next verification",
+    "fuse_rounds": "compiled: run the J rounds as one step (faster waves, a longer compile)",
 }
 #: The allowed values of the options that name one.
 CHOICES = {"cache": CACHE_POLICIES, "prefix_reads": PREFIX_READS, "exit": EXITS, "exited_reads": EXITED_READS}

@@ -134,7 +134,8 @@ def prefill_arms(configs: Iterable[Decoding]) -> dict[Hashable, Greedy]:
 
 
 def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
-                   wave: dict | None = None, methods: Iterable[str] = METHODS) -> dict[str, Decoding]:
+                   wave: dict | None = None, methods: Iterable[str] = METHODS,
+                   fuse_rounds: bool = False) -> dict[str, Decoding]:
     """The config (:mod:`~looped_kv.decoding.settings`) of each of ``methods`` (default every method of
     :data:`~looped_kv.decoding.settings.METHODS`), keyed by method, in that tuple's order.
 
@@ -142,7 +143,7 @@ def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
     :func:`~looped_kv.decoding.settings.default_draft_loops`) loops and verify ``gamma`` drafts at a time, so that
     they differ only in their prefix reads (DAS Sec. 4.3 compares reads at one draft depth); prompt lookup drafts up to
     ``gamma`` tokens; DAS-Wave runs :class:`~looped_kv.decoding.settings.DasWave`'s schedule (the paper's Huginn
-    schedule) updated by ``wave``.
+    schedule) updated by ``wave``, its rounds fused into one compiled step with ``fuse_rounds``.
     """
     if draft_loops is not None and draft_loops < 1:
         raise ValueError(f"draft_loops must be >= 1, got {draft_loops}")
@@ -154,7 +155,8 @@ def method_configs(draft_loops: int | None = None, gamma: int = SelfSpec.gamma,
     methods = set(methods)
     if not methods <= set(METHODS):
         raise ValueError(f"methods must be among {METHODS}, got {sorted(methods - set(METHODS))}")
-    schedule = DasWave(**(wave or {}))  # J None (not given): the R decoded at sets it (settings.default_rounds)
+    # J None (not given): the R decoded at sets it (settings.default_rounds)
+    schedule = DasWave(**(wave or {}), fuse_rounds=fuse_rounds)
     check_wave(schedule.max_width, schedule.wave_rounds(PAPER_LOOPS), schedule.initial_width, schedule.updates)
     configs = {"ar": Greedy(), "self-spec": method_config("self-spec", draft_loops=draft_loops, gamma=gamma),
                "mature-spec": method_config("mature-spec", draft_loops=draft_loops, gamma=gamma),
@@ -733,9 +735,10 @@ def workload_prompts(model: LoopedLM, workload: str, prompts: int, max_new_token
 def bench_arms(methods: Sequence[str], draft_loops: int, gamma: int, caches: Sequence[str] = (),
                deep_v: bool = False) -> dict[str, Decoding]:
     """Every arm :func:`report` times, keyed as its runs' ``method``: greedy decoding (the reference, always),
-    ``methods``' configs (:func:`method_configs` at ``draft_loops`` and ``gamma``), greedy decoding under each of
+    ``methods``' configs (:func:`method_configs` at ``draft_loops`` and ``gamma``; compiled DAS-Wave at its fastest,
+    its J rounds fused into one step), greedy decoding under each of
     ``caches`` (:func:`cache_key`) and, with ``deep_v``, self-spec with Deep V reads (:data:`DEEP_V_SPEC`)."""
-    configs = method_configs(draft_loops, gamma, methods=["ar", *methods])
+    configs = method_configs(draft_loops, gamma, methods=["ar", *methods], fuse_rounds=True)
     configs |= {cache_key(cache): CACHE_ARMS[cache] for cache in caches}
     if deep_v:
         configs[DEEP_V_SPEC] = deep_v_config(draft_loops, gamma)
@@ -765,8 +768,8 @@ def report(model: LoopedLM, workloads: Sequence[str], prompts: int, max_new_toke
         print(f"model {model.source} on {model.device} ({str(model.dtype).removeprefix('torch.')}), R = "
               f"{model.config.mean_recurrence}; torch {record['torch']}, cuDNN attention: {record['cudnn_sdp']}; "
               f"self-spec and mature-spec: d = {draft_loops}, gamma = {gamma}; pld: up to {gamma} drafts of "
-              f"{PromptLookup.ngram}-grams; das-wave: {', '.join(f'{name} {wave[name]}' for name in WAVE_KEYS)}; "
-              f"modes: {', '.join(modes)}")
+              f"{PromptLookup.ngram}-grams; das-wave: {', '.join(f'{name} {wave[name]}' for name in WAVE_KEYS)}, "
+              f"compiled: its rounds in one step; modes: {', '.join(modes)}")
         measured: dict[str, object] = {"commit": commit, "environment": dict(record), "runs": {}}
         for workload, ids in encoded.items():
             runs = run_paired(model, ids, configs, max_new_tokens, progress=progress, repeats=repeats,

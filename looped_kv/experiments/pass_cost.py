@@ -50,10 +50,11 @@ from looped_kv.analysis.pass_cost import (
     predict_by_kind,
     read,
 )
-from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses
-from looped_kv.decoding.passes import Passes, capacity_bucket, capacity_buckets, new_cache
+from looped_kv.decoding.compiled import RECOMPILE_LIMIT, CompiledPasses, refined_width
+from looped_kv.decoding.das_wave import DEEP_KV, rounds_of
+from looped_kv.decoding.passes import Passes, Round, capacity_bucket, capacity_buckets, new_cache
 from looped_kv.decoding.sampling import Sampler
-from looped_kv.decoding.settings import Decoding, Greedy, default_draft_loops
+from looped_kv.decoding.settings import DasWave, Decoding, Greedy, default_draft_loops
 from looped_kv.experiments.bench import (
     check_rounds,
     check_weights,
@@ -94,6 +95,7 @@ class Grid:
     verify_tokens: list[int] | None = None  # widths of the verifications in place (None: tokens and held-out tokens)
     capacities: list[int] | None = None  # compiled contexts (None: the contexts' capacity buckets)
     draft_chains: list[int] | None = None  # gammas of the compiled chains of one-token drafts, at each loops < R
+    waves: list[int] | None = None  # rounds (J) of the compiled DAS-Wave waves in one step (grid_wave)
 
 
 def default_loops(num_loops: int) -> list[int]:
@@ -111,8 +113,19 @@ def verify_widths(grid: Grid) -> list[int]:
     return sorted(set(grid.verify_tokens or pass_widths(grid)))
 
 
+def grid_wave(rounds: int) -> tuple[list[Round], int, tuple[int, ...]]:
+    """The wave a ``--waves`` cell of ``rounds`` rounds times: DAS-Wave's default schedule (:class:`~looped_kv.
+    decoding.settings.DasWave`: max_width, W_init, k, carried states, deep K/V reads) with J = ``rounds``, as one
+    compiled step: its rounds (:func:`~looped_kv.decoding.das_wave.rounds_of`), k, and the widths its rounds
+    refine (:func:`~looped_kv.decoding.compiled.refined_width`)."""
+    config = DasWave(rounds=rounds)
+    schedule = rounds_of(config.max_width, rounds, config.initial_width, config.updates, config.carry)
+    return schedule, config.updates, tuple(refined_width(width, config.max_width) for _, width, _ in schedule)
+
+
 def _widest(grid: Grid) -> int:
-    return max(pass_widths(grid) + verify_widths(grid) + (grid.draft_chains or []))
+    wave = [DasWave.max_width + 1] if grid.waves else []  # a wave reads max_width + 1 guesses
+    return max(pass_widths(grid) + verify_widths(grid) + (grid.draft_chains or []) + wave)
 
 
 def capacities(grid: Grid, block_size: int) -> list[int]:
@@ -137,6 +150,14 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
                                                                 ("--capacities", grid.capacities, 2)) if values]
     if grid.draft_chains and min(grid.draft_chains) < 2:
         raise ValueError(f"--draft-chains must each be >= 2 (one draft is a pass cell), got {grid.draft_chains}")
+    if grid.waves and (min(grid.waves) < 1 or "compiled" not in grid.modes):
+        raise ValueError(f"--waves must each be >= 1, with --modes compiled (a wave is one compiled step), got "
+                         f"{grid.waves} with --modes {grid.modes}")
+    if grid.waves:  # the record prices each wave's rounds as passes beside it
+        rounds = sorted({w for J in grid.waves for w in grid_wave(J)[2]})
+        if not min(grid.tokens) <= rounds[0] <= rounds[-1] <= max(grid.tokens):
+            raise ValueError(f"--tokens must span the widths the --waves' rounds refine, {rounds[0]} to {rounds[-1]}, "
+                             f"got {grid.tokens}")
     for flag, values, least in lists:
         if any(v < 1 for v in values) or len(set(values)) < least:
             raise ValueError(f"{flag} must be {least} or more distinct integers >= 1, got {values}")
@@ -171,7 +192,8 @@ def check_grid(grid: Grid, config: LoopedConfig) -> None:
 def cells(grid: Grid, block_size: int, num_loops: int) -> list[Cell]:
     """Every cell of the grid but the prefills: pass cells (mode, "pass", g, r, L), verification cells (mode,
     "verify", g, R, L) and, compiled, chains of gamma one-token drafts of each loop count r < R ("compiled", "drafts",
-    gamma, r, L; eager drafts are passes of their own)."""
+    gamma, r, L; eager drafts are passes of their own) and waves of J rounds of k loops (("compiled", "wave", J, k,
+    L), :func:`grid_wave`; eager rounds are passes of their own)."""
     out: list[Cell] = []
     for mode in grid.modes:
         contexts = capacities(grid, block_size) if mode == "compiled" else sorted(set(grid.contexts))
@@ -180,6 +202,7 @@ def cells(grid: Grid, block_size: int, num_loops: int) -> list[Cell]:
         if mode == "compiled":
             out += [(mode, "drafts", g, r, c) for g in sorted(set(grid.draft_chains or [])) for r in
                     sorted(set(grid.loops)) if r < num_loops for c in contexts]
+            out += [(mode, "wave", J, grid_wave(J)[1], c) for J in sorted(set(grid.waves or [])) for c in contexts]
     return out
 
 
@@ -227,10 +250,10 @@ def _timed(sync: Callable[[], None], run: Callable[[], object], calls: int = 1) 
 
 def cell_arms(model: LoopedLM, timed_cells: Sequence[Cell], widest: int, calls: int,
               generator: torch.Generator) -> dict[Cell, Callable[[], float]]:
-    """One callable per pass, verification or chain-of-drafts cell that times it and returns its seconds per call: on
-    a prefilled full cache per (mode, context) with room for ``widest`` tokens, one untimed call then ``calls`` timed
-    back to back (a verification writes past the prefix, and a chain's greedy drafts into the block buffer, neither
-    committed: every call writes the same positions)."""
+    """One callable per pass, verification, chain-of-drafts or wave cell that times it and returns its seconds per
+    call: on a prefilled full cache per (mode, context) with room for ``widest`` tokens, one untimed call then
+    ``calls`` timed back to back (a verification writes past the prefix, and a chain's greedy drafts into the block
+    buffer, neither committed: every call writes the same positions; a wave writes nothing)."""
     R, sync = model.config.mean_recurrence, _sync(model)
     policy = make_policy("full", R)
 
@@ -244,6 +267,7 @@ def cell_arms(model: LoopedLM, timed_cells: Sequence[Cell], widest: int, calls: 
     out: dict[Cell, Callable[[], float]] = {}
     passes: dict[tuple[str, int], Passes] = {}
     block = ids(widest)
+    guesses = block[:, :1].expand(-1, DasWave.max_width + 1)  # a wave's: its anchor repeated
     for cell in timed_cells:
         mode, kind, g, r, context = cell
         if (mode, context) not in passes:
@@ -257,6 +281,10 @@ def cell_arms(model: LoopedLM, timed_cells: Sequence[Cell], widest: int, calls: 
         elif kind == "drafts":
             out[cell] = lambda p=passes[mode, context], g=g, r=r: consecutive(
                 lambda: p.drafts(block[:, :1], r, reads=ALIGNED, picks=[GREEDY.drafting(1 + i) for i in range(g)]))
+        elif kind == "wave":
+            schedule, k, _ = grid_wave(g)
+            out[cell] = lambda p=passes[mode, context], schedule=schedule, k=k: consecutive(
+                lambda: p.wave(guesses.clone(), schedule, k, reads=DEEP_KV, fused=True))
         else:
             out[cell] = lambda p=passes[mode, context], g=g, r=r: consecutive(lambda: p.run(block[:, :g], r))
     return out
@@ -278,7 +306,8 @@ def measure(model: LoopedLM, grid: Grid, progress: bool = True, seed: int = 0) -
             for i in order.permutation(len(keys)):
                 seconds[keys[i]].append(runs[keys[i]]())
                 bar.update()
-    return [Timing(*key, seconds=tuple(s)) for key, s in seconds.items()]
+    return [Timing(*key, seconds=tuple(s), widths=grid_wave(key[2])[2] if key[1] == "wave" else ())
+            for key, s in seconds.items()]
 
 
 def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progress: bool = True) -> PassCost:
@@ -296,8 +325,10 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
             "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device), "batch": BATCH,
             "rounds": grid.rounds, "calls": grid.calls, "loops": grid.loops, "contexts": grid.contexts,
             "capacities": capacities(grid, model.config.block_size), "verify_tokens": verify_widths(grid),
-            "prompt_lengths": grid.prompt_lengths, "draft_chains": sorted(set(grid.draft_chains or []))}
+            "prompt_lengths": grid.prompt_lengths, "draft_chains": sorted(set(grid.draft_chains or [])),
+            "waves": sorted(set(grid.waves or []))}
     cost = fit_pass_cost(timings, grid.statistic, grid.held_out_tokens, meta)
+    cost.write(out)
     print(f"t(g, r, L) = a + b r per width g and context L, and the verification in place, fitted on the "
           f"{grid.statistic} of each cell; residuals (model / measured - 1):")
     print(cost.summary().to_string(float_format=lambda x: f"{x:+.1%}" if abs(x) < 10 else f"{x:g}"))
@@ -316,7 +347,16 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
             print(f"{mode} chains of one-token {r}-loop drafts in one step, ms per draft, per chain length (rows) and "
                   f"context (columns), beside one draft alone ({1e3 * cost.seconds(1, r, chains.columns[0], mode):.3f}"
                   f" ms at {chains.columns[0]}):\n{chains.to_string(float_format=lambda x: f'{x:.3f}')}")
-    cost.write(out)
+        for k, by_widths in cost.waves.get(mode, {}).items():
+            for widths, by_context in by_widths.items():
+                waves = pd.DataFrame({L: {"one step (ms)": 1e3 * t,
+                                          "its rounds as passes (ms)": 1e3 * sum(cost.seconds(w, k, L, mode)
+                                                                                for w in widths)}
+                                      for L, t in by_context.items()}).T
+                waves["rounds / one step"] = waves.iloc[:, 1] / waves.iloc[:, 0]
+                print(f"{mode} wave of {len(widths)} rounds of {k} loops over {list(widths)} positions, per context "
+                      f"(rows), in one step and priced as a pass per round:\n"
+                      f"{waves.to_string(float_format=lambda x: f'{x:.3f}')}")
     print(f"recorded in {out}")
     return cost
 
@@ -381,23 +421,27 @@ def predictions(model: LoopedLM, cost: PassCost, prompts: Sequence[torch.Tensor]
 def drift_cells(cost: PassCost, mode: str) -> list[Timing]:
     """The recorded cells a check re-times beside its decodes: at every recorded context, ``mode``'s verifications
     in place of its narrowest width (greedy decoding's step) and its widest, and its passes of its narrowest width
-    (a draft's shape) and its widest (a DAS-Wave round's) at every recorded loop count; its chains of drafts; and its
-    prefill at every recorded prompt length."""
+    (a draft's shape) and its widest (a DAS-Wave round's) at every recorded loop count; its chains of drafts and
+    waves; and its prefill at every recorded prompt length."""
     timings = [t for t in cost.timings if t.mode == mode]
     widths = {kind: {f(t.tokens for t in timings if t.kind == kind) for f in (min, max)} for kind in ("pass", "verify")}
-    return [t for t in timings if t.kind in ("prefill", "drafts") or t.tokens in widths[t.kind]]
+    return [t for t in timings if t.kind in ("prefill", "drafts", "wave") or t.tokens in widths[t.kind]]
 
 
 def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
                seed: int = 1) -> list[tuple[str, int, float, Callable[[], float]]]:
     """:func:`drift_cells` as the grid timed them (:func:`cell_arms`, the record's ``calls``; :func:`prefill_arms`),
-    each with its kind ("pass", "verify", "drafts" or "prefill"), its tokens and its recorded time (the record's
+    each with its kind ("pass", "verify", "drafts", "wave" or "prefill"), its tokens and its recorded time (the record's
     statistic over its rounds): per kind and width, the median of time now / recorded over these cells is how much
     slower the machine runs such cells than when the grid was timed (its drift; a few loops, an R-loop verification
     and a prompt's prefill need not drift alike: on 6 December a compiled prefill ran at about 1.2x its recorded time
     while the verifications beside it ran at 0.9x; nor need a one-token and a wide one,
     :func:`~looped_kv.analysis.pass_cost.drift_at`)."""
     timings = drift_cells(cost, mode)
+    moved = [t.tokens for t in timings if t.kind == "wave" and t.widths != grid_wave(t.tokens)[2]]
+    if moved:
+        raise ValueError(f"the pass-cost record's waves of {moved} rounds refine other widths than DAS-Wave's default "
+                         f"schedule does now; re-run looped-kv pass-cost with --waves")
     recorded = {(t.mode, t.kind, t.tokens, t.loops, t.context): STATISTICS[cost.statistic](t.seconds) for t in timings}
     generator = torch.Generator().manual_seed(seed)
     steps = [cell for cell in recorded if cell[1] != "prefill"]
@@ -478,9 +522,9 @@ def check_prices(cost: PassCost, methods: Mapping[str, Decoding], mode: str, num
     (:func:`~looped_kv.analysis.pass_cost.cycle`) in ``mode``, such as a compiled chain of drafts it did not time."""
     context = cost.contexts(mode)[0]
     for name, config in methods.items():
-        for kind, tokens, loops in cycle(config, num_loops, compiled=mode == "compiled"):
+        for kind, tokens, loops, *widths in cycle(config, num_loops, compiled=mode == "compiled"):
             try:
-                cost.price(kind, tokens, loops, context, mode)
+                cost.price(kind, tokens, loops, context, mode, *widths)
             except ValueError as error:
                 raise ValueError(f"{where} cannot price {name}: {error}") from None
 
