@@ -627,7 +627,8 @@ book.md(
 #   there in one fused kernel, so it is timed apart, at the widths decoders verify
 #   (greedy decoding's step is its one-token case);
 # - compiled, self-spec and Mature-Spec draft a block's $\gamma$ tokens as one chain in
-#   one step, timed as a cell of its own at the $\gamma$ they draft.
+#   one step, timed as a cell of its own at the $\gamma$ they draft, and DAS-Wave runs
+#   its $J$ rounds as one step, timed as a cell of its own for its schedule.
 #
 # `looped-kv pass-cost-check` decodes each workload's prompts with every decoder, eager
 # and compiled, logs the passes each run made and sets their price, plus the prefill's,

@@ -311,7 +311,8 @@ book.md(text)
 # verification cycle (its drafts, then their verification) against as many greedy
 # steps as the tokens it commits: the decode-phase speed-up the decoder would reach if
 # its time were only its passes. Compiled, self-spec and Mature-Spec draft a block as
-# one chain of $\gamma$ drafts in one step, priced by its own cells. The table puts
+# one chain of $\gamma$ drafts in one step, and DAS-Wave runs its $J$ rounds as one
+# step; each is priced by its own cells. The table puts
 # each decoder at the tokens per verification it committed in the bench of chapters 5
 # and 6, then with every proposal accepted, and beside that Eq. (8)'s bound with every
 # proposal accepted, where a pass costs its layers whatever its tokens. All at the
@@ -363,6 +364,15 @@ if book.is_tiny(model):
             + "; it commits "
             + ", ".join(f"{tokens[w]['pld']:.2f} ({w})" for w in tokens)
             + " tokens per verification here.\n")
+    waves = pass_cost.fused_waves(cost)
+    if not waves.empty:
+        step, apart = 1e3 * waves["one step (s)"], waves["rounds apart / one step"]
+        text += (
+            f"- **DAS-Wave's {waves['rounds'].iloc[0]} rounds in one step** took "
+            f"{step.min():.1f} to {step.max():.1f} ms over the capacities measured; "
+            "priced as passes of their own, as a compiled decode without "
+            f"`fuse_rounds` runs them, the same rounds cost {apart.min():.2f}x to "
+            f"{apart.max():.2f}x as much: each call costs time of its own here.\n")
     text += f"\nThe bench was {bench.provenance(bench_header)}."
 else:
     text = ("This section reads the bench and pass-cost records of the shipped "

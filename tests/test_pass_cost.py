@@ -304,7 +304,17 @@ def test_the_grid_times_a_compiled_wave_of_das_waves_default_schedule_and_the_ch
     assert {(t.tokens, t.loops, t.context, t.widths) for t in waves} == {(3, 2, L, (2, 3, 4)) for L in (64, 96)}
     cost = fit_pass_cost(timings, meta={"calls": 1})
     assert cost.wave_seconds((2, 3, 4), 2, 96, "compiled") > 0
-    probes = experiment.drift_arms(model, cost, "compiled")
+    rooms = []
+    cell_arms = experiment.cell_arms
+
+    def spy(model, cells, widest, *args):
+        rooms.append(widest)
+        return cell_arms(model, cells, widest, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(experiment, "cell_arms", spy)
+        probes = experiment.drift_arms(model, cost, "compiled")
+    assert rooms == [4]  # room past the prefix for the widest pass and the wave's widest round
     assert {(kind, tokens) for kind, tokens, _, _ in probes if kind == "wave"} == {("wave", 3)}
     assert all(run() > 0 for kind, _, _, run in probes if kind == "wave")
     moved = replace(cost, timings=tuple(replace(t, widths=(2, 3, 6)) if t.kind == "wave" else t for t in timings))
@@ -455,6 +465,12 @@ def test_a_compiled_wave_is_priced_by_its_own_cells_of_its_rounds_widths(tmp_pat
     layers = (2, 4, 2)  # a wave of J rounds costs its J rounds' layer passes
     rounds = [("pass", w, 2) for w in WAVE] + [("verify", 6, 32)]
     assert pass_cost.layer_pass_bound(layers, 6.0, fused, 32) == pass_cost.layer_pass_bound(layers, 6.0, rounds, 32)
+    fused_apart = pass_cost.fused_waves(cost)  # the wave against its rounds priced as passes of their own
+    assert list(fused_apart["context"]) == [64, 256] and set(fused_apart["rounds"]) == {5}
+    assert fused_apart["rounds apart (s)"].tolist() == pytest.approx([sum(truth(w, 2, L) for w in WAVE)
+                                                                      for L in (64, 256)], rel=1e-9)
+    assert fused_apart["rounds apart / one step"].tolist() == pytest.approx([1 / 0.6] * 2, rel=1e-9)
+    assert pass_cost.fused_waves(fit_pass_cost(synthetic(), held_out=HELD_OUT)).empty
     path = tmp_path / "cost.json"
     cost.write(path)
     assert pass_cost.read(path) == cost and pass_cost.read(path).waves == cost.waves

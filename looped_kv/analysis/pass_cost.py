@@ -514,6 +514,18 @@ def ceilings(cost: PassCost, configs: Mapping[str, Decoding], num_loops: int, mo
     return pd.DataFrame.from_dict(table, orient="index").rename_axis(columns="context")
 
 
+def fused_waves(cost: PassCost, mode: str = "compiled") -> pd.DataFrame:
+    """Each measured wave in one step (:meth:`PassCost.wave_seconds`) against its rounds priced as passes of their
+    own (:meth:`PassCost.seconds`, as a compiled decode without ``fuse_rounds`` runs them), both from the same grid:
+    one row per loops per round, rounds and context, with both times in seconds and their ratio."""
+    rows = [{"loops": k, "rounds": len(widths), "context": L, "one step (s)": t,
+             "rounds apart (s)": sum(cost.seconds(w, k, L, mode) for w in widths)}
+            for k, by_widths in cost.waves.get(mode, {}).items() for widths, by_context in by_widths.items()
+            for L, t in by_context.items()]
+    table = pd.DataFrame(rows, columns=["loops", "rounds", "context", "one step (s)", "rounds apart (s)"])
+    return table.assign(**{"rounds apart / one step": table["rounds apart (s)"] / table["one step (s)"]})
+
+
 def relative_cost(cost: PassCost, loops: Sequence[int], context: int, mode: str = "eager") -> pd.DataFrame:
     """The cost of one pass against its new tokens: t(g, r, L) / t(1, r, L) at each measured width g (rows) and each
     of ``loops`` (columns), at ``context`` L: how much more a pass of g tokens costs than a one-token pass of the same

@@ -46,6 +46,7 @@ from looped_kv.analysis.pass_cost import (
     compare,
     cycle,
     fit_pass_cost,
+    fused_waves,
     predict_at_drift,
     predict_by_kind,
     read,
@@ -123,9 +124,15 @@ def grid_wave(rounds: int) -> tuple[list[Round], int, tuple[int, ...]]:
     return schedule, config.updates, tuple(refined_width(width, config.max_width) for _, width, _ in schedule)
 
 
+def _room(kind: str, tokens: int) -> int:
+    """The positions past the prefix a cell's pass reaches: a wave of J rounds its widest round's (its guesses
+    past those are never run), any other its tokens."""
+    return max(grid_wave(tokens)[2]) if kind == "wave" else tokens
+
+
 def _widest(grid: Grid) -> int:
-    wave = [DasWave.max_width + 1] if grid.waves else []  # a wave reads max_width + 1 guesses
-    return max(pass_widths(grid) + verify_widths(grid) + (grid.draft_chains or []) + wave)
+    waves = [_room("wave", J) for J in grid.waves or []]
+    return max(pass_widths(grid) + verify_widths(grid) + (grid.draft_chains or []) + waves)
 
 
 def capacities(grid: Grid, block_size: int) -> list[int]:
@@ -347,16 +354,10 @@ def run(model: LoopedLM, grid: Grid, out: Path, source: str, command: str, progr
             print(f"{mode} chains of one-token {r}-loop drafts in one step, ms per draft, per chain length (rows) and "
                   f"context (columns), beside one draft alone ({1e3 * cost.seconds(1, r, chains.columns[0], mode):.3f}"
                   f" ms at {chains.columns[0]}):\n{chains.to_string(float_format=lambda x: f'{x:.3f}')}")
-        for k, by_widths in cost.waves.get(mode, {}).items():
-            for widths, by_context in by_widths.items():
-                waves = pd.DataFrame({L: {"one step (ms)": 1e3 * t,
-                                          "its rounds as passes (ms)": 1e3 * sum(cost.seconds(w, k, L, mode)
-                                                                                for w in widths)}
-                                      for L, t in by_context.items()}).T
-                waves["rounds / one step"] = waves.iloc[:, 1] / waves.iloc[:, 0]
-                print(f"{mode} wave of {len(widths)} rounds of {k} loops over {list(widths)} positions, per context "
-                      f"(rows), in one step and priced as a pass per round:\n"
-                      f"{waves.to_string(float_format=lambda x: f'{x:.3f}')}")
+        waves = fused_waves(cost, mode)
+        if not waves.empty:
+            print(f"{mode} DAS-Wave waves in one step against their rounds priced as passes:\n"
+                  f"{waves.to_string(index=False, float_format=lambda x: f'{x:.4g}')}")
     print(f"recorded in {out}")
     return cost
 
@@ -445,7 +446,7 @@ def drift_arms(model: LoopedLM, cost: PassCost, mode: str,
     recorded = {(t.mode, t.kind, t.tokens, t.loops, t.context): STATISTICS[cost.statistic](t.seconds) for t in timings}
     generator = torch.Generator().manual_seed(seed)
     steps = [cell for cell in recorded if cell[1] != "prefill"]
-    runs = cell_arms(model, steps, max(cell[2] for cell in steps), int(cost.meta["calls"]), generator)
+    runs = cell_arms(model, steps, max(_room(cell[1], cell[2]) for cell in steps), int(cost.meta["calls"]), generator)
     runs |= prefill_arms(model, [cell for cell in recorded if cell[1] == "prefill"], generator)
     return [(cell[1], cell[2], recorded[cell], run) for cell, run in runs.items()]
 
