@@ -843,8 +843,10 @@ def test_the_recorded_pass_cost_and_its_checks_are_the_shipped_models():
         args = parser().parse_args(words[1:])
         assert args.cost == Path("book/data/pass-cost-tiny.json") and args.out == Path("book/data") / path.name, mode
         assert args.mode == mode
-        methods = bench.method_configs(args.draft_loops, args.gamma, methods=args.methods)
+        methods = bench.method_configs(args.draft_loops, args.gamma, methods=args.methods, fuse_rounds=True)
         experiment.check_prices(cost, methods, mode, 32)  # every pass the check's decoders run has its cells
+        waves = pd.concat(runs.values()).query("method == 'das-wave'").filter(like="predicted_wave_s")
+        assert (waves.iloc[:, 0] > 0).all() if mode == "compiled" else waves.empty, mode  # compiled: rounds fused
         assert header["pass_cost"]["date"] == cost.meta["date"] and set(runs) == {"problems", "code", "chains"}
         assert header["environment"] == cost.meta["environment"]
         for workload, r in runs.items():
