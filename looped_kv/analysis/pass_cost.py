@@ -42,7 +42,7 @@ import pandas as pd
 
 from looped_kv.analysis.perf import LayerCounts, layer_passes
 from looped_kv.decoding.compiled import refined_width
-from looped_kv.decoding.das_wave import proposal_width
+from looped_kv.decoding.das_wave import proposal_width, rounds_of
 from looped_kv.decoding.passes import PassRecord
 from looped_kv.decoding.settings import DasWave, Decoding, MatureSpec, PromptLookup, SelfSpec
 
@@ -440,7 +440,8 @@ def cycle(config: Decoding, num_loops: int, compiled: bool = False) -> list[Plan
         return [("verify", config.gamma + 1, num_loops)]
     if isinstance(config, DasWave):
         rounds = config.wave_rounds(num_loops)
-        widths = [min(config.max_width, config.initial_width + j) for j in range(rounds)]
+        widths = [width for _, width, _ in rounds_of(config.max_width, rounds, config.initial_width, config.updates,
+                                                     config.carry)]
         verification = ("verify", proposal_width(config.max_width, rounds, config.initial_width), num_loops)
         if compiled:
             widths = [refined_width(w, config.max_width) for w in widths]
